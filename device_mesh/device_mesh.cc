@@ -1,0 +1,296 @@
+#include "device_mesh/device_mesh.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <stdexcept>
+#include <unordered_set>
+
+#include "dtensor/hashing.h"
+
+namespace dtensor {
+namespace {
+
+std::string join(const std::vector<int64_t>& v, const char* sep = ",") {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) out += sep;
+    out += std::to_string(v[i]);
+  }
+  return out;
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep = ",") {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) out += sep;
+    out += v[i];
+  }
+  return out;
+}
+
+[[noreturn]] void fail(const std::string& what) {
+  throw std::invalid_argument("DeviceMesh: " + what);
+}
+
+}  // namespace
+
+DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<int64_t> ranks,
+                       std::vector<std::string> dim_names) {
+  auto impl = std::make_shared<Impl>();
+  int64_t numel = 1;
+  for (int64_t s : shape) {
+    if (s <= 0) fail("mesh shape (" + join(shape) + ") has a size <= 0; every dim needs a rank");
+    numel *= s;
+  }
+  if (numel != static_cast<int64_t>(ranks.size())) {
+    fail("mesh shape (" + join(shape) + ") holds " + std::to_string(numel) + " ranks but " +
+         std::to_string(ranks.size()) + " were given: [" + join(ranks) + "]");
+  }
+  std::unordered_set<int64_t> seen;
+  for (int64_t r : ranks) {
+    if (r < 0) fail("rank " + std::to_string(r) + " is negative in [" + join(ranks) + "]");
+    if (!seen.insert(r).second) {
+      fail("rank " + std::to_string(r) + " appears twice in [" + join(ranks) + "]");
+    }
+  }
+  if (!dim_names.empty()) {
+    if (dim_names.size() != shape.size()) {
+      fail("mesh has " + std::to_string(shape.size()) + " dims but " +
+           std::to_string(dim_names.size()) + " dim names were given: (" + join(dim_names) + ")");
+    }
+    std::unordered_set<std::string> names;
+    for (const auto& n : dim_names) {
+      if (n.empty()) fail("dim names must not be empty: (" + join(dim_names) + ")");
+      if (!names.insert(n).second) {
+        fail("dim name '" + n + "' appears twice in (" + join(dim_names) + ")");
+      }
+    }
+  }
+  impl->strides.assign(shape.size(), 1);
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d) {
+    impl->strides[d] = impl->strides[d + 1] * shape[d + 1];
+  }
+  uint64_t h = kFnvOffset;
+  for (int64_t s : shape) h = fnv1a_int(s, h);
+  h = fnv1a_int(-1, h);
+  for (int64_t r : ranks) h = fnv1a_int(r, h);
+  for (const auto& n : dim_names) h = fnv1a(n, fnv1a_int(-2, h));
+  impl->hash = static_cast<size_t>(h);
+  impl->shape = std::move(shape);
+  impl->ranks = std::move(ranks);
+  impl->dim_names = std::move(dim_names);
+  impl_ = std::move(impl);
+}
+
+DeviceMesh DeviceMesh::arange(std::vector<int64_t> shape, std::vector<std::string> dim_names) {
+  int64_t numel = 1;
+  for (int64_t s : shape) numel *= std::max<int64_t>(s, 0);
+  std::vector<int64_t> ranks(static_cast<size_t>(numel));
+  for (int64_t i = 0; i < numel; ++i) ranks[i] = i;
+  return DeviceMesh(std::move(shape), std::move(ranks), std::move(dim_names));
+}
+
+int64_t DeviceMesh::normalize_dim(int64_t dim) const {
+  const int64_t n = ndim();
+  if (dim < -n || dim >= n) {
+    fail("dim " + std::to_string(dim) + " is out of range for a " + std::to_string(n) +
+         "-D mesh (" + join(shape()) + ")");
+  }
+  return dim < 0 ? dim + n : dim;
+}
+
+int64_t DeviceMesh::size(int64_t dim) const { return impl_->shape[normalize_dim(dim)]; }
+
+int64_t DeviceMesh::dim_index(const std::string& name) const {
+  const auto& names = impl_->dim_names;
+  const auto it = std::find(names.begin(), names.end(), name);
+  if (it == names.end()) {
+    fail("no dim named '" + name + "'; the mesh has " +
+         (names.empty() ? std::string("no dim names") : "dims (" + join(names) + ")"));
+  }
+  return it - names.begin();
+}
+
+std::optional<std::vector<int64_t>> DeviceMesh::coordinate(int64_t rank) const {
+  const auto& ranks = impl_->ranks;
+  const auto it = std::find(ranks.begin(), ranks.end(), rank);
+  if (it == ranks.end()) return std::nullopt;
+  int64_t flat = it - ranks.begin();
+  std::vector<int64_t> coord(impl_->shape.size());
+  for (size_t d = 0; d < coord.size(); ++d) {
+    coord[d] = flat / impl_->strides[d];
+    flat %= impl_->strides[d];
+  }
+  return coord;
+}
+
+int64_t DeviceMesh::rank_at(const std::vector<int64_t>& coordinate) const {
+  if (coordinate.size() != impl_->shape.size()) {
+    fail("coordinate (" + join(coordinate) + ") has " + std::to_string(coordinate.size()) +
+         " entries for a " + std::to_string(ndim()) + "-D mesh");
+  }
+  int64_t flat = 0;
+  for (size_t d = 0; d < coordinate.size(); ++d) {
+    if (coordinate[d] < 0 || coordinate[d] >= impl_->shape[d]) {
+      fail("coordinate (" + join(coordinate) + ") is outside mesh shape (" + join(shape()) + ")");
+    }
+    flat += coordinate[d] * impl_->strides[d];
+  }
+  return impl_->ranks[flat];
+}
+
+std::vector<int64_t> DeviceMesh::names_to_dims(const std::vector<std::string>& names) const {
+  std::vector<int64_t> dims;
+  dims.reserve(names.size());
+  for (const auto& n : names) dims.push_back(dim_index(n));
+  return dims;
+}
+
+DeviceMesh DeviceMesh::submesh(const std::vector<std::string>& names, int64_t rank) const {
+  return submesh_dims(names_to_dims(names), rank);
+}
+
+DeviceMesh DeviceMesh::submesh_dims(const std::vector<int64_t>& dims_in, int64_t rank) const {
+  std::vector<int64_t> dims;
+  for (int64_t d : dims_in) {
+    const int64_t nd = normalize_dim(d);
+    if (std::find(dims.begin(), dims.end(), nd) != dims.end()) {
+      fail("sub-mesh names dim " + dim_label(nd) + " twice");
+    }
+    dims.push_back(nd);
+  }
+  auto coord = coordinate(rank);
+  if (!coord) fail("rank " + std::to_string(rank) + " is not in " + to_string());
+  std::vector<int64_t> sub_shape, sub_ranks;
+  std::vector<std::string> sub_names;
+  for (int64_t d : dims) {
+    sub_shape.push_back(impl_->shape[d]);
+    if (has_dim_names()) sub_names.push_back(impl_->dim_names[d]);
+  }
+  // Walk the sub-mesh in row-major order of the requested dims.
+  int64_t numel = 1;
+  for (int64_t s : sub_shape) numel *= s;
+  std::vector<int64_t> c = *coord;
+  for (int64_t i = 0; i < numel; ++i) {
+    int64_t rem = i;
+    for (int64_t k = static_cast<int64_t>(dims.size()) - 1; k >= 0; --k) {
+      c[dims[k]] = rem % sub_shape[k];
+      rem /= sub_shape[k];
+    }
+    sub_ranks.push_back(rank_at(c));
+  }
+  return DeviceMesh(std::move(sub_shape), std::move(sub_ranks), std::move(sub_names));
+}
+
+DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& names, std::string name) const {
+  if (name.empty()) name = join(names, "_");
+  return flatten_dims(names_to_dims(names), std::move(name));
+}
+
+DeviceMesh DeviceMesh::flatten_dims(const std::vector<int64_t>& dims_in, std::string name) const {
+  if (dims_in.empty()) fail("flatten needs at least one dim");
+  std::vector<int64_t> merged;
+  for (int64_t d : dims_in) {
+    const int64_t nd = normalize_dim(d);
+    if (std::find(merged.begin(), merged.end(), nd) != merged.end()) {
+      fail("flatten names dim " + dim_label(nd) + " twice");
+    }
+    merged.push_back(nd);
+  }
+  const int64_t first = *std::min_element(merged.begin(), merged.end());
+  // New dim order: kept dims in order, with the merged group (in the order given) at `first`.
+  std::vector<int64_t> order;
+  for (int64_t d = 0; d < ndim(); ++d) {
+    if (d == first) order.insert(order.end(), merged.begin(), merged.end());
+    if (std::find(merged.begin(), merged.end(), d) == merged.end()) order.push_back(d);
+  }
+  std::vector<int64_t> new_shape;
+  std::vector<std::string> new_names;
+  int64_t merged_size = 1;
+  for (int64_t d : merged) merged_size *= impl_->shape[d];
+  if (name.empty() && has_dim_names()) {
+    std::vector<std::string> parts;
+    for (int64_t d : merged) parts.push_back(impl_->dim_names[d]);
+    name = join(parts, "_");
+  }
+  for (int64_t d = 0; d < ndim(); ++d) {
+    if (d == first) {
+      new_shape.push_back(merged_size);
+      if (has_dim_names()) new_names.push_back(name);
+    } else if (std::find(merged.begin(), merged.end(), d) == merged.end()) {
+      new_shape.push_back(impl_->shape[d]);
+      if (has_dim_names()) {
+        if (impl_->dim_names[d] == name) fail("flattened dim name '" + name + "' already exists");
+        new_names.push_back(impl_->dim_names[d]);
+      }
+    }
+  }
+  // Ranks: iterate the permuted mesh (dims in `order`) row-major.
+  std::vector<int64_t> perm_shape;
+  for (int64_t d : order) perm_shape.push_back(impl_->shape[d]);
+  std::vector<int64_t> new_ranks;
+  new_ranks.reserve(impl_->ranks.size());
+  std::vector<int64_t> c(ndim(), 0);
+  for (int64_t i = 0; i < size(); ++i) {
+    int64_t rem = i;
+    for (int64_t k = ndim() - 1; k >= 0; --k) {
+      c[order[k]] = rem % perm_shape[k];
+      rem /= perm_shape[k];
+    }
+    new_ranks.push_back(rank_at(c));
+  }
+  return DeviceMesh(std::move(new_shape), std::move(new_ranks), std::move(new_names));
+}
+
+std::vector<int64_t> DeviceMesh::group_ranks(int64_t dim, int64_t rank) const {
+  const int64_t d = normalize_dim(dim);
+  auto coord = coordinate(rank);
+  if (!coord) fail("rank " + std::to_string(rank) + " is not in " + to_string());
+  std::vector<int64_t> out;
+  out.reserve(impl_->shape[d]);
+  for (int64_t i = 0; i < impl_->shape[d]; ++i) {
+    (*coord)[d] = i;
+    out.push_back(rank_at(*coord));
+  }
+  return out;
+}
+
+std::vector<std::vector<int64_t>> DeviceMesh::all_groups(int64_t dim) const {
+  const int64_t d = normalize_dim(dim);
+  std::vector<std::vector<int64_t>> groups;
+  // A rank with coordinate 0 along `d` starts each group; visit them in rank-array order.
+  for (size_t flat = 0; flat < impl_->ranks.size(); ++flat) {
+    if ((static_cast<int64_t>(flat) / impl_->strides[d]) % impl_->shape[d] != 0) continue;
+    groups.push_back(group_ranks(d, impl_->ranks[flat]));
+  }
+  return groups;
+}
+
+std::string DeviceMesh::dim_label(int64_t dim) const {
+  return has_dim_names() ? impl_->dim_names[dim] : "dim" + std::to_string(dim);
+}
+
+std::string DeviceMesh::group_name(int64_t dim, int64_t rank) const {
+  const int64_t d = normalize_dim(dim);
+  const std::vector<int64_t> ranks = group_ranks(d, rank);
+  if (ranks.size() <= 8) return dim_label(d) + ":" + join(ranks, "-");
+  uint64_t h = kFnvOffset;
+  for (int64_t r : ranks) h = fnv1a_int(r, h);
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  return dim_label(d) + ":" + std::to_string(ranks.size()) + "r" + buf;
+}
+
+std::string DeviceMesh::to_string() const {
+  std::string out = "DeviceMesh((" + join(shape()) + "), ranks=[" + join(ranks()) + "]";
+  if (has_dim_names()) out += ", names=(" + join(dim_names()) + ")";
+  return out + ")";
+}
+
+bool operator==(const DeviceMesh& a, const DeviceMesh& b) {
+  if (a.impl_ == b.impl_) return true;
+  return a.impl_->hash == b.impl_->hash && a.impl_->shape == b.impl_->shape &&
+         a.impl_->ranks == b.impl_->ranks && a.impl_->dim_names == b.impl_->dim_names;
+}
+
+}  // namespace dtensor

@@ -1,0 +1,165 @@
+#include "dtensor/dtensor_spec.h"
+
+#include <absl/container/flat_hash_map.h>
+#include <absl/synchronization/mutex.h>
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <stdexcept>
+
+#include "dtensor/hashing.h"
+
+namespace dtensor {
+namespace {
+
+using Data = DTensorSpec::Data;
+
+// Interning table: hash -> entries with that hash (collisions are rare; the vector is tiny).
+struct InternTable {
+  absl::Mutex mu;
+  absl::flat_hash_map<size_t, std::vector<std::unique_ptr<const Data>>> entries ABSL_GUARDED_BY(mu);
+  size_t count ABSL_GUARDED_BY(mu) = 0;
+};
+
+InternTable& table() {
+  static InternTable* t = new InternTable();  // never destroyed: specs outlive static teardown
+  return *t;
+}
+
+bool same_layout(const Data& a, const Data& b) {
+  return a.mesh == b.mesh && a.placements == b.placements && a.meta == b.meta &&
+         a.shard_order == b.shard_order;
+}
+
+size_t hash_of(const Data& d) {
+  size_t h = hash_combine(d.mesh.hash(), d.meta.hash());
+  for (const Placement& p : d.placements) h = hash_combine(h, p.hash());
+  for (const auto& order : d.shard_order) {
+    h = hash_combine(h, 0x5bd1e995);
+    for (int64_t m : order) h = hash_combine(h, static_cast<size_t>(m));
+  }
+  return h;
+}
+
+[[noreturn]] void fail(const std::string& what) {
+  throw std::invalid_argument("DTensorSpec: " + what);
+}
+
+// Fills `data.shard_order` from the placements, checking a user-given order against them.
+void canonicalise_order(Data& data, const ShardOrder& given) {
+  const int64_t ndim = data.meta.ndim();
+  ShardOrder order(ndim);
+  for (size_t m = 0; m < data.placements.size(); ++m) {
+    if (data.placements[m].is_shard()) order[data.placements[m].dim()].push_back(m);
+  }
+  data.default_order = true;
+  if (!given.empty()) {
+    if (static_cast<int64_t>(given.size()) != ndim) {
+      fail("shard order has " + std::to_string(given.size()) + " entries for a " +
+           std::to_string(ndim) + "-D tensor");
+    }
+    for (int64_t d = 0; d < ndim; ++d) {
+      std::vector<int64_t> sorted = given[d];
+      std::sort(sorted.begin(), sorted.end());
+      if (sorted != order[d]) {
+        fail("shard order for tensor dim " + std::to_string(d) +
+             " must list exactly the mesh dims that shard it under " +
+             to_string(data.placements));
+      }
+      if (given[d] != order[d]) data.default_order = false;
+    }
+    order = given;
+  }
+  data.shard_order = std::move(order);
+}
+
+}  // namespace
+
+DTensorSpec DTensorSpec::make(const DeviceMesh& mesh, const Placements& placements,
+                              const TensorMeta& meta, const ShardOrder& shard_order) {
+  if (static_cast<int64_t>(placements.size()) != mesh.ndim()) {
+    fail(std::to_string(placements.size()) + " placements " + to_string(placements) +
+         " for a " + std::to_string(mesh.ndim()) + "-D mesh; give one placement per mesh dim");
+  }
+  Data data{mesh, placements, TensorMeta::make(meta.shape, meta.dtype, meta.stride), {}, true, 0,
+            0};
+  for (Placement& p : data.placements) {
+    if (p.is_shard()) {
+      p = Shard(static_cast<int32_t>(normalize_tensor_dim(p.dim(), meta.ndim(), "Shard dim")));
+    }
+  }
+  canonicalise_order(data, shard_order);
+  data.hash = hash_of(data);
+
+  InternTable& t = table();
+  {
+    absl::ReaderMutexLock lock(&t.mu);
+    auto it = t.entries.find(data.hash);
+    if (it != t.entries.end()) {
+      for (const auto& e : it->second) {
+        if (same_layout(*e, data)) return DTensorSpec(e.get());
+      }
+    }
+  }
+  absl::MutexLock lock(&t.mu);
+  auto& bucket = t.entries[data.hash];
+  for (const auto& e : bucket) {
+    if (same_layout(*e, data)) return DTensorSpec(e.get());  // interned by another thread
+  }
+  data.id = ++t.count;
+  bucket.push_back(std::make_unique<const Data>(std::move(data)));
+  return DTensorSpec(bucket.back().get());
+}
+
+size_t interned_spec_count() {
+  absl::MutexLock lock(&table().mu);
+  return table().count;
+}
+
+int64_t DTensorSpec::num_shards(int64_t tensor_dim) const {
+  int64_t n = 1;
+  for (int64_t m : shard_order(tensor_dim)) n *= mesh().size(m);
+  return n;
+}
+
+bool DTensorSpec::is_replicated() const {
+  return std::all_of(placements().begin(), placements().end(),
+                     [](Placement p) { return p.is_replicate(); });
+}
+
+bool DTensorSpec::has_partial() const {
+  return std::any_of(placements().begin(), placements().end(),
+                     [](Placement p) { return p.is_partial(); });
+}
+
+bool DTensorSpec::is_sharded() const {
+  return std::any_of(placements().begin(), placements().end(),
+                     [](Placement p) { return p.is_shard(); });
+}
+
+std::string DTensorSpec::to_string() const {
+  std::string mesh_shape;
+  for (size_t i = 0; i < mesh().shape().size(); ++i) {
+    mesh_shape += (i ? "," : "") + std::to_string(mesh().shape()[i]);
+  }
+  std::string out = dtensor::to_string(placements()) + " on (" + mesh_shape + ") " +
+                    meta().to_string();
+  if (!has_default_shard_order()) {
+    out += " order{";
+    bool first = true;
+    for (int64_t d = 0; d < ndim(); ++d) {
+      if (shard_order(d).size() < 2) continue;
+      out += (first ? "" : ";") + std::to_string(d) + ":[";
+      for (size_t i = 0; i < shard_order(d).size(); ++i) {
+        out += (i ? "," : "") + std::to_string(shard_order(d)[i]);
+      }
+      out += "]";
+      first = false;
+    }
+    out += "}";
+  }
+  return out;
+}
+
+}  // namespace dtensor

@@ -1,0 +1,89 @@
+#pragma once
+// DTensorSpec: how one global tensor is laid out on a mesh: (mesh, placements, tensor meta,
+// shard order). Immutable and interned, so equality is a pointer compare and the hash is computed
+// once. See NOTE [spec interning].
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "device_mesh/device_mesh.h"
+#include "dtensor/placement.h"
+#include "dtensor/tensor_meta.h"
+
+namespace dtensor {
+
+// For each tensor dim, the mesh dims that shard it, in the order they split it. The default is
+// ascending mesh dims ("left to right": mesh dim 0 splits first, then each piece is split again),
+// which is PyTorch's order for [S(0), S(0)]. A different order is PyTorch's _StridedShard /
+// shard_order (e.g. FSDP over TP splits by the TP dim first).
+using ShardOrder = std::vector<std::vector<int64_t>>;
+
+// NOTE [spec interning]
+// Every DTensorSpec is canonicalised (negative shard dims normalised, shard order filled in) and
+// stored once in a process-wide table; a DTensorSpec is a pointer to that entry. Two specs are
+// equal iff their pointers are equal, and hash() is the entry's precomputed hash, so propagation
+// and plan caches key on specs at the cost of an integer. The table never shrinks: the number of
+// distinct layouts a program uses is bounded by its distinct (mesh, placements, shape, dtype)
+// combinations, which PyTorch's own caches assume as well. The table is thread safe (the threads
+// backend runs every rank in one process).
+class DTensorSpec {
+ public:
+  // Validates and interns. Throws std::invalid_argument when a placement count does not match the
+  // mesh, a shard dim is out of range, `shard_order` is not a permutation of the mesh dims that
+  // shard each tensor dim, or the meta is invalid.
+  static DTensorSpec make(const DeviceMesh& mesh, const Placements& placements,
+                          const TensorMeta& meta, const ShardOrder& shard_order = {});
+
+  const DeviceMesh& mesh() const { return data_->mesh; }
+  const Placements& placements() const { return data_->placements; }
+  const Placement& placement(int64_t mesh_dim) const { return data_->placements[mesh_dim]; }
+  const TensorMeta& meta() const { return data_->meta; }
+  const std::vector<int64_t>& shape() const { return data_->meta.shape; }
+  int64_t ndim() const { return data_->meta.ndim(); }
+  // Mesh dims sharding `tensor_dim`, in split order (empty when the dim is not sharded).
+  const std::vector<int64_t>& shard_order(int64_t tensor_dim) const {
+    return data_->shard_order[tensor_dim];
+  }
+  const ShardOrder& shard_order() const { return data_->shard_order; }
+  bool has_default_shard_order() const { return data_->default_order; }
+
+  // Number of pieces tensor dim `d` is cut into (product of the mesh dims sharding it).
+  int64_t num_shards(int64_t tensor_dim) const;
+  bool is_replicated() const;  // every placement is Replicate
+  bool has_partial() const;
+  bool is_sharded() const;  // some placement is Shard
+
+  // Unique per interned spec within this process; not stable across processes.
+  uint64_t id() const { return data_->id; }
+  size_t hash() const { return data_->hash; }
+  // "[S(0),S(1)] on (2,2) f32[10,7]" (+ " order{0:[1,0]}" for a non-default shard order).
+  std::string to_string() const;
+
+  friend bool operator==(DTensorSpec a, DTensorSpec b) { return a.data_ == b.data_; }
+  friend bool operator!=(DTensorSpec a, DTensorSpec b) { return a.data_ != b.data_; }
+
+  struct Data {
+    DeviceMesh mesh;
+    Placements placements;
+    TensorMeta meta;
+    ShardOrder shard_order;
+    bool default_order = true;
+    size_t hash = 0;
+    uint64_t id = 0;
+  };
+
+ private:
+  explicit DTensorSpec(const Data* data) : data_(data) {}
+  const Data* data_;
+};
+
+// Number of interned specs (for tests and cache statistics).
+size_t interned_spec_count();
+
+}  // namespace dtensor
+
+template <>
+struct std::hash<dtensor::DTensorSpec> {
+  size_t operator()(dtensor::DTensorSpec s) const { return s.hash(); }
+};

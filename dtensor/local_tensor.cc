@@ -1,0 +1,46 @@
+#include "dtensor/local_tensor.h"
+
+#include <ATen/ATen.h>
+
+#include <stdexcept>
+
+namespace dtensor {
+
+at::Tensor slice_box(const at::Tensor& global, const LocalBox& box) {
+  if (global.dim() != static_cast<int64_t>(box.shape.size())) {
+    throw std::invalid_argument("slice_box: a " + std::to_string(box.shape.size()) +
+                                "-D box does not fit a " + std::to_string(global.dim()) +
+                                "-D tensor");
+  }
+  at::Tensor out = global;
+  for (int64_t d = 0; d < global.dim(); ++d) out = out.narrow(d, box.offset[d], box.shape[d]);
+  return out;
+}
+
+at::Tensor local_tensor_for(const at::Tensor& global, const DTensorSpec& spec,
+                            const std::vector<int64_t>& coordinate) {
+  if (global.sizes().vec() != spec.shape()) {
+    throw std::invalid_argument("local_tensor_for: tensor of shape " +
+                                c10::str(global.sizes()) + " does not match the spec " +
+                                spec.to_string());
+  }
+  at::Tensor local = slice_box(global, local_box(spec, coordinate)).clone(at::MemoryFormat::Contiguous);
+  for (int64_t m = 0; m < spec.mesh().ndim(); ++m) {
+    const Placement p = spec.placement(m);
+    if (!p.is_partial() || coordinate[m] == 0) continue;
+    switch (p.reduce_op()) {
+      case ReduceOp::kSum:
+      case ReduceOp::kBxor:
+        local.zero_();
+        break;
+      case ReduceOp::kProduct:
+        local.fill_(1);
+        break;
+      default:  // avg, min, max, band, bor: idempotent on equal values
+        break;
+    }
+  }
+  return local;
+}
+
+}  // namespace dtensor

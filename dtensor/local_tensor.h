@@ -1,0 +1,24 @@
+#pragma once
+// Cutting a real at::Tensor by a layout: the bridge from shard arithmetic to data.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "dtensor/shard_layout.h"
+
+namespace dtensor {
+
+// The view of `global` that `box` covers (narrow per dim; shares storage with `global`).
+at::Tensor slice_box(const at::Tensor& global, const LocalBox& box);
+
+// The local tensor the rank at `coordinate` holds for `spec`, as a fresh contiguous tensor
+// (distribute_tensor with every rank holding the data). Shard dims slice. A Partial mesh dim is
+// filled so that its reduction gives back `global` exactly, integers included: sum and bxor keep
+// the value at coordinate 0 and put zeros elsewhere, product puts ones elsewhere, and avg, min,
+// max, band and bor keep the value on every coordinate.
+at::Tensor local_tensor_for(const at::Tensor& global, const DTensorSpec& spec,
+                            const std::vector<int64_t>& coordinate);
+
+}  // namespace dtensor

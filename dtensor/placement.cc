@@ -1,0 +1,140 @@
+#include "dtensor/placement.h"
+
+#include <array>
+#include <charconv>
+#include <stdexcept>
+
+namespace dtensor {
+namespace {
+
+constexpr std::array<std::string_view, 8> kReduceOpNames = {"sum",     "avg",  "min", "max",
+                                                             "product", "band", "bor", "bxor"};
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+[[noreturn]] void bad_token(std::string_view token, const std::string& why) {
+  throw std::invalid_argument("bad placement '" + std::string(token) + "': " + why +
+                              " (expected S(<dim>), R or P(<op>), e.g. \"S(0),R,P(sum)\")");
+}
+
+// Splits "Name(arg)" into name and arg; arg is empty and has_parens false for "Name".
+struct Call {
+  std::string_view name;
+  std::string_view arg;
+  bool has_parens = false;
+};
+
+Call split_call(std::string_view token) {
+  Call call;
+  const size_t open = token.find('(');
+  if (open == std::string_view::npos) {
+    if (token.find(')') != std::string_view::npos) bad_token(token, "unbalanced ')'");
+    call.name = token;
+    return call;
+  }
+  if (token.back() != ')') bad_token(token, "missing ')'");
+  call.name = trim(token.substr(0, open));
+  call.arg = trim(token.substr(open + 1, token.size() - open - 2));
+  call.has_parens = true;
+  return call;
+}
+
+}  // namespace
+
+std::string_view reduce_op_name(ReduceOp op) { return kReduceOpNames[static_cast<size_t>(op)]; }
+
+ReduceOp parse_reduce_op(std::string_view text) {
+  for (size_t i = 0; i < kReduceOpNames.size(); ++i) {
+    if (kReduceOpNames[i] == text) return static_cast<ReduceOp>(i);
+  }
+  throw std::invalid_argument("unknown reduce op '" + std::string(text) +
+                              "' (expected one of sum, avg, min, max, product, band, bor, bxor)");
+}
+
+bool is_bitwise(ReduceOp op) {
+  return op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor;
+}
+
+std::string Placement::to_string() const {
+  switch (kind_) {
+    case Kind::kReplicate:
+      return "R";
+    case Kind::kShard:
+      return "S(" + std::to_string(dim_) + ")";
+    case Kind::kPartial:
+      return "P(" + std::string(reduce_op_name(op_)) + ")";
+  }
+  return "?";
+}
+
+std::string to_string(const Placements& placements) {
+  std::string out = "[";
+  for (size_t i = 0; i < placements.size(); ++i) {
+    if (i) out += ",";
+    out += placements[i].to_string();
+  }
+  return out + "]";
+}
+
+Placement parse_placement(std::string_view text) {
+  const std::string_view token = trim(text);
+  if (token.empty()) bad_token(token, "empty placement");
+  const Call call = split_call(token);
+  if (call.name == "R" || call.name == "Replicate") {
+    if (!call.arg.empty()) bad_token(token, "Replicate takes no argument");
+    return Placement::replicate();
+  }
+  if (call.name == "S" || call.name == "Shard") {
+    if (call.arg.empty()) bad_token(token, "Shard needs a tensor dim, e.g. S(0)");
+    int32_t dim = 0;
+    const char* end = call.arg.data() + call.arg.size();
+    const auto [ptr, ec] = std::from_chars(call.arg.data(), end, dim);
+    if (ec != std::errc() || ptr != end) {
+      bad_token(token, "shard dim '" + std::string(call.arg) + "' is not an integer");
+    }
+    return Placement::shard(dim);
+  }
+  if (call.name == "P" || call.name == "Partial") {
+    if (call.arg.empty()) return Placement::partial(ReduceOp::kSum);
+    try {
+      return Placement::partial(parse_reduce_op(call.arg));
+    } catch (const std::invalid_argument& e) {
+      bad_token(token, e.what());
+    }
+  }
+  bad_token(token, "unknown placement kind '" + std::string(call.name) + "'");
+}
+
+Placements parse_placements(std::string_view text) {
+  std::string_view body = trim(text);
+  if (!body.empty() && body.front() == '[') {
+    if (body.back() != ']') bad_token(body, "missing ']'");
+    body = trim(body.substr(1, body.size() - 2));
+  }
+  Placements out;
+  if (body.empty()) return out;  // "[]": a 0-D mesh has no placements.
+  size_t start = 0;
+  int depth = 0;
+  for (size_t i = 0; i <= body.size(); ++i) {
+    if (i < body.size() && body[i] == '(') ++depth;
+    if (i < body.size() && body[i] == ')') --depth;
+    if (i == body.size() || (body[i] == ',' && depth == 0)) {
+      const std::string_view token = body.substr(start, i - start);
+      try {
+        out.push_back(parse_placement(token));
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument(std::string(e.what()) + " at position " +
+                                    std::to_string(out.size()) + " of \"" + std::string(text) +
+                                    "\"");
+      }
+      start = i + 1;
+    }
+  }
+  return out;
+}
+
+}  // namespace dtensor

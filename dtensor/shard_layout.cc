@@ -1,0 +1,154 @@
+#include "dtensor/shard_layout.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace dtensor {
+namespace {
+
+std::string join(const std::vector<int64_t>& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
+  return out;
+}
+
+void check_coordinate(const DTensorSpec& spec, const std::vector<int64_t>& coordinate) {
+  const auto& shape = spec.mesh().shape();
+  bool ok = coordinate.size() == shape.size();
+  for (size_t d = 0; ok && d < shape.size(); ++d) {
+    ok = coordinate[d] >= 0 && coordinate[d] < shape[d];
+  }
+  if (!ok) {
+    throw std::invalid_argument("coordinate (" + join(coordinate) + ") is outside mesh shape (" +
+                                join(shape) + ")");
+  }
+}
+
+}  // namespace
+
+int64_t chunk_size(int64_t n, int64_t k) { return (n + k - 1) / k; }
+
+ChunkSlice chunk_slice(int64_t n, int64_t k, int64_t i) {
+  const int64_t chunk = chunk_size(n, k);
+  const int64_t begin = std::min(i * chunk, n);
+  const int64_t end = std::min(begin + chunk, n);
+  return {begin, end - begin};
+}
+
+std::vector<int64_t> chunk_sizes(int64_t n, int64_t k) {
+  std::vector<int64_t> sizes(k);
+  for (int64_t i = 0; i < k; ++i) sizes[i] = chunk_slice(n, k, i).size;
+  return sizes;
+}
+
+int64_t LocalBox::numel() const {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+std::vector<ShardStep> shard_steps(const DTensorSpec& spec,
+                                   const std::vector<int64_t>& coordinate) {
+  check_coordinate(spec, coordinate);
+  std::vector<ShardStep> steps;
+  for (int64_t d = 0; d < spec.ndim(); ++d) {
+    int64_t piece = spec.shape()[d];
+    for (int64_t m : spec.shard_order(d)) {
+      ShardStep s;
+      s.mesh_dim = m;
+      s.tensor_dim = d;
+      s.input_size = piece;
+      s.num_chunks = spec.mesh().shape()[m];
+      s.chunk = chunk_size(piece, s.num_chunks);
+      s.index = coordinate[m];
+      const ChunkSlice slice = chunk_slice(piece, s.num_chunks, s.index);
+      s.offset = slice.offset;
+      s.size = slice.size;
+      piece = slice.size;
+      steps.push_back(s);
+    }
+  }
+  return steps;
+}
+
+LocalBox local_box(const DTensorSpec& spec, const std::vector<int64_t>& coordinate) {
+  LocalBox box{spec.shape(), std::vector<int64_t>(spec.ndim(), 0)};
+  for (const ShardStep& s : shard_steps(spec, coordinate)) {
+    box.offset[s.tensor_dim] += s.offset;
+    box.shape[s.tensor_dim] = s.size;
+  }
+  return box;
+}
+
+std::optional<LocalBox> local_box_of_rank(const DTensorSpec& spec, int64_t rank) {
+  auto coord = spec.mesh().coordinate(rank);
+  if (!coord) return std::nullopt;
+  return local_box(spec, *coord);
+}
+
+bool is_evenly_sharded(const DTensorSpec& spec) {
+  // Evenness of a later step depends on the piece an earlier step left, which differs by rank:
+  // check every combination of coordinates of the sharding mesh dims.
+  for (int64_t d = 0; d < spec.ndim(); ++d) {
+    const auto& order = spec.shard_order(d);
+    if (order.empty()) continue;
+    int64_t piece = spec.shape()[d];
+    for (int64_t m : order) {
+      const int64_t k = spec.mesh().shape()[m];
+      if (piece % k != 0) return false;  // even pieces stay equal, so one path suffices
+      piece /= k;
+    }
+  }
+  return true;
+}
+
+std::vector<std::vector<int64_t>> owner_coordinates(const DTensorSpec& spec,
+                                                    const std::vector<int64_t>& index) {
+  if (static_cast<int64_t>(index.size()) != spec.ndim()) {
+    throw std::invalid_argument("index (" + join(index) + ") has " +
+                                std::to_string(index.size()) + " entries for a " +
+                                std::to_string(spec.ndim()) + "-D tensor");
+  }
+  const auto& mesh_shape = spec.mesh().shape();
+  // Coordinates allowed per mesh dim: one for Shard dims, all for the others.
+  std::vector<std::vector<int64_t>> allowed(mesh_shape.size());
+  for (size_t m = 0; m < mesh_shape.size(); ++m) {
+    for (int64_t i = 0; i < mesh_shape[m]; ++i) allowed[m].push_back(i);
+  }
+  for (int64_t d = 0; d < spec.ndim(); ++d) {
+    if (index[d] < 0 || index[d] >= spec.shape()[d]) {
+      throw std::invalid_argument("index (" + join(index) + ") is out of bounds for shape [" +
+                                  join(spec.shape()) + "]");
+    }
+    int64_t piece = spec.shape()[d];
+    int64_t pos = index[d];  // position inside the current piece
+    for (int64_t m : spec.shard_order(d)) {
+      const int64_t chunk = chunk_size(piece, mesh_shape[m]);
+      const int64_t i = pos / chunk;
+      allowed[m] = {i};
+      pos -= i * chunk;
+      piece = chunk_slice(piece, mesh_shape[m], i).size;
+    }
+  }
+  // Cartesian product, row-major.
+  std::vector<std::vector<int64_t>> out = {{}};
+  for (const auto& choices : allowed) {
+    std::vector<std::vector<int64_t>> next;
+    for (const auto& prefix : out) {
+      for (int64_t c : choices) {
+        next.push_back(prefix);
+        next.back().push_back(c);
+      }
+    }
+    out = std::move(next);
+  }
+  return out;
+}
+
+std::vector<int64_t> owner_ranks(const DTensorSpec& spec, const std::vector<int64_t>& index) {
+  std::vector<int64_t> ranks;
+  for (const auto& c : owner_coordinates(spec, index)) ranks.push_back(spec.mesh().rank_at(c));
+  return ranks;
+}
+
+}  // namespace dtensor

@@ -1,0 +1,84 @@
+#pragma once
+// Shard arithmetic: which slice of the global tensor each rank holds.
+//
+// NOTE [uneven shards]
+// Shard(d) over a mesh dim of size k follows torch.chunk: chunk = ceil(n / k), rank i holds
+// [min(i*chunk, n), min((i+1)*chunk, n)), so trailing ranks may be short or empty
+// (13/4 -> 4,4,4,1; 5/4 -> 2,2,1,0; 1/4 -> 1,0,0,0). When several mesh dims shard one tensor
+// dim, they split it one after another in the spec's shard order (default: ascending mesh dims),
+// each splitting the piece the previous one left. Collectives need equal-sized buffers, so a
+// step over an uneven split pads every rank's piece to `chunk` (ShardStep::pad) and the receiver
+// trims it again. Every function here derives from chunk_slice(); nothing else in the engine
+// computes offsets or sizes of shards.
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "dtensor/dtensor_spec.h"
+
+namespace dtensor {
+
+// ceil(n / k) for n >= 0, k >= 1.
+int64_t chunk_size(int64_t n, int64_t k);
+
+struct ChunkSlice {
+  int64_t offset = 0;
+  int64_t size = 0;
+  friend bool operator==(const ChunkSlice& a, const ChunkSlice& b) {
+    return a.offset == b.offset && a.size == b.size;
+  }
+};
+// Piece `i` of `n` elements split `k` ways with torch.chunk semantics (empty past the end).
+ChunkSlice chunk_slice(int64_t n, int64_t k, int64_t i);
+// Sizes of all k pieces: chunk_sizes(13, 4) == {4, 4, 4, 1}.
+std::vector<int64_t> chunk_sizes(int64_t n, int64_t k);
+
+// One mesh dim splitting one tensor dim, as one rank sees it.
+struct ShardStep {
+  int64_t mesh_dim = 0;
+  int64_t tensor_dim = 0;
+  int64_t input_size = 0;  // size of the piece this step splits
+  int64_t num_chunks = 1;  // size of the mesh dim
+  int64_t chunk = 0;       // ceil(input_size / num_chunks): every rank's padded size
+  int64_t index = 0;       // this rank's coordinate along mesh_dim
+  int64_t offset = 0;      // offset of this rank's chunk inside the piece
+  int64_t size = 0;        // this rank's size after the step
+
+  int64_t pad() const { return chunk - size; }
+  // True when every rank of the mesh dim gets the same size (no padding anywhere).
+  bool even() const { return input_size % num_chunks == 0; }
+};
+
+// The local box of one rank: its local shape and the global offset of its first element.
+struct LocalBox {
+  std::vector<int64_t> shape;
+  std::vector<int64_t> offset;
+  int64_t numel() const;
+  friend bool operator==(const LocalBox& a, const LocalBox& b) {
+    return a.shape == b.shape && a.offset == b.offset;
+  }
+};
+
+// The shard steps of the rank at `coordinate`, grouped by tensor dim (ascending) and in split
+// order within a tensor dim. Throws std::invalid_argument when the coordinate is outside the mesh.
+std::vector<ShardStep> shard_steps(const DTensorSpec& spec, const std::vector<int64_t>& coordinate);
+
+// Local shape and global offset of the rank at `coordinate` (PyTorch's
+// compute_local_shape_and_global_offset). Replicate and Partial dims keep the full size.
+LocalBox local_box(const DTensorSpec& spec, const std::vector<int64_t>& coordinate);
+// The same for a global rank; nullopt when the rank is not in the spec's mesh (it holds nothing).
+std::optional<LocalBox> local_box_of_rank(const DTensorSpec& spec, int64_t rank);
+
+// True when no shard step of any rank needs padding.
+bool is_evenly_sharded(const DTensorSpec& spec);
+
+// The inverse: the mesh coordinates / global ranks holding global element `index` (one entry
+// per tensor dim). Shard mesh dims pin one coordinate each; Replicate and Partial mesh dims admit
+// every coordinate, so the count is the product of the non-Shard mesh dim sizes. Ranks come in
+// row-major coordinate order. Throws std::invalid_argument when `index` is out of bounds.
+std::vector<std::vector<int64_t>> owner_coordinates(const DTensorSpec& spec,
+                                                    const std::vector<int64_t>& index);
+std::vector<int64_t> owner_ranks(const DTensorSpec& spec, const std::vector<int64_t>& index);
+
+}  // namespace dtensor

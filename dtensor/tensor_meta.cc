@@ -1,0 +1,74 @@
+#include "dtensor/tensor_meta.h"
+
+#include <stdexcept>
+
+#include "dtensor/hashing.h"
+
+namespace dtensor {
+namespace {
+
+std::string join(const std::vector<int64_t>& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
+  return out;
+}
+
+}  // namespace
+
+std::vector<int64_t> TensorMeta::contiguous_stride(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> stride(shape.size(), 1);
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d) {
+    stride[d] = stride[d + 1] * std::max<int64_t>(shape[d + 1], 1);
+  }
+  return stride;
+}
+
+TensorMeta TensorMeta::make(std::vector<int64_t> shape, c10::ScalarType dtype,
+                            std::vector<int64_t> stride) {
+  for (int64_t s : shape) {
+    if (s < 0) {
+      throw std::invalid_argument("TensorMeta: shape [" + join(shape) +
+                                  "] has a negative size " + std::to_string(s));
+    }
+  }
+  if (stride.empty()) {
+    stride = contiguous_stride(shape);
+  } else if (stride.size() != shape.size()) {
+    throw std::invalid_argument("TensorMeta: stride [" + join(stride) + "] has " +
+                                std::to_string(stride.size()) + " entries for shape [" +
+                                join(shape) + "]");
+  }
+  return TensorMeta{std::move(shape), std::move(stride), dtype};
+}
+
+int64_t TensorMeta::numel() const {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+std::string TensorMeta::to_string() const {
+  std::string out = std::string(c10::toString(dtype)) + "[" + join(shape) + "]";
+  if (stride != contiguous_stride(shape)) out += ":stride[" + join(stride) + "]";
+  return out;
+}
+
+size_t TensorMeta::hash() const {
+  uint64_t h = fnv1a_int(static_cast<int64_t>(dtype));
+  for (int64_t s : shape) h = fnv1a_int(s, h);
+  h = fnv1a_int(-1, h);
+  for (int64_t s : stride) h = fnv1a_int(s, h);
+  return static_cast<size_t>(h);
+}
+
+int64_t normalize_tensor_dim(int64_t dim, int64_t ndim, const char* what) {
+  if (ndim == 0 || dim < -ndim || dim >= ndim) {
+    throw std::invalid_argument(std::string(what) + " " + std::to_string(dim) +
+                                " is out of range for a " + std::to_string(ndim) +
+                                "-D tensor (expected a dim in [" + std::to_string(-ndim) + ", " +
+                                std::to_string(ndim - 1) + "])");
+  }
+  return dim < 0 ? dim + ndim : dim;
+}
+
+}  // namespace dtensor
