@@ -79,7 +79,7 @@ void canonicalise_order(Data& data, const ShardOrder& given) {
 DTensorSpec DTensorSpec::make(const DeviceMesh& mesh, const Placements& placements,
                               const TensorMeta& meta, const ShardOrder& shard_order) {
   if (static_cast<int64_t>(placements.size()) != mesh.ndim()) {
-    fail(std::to_string(placements.size()) + " placements " + to_string(placements) +
+    fail(std::to_string(placements.size()) + " placements " + dtensor::to_string(placements) +
          " for a " + std::to_string(mesh.ndim()) + "-D mesh; give one placement per mesh dim");
   }
   Data data{mesh, placements, TensorMeta::make(meta.shape, meta.dtype, meta.stride), {}, true, 0,

@@ -1,0 +1,58 @@
+#include "dtensor/local_tensor.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+namespace dtensor {
+namespace {
+
+TEST(LocalTensorTest, SliceBoxIsAViewOfTheGlobalTensor) {
+  const at::Tensor g = at::arange(70, at::kFloat).reshape({10, 7});
+  const at::Tensor v = slice_box(g, LocalBox{{5, 3}, {5, 4}});
+  EXPECT_EQ(v.sizes(), at::IntArrayRef({5, 3}));
+  EXPECT_EQ(v[0][0].item<float>(), g[5][4].item<float>());
+  EXPECT_TRUE(v.is_alias_of(g));
+  EXPECT_THROW(slice_box(g, LocalBox{{5}, {0}}), std::invalid_argument);
+}
+
+// For every reduce op and integer and float dtypes, reducing the local tensors of a Partial mesh
+// dim gives back the global tensor exactly.
+TEST(LocalTensorTest, PartialLocalsReduceToTheGlobalTensor) {
+  const DeviceMesh mesh = DeviceMesh::arange({2, 3});
+  for (auto dtype : {at::kFloat, at::kLong}) {
+    const at::Tensor g = at::arange(1, 13, at::TensorOptions().dtype(dtype)).reshape({3, 4});
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax,
+                        ReduceOp::kProduct, ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor}) {
+      if (dtype == at::kFloat && is_bitwise(op)) continue;
+      const auto spec = DTensorSpec::make(mesh, {Shard(0), Partial(op)},
+                                          TensorMeta::make({3, 4}, dtype));
+      for (int64_t row = 0; row < 2; ++row) {
+        std::vector<at::Tensor> parts;
+        for (int64_t col = 0; col < 3; ++col) parts.push_back(local_tensor_for(g, spec, {row, col}));
+        at::Tensor acc = parts[0].clone();
+        for (size_t i = 1; i < parts.size(); ++i) {
+          switch (op) {
+            case ReduceOp::kSum: case ReduceOp::kAvg: acc = acc + parts[i]; break;
+            case ReduceOp::kMin: acc = at::minimum(acc, parts[i]); break;
+            case ReduceOp::kMax: acc = at::maximum(acc, parts[i]); break;
+            case ReduceOp::kProduct: acc = acc * parts[i]; break;
+            case ReduceOp::kBand: acc = at::bitwise_and(acc, parts[i]); break;
+            case ReduceOp::kBor: acc = at::bitwise_or(acc, parts[i]); break;
+            case ReduceOp::kBxor: acc = at::bitwise_xor(acc, parts[i]); break;
+          }
+        }
+        if (op == ReduceOp::kAvg) acc = at::div(acc, 3, dtype == at::kLong ? "floor" : c10::optional<c10::string_view>());
+        const at::Tensor expected = slice_box(g, local_box(spec, {row, 0}));
+        EXPECT_TRUE(at::equal(acc, expected)) << spec.to_string() << " row " << row;
+      }
+    }
+  }
+}
+
+TEST(LocalTensorTest, ShapeMismatchIsAnError) {
+  const auto spec = DTensorSpec::make(DeviceMesh::arange({2}), {Shard(0)}, TensorMeta::make({4}));
+  EXPECT_THROW(local_tensor_for(at::zeros({5}), spec, {0}), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace dtensor
