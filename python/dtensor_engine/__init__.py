@@ -1,0 +1,16 @@
+"""Native DTensor sharding engine (Python face).
+
+For now this re-exports the layout core from the C++ extension; the
+torch.distributed.tensor-compatible API arrives with a later issue.
+"""
+
+from dtensor_engine._C import (  # noqa: F401
+    DeviceMesh,
+    LocalBox,
+    Placement,
+    chunk_sizes,
+    local_box,
+    owner_ranks,
+    parse_placements,
+    visualize_sharding,
+)

@@ -1,0 +1,61 @@
+"""Summarises a `bazel test` run as test cases: prints per-target counts and a final line
+"N passed, N failed". Usage: test_summary.py BAZEL_LOG TESTLOGS_DIR START_EPOCH
+
+A target's cases come from its JUnit XML (gtest and pytest both write one). A target that failed
+to build, or failed without fresh XML, counts as one failed case, so nothing broken goes unseen.
+"""
+
+import os
+import re
+import sys
+import xml.etree.ElementTree as ET
+
+STATUS = re.compile(r"^(//\S+)\s+(?:\(cached\) )?(PASSED|FAILED TO BUILD|FAILED|TIMEOUT|FLAKY|NO STATUS|SKIPPED)")
+
+
+def count_cases(xml_path):
+    passed = failed = skipped = 0
+    root = ET.parse(xml_path).getroot()
+    for case in root.iter("testcase"):
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed += 1
+        elif case.find("skipped") is not None or case.get("result") == "skipped":
+            skipped += 1
+        else:
+            passed += 1
+    return passed, failed, skipped
+
+
+def main():
+    log_path, testlogs, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    targets = {}
+    with open(log_path, errors="replace") as f:
+        for line in f:
+            m = STATUS.match(line.strip())
+            if m:
+                targets[m.group(1)] = m.group(2)
+    total_p = total_f = total_s = 0
+    print("\nTest cases per target:")
+    for target, status in sorted(targets.items()):
+        pkg, name = target[2:].split(":")
+        xml = os.path.join(testlogs, pkg, name, "test.xml")
+        fresh = os.path.exists(xml) and (status == "PASSED" or os.path.getmtime(xml) >= start)
+        if status in ("PASSED", "FAILED", "FLAKY", "TIMEOUT") and fresh:
+            p, f_, s = count_cases(xml)
+            if status != "PASSED" and f_ == 0:
+                f_ = 1  # crashed or timed out after its cases passed
+        else:
+            p, f_, s = 0, 1, 0
+        total_p, total_f, total_s = total_p + p, total_f + f_, total_s + s
+        extra = f", {s} skipped" if s else ""
+        print(f"  {target:<48} {status:<16} {p} passed, {f_} failed{extra}")
+    if not targets:
+        print("  (no test results: the build failed before any test ran)")
+        total_f += 1
+    print(f"{len(targets)} test targets; {total_s} test cases skipped")
+    print(f"{total_p} passed, {total_f} failed")
+    return 0 if total_f == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
