@@ -39,8 +39,8 @@ TEST(DeviceMeshTest, CoordinatesFollowRowMajorRankArray) {
     int64_t rank;
     std::optional<V> coord;
   };
-  const Case cases[] = {{7, V{0, 0}}, {3, V{0, 1}}, {5, V{1, 0}}, {1, V{1, 1}},
-                        {0, std::nullopt}, {8, std::nullopt}};
+  const Case cases[] = {{7, V{0, 0}}, {3, V{0, 1}},      {5, V{1, 0}},
+                        {1, V{1, 1}}, {0, std::nullopt}, {8, std::nullopt}};
   for (const auto& c : cases) {
     EXPECT_EQ(mesh.coordinate(c.rank), c.coord) << "rank " << c.rank;
     if (c.coord) EXPECT_EQ(mesh.rank_at(*c.coord), c.rank);

@@ -64,8 +64,7 @@ void canonicalise_order(Data& data, const ShardOrder& given) {
       std::sort(sorted.begin(), sorted.end());
       if (sorted != order[d]) {
         fail("shard order for tensor dim " + std::to_string(d) +
-             " must list exactly the mesh dims that shard it under " +
-             to_string(data.placements));
+             " must list exactly the mesh dims that shard it under " + to_string(data.placements));
       }
       if (given[d] != order[d]) data.default_order = false;
     }
@@ -82,8 +81,8 @@ DTensorSpec DTensorSpec::make(const DeviceMesh& mesh, const Placements& placemen
     fail(std::to_string(placements.size()) + " placements " + dtensor::to_string(placements) +
          " for a " + std::to_string(mesh.ndim()) + "-D mesh; give one placement per mesh dim");
   }
-  Data data{mesh, placements, TensorMeta::make(meta.shape, meta.dtype, meta.stride), {}, true, 0,
-            0};
+  Data data{mesh, placements, TensorMeta::make(meta.shape, meta.dtype, meta.stride), {}, true,
+            0,    0};
   for (Placement& p : data.placements) {
     if (p.is_shard()) {
       p = Shard(static_cast<int32_t>(normalize_tensor_dim(p.dim(), meta.ndim(), "Shard dim")));
@@ -143,8 +142,8 @@ std::string DTensorSpec::to_string() const {
   for (size_t i = 0; i < mesh().shape().size(); ++i) {
     mesh_shape += (i ? "," : "") + std::to_string(mesh().shape()[i]);
   }
-  std::string out = dtensor::to_string(placements()) + " on (" + mesh_shape + ") " +
-                    meta().to_string();
+  std::string out =
+      dtensor::to_string(placements()) + " on (" + mesh_shape + ") " + meta().to_string();
   if (!has_default_shard_order()) {
     out += " order{";
     bool first = true;

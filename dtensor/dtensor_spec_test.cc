@@ -49,8 +49,8 @@ TEST(DTensorSpecTest, InternedSpecsCompareByIdentity) {
   // Every field matters.
   EXPECT_NE(a, DTensorSpec::make(kMesh, {Shard(1), Shard(0)}, TensorMeta::make({10, 7})));
   EXPECT_NE(a, DTensorSpec::make(kMesh, {Shard(0), Shard(1)}, TensorMeta::make({10, 8})));
-  EXPECT_NE(a, DTensorSpec::make(kMesh, {Shard(0), Shard(1)},
-                                 TensorMeta::make({10, 7}, c10::kBFloat16)));
+  EXPECT_NE(
+      a, DTensorSpec::make(kMesh, {Shard(0), Shard(1)}, TensorMeta::make({10, 7}, c10::kBFloat16)));
   EXPECT_NE(a, DTensorSpec::make(DeviceMesh({2, 2}, {3, 2, 1, 0}), {Shard(0), Shard(1)},
                                  TensorMeta::make({10, 7})));
 }
@@ -61,8 +61,8 @@ TEST(DTensorSpecTest, InterningIsThreadSafe) {
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&ids, t] {
       for (int i = 0; i < 200; ++i) {
-        ids[t] = DTensorSpec::make(kMesh, {Shard(0), Replicate()}, TensorMeta::make({1000 + i}))
-                     .id();
+        ids[t] =
+            DTensorSpec::make(kMesh, {Shard(0), Replicate()}, TensorMeta::make({1000 + i})).id();
       }
     });
   }
@@ -82,10 +82,16 @@ TEST(DTensorSpecTest, ShardOrderDefaultsLeftToRightAndAcceptsOtherOrders) {
   EXPECT_FALSE(rtl.has_default_shard_order());
   EXPECT_EQ(rtl.to_string(), "[S(0),S(0)] on (2,2) Float[8,4] order{0:[1,0]}");
   EXPECT_EQ(ltr.to_string(), "[S(0),S(0)] on (2,2) Float[8,4]");
-  expect_error([&] { DTensorSpec::make(kMesh, {Shard(0), Shard(0)}, meta, {{1}, {}}); },
-               "must list exactly the mesh dims");
-  expect_error([&] { DTensorSpec::make(kMesh, {Shard(0), Shard(0)}, meta, {{0, 1}}); },
-               "1 entries for a 2-D tensor");
+  expect_error(
+      [&] {
+        DTensorSpec::make(kMesh, {Shard(0), Shard(0)}, meta, {{1}, {}});
+      },
+      "must list exactly the mesh dims");
+  expect_error(
+      [&] {
+        DTensorSpec::make(kMesh, {Shard(0), Shard(0)}, meta, {{0, 1}});
+      },
+      "1 entries for a 2-D tensor");
 }
 
 TEST(DTensorSpecTest, Queries) {
@@ -100,21 +106,34 @@ TEST(DTensorSpecTest, Queries) {
   EXPECT_TRUE(r.is_replicated());
   EXPECT_EQ(DTensorSpec::make(kMesh, {Shard(0), Shard(0)}, meta).num_shards(0), 4);
   // 0-D tensors can be replicated or partial, never sharded.
-  EXPECT_TRUE(DTensorSpec::make(kMesh, {Replicate(), Partial()}, TensorMeta::make({})).has_partial());
+  EXPECT_TRUE(
+      DTensorSpec::make(kMesh, {Replicate(), Partial()}, TensorMeta::make({})).has_partial());
 }
 
 TEST(DTensorSpecTest, ValidationNamesTheProblem) {
   const auto meta = TensorMeta::make({8, 4});
   expect_error([&] { DTensorSpec::make(kMesh, {Shard(0)}, meta); },
                "1 placements [S(0)] for a 2-D mesh");
-  expect_error([&] { DTensorSpec::make(kMesh, {Shard(2), Replicate()}, meta); },
-               "Shard dim 2 is out of range for a 2-D tensor");
-  expect_error([&] { DTensorSpec::make(kMesh, {Shard(-3), Replicate()}, meta); },
-               "Shard dim -3 is out of range");
-  expect_error([&] { DTensorSpec::make(kMesh, {Shard(0), Replicate()}, TensorMeta::make({})); },
-               "out of range for a 0-D tensor");
-  expect_error([&] { DTensorSpec::make(kMesh, {Replicate(), Replicate()}, TensorMeta{{-1}, {1}}); },
-               "negative size");
+  expect_error(
+      [&] {
+        DTensorSpec::make(kMesh, {Shard(2), Replicate()}, meta);
+      },
+      "Shard dim 2 is out of range for a 2-D tensor");
+  expect_error(
+      [&] {
+        DTensorSpec::make(kMesh, {Shard(-3), Replicate()}, meta);
+      },
+      "Shard dim -3 is out of range");
+  expect_error(
+      [&] {
+        DTensorSpec::make(kMesh, {Shard(0), Replicate()}, TensorMeta::make({}));
+      },
+      "out of range for a 0-D tensor");
+  expect_error(
+      [&] {
+        DTensorSpec::make(kMesh, {Replicate(), Replicate()}, TensorMeta{{-1}, {1}});
+      },
+      "negative size");
 }
 
 }  // namespace

@@ -20,11 +20,11 @@ at::Tensor slice_box(const at::Tensor& global, const LocalBox& box) {
 at::Tensor local_tensor_for(const at::Tensor& global, const DTensorSpec& spec,
                             const std::vector<int64_t>& coordinate) {
   if (global.sizes().vec() != spec.shape()) {
-    throw std::invalid_argument("local_tensor_for: tensor of shape " +
-                                c10::str(global.sizes()) + " does not match the spec " +
-                                spec.to_string());
+    throw std::invalid_argument("local_tensor_for: tensor of shape " + c10::str(global.sizes()) +
+                                " does not match the spec " + spec.to_string());
   }
-  at::Tensor local = slice_box(global, local_box(spec, coordinate)).clone(at::MemoryFormat::Contiguous);
+  at::Tensor local =
+      slice_box(global, local_box(spec, coordinate)).clone(at::MemoryFormat::Contiguous);
   for (int64_t m = 0; m < spec.mesh().ndim(); ++m) {
     const Placement p = spec.placement(m);
     if (!p.is_partial() || coordinate[m] == 0) continue;

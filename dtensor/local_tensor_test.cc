@@ -24,24 +24,41 @@ TEST(LocalTensorTest, PartialLocalsReduceToTheGlobalTensor) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax,
                         ReduceOp::kProduct, ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor}) {
       if (dtype == at::kFloat && is_bitwise(op)) continue;
-      const auto spec = DTensorSpec::make(mesh, {Shard(0), Partial(op)},
-                                          TensorMeta::make({3, 4}, dtype));
+      const auto spec =
+          DTensorSpec::make(mesh, {Shard(0), Partial(op)}, TensorMeta::make({3, 4}, dtype));
       for (int64_t row = 0; row < 2; ++row) {
         std::vector<at::Tensor> parts;
-        for (int64_t col = 0; col < 3; ++col) parts.push_back(local_tensor_for(g, spec, {row, col}));
+        for (int64_t col = 0; col < 3; ++col)
+          parts.push_back(local_tensor_for(g, spec, {row, col}));
         at::Tensor acc = parts[0].clone();
         for (size_t i = 1; i < parts.size(); ++i) {
           switch (op) {
-            case ReduceOp::kSum: case ReduceOp::kAvg: acc = acc + parts[i]; break;
-            case ReduceOp::kMin: acc = at::minimum(acc, parts[i]); break;
-            case ReduceOp::kMax: acc = at::maximum(acc, parts[i]); break;
-            case ReduceOp::kProduct: acc = acc * parts[i]; break;
-            case ReduceOp::kBand: acc = at::bitwise_and(acc, parts[i]); break;
-            case ReduceOp::kBor: acc = at::bitwise_or(acc, parts[i]); break;
-            case ReduceOp::kBxor: acc = at::bitwise_xor(acc, parts[i]); break;
+            case ReduceOp::kSum:
+            case ReduceOp::kAvg:
+              acc = acc + parts[i];
+              break;
+            case ReduceOp::kMin:
+              acc = at::minimum(acc, parts[i]);
+              break;
+            case ReduceOp::kMax:
+              acc = at::maximum(acc, parts[i]);
+              break;
+            case ReduceOp::kProduct:
+              acc = acc * parts[i];
+              break;
+            case ReduceOp::kBand:
+              acc = at::bitwise_and(acc, parts[i]);
+              break;
+            case ReduceOp::kBor:
+              acc = at::bitwise_or(acc, parts[i]);
+              break;
+            case ReduceOp::kBxor:
+              acc = at::bitwise_xor(acc, parts[i]);
+              break;
           }
         }
-        if (op == ReduceOp::kAvg) acc = at::div(acc, 3, dtype == at::kLong ? "floor" : c10::optional<c10::string_view>());
+        if (op == ReduceOp::kAvg)
+          acc = at::div(acc, 3, dtype == at::kLong ? "floor" : c10::optional<c10::string_view>());
         const at::Tensor expected = slice_box(g, local_box(spec, {row, 0}));
         EXPECT_TRUE(at::equal(acc, expected)) << spec.to_string() << " row " << row;
       }

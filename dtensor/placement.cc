@@ -8,7 +8,7 @@ namespace dtensor {
 namespace {
 
 constexpr std::array<std::string_view, 8> kReduceOpNames = {"sum",     "avg",  "min", "max",
-                                                             "product", "band", "bor", "bxor"};
+                                                            "product", "band", "bor", "bxor"};
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);

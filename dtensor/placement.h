@@ -29,7 +29,9 @@ class Placement {
 
   static constexpr Placement replicate() { return Placement(Kind::kReplicate, 0, ReduceOp::kSum); }
   // `dim` may be negative here; DTensorSpec normalises it against the tensor's rank.
-  static constexpr Placement shard(int32_t dim) { return Placement(Kind::kShard, dim, ReduceOp::kSum); }
+  static constexpr Placement shard(int32_t dim) {
+    return Placement(Kind::kShard, dim, ReduceOp::kSum);
+  }
   static constexpr Placement partial(ReduceOp op = ReduceOp::kSum) {
     return Placement(Kind::kPartial, 0, op);
   }

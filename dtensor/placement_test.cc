@@ -13,11 +13,16 @@ TEST(PlacementTest, ToStringMatchesPyTorchShortForms) {
     const char* text;
   };
   const Case cases[] = {
-      {Shard(0), "S(0)"},          {Shard(-1), "S(-1)"},
-      {Replicate(), "R"},          {Partial(), "P(sum)"},
-      {Partial(ReduceOp::kAvg), "P(avg)"},  {Partial(ReduceOp::kMin), "P(min)"},
-      {Partial(ReduceOp::kMax), "P(max)"},  {Partial(ReduceOp::kProduct), "P(product)"},
-      {Partial(ReduceOp::kBand), "P(band)"}, {Partial(ReduceOp::kBor), "P(bor)"},
+      {Shard(0), "S(0)"},
+      {Shard(-1), "S(-1)"},
+      {Replicate(), "R"},
+      {Partial(), "P(sum)"},
+      {Partial(ReduceOp::kAvg), "P(avg)"},
+      {Partial(ReduceOp::kMin), "P(min)"},
+      {Partial(ReduceOp::kMax), "P(max)"},
+      {Partial(ReduceOp::kProduct), "P(product)"},
+      {Partial(ReduceOp::kBand), "P(band)"},
+      {Partial(ReduceOp::kBor), "P(bor)"},
       {Partial(ReduceOp::kBxor), "P(bxor)"},
   };
   for (const auto& c : cases) {
@@ -32,8 +37,8 @@ TEST(PlacementTest, EqualityAndHashAreByValue) {
   EXPECT_NE(Partial(ReduceOp::kSum), Partial(ReduceOp::kMax));
   EXPECT_NE(Replicate(), Partial());
   EXPECT_NE(Replicate(), Shard(0));
-  std::unordered_set<Placement> set = {Shard(0), Shard(0), Replicate(), Partial(),
-                                       Partial(ReduceOp::kAvg), Shard(1)};
+  std::unordered_set<Placement> set = {
+      Shard(0), Shard(0), Replicate(), Partial(), Partial(ReduceOp::kAvg), Shard(1)};
   EXPECT_EQ(set.size(), 5u);
   EXPECT_EQ(sizeof(Placement), 8u);
 }
@@ -69,9 +74,9 @@ TEST(PlacementTest, RejectsBadTextNamingTheToken) {
     const char* token;
   };
   const Case cases[] = {
-      {"S(0),X,R", "'X'"},          {"S(a)", "'S(a)'"},        {"S()", "'S()'"},
-      {"S(0", "'S(0'"},             {"R,P(mean)", "'P(mean)'"}, {"S(0),,R", "''"},
-      {"R(1)", "'R(1)'"},           {"S(1.5)", "'S(1.5)'"},     {"Shard0)", "'Shard0)'"},
+      {"S(0),X,R", "'X'"},      {"S(a)", "'S(a)'"},         {"S()", "'S()'"},
+      {"S(0", "'S(0'"},         {"R,P(mean)", "'P(mean)'"}, {"S(0),,R", "''"},
+      {"R(1)", "'R(1)'"},       {"S(1.5)", "'S(1.5)'"},     {"Shard0)", "'Shard0)'"},
       {"[S(0),R", "'[S(0),R'"},
   };
   for (const auto& c : cases) {

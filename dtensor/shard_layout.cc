@@ -105,9 +105,8 @@ bool is_evenly_sharded(const DTensorSpec& spec) {
 std::vector<std::vector<int64_t>> owner_coordinates(const DTensorSpec& spec,
                                                     const std::vector<int64_t>& index) {
   if (static_cast<int64_t>(index.size()) != spec.ndim()) {
-    throw std::invalid_argument("index (" + join(index) + ") has " +
-                                std::to_string(index.size()) + " entries for a " +
-                                std::to_string(spec.ndim()) + "-D tensor");
+    throw std::invalid_argument("index (" + join(index) + ") has " + std::to_string(index.size()) +
+                                " entries for a " + std::to_string(spec.ndim()) + "-D tensor");
   }
   const auto& mesh_shape = spec.mesh().shape();
   // Coordinates allowed per mesh dim: one for Shard dims, all for the others.

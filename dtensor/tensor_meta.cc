@@ -27,8 +27,8 @@ TensorMeta TensorMeta::make(std::vector<int64_t> shape, c10::ScalarType dtype,
                             std::vector<int64_t> stride) {
   for (int64_t s : shape) {
     if (s < 0) {
-      throw std::invalid_argument("TensorMeta: shape [" + join(shape) +
-                                  "] has a negative size " + std::to_string(s));
+      throw std::invalid_argument("TensorMeta: shape [" + join(shape) + "] has a negative size " +
+                                  std::to_string(s));
     }
   }
   if (stride.empty()) {

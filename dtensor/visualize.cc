@@ -41,7 +41,12 @@ std::vector<int64_t> cuts(const std::vector<LocalBox>& boxes, int64_t d, int64_t
 std::string visualize_sharding(const DTensorSpec& spec) {
   const DeviceMesh& mesh = spec.mesh();
   std::string out = "Tensor " + spec.meta().to_string() + " as " + to_string(spec.placements()) +
-                    " on " + mesh.to_string() + "\n";
+                    " on " + mesh.to_string();
+  if (!spec.has_default_shard_order()) {
+    const std::string text = spec.to_string();
+    out += " with shard " + text.substr(text.find(" order{") + 1);
+  }
+  out += "\n";
   std::vector<LocalBox> boxes;
   std::vector<int64_t> empty_ranks;
   for (int64_t r : mesh.ranks()) {
@@ -55,17 +60,18 @@ std::string visualize_sharding(const DTensorSpec& spec) {
   }
   if (spec.ndim() <= 2) {
     const bool two_d = spec.ndim() == 2;
-    const std::vector<int64_t> rows = two_d ? cuts(boxes, 0, spec.shape()[0]) :
-                                              std::vector<int64_t>{0, 1};
+    const std::vector<int64_t> rows =
+        two_d ? cuts(boxes, 0, spec.shape()[0]) : std::vector<int64_t>{0, 1};
     const std::vector<int64_t> cols = cuts(boxes, two_d ? 1 : 0, spec.shape()[two_d ? 1 : 0]);
     std::vector<std::vector<std::string>> cells(rows.size(), std::vector<std::string>(cols.size()));
     cells[0][0] = "";
-    for (size_t j = 0; j + 1 < cols.size(); ++j) cells[0][j + 1] = "cols " + range(cols[j], cols[j + 1]);
+    for (size_t j = 0; j + 1 < cols.size(); ++j)
+      cells[0][j + 1] = "cols " + range(cols[j], cols[j + 1]);
     for (size_t i = 0; i + 1 < rows.size(); ++i) {
       cells[i + 1][0] = two_d ? "rows " + range(rows[i], rows[i + 1]) : "";
       for (size_t j = 0; j + 1 < cols.size(); ++j) {
-        const std::vector<int64_t> index = two_d ? std::vector<int64_t>{rows[i], cols[j]} :
-                                                   std::vector<int64_t>{cols[j]};
+        const std::vector<int64_t> index =
+            two_d ? std::vector<int64_t>{rows[i], cols[j]} : std::vector<int64_t>{cols[j]};
         cells[i + 1][j + 1] = owners_text(spec, owner_ranks(spec, index));
       }
     }
@@ -96,7 +102,8 @@ std::string visualize_sharding(const DTensorSpec& spec) {
       out += line + "]  " + owners_text(spec, entry.second) + "\n";
     }
   }
-  if (!empty_ranks.empty()) out += "  empty (uneven shards): " + owners_text(spec, empty_ranks) + "\n";
+  if (!empty_ranks.empty())
+    out += "  empty (uneven shards): " + owners_text(spec, empty_ranks) + "\n";
   if (spec.has_partial()) out += "  * partial values: the tensor is their reduction\n";
   return out;
 }

@@ -6,9 +6,8 @@ namespace dtensor {
 namespace {
 
 std::string picture(std::vector<int64_t> mesh, const char* placements, std::vector<int64_t> shape) {
-  return visualize_sharding(DTensorSpec::make(DeviceMesh::arange(mesh),
-                                              parse_placements(placements),
-                                              TensorMeta::make(shape)));
+  return visualize_sharding(DTensorSpec::make(
+      DeviceMesh::arange(mesh), parse_placements(placements), TensorMeta::make(shape)));
 }
 
 // Golden pictures: the grid's rows/columns are the distinct index ranges of the local boxes.

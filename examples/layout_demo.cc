@@ -53,7 +53,8 @@ dtensor::ShardOrder parse_order(const std::string& text, const DTensorSpec& spec
   while (std::getline(ss, entry, ';')) {
     const size_t colon = entry.find(':');
     if (colon == std::string::npos) {
-      throw std::invalid_argument("--order: expected <tensor dim>:<mesh dims>, got '" + entry + "'");
+      throw std::invalid_argument("--order: expected <tensor dim>:<mesh dims>, got '" + entry +
+                                  "'");
     }
     const int64_t d = parse_ints("--order", entry.substr(0, colon)).at(0);
     if (d < 0 || d >= spec.ndim()) {
@@ -76,8 +77,8 @@ void print_values(const at::Tensor& local) {
     std::cout << "    (empty)\n";
     return;
   }
-  const at::Tensor rows = local.dim() == 0 ? local.reshape({1, 1}) :
-                                             local.reshape({-1, local.size(-1)});
+  const at::Tensor rows =
+      local.dim() == 0 ? local.reshape({1, 1}) : local.reshape({-1, local.size(-1)});
   const auto acc = rows.to(at::kLong).contiguous();
   for (int64_t i = 0; i < acc.size(0); ++i) {
     std::cout << "   ";
@@ -99,11 +100,16 @@ int run(int argc, char** argv) {
       if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
       return argv[++i];
     };
-    if (arg == "--mesh") mesh_text = value();
-    else if (arg == "--shape") shape_text = value();
-    else if (arg == "--placements") placements_text = value();
-    else if (arg == "--names") names_text = value();
-    else if (arg == "--order") order_text = value();
+    if (arg == "--mesh")
+      mesh_text = value();
+    else if (arg == "--shape")
+      shape_text = value();
+    else if (arg == "--placements")
+      placements_text = value();
+    else if (arg == "--names")
+      names_text = value();
+    else if (arg == "--order")
+      order_text = value();
     else if (arg == "--help" || arg == "-h") {
       std::cout << "usage: layout_demo --mesh 2,2 --shape 10,7 --placements \"S(0),S(1)\" "
                    "[--names dp,tp] [--order \"0:1,0\"]\n";
@@ -112,9 +118,9 @@ int run(int argc, char** argv) {
       throw std::invalid_argument("unknown argument '" + arg + "' (try --help)");
     }
   }
-  const DeviceMesh mesh = DeviceMesh::arange(parse_ints("--mesh", mesh_text),
-                                             names_text.empty() ? std::vector<std::string>{}
-                                                                : parse_names(names_text));
+  const DeviceMesh mesh =
+      DeviceMesh::arange(parse_ints("--mesh", mesh_text),
+                         names_text.empty() ? std::vector<std::string>{} : parse_names(names_text));
   const auto meta = dtensor::TensorMeta::make(parse_ints("--shape", shape_text), at::kLong);
   DTensorSpec spec = DTensorSpec::make(mesh, dtensor::parse_placements(placements_text), meta);
   if (!order_text.empty()) {

@@ -18,8 +18,8 @@ inline const std::vector<std::vector<int64_t>>& property_meshes() {
 
 inline const std::vector<std::vector<int64_t>>& property_shapes() {
   static const std::vector<std::vector<int64_t>> shapes = {
-      {0}, {1}, {2}, {3}, {5}, {7}, {13}, {1, 1}, {3, 2}, {5, 7}, {2, 9}, {0, 3},
-      {1, 2, 3}, {3, 1, 5}, {4, 4, 2}};
+      {0},    {1},    {2},    {3},    {5},       {7},       {13},     {1, 1},
+      {3, 2}, {5, 7}, {2, 9}, {0, 3}, {1, 2, 3}, {3, 1, 5}, {4, 4, 2}};
   return shapes;
 }
 

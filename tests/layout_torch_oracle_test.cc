@@ -29,8 +29,7 @@ at::Tensor oracle_local(const at::Tensor& global, const DTensorSpec& spec,
 
 TEST(LayoutTorchOracleTest, LocalSlicesMatchRepeatedTorchChunk) {
   testing::for_each_property_spec([](const DTensorSpec& spec) {
-    const at::Tensor global =
-        at::arange(spec.meta().numel(), at::kFloat).reshape(spec.shape());
+    const at::Tensor global = at::arange(spec.meta().numel(), at::kFloat).reshape(spec.shape());
     for (int64_t r : spec.mesh().ranks()) {
       const auto coord = *spec.mesh().coordinate(r);
       const at::Tensor expected = oracle_local(global, spec, coord);
