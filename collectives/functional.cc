@@ -1,0 +1,401 @@
+#include "collectives/functional.h"
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "collectives/rank_context.h"
+#include "collectives/reduce.h"
+
+namespace dtensor::collectives {
+namespace {
+
+// A collective as the functional layer runs it: backend calls, then an epilogue that moves the
+// received bytes into the user-visible outputs (dims other than 0, coalesced lists).
+struct Job {
+  std::vector<CollectiveCall> calls;
+  std::function<void()> epilogue;
+};
+
+std::mutex g_pending_mu;
+std::unordered_map<const c10::StorageImpl*, WorkPtr> g_pending;  // async outputs -> their Work
+
+const c10::StorageImpl* storage_key(const at::Tensor& t) {
+  return t.defined() && t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
+}
+
+std::vector<at::Tensor> submit(const std::string& group, std::shared_ptr<Job> job,
+                               std::vector<at::Tensor> results, bool async_op) {
+  RankContext::Endpoint& ep = current_context().endpoint(group);
+  Communicator* comm = ep.comm.get();
+  auto run = [comm, job] {
+    for (CollectiveCall& c : job->calls) comm->run(c);
+    if (job->epilogue) job->epilogue();
+  };
+  if (!async_op) {
+    // Inline when nothing is queued; otherwise behind the queued async work, keeping issue order.
+    if (ep.worker->idle()) {
+      run();
+    } else {
+      ep.worker->submit(run)->wait();
+    }
+    return results;
+  }
+  WorkPtr work = ep.worker->submit(run);
+  std::lock_guard<std::mutex> lock(g_pending_mu);
+  for (auto it = g_pending.begin(); it != g_pending.end();) {  // forget finished, unwaited work
+    it = it->second->is_completed() ? g_pending.erase(it) : std::next(it);
+  }
+  for (const at::Tensor& r : results) g_pending[storage_key(r)] = work;
+  return results;
+}
+
+at::Tensor submit_one(const std::string& group, std::shared_ptr<Job> job, at::Tensor result,
+                      bool async_op) {
+  return submit(group, std::move(job), {std::move(result)}, async_op)[0];
+}
+
+int64_t group_size(const std::string& group) {
+  return static_cast<int64_t>(current_context().group(group).ranks.size());
+}
+
+int64_t my_group_rank(const std::string& group) {
+  const auto& ranks = current_context().group(group).ranks;
+  const int64_t me = current_context().rank();
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] == me) return static_cast<int64_t>(i);
+  }
+  throw std::invalid_argument("rank " + std::to_string(me) + " is not a member of group '" + group +
+                              "'");
+}
+
+int64_t norm_dim(int64_t dim, const at::Tensor& t, const char* what) {
+  const int64_t n = t.dim();
+  if (n == 0 || dim < -n || dim >= n) {
+    throw std::invalid_argument(std::string(what) + ": dim " + std::to_string(dim) +
+                                " is out of range for a tensor of shape " + c10::str(t.sizes()));
+  }
+  return dim < 0 ? dim + n : dim;
+}
+
+at::Tensor flat(const at::Tensor& t) { return t.contiguous().view({-1}); }
+
+CollectiveCall make_call(CollectiveKind kind, const char* label, at::Tensor input,
+                         int64_t out_numel) {
+  CollectiveCall c;
+  c.kind = kind;
+  c.label = label;
+  c.output = at::empty({out_numel}, input.options());
+  c.input = std::move(input);
+  return c;
+}
+
+// Groups tensor indices by dtype, in first-seen order (one round per dtype).
+std::vector<std::vector<size_t>> by_dtype(const std::vector<at::Tensor>& ts) {
+  std::map<int, size_t> slot;
+  std::vector<std::vector<size_t>> groups;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    auto [it, fresh] = slot.emplace(static_cast<int>(ts[i].scalar_type()), groups.size());
+    if (fresh) groups.emplace_back();
+    groups[it->second].push_back(i);
+  }
+  return groups;
+}
+
+std::vector<int64_t> shape_with(at::IntArrayRef sizes, int64_t dim, int64_t value) {
+  std::vector<int64_t> s = sizes.vec();
+  s[dim] = value;
+  return s;
+}
+
+}  // namespace
+
+at::Tensor all_reduce(const at::Tensor& input, ReduceOp op, const std::string& group,
+                      bool async_op) {
+  return all_reduce_coalesced({input}, op, group, async_op)[0];
+}
+
+std::vector<at::Tensor> all_reduce_coalesced(const std::vector<at::Tensor>& inputs, ReduceOp op,
+                                             const std::string& group, bool async_op) {
+  auto job = std::make_shared<Job>();
+  std::vector<at::Tensor> results(inputs.size());
+  for (const auto& idx : by_dtype(inputs)) {
+    check_reduce_op(op, inputs[idx[0]].scalar_type(), "all_reduce on group '" + group + "'");
+    std::vector<at::Tensor> flats;
+    for (size_t i : idx) flats.push_back(flat(inputs[i]));
+    at::Tensor packed = flats.size() == 1 ? flats[0] : at::cat(flats);
+    CollectiveCall c = make_call(CollectiveKind::kAllReduce, "all_reduce", packed, packed.numel());
+    c.op = op;
+    int64_t off = 0;
+    for (size_t i : idx) {
+      results[i] = c.output.narrow(0, off, inputs[i].numel()).view(inputs[i].sizes());
+      off += inputs[i].numel();
+    }
+    job->calls.push_back(std::move(c));
+  }
+  return submit(group, job, results, async_op);
+}
+
+at::Tensor all_gather_into_tensor(const at::Tensor& input, int64_t gather_dim,
+                                  const std::string& group, bool async_op) {
+  return all_gather_into_tensor_coalesced({input}, gather_dim, group, async_op)[0];
+}
+
+std::vector<at::Tensor> all_gather_into_tensor_coalesced(const std::vector<at::Tensor>& inputs,
+                                                         int64_t gather_dim,
+                                                         const std::string& group, bool async_op) {
+  const int64_t n = group_size(group);
+  auto job = std::make_shared<Job>();
+  std::vector<at::Tensor> results(inputs.size());
+  struct Piece {
+    size_t index;
+    int64_t dim, offset;
+    at::Tensor output;
+  };
+  std::vector<Piece> pieces;
+  for (const auto& idx : by_dtype(inputs)) {
+    std::vector<at::Tensor> flats;
+    int64_t total = 0;
+    for (size_t i : idx) {
+      const int64_t d = norm_dim(gather_dim, inputs[i], "all_gather_into_tensor");
+      flats.push_back(flat(inputs[i].movedim(d, 0)));
+      results[i] =
+          at::empty(shape_with(inputs[i].sizes(), d, inputs[i].size(d) * n), inputs[i].options());
+      total += inputs[i].numel();
+    }
+    at::Tensor packed = flats.size() == 1 ? flats[0] : at::cat(flats);
+    CollectiveCall c =
+        make_call(CollectiveKind::kAllGather, "all_gather_into_tensor", packed, total * n);
+    c.output_splits.assign(n, total);
+    int64_t off = 0;
+    for (size_t i : idx) {
+      pieces.push_back({i, norm_dim(gather_dim, inputs[i], ""), off, c.output});
+      off += inputs[i].numel();
+    }
+    job->calls.push_back(std::move(c));
+  }
+  // Epilogue: rank r's copy of input i sits at r * total + offset; move it to its slice.
+  job->epilogue = [pieces, results, inputs, n] {
+    for (const Piece& p : pieces) {
+      const at::Tensor& in = inputs[p.index];
+      const int64_t total = p.output.numel() / n, len = in.size(p.dim);
+      const at::Tensor moved_shape = in.movedim(p.dim, 0);
+      for (int64_t r = 0; r < n; ++r) {
+        at::Tensor src = p.output.narrow(0, r * total + p.offset, in.numel())
+                             .view(moved_shape.sizes())
+                             .movedim(0, p.dim);
+        results[p.index].narrow(p.dim, r * len, len).copy_(src);
+      }
+    }
+  };
+  return submit(group, job, results, async_op);
+}
+
+at::Tensor all_gather_uneven(const at::Tensor& input, int64_t gather_dim,
+                             const std::vector<int64_t>& sizes, const std::string& group,
+                             bool async_op) {
+  const int64_t n = group_size(group), me = my_group_rank(group);
+  const int64_t d = norm_dim(gather_dim, input, "all_gather_uneven");
+  if (static_cast<int64_t>(sizes.size()) != n || sizes[me] != input.size(d)) {
+    throw std::invalid_argument("all_gather_uneven on group '" + group +
+                                "': sizes must give one entry per rank (" + std::to_string(n) +
+                                ") and this rank's entry must equal its input's size " +
+                                std::to_string(input.size(d)) + " along dim " + std::to_string(d));
+  }
+  const at::Tensor moved = input.movedim(d, 0);
+  const int64_t inner = c10::multiply_integers(moved.sizes().slice(1));
+  int64_t rows = 0;
+  std::vector<int64_t> counts;
+  for (int64_t s : sizes) {
+    if (s < 0) throw std::invalid_argument("all_gather_uneven: negative size in sizes");
+    rows += s;
+    counts.push_back(s * inner);
+  }
+  const int64_t total = rows * inner;
+  CollectiveCall c = make_call(CollectiveKind::kAllGather, "all_gather_uneven", flat(moved), total);
+  c.output_splits = counts;
+  std::vector<int64_t> out_moved = moved.sizes().vec();
+  out_moved[0] = rows;
+  at::Tensor result = at::empty(shape_with(input.sizes(), d, rows), input.options());
+  at::Tensor out = c.output;
+  auto job = std::make_shared<Job>();
+  job->calls.push_back(std::move(c));
+  job->epilogue = [out, out_moved, result, d] { result.copy_(out.view(out_moved).movedim(0, d)); };
+  return submit_one(group, job, result, async_op);
+}
+
+at::Tensor reduce_scatter_tensor(const at::Tensor& input, ReduceOp op, int64_t scatter_dim,
+                                 const std::string& group, bool async_op) {
+  return reduce_scatter_tensor_coalesced({input}, op, scatter_dim, group, async_op)[0];
+}
+
+std::vector<at::Tensor> reduce_scatter_tensor_coalesced(const std::vector<at::Tensor>& inputs,
+                                                        ReduceOp op, int64_t scatter_dim,
+                                                        const std::string& group, bool async_op) {
+  const int64_t n = group_size(group);
+  auto job = std::make_shared<Job>();
+  std::vector<at::Tensor> results(inputs.size());
+  struct Piece {
+    size_t index;
+    int64_t dim, offset;
+    at::Tensor output;
+  };
+  std::vector<Piece> pieces;
+  for (const auto& idx : by_dtype(inputs)) {
+    check_reduce_op(op, inputs[idx[0]].scalar_type(),
+                    "reduce_scatter_tensor on group '" + group + "'");
+    // Rank r's segment of the packed input: chunk r of every tensor, one after another.
+    std::vector<std::vector<at::Tensor>> chunks(n);
+    int64_t per_rank = 0;
+    for (size_t i : idx) {
+      const int64_t d = norm_dim(scatter_dim, inputs[i], "reduce_scatter_tensor");
+      if (inputs[i].size(d) % n != 0) {
+        throw std::invalid_argument("reduce_scatter_tensor on group '" + group + "': size " +
+                                    std::to_string(inputs[i].size(d)) + " of dim " +
+                                    std::to_string(d) + " of a tensor of shape " +
+                                    c10::str(inputs[i].sizes()) +
+                                    " is not divisible by the group size " + std::to_string(n));
+      }
+      const int64_t len = inputs[i].size(d) / n;
+      for (int64_t r = 0; r < n; ++r) chunks[r].push_back(flat(inputs[i].narrow(d, r * len, len)));
+      results[i] = at::empty(shape_with(inputs[i].sizes(), d, len), inputs[i].options());
+      pieces.push_back({i, d, per_rank, {}});
+      per_rank += inputs[i].numel() / n;
+    }
+    std::vector<at::Tensor> all;
+    for (auto& v : chunks) all.insert(all.end(), v.begin(), v.end());
+    CollectiveCall c = make_call(CollectiveKind::kReduceScatter, "reduce_scatter_tensor",
+                                 all.size() == 1 ? all[0] : at::cat(all), per_rank);
+    c.op = op;
+    c.output_splits.assign(n, per_rank);
+    for (size_t k = pieces.size() - idx.size(); k < pieces.size(); ++k) pieces[k].output = c.output;
+    job->calls.push_back(std::move(c));
+  }
+  job->epilogue = [pieces, results] {
+    for (const Piece& p : pieces) {
+      at::Tensor res = results[p.index];
+      res.copy_(p.output.narrow(0, p.offset, res.numel()).view(res.sizes()));
+    }
+  };
+  return submit(group, job, results, async_op);
+}
+
+at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>& output_splits,
+                             const std::vector<int64_t>& input_splits, const std::string& group,
+                             bool async_op) {
+  const int64_t n = group_size(group);
+  if (input.dim() == 0) throw std::invalid_argument("all_to_all_single needs a tensor with dims");
+  const int64_t rows = input.size(0);
+  const int64_t inner = c10::multiply_integers(input.sizes().slice(1));
+  auto equal_split = [&](const char* which) {
+    if (rows % n != 0) {
+      throw std::invalid_argument("all_to_all_single on group '" + group + "': no " + which +
+                                  " given and dim 0 of size " + std::to_string(rows) +
+                                  " does not split evenly over " + std::to_string(n) + " ranks");
+    }
+    return std::vector<int64_t>(n, rows / n);
+  };
+  const std::vector<int64_t> in_s =
+      input_splits.empty() ? equal_split("input_splits") : input_splits;
+  const std::vector<int64_t> out_s =
+      output_splits.empty() ? equal_split("output_splits") : output_splits;
+  int64_t in_rows = 0, out_rows = 0;
+  for (int64_t s : in_s) in_rows += s;
+  for (int64_t s : out_s) out_rows += s;
+  if (static_cast<int64_t>(in_s.size()) != n || static_cast<int64_t>(out_s.size()) != n ||
+      in_rows != rows) {
+    throw std::invalid_argument(
+        "all_to_all_single on group '" + group + "': need one split per rank (" +
+        std::to_string(n) + ") and input splits summing to dim 0 (" + std::to_string(rows) + ")");
+  }
+  CollectiveCall c =
+      make_call(CollectiveKind::kAllToAll, "all_to_all_single", flat(input), out_rows * inner);
+  for (int64_t s : in_s) c.input_splits.push_back(s * inner);
+  for (int64_t s : out_s) c.output_splits.push_back(s * inner);
+  std::vector<int64_t> out_shape = input.sizes().vec();
+  out_shape[0] = out_rows;
+  at::Tensor result = c.output.view(out_shape);
+  auto job = std::make_shared<Job>();
+  job->calls.push_back(std::move(c));
+  return submit_one(group, job, result, async_op);
+}
+
+at::Tensor all_to_all(const at::Tensor& input, int64_t split_dim, int64_t concat_dim,
+                      const std::string& group, bool async_op) {
+  const int64_t n = group_size(group);
+  const int64_t sd = norm_dim(split_dim, input, "all_to_all");
+  const int64_t cd = norm_dim(concat_dim, input, "all_to_all");
+  if (input.size(sd) % n != 0) {
+    throw std::invalid_argument("all_to_all on group '" + group + "': split dim " +
+                                std::to_string(sd) + " of size " + std::to_string(input.size(sd)) +
+                                " does not split evenly over " + std::to_string(n) + " ranks");
+  }
+  const int64_t len = input.size(sd) / n;
+  std::vector<at::Tensor> chunks;
+  for (int64_t r = 0; r < n; ++r) chunks.push_back(flat(input.narrow(sd, r * len, len)));
+  const std::vector<int64_t> chunk_shape = shape_with(input.sizes(), sd, len);
+  const int64_t chunk_numel = c10::multiply_integers(chunk_shape);
+  CollectiveCall c = make_call(CollectiveKind::kAllToAll, "all_to_all",
+                               chunks.size() == 1 ? chunks[0] : at::cat(chunks), n * chunk_numel);
+  c.input_splits.assign(n, chunk_numel);
+  c.output_splits.assign(n, chunk_numel);
+  at::Tensor result = at::empty(shape_with(chunk_shape, cd, chunk_shape[cd] * n), input.options());
+  at::Tensor out = c.output;
+  auto job = std::make_shared<Job>();
+  job->calls.push_back(std::move(c));
+  job->epilogue = [out, result, chunk_shape, chunk_numel, cd, n] {
+    const int64_t step = chunk_shape[cd];
+    for (int64_t r = 0; r < n; ++r) {
+      result.narrow(cd, r * step, step)
+          .copy_(out.narrow(0, r * chunk_numel, chunk_numel).view(chunk_shape));
+    }
+  };
+  return submit_one(group, job, result, async_op);
+}
+
+at::Tensor broadcast(const at::Tensor& input, int64_t src, const std::string& group,
+                     bool async_op) {
+  const int64_t n = group_size(group);
+  if (src < 0 || src >= n) {
+    throw std::invalid_argument("broadcast on group '" + group + "': source rank " +
+                                std::to_string(src) + " is not a group rank (group size " +
+                                std::to_string(n) + ")");
+  }
+  CollectiveCall c = make_call(CollectiveKind::kBroadcast, "broadcast", flat(input), input.numel());
+  c.src = src;
+  at::Tensor result = c.output.view(input.sizes());
+  auto job = std::make_shared<Job>();
+  job->calls.push_back(std::move(c));
+  return submit_one(group, job, result, async_op);
+}
+
+void barrier(const std::string& group) {
+  auto job = std::make_shared<Job>();
+  CollectiveCall c;
+  c.kind = CollectiveKind::kBarrier;
+  c.label = "barrier";
+  job->calls.push_back(std::move(c));
+  submit(group, job, {}, false);
+}
+
+WorkPtr work_of(const at::Tensor& t) {
+  std::lock_guard<std::mutex> lock(g_pending_mu);
+  auto it = g_pending.find(storage_key(t));
+  return it == g_pending.end() ? nullptr : it->second;
+}
+
+at::Tensor wait_tensor(const at::Tensor& t) {
+  WorkPtr work = work_of(t);
+  if (work) {
+    work->wait();
+    std::lock_guard<std::mutex> lock(g_pending_mu);
+    auto it = g_pending.find(storage_key(t));
+    if (it != g_pending.end() && it->second == work) g_pending.erase(it);
+  }
+  return t;
+}
+
+}  // namespace dtensor::collectives

@@ -1,0 +1,71 @@
+#pragma once
+// Functional collectives on local tensors (PyTorch's _c10d_functional, in C++): every call
+// returns new tensors and leaves its inputs untouched; groups are names resolved through the
+// calling thread's RankContext. With async_op = true a call returns at once and its outputs are
+// valid after wait_tensor(output) (or the Work from work_of(output)); the default is synchronous.
+//
+// Async outputs are allocated up front; reading them before wait_tensor is a data race.
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include "collectives/work.h"
+#include "dtensor/placement.h"
+
+namespace dtensor::collectives {
+
+at::Tensor all_reduce(const at::Tensor& input, ReduceOp op, const std::string& group,
+                      bool async_op = false);
+// One round of synchronisation per dtype present in `inputs`.
+std::vector<at::Tensor> all_reduce_coalesced(const std::vector<at::Tensor>& inputs, ReduceOp op,
+                                             const std::string& group, bool async_op = false);
+
+// Concatenation of every rank's `input` along `gather_dim` (any dim; negative counts from the
+// end). Inputs must have equal shapes.
+at::Tensor all_gather_into_tensor(const at::Tensor& input, int64_t gather_dim,
+                                  const std::string& group, bool async_op = false);
+std::vector<at::Tensor> all_gather_into_tensor_coalesced(const std::vector<at::Tensor>& inputs,
+                                                         int64_t gather_dim,
+                                                         const std::string& group,
+                                                         bool async_op = false);
+// Uneven form: rank r contributes `sizes[r]` slices along `gather_dim` (its input's size there);
+// the other dims must agree.
+at::Tensor all_gather_uneven(const at::Tensor& input, int64_t gather_dim,
+                             const std::vector<int64_t>& sizes, const std::string& group,
+                             bool async_op = false);
+
+// Reduces every rank's `input`, then rank r keeps the r-th of group-size equal chunks along
+// `scatter_dim` (whose size must be divisible by the group size, as in PyTorch).
+at::Tensor reduce_scatter_tensor(const at::Tensor& input, ReduceOp op, int64_t scatter_dim,
+                                 const std::string& group, bool async_op = false);
+std::vector<at::Tensor> reduce_scatter_tensor_coalesced(const std::vector<at::Tensor>& inputs,
+                                                        ReduceOp op, int64_t scatter_dim,
+                                                        const std::string& group,
+                                                        bool async_op = false);
+
+// Splits `input` along dim 0 by `input_splits` (rows sent to each rank; empty = equal split) and
+// returns the rows received, `output_splits` from each rank (empty = equal split).
+at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>& output_splits,
+                             const std::vector<int64_t>& input_splits, const std::string& group,
+                             bool async_op = false);
+// Split-dim / concat-dim form: `input` is cut into group-size equal chunks along `split_dim`,
+// chunk i goes to rank i, and the chunks received are concatenated along `concat_dim` in rank
+// order (the step behind Shard(i) -> Shard(j)).
+at::Tensor all_to_all(const at::Tensor& input, int64_t split_dim, int64_t concat_dim,
+                      const std::string& group, bool async_op = false);
+
+// `input` of group rank `src` on every rank (every rank passes a tensor of the same shape).
+at::Tensor broadcast(const at::Tensor& input, int64_t src, const std::string& group,
+                     bool async_op = false);
+
+void barrier(const std::string& group);
+
+// Blocks until `t` (an output of an async collective) is valid and returns it. A tensor with no
+// pending collective is returned as is.
+at::Tensor wait_tensor(const at::Tensor& t);
+// The pending Work of an async output, or null.
+WorkPtr work_of(const at::Tensor& t);
+
+}  // namespace dtensor::collectives

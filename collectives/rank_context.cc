@@ -1,0 +1,177 @@
+#include "collectives/rank_context.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <stdexcept>
+#include <thread>
+
+#include <unistd.h>
+
+namespace dtensor::collectives {
+namespace {
+
+std::string join(const std::vector<int64_t>& v, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + std::to_string(v[i]);
+  return out;
+}
+
+thread_local std::shared_ptr<RankContext> t_context;
+std::mutex g_process_mu;
+std::shared_ptr<RankContext> g_process_context;
+
+}  // namespace
+
+std::chrono::milliseconds default_timeout() {
+  if (const char* env = std::getenv("DTENSOR_COLLECTIVE_TIMEOUT_MS")) {
+    char* end = nullptr;
+    const long long ms = std::strtoll(env, &end, 10);
+    if (end != env && *end == '\0' && ms > 0) return std::chrono::milliseconds(ms);
+    throw std::invalid_argument("DTENSOR_COLLECTIVE_TIMEOUT_MS='" + std::string(env) +
+                                "' is not a positive integer of milliseconds");
+  }
+  return std::chrono::milliseconds(300000);
+}
+
+RankContext::RankContext(int64_t rank, int64_t world_size, std::string backend, std::string job,
+                         std::chrono::milliseconds timeout)
+    : rank_(rank),
+      world_size_(world_size),
+      backend_(std::move(backend)),
+      job_(std::move(job)),
+      timeout_(timeout) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    throw std::invalid_argument("RankContext: rank " + std::to_string(rank) +
+                                " is not in a world of size " + std::to_string(world_size));
+  }
+  std::vector<int64_t> all(world_size);
+  for (int64_t r = 0; r < world_size; ++r) all[r] = r;
+  register_group(kWorld, all);
+}
+
+RankContext::~RankContext() = default;
+
+std::string RankContext::register_group(const std::string& name, const std::vector<int64_t>& ranks,
+                                        const std::string& backend) {
+  if (ranks.empty()) throw std::invalid_argument("group '" + name + "' has no ranks");
+  for (int64_t r : ranks) {
+    if (r < 0 || r >= world_size_) {
+      throw std::invalid_argument("group '" + name + "' names rank " + std::to_string(r) +
+                                  " outside the world of size " + std::to_string(world_size_) +
+                                  " (ranks [" + join(ranks, ",") + "])");
+    }
+  }
+  GroupInfo info{name, ranks, backend.empty() ? backend_ : backend};
+  std::lock_guard<std::mutex> lock(mu_);
+  auto [it, inserted] = groups_.emplace(name, info);
+  if (!inserted && (it->second.ranks != ranks || it->second.backend != info.backend)) {
+    throw std::invalid_argument("group '" + name + "' is already registered with ranks [" +
+                                join(it->second.ranks, ",") + "] on " + it->second.backend +
+                                "; cannot re-register it with [" + join(ranks, ",") + "] on " +
+                                info.backend);
+  }
+  return name;
+}
+
+std::string RankContext::new_group(const std::vector<int64_t>& ranks, const std::string& tag) {
+  const std::string name = (tag.empty() ? "" : tag + "/") + "ranks:" + join(ranks, "-");
+  return register_group(name, ranks);
+}
+
+std::vector<std::string> RankContext::register_mesh(const DeviceMesh& mesh) {
+  if (!mesh.contains(rank_)) {
+    throw std::invalid_argument("rank " + std::to_string(rank_) + " is not in " + mesh.to_string());
+  }
+  std::vector<std::string> names;
+  for (int64_t d = 0; d < mesh.ndim(); ++d) {
+    names.push_back(register_group(mesh.group_name(d, rank_), mesh.group_ranks(d, rank_)));
+  }
+  return names;
+}
+
+const GroupInfo& RankContext::group(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = groups_.find(name);
+  if (it == groups_.end()) {
+    std::string known;
+    for (const auto& [n, g] : groups_) known += (known.empty() ? "" : ", ") + n;
+    throw std::invalid_argument("unknown group '" + name + "' on rank " + std::to_string(rank_) +
+                                "; registered: " + known);
+  }
+  return it->second;
+}
+
+RankContext::Endpoint& RankContext::endpoint(const std::string& name) {
+  const GroupInfo info = group(name);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = endpoints_.find(name);
+  if (it != endpoints_.end()) return *it->second;
+  int64_t group_rank = -1;
+  for (size_t i = 0; i < info.ranks.size(); ++i) {
+    if (info.ranks[i] == rank_) group_rank = static_cast<int64_t>(i);
+  }
+  if (group_rank < 0) {
+    throw std::invalid_argument("rank " + std::to_string(rank_) + " is not a member of group '" +
+                                name + "' (ranks [" + join(info.ranks, ",") + "])");
+  }
+  CommunicatorOptions options{info, rank_, world_size_, timeout_};
+  options.job = job_;
+  auto ep = std::make_unique<Endpoint>();
+  ep->info = info;
+  ep->comm = make_communicator(options);
+  ep->worker = std::make_unique<Worker>();
+  return *endpoints_.emplace(name, std::move(ep)).first->second;
+}
+
+bool has_current_context() {
+  if (t_context) return true;
+  std::lock_guard<std::mutex> lock(g_process_mu);
+  return g_process_context != nullptr;
+}
+
+RankContext& current_context() {
+  if (t_context) return *t_context;
+  std::lock_guard<std::mutex> lock(g_process_mu);
+  if (!g_process_context) {
+    throw std::runtime_error(
+        "no collectives context on this thread: initialise one (RankScope, run_threads, or "
+        "set_process_context after rendezvous) before calling a collective");
+  }
+  return *g_process_context;
+}
+
+void set_process_context(std::shared_ptr<RankContext> context) {
+  std::lock_guard<std::mutex> lock(g_process_mu);
+  g_process_context = std::move(context);
+}
+
+RankScope::RankScope(std::shared_ptr<RankContext> context) : previous_(std::move(t_context)) {
+  t_context = std::move(context);
+}
+
+RankScope::~RankScope() { t_context = std::move(previous_); }
+
+void run_threads(int64_t world_size, const std::function<void(int64_t)>& fn,
+                 const std::string& backend, std::chrono::milliseconds timeout) {
+  static std::atomic<uint64_t> counter{0};
+  const std::string job = "threads-" + std::to_string(::getpid()) + "-" + std::to_string(++counter);
+  std::vector<std::exception_ptr> errors(world_size);
+  std::vector<std::thread> threads;
+  for (int64_t r = 0; r < world_size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto ctx = std::make_shared<RankContext>(r, world_size, backend, job, timeout);
+        RankScope scope(ctx);
+        fn(r);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+}  // namespace dtensor::collectives

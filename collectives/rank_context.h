@@ -1,0 +1,102 @@
+#pragma once
+// RankContext: one rank's view of a job (global rank, world size, default backend, timeout) and
+// its groups, resolved by name. Collectives look up the calling thread's context: the process
+// default, or a thread-local one installed by RankScope (the threads backend runs every rank of
+// a job as a thread of one process, each with its own context).
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "collectives/work.h"
+#include "device_mesh/device_mesh.h"
+
+namespace dtensor::collectives {
+
+// NOTE [collective timeouts]
+// Every blocking wait of every backend is bounded by the context's timeout. The default is
+// 300 s (PyTorch's Gloo default is 30 min, too long to notice a dead peer in tests); the
+// environment variable DTENSOR_COLLECTIVE_TIMEOUT_MS overrides it for a whole job, and
+// RankContext's constructor argument for one context.
+std::chrono::milliseconds default_timeout();
+
+class RankContext {
+ public:
+  // `job` names the job for backends that need a job-unique namespace (shared memory segments,
+  // the threads backend's shared state); it must be equal on every rank of a job.
+  RankContext(int64_t rank, int64_t world_size, std::string backend, std::string job,
+              std::chrono::milliseconds timeout = default_timeout());
+  ~RankContext();
+
+  int64_t rank() const { return rank_; }
+  int64_t world_size() const { return world_size_; }
+  const std::string& backend() const { return backend_; }
+  const std::string& job() const { return job_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // Registers a group under `name` with `ranks` in group-rank order; every member must register
+  // it with the same ranks. Registering an existing name with other ranks throws. `backend`
+  // empty = the context's backend. Returns `name`.
+  std::string register_group(const std::string& name, const std::vector<int64_t>& ranks,
+                             const std::string& backend = "");
+  // A group from a rank list: named "ranks:<r0>-<r1>-..." or "<tag>/ranks:..." when tagged, so
+  // two tagged groups may cover the same ranks.
+  std::string new_group(const std::vector<int64_t>& ranks, const std::string& tag = "");
+  // Registers the group along every dim of `mesh` that holds this rank; returns one name per dim
+  // (DeviceMesh::group_name). Throws when this rank is not in the mesh or the mesh names a rank
+  // outside the world.
+  std::vector<std::string> register_mesh(const DeviceMesh& mesh);
+  // The group of all ranks, registered by the constructor.
+  static constexpr const char* kWorld = "world";
+
+  const GroupInfo& group(const std::string& name);
+  // This rank's communicator and worker for a group (created on first use). Throws when the
+  // group is unknown or this rank is not a member.
+  struct Endpoint {
+    GroupInfo info;
+    std::unique_ptr<Communicator> comm;
+    std::unique_ptr<Worker> worker;
+  };
+  Endpoint& endpoint(const std::string& name);
+
+ private:
+  int64_t rank_;
+  int64_t world_size_;
+  std::string backend_;
+  std::string job_;
+  std::chrono::milliseconds timeout_;
+  std::mutex mu_;
+  std::map<std::string, GroupInfo> groups_;
+  std::map<std::string, std::unique_ptr<Endpoint>> endpoints_;
+};
+
+// The calling thread's context. Throws when none is set (no RankScope and no process context).
+RankContext& current_context();
+bool has_current_context();
+// Sets the process-wide default context (e.g. from RANK/WORLD_SIZE after rendezvous).
+void set_process_context(std::shared_ptr<RankContext> context);
+
+// Installs `context` as the calling thread's context until destroyed.
+class RankScope {
+ public:
+  explicit RankScope(std::shared_ptr<RankContext> context);
+  ~RankScope();
+  RankScope(const RankScope&) = delete;
+  RankScope& operator=(const RankScope&) = delete;
+
+ private:
+  std::shared_ptr<RankContext> previous_;
+};
+
+// Runs fn(rank) for rank 0..world_size-1, each on its own thread with its own RankContext on
+// `backend` (a fresh job name per call). Joins all threads, then rethrows the lowest rank's error.
+void run_threads(int64_t world_size, const std::function<void(int64_t rank)>& fn,
+                 const std::string& backend = "threads",
+                 std::chrono::milliseconds timeout = default_timeout());
+
+}  // namespace dtensor::collectives

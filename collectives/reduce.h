@@ -1,0 +1,23 @@
+#pragma once
+// Reductions on local tensors, shared by every backend that reduces on the CPU (threads, shm) and
+// by the functional layer (avg). One place decides which (op, dtype) pairs are meaningful.
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+
+#include "dtensor/placement.h"
+
+namespace dtensor::collectives {
+
+// Throws std::invalid_argument naming `what` when `op` makes no sense for `dtype`:
+// bitwise ops need integer or bool tensors; sum/avg need non-bool; avg needs floating point.
+void check_reduce_op(ReduceOp op, c10::ScalarType dtype, const std::string& what);
+
+// acc = op(acc, other), elementwise, in place. avg accumulates as sum (the caller divides).
+void reduce_into(at::Tensor& acc, const at::Tensor& other, ReduceOp op);
+
+// Finishes a reduction over `group_size` ranks: divides by it for avg, else does nothing.
+void finish_reduce(at::Tensor& acc, ReduceOp op, int64_t group_size);
+
+}  // namespace dtensor::collectives

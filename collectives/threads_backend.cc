@@ -1,0 +1,241 @@
+// The "threads" backend: every rank of a job is a thread of one process. A collective is a
+// rendezvous on state shared by the group's ranks: each rank posts its call, waits until all have
+// posted, checks that the calls agree, computes its own output by reading the other ranks'
+// inputs in place (no copies beyond the result), then waits until all have read its input before
+// returning (its buffers must outlive the readers). Every wait is bounded by the timeout.
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+
+#include "collectives/communicator.h"
+#include "collectives/reduce.h"
+
+namespace dtensor::collectives {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string join(const std::vector<int64_t>& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
+  return out;
+}
+
+// State shared by the ranks of one group of one job.
+struct SharedGroup {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<CollectiveCall*> posted;  // this round's calls, by group rank (null: not yet)
+  std::vector<char> left;               // this round: rank has finished reading
+  int64_t arrived = 0;
+  int64_t departed = 0;
+  uint64_t round = 0;
+  std::string broken;  // set when a round failed for good (timeout): later calls fail at once
+};
+
+std::mutex g_groups_mu;
+std::map<std::string, std::weak_ptr<SharedGroup>> g_groups;  // key: job + '\0' + group name
+
+std::shared_ptr<SharedGroup> shared_group(const std::string& key, int64_t size) {
+  std::lock_guard<std::mutex> lock(g_groups_mu);
+  auto& weak = g_groups[key];
+  auto group = weak.lock();
+  if (!group) {
+    group = std::make_shared<SharedGroup>();
+    group->posted.assign(size, nullptr);
+    group->left.assign(size, 0);
+    weak = group;
+  }
+  for (auto it = g_groups.begin(); it != g_groups.end();) {  // drop dead jobs' entries
+    it = it->second.expired() ? g_groups.erase(it) : std::next(it);
+  }
+  return group;
+}
+
+// Describes how the ranks' calls disagree, or returns "" when they agree.
+std::string mismatch(const std::vector<CollectiveCall*>& calls) {
+  const CollectiveCall& a = *calls[0];
+  for (size_t r = 1; r < calls.size(); ++r) {
+    const CollectiveCall& b = *calls[r];
+    auto diff = [&](const std::string& what, const std::string& x, const std::string& y) {
+      return what + " differs: rank 0 has " + x + ", group rank " + std::to_string(r) + " has " + y;
+    };
+    if (a.kind != b.kind)
+      return diff("collective", collective_name(a.kind), collective_name(b.kind));
+    if (a.kind == CollectiveKind::kBarrier) continue;
+    if (a.input.scalar_type() != b.input.scalar_type()) {
+      return diff("dtype", c10::toString(a.input.scalar_type()),
+                  c10::toString(b.input.scalar_type()));
+    }
+    if (a.op != b.op)
+      return diff("reduce op", std::string(reduce_op_name(a.op)),
+                  std::string(reduce_op_name(b.op)));
+    if (a.src != b.src)
+      return diff("broadcast source", std::to_string(a.src), std::to_string(b.src));
+    const bool same_numel = a.kind == CollectiveKind::kAllReduce ||
+                            a.kind == CollectiveKind::kBroadcast ||
+                            a.kind == CollectiveKind::kReduceScatter;
+    if (same_numel && a.input.numel() != b.input.numel()) {
+      return diff("number of elements", std::to_string(a.input.numel()),
+                  std::to_string(b.input.numel()));
+    }
+    if ((a.kind == CollectiveKind::kAllGather || a.kind == CollectiveKind::kReduceScatter) &&
+        a.output_splits != b.output_splits) {
+      return diff("split sizes", "[" + join(a.output_splits) + "]",
+                  "[" + join(b.output_splits) + "]");
+    }
+  }
+  const int64_t n = static_cast<int64_t>(calls.size());
+  for (int64_t r = 0; r < n; ++r) {
+    const CollectiveCall& c = *calls[r];
+    if (c.kind == CollectiveKind::kAllGather && c.output_splits[r] != c.input.numel()) {
+      return "group rank " + std::to_string(r) + " sends " + std::to_string(c.input.numel()) +
+             " elements but the split sizes say " + std::to_string(c.output_splits[r]);
+    }
+    if (c.kind == CollectiveKind::kAllToAll) {
+      for (int64_t s = 0; s < n; ++s) {
+        if (calls[s]->input_splits[r] != c.output_splits[s]) {
+          return "group rank " + std::to_string(s) + " sends " +
+                 std::to_string(calls[s]->input_splits[r]) + " elements to group rank " +
+                 std::to_string(r) + ", which expects " + std::to_string(c.output_splits[s]);
+        }
+      }
+    }
+  }
+  return "";
+}
+
+int64_t offset_of(const std::vector<int64_t>& splits, int64_t r) {
+  int64_t off = 0;
+  for (int64_t i = 0; i < r; ++i) off += splits[i];
+  return off;
+}
+
+// Computes this rank's output from every rank's posted call.
+void compute(const std::vector<CollectiveCall*>& calls, int64_t me) {
+  CollectiveCall& mine = *calls[me];
+  const int64_t n = static_cast<int64_t>(calls.size());
+  switch (mine.kind) {
+    case CollectiveKind::kAllReduce: {
+      // Every rank folds in group-rank order, so all ranks get bitwise-identical results.
+      mine.output.copy_(calls[0]->input);
+      for (int64_t r = 1; r < n; ++r) reduce_into(mine.output, calls[r]->input, mine.op);
+      finish_reduce(mine.output, mine.op, n);
+      break;
+    }
+    case CollectiveKind::kAllGather:
+      for (int64_t r = 0; r < n; ++r) {
+        mine.output.narrow(0, offset_of(mine.output_splits, r), mine.output_splits[r])
+            .copy_(calls[r]->input);
+      }
+      break;
+    case CollectiveKind::kReduceScatter: {
+      const int64_t off = offset_of(mine.output_splits, me), len = mine.output_splits[me];
+      mine.output.copy_(calls[0]->input.narrow(0, off, len));
+      for (int64_t r = 1; r < n; ++r) {
+        reduce_into(mine.output, calls[r]->input.narrow(0, off, len), mine.op);
+      }
+      finish_reduce(mine.output, mine.op, n);
+      break;
+    }
+    case CollectiveKind::kAllToAll:
+      for (int64_t r = 0; r < n; ++r) {
+        const CollectiveCall& src = *calls[r];
+        mine.output.narrow(0, offset_of(mine.output_splits, r), mine.output_splits[r])
+            .copy_(src.input.narrow(0, offset_of(src.input_splits, me), src.input_splits[me]));
+      }
+      break;
+    case CollectiveKind::kBroadcast:
+      mine.output.copy_(calls[mine.src]->input);
+      break;
+    case CollectiveKind::kBarrier:
+      break;
+  }
+}
+
+class ThreadsCommunicator : public Communicator {
+ public:
+  explicit ThreadsCommunicator(const CommunicatorOptions& o)
+      : Communicator(o.group, group_rank_of(o), o.timeout),
+        shared_(shared_group(o.job + '\0' + o.group.name, size())) {}
+
+  void run(CollectiveCall& call) override {
+    SharedGroup& g = *shared_;
+    const auto start = Clock::now();
+    const auto deadline = start + timeout();
+    std::unique_lock<std::mutex> lock(g.mu);
+    // Phase 1: post and wait for everyone.
+    const uint64_t my_round = g.round;
+    g.posted[rank()] = &call;
+    if (++g.arrived == size()) g.cv.notify_all();
+    if (!g.cv.wait_until(lock, deadline,
+                         [&] { return g.arrived == size() || !g.broken.empty(); })) {
+      fail(g, call, "did not arrive", start);
+    }
+    if (!g.broken.empty()) throw CollectiveError(g.broken);
+    const std::string bad = mismatch(g.posted);
+    lock.unlock();
+    if (bad.empty()) compute(g.posted, rank());
+    lock.lock();
+    // Phase 2: wait until every rank has read this rank's input, then open the next round.
+    g.left[rank()] = 1;
+    if (++g.departed == size()) {
+      g.arrived = 0;
+      g.departed = 0;
+      std::fill(g.posted.begin(), g.posted.end(), nullptr);
+      std::fill(g.left.begin(), g.left.end(), 0);
+      ++g.round;
+      g.cv.notify_all();
+    } else if (!g.cv.wait_until(lock, deadline,
+                                [&] { return g.round != my_round || !g.broken.empty(); })) {
+      fail(g, call, "did not finish", start);
+    }
+    if (!bad.empty()) {
+      throw CollectiveError(
+          std::string(call.label.empty() ? collective_name(call.kind) : call.label) +
+          " on group '" + group().name + "' (threads): ranks disagree: " + bad);
+    }
+  }
+
+ private:
+  static int64_t group_rank_of(const CommunicatorOptions& o) {
+    for (size_t i = 0; i < o.group.ranks.size(); ++i) {
+      if (o.group.ranks[i] == o.global_rank) return static_cast<int64_t>(i);
+    }
+    throw std::invalid_argument("rank not in group");
+  }
+
+  // Marks the group broken (so peers stop waiting too) and throws a timeout error naming the
+  // ranks that are missing. Called with the lock held.
+  [[noreturn]] void fail(SharedGroup& g, const CollectiveCall& call, const char* what,
+                         Clock::time_point start) {
+    const bool all_arrived = g.arrived == size();
+    std::vector<int64_t> missing;
+    for (int64_t r = 0; r < size(); ++r) {
+      if (all_arrived ? !g.left[r] : g.posted[r] == nullptr) missing.push_back(group().ranks[r]);
+    }
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+    const std::string msg =
+        std::string(call.label.empty() ? collective_name(call.kind) : call.label) + " on group '" +
+        group().name + "' (threads, ranks [" + join(group().ranks) + "]): ranks [" + join(missing) +
+        "] " + what + " within the timeout of " + std::to_string(timeout().count()) +
+        " ms (global rank " + std::to_string(group().ranks[rank()]) + " waited " +
+        std::to_string(ms.count()) + " ms)";
+    g.broken = msg;
+    g.cv.notify_all();
+    throw CollectiveError(msg);
+  }
+
+  std::shared_ptr<SharedGroup> shared_;
+};
+
+BackendRegistration g_threads("threads", [](const CommunicatorOptions& o) {
+  return std::make_unique<ThreadsCommunicator>(o);
+});
+
+}  // namespace
+}  // namespace dtensor::collectives

@@ -1,0 +1,390 @@
+// Every functional collective on the threads backend, for world sizes 1-4, every dtype and every
+// meaningful reduce op, against the single-device result computed from all ranks' inputs.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+
+#include "collectives/functional.h"
+#include "collectives/rank_context.h"
+#include "collectives/reduce.h"
+
+namespace dtensor::collectives {
+namespace {
+
+const std::vector<c10::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf,
+                                              at::kInt,   at::kLong,   at::kBool};
+const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAvg,     ReduceOp::kMin,
+                                    ReduceOp::kMax, ReduceOp::kProduct, ReduceOp::kBand,
+                                    ReduceOp::kBor, ReduceOp::kBxor};
+
+bool valid(ReduceOp op, c10::ScalarType dtype) {
+  try {
+    check_reduce_op(op, dtype, "");
+    return true;
+  } catch (const std::invalid_argument&) {
+    return false;
+  }
+}
+
+// Rank r's input: small integers (exact in every dtype, so sums and products are exact in any
+// order), different per rank and per element.
+at::Tensor input_for(int64_t rank, std::vector<int64_t> shape, c10::ScalarType dtype,
+                     int64_t salt = 0) {
+  const int64_t numel = c10::multiply_integers(shape);
+  at::Tensor base = (at::arange(numel, at::kLong) * 7 + rank * 3 + salt) % 5 + 1;
+  if (dtype == at::kBool) base = base % 2;
+  return base.reshape(shape).to(dtype);
+}
+
+// The single-device reduction of `parts` (independent of the backend's code).
+at::Tensor reference_reduce(const std::vector<at::Tensor>& parts, ReduceOp op) {
+  const c10::ScalarType dtype = parts[0].scalar_type();
+  const at::Tensor s = at::stack(parts);
+  switch (op) {
+    case ReduceOp::kSum:
+      return s.sum(0).to(dtype);
+    case ReduceOp::kAvg:
+      return s.sum(0).to(dtype).div(static_cast<int64_t>(parts.size()));
+    case ReduceOp::kMin:
+      return std::get<0>(s.min(0));
+    case ReduceOp::kMax:
+      return std::get<0>(s.max(0));
+    case ReduceOp::kProduct:
+      // Computed in double (exact for these small integers; CPU prod lacks bf16/half kernels).
+      return dtype == at::kBool ? s.all(0) : s.to(at::kDouble).prod(0).to(dtype);
+    default: {
+      at::Tensor acc = parts[0].clone();
+      for (size_t i = 1; i < parts.size(); ++i) {
+        acc = op == ReduceOp::kBand  ? at::bitwise_and(acc, parts[i])
+              : op == ReduceOp::kBor ? at::bitwise_or(acc, parts[i])
+                                     : at::bitwise_xor(acc, parts[i]);
+      }
+      return acc;
+    }
+  }
+}
+
+std::vector<at::Tensor> all_inputs(int64_t n, std::vector<int64_t> shape, c10::ScalarType dtype) {
+  std::vector<at::Tensor> v;
+  for (int64_t r = 0; r < n; ++r) v.push_back(input_for(r, shape, dtype));
+  return v;
+}
+
+void expect_same(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.scalar_type(), want.scalar_type()) << what;
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  ASSERT_TRUE(at::equal(got, want)) << what << "\ngot\n" << got << "\nwant\n" << want;
+}
+
+class ThreadsCollectivesTest : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(ThreadsCollectivesTest, AllReduceEveryDtypeAndOp) {
+  const int64_t n = GetParam();
+  for (auto dtype : kDtypes) {
+    for (auto op : kOps) {
+      if (!valid(op, dtype)) continue;
+      for (std::vector<int64_t> shape : {std::vector<int64_t>{0}, {7}, {3, 4}}) {
+        const at::Tensor want = reference_reduce(all_inputs(n, shape, dtype), op);
+        run_threads(n, [&](int64_t r) {
+          const at::Tensor in = input_for(r, shape, dtype);
+          const at::Tensor before = in.clone();
+          const at::Tensor out = all_reduce(in, op, RankContext::kWorld);
+          expect_same(out, want, "all_reduce " + std::string(reduce_op_name(op)));
+          EXPECT_TRUE(at::equal(in, before)) << "input modified";
+          EXPECT_FALSE(out.is_alias_of(in));
+        });
+      }
+    }
+  }
+}
+
+TEST_P(ThreadsCollectivesTest, InvalidReduceOpIsAClearError) {
+  run_threads(GetParam(), [](int64_t r) {
+    try {
+      all_reduce(at::ones({2}), ReduceOp::kBxor, RankContext::kWorld);
+      ADD_FAILURE() << "float bxor accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("bxor on Float"), std::string::npos) << e.what();
+    }
+  });
+}
+
+TEST_P(ThreadsCollectivesTest, AllGatherAnyDim) {
+  const int64_t n = GetParam();
+  for (auto dtype : kDtypes) {
+    const std::vector<int64_t> shape = {2, 3, 2};
+    const auto inputs = all_inputs(n, shape, dtype);
+    for (int64_t dim : {0, 1, 2, -1}) {
+      const at::Tensor want = at::cat(inputs, dim);
+      run_threads(n, [&](int64_t r) {
+        expect_same(all_gather_into_tensor(inputs[r], dim, RankContext::kWorld), want,
+                    "all_gather dim " + std::to_string(dim));
+      });
+    }
+  }
+  // Zero-size inputs.
+  run_threads(n, [&](int64_t r) {
+    EXPECT_EQ(all_gather_into_tensor(at::empty({0, 3}), 0, RankContext::kWorld).sizes(),
+              at::IntArrayRef({0, 3}));
+    EXPECT_EQ(all_gather_into_tensor(at::empty({2, 0}), 0, RankContext::kWorld).sizes(),
+              at::IntArrayRef({2 * n, 0}));
+  });
+}
+
+TEST_P(ThreadsCollectivesTest, AllGatherUneven) {
+  const int64_t n = GetParam();
+  for (int64_t dim : {0, 1}) {
+    std::vector<int64_t> sizes;
+    std::vector<at::Tensor> inputs;
+    for (int64_t r = 0; r < n; ++r) {
+      sizes.push_back((r * 2 + 1) % 3);  // 1, 0, 2, 1: includes empty contributions
+      std::vector<int64_t> shape = {3, 3};
+      shape[dim] = sizes.back();
+      inputs.push_back(input_for(r, shape, at::kFloat));
+    }
+    const at::Tensor want = at::cat(inputs, dim);
+    run_threads(n, [&](int64_t r) {
+      expect_same(all_gather_uneven(inputs[r], dim, sizes, RankContext::kWorld), want,
+                  "all_gather_uneven dim " + std::to_string(dim));
+    });
+  }
+}
+
+TEST_P(ThreadsCollectivesTest, ReduceScatterAnyDimEveryOp) {
+  const int64_t n = GetParam();
+  for (auto dtype : kDtypes) {
+    for (auto op : kOps) {
+      if (!valid(op, dtype)) continue;
+      for (int64_t dim : {0, 1}) {
+        std::vector<int64_t> shape = {2, 3};
+        shape[dim] = 2 * n;
+        const auto inputs = all_inputs(n, shape, dtype);
+        const at::Tensor reduced = reference_reduce(inputs, op);
+        run_threads(n, [&](int64_t r) {
+          expect_same(reduce_scatter_tensor(inputs[r], op, dim, RankContext::kWorld),
+                      reduced.chunk(n, dim)[r], "reduce_scatter dim " + std::to_string(dim));
+        });
+      }
+    }
+  }
+}
+
+TEST_P(ThreadsCollectivesTest, ReduceScatterNeedsDivisibleDim) {
+  const int64_t n = GetParam();
+  if (n == 1) return;
+  run_threads(n, [&](int64_t) {
+    EXPECT_THROW(reduce_scatter_tensor(at::ones({n + 1}), ReduceOp::kSum, 0, RankContext::kWorld),
+                 std::invalid_argument);
+  });
+}
+
+TEST_P(ThreadsCollectivesTest, AllToAllSingleUnevenSplits) {
+  const int64_t n = GetParam();
+  // Rank s sends (s + d) % 3 rows to rank d.
+  auto rows = [](int64_t s, int64_t d) { return (s + d) % 3; };
+  std::vector<at::Tensor> inputs;
+  for (int64_t s = 0; s < n; ++s) {
+    int64_t total = 0;
+    for (int64_t d = 0; d < n; ++d) total += rows(s, d);
+    inputs.push_back(input_for(s, {total, 2}, at::kLong, 100 * s));
+  }
+  run_threads(n, [&](int64_t r) {
+    std::vector<int64_t> in_splits, out_splits;
+    std::vector<at::Tensor> expected;
+    for (int64_t d = 0; d < n; ++d) in_splits.push_back(rows(r, d));
+    for (int64_t s = 0; s < n; ++s) {
+      out_splits.push_back(rows(s, r));
+      int64_t off = 0;
+      for (int64_t d = 0; d < r; ++d) off += rows(s, d);
+      expected.push_back(inputs[s].narrow(0, off, rows(s, r)));
+    }
+    expect_same(all_to_all_single(inputs[r], out_splits, in_splits, RankContext::kWorld),
+                at::cat(expected), "all_to_all_single");
+  });
+}
+
+TEST_P(ThreadsCollectivesTest, AllToAllSplitAndConcatDims) {
+  const int64_t n = GetParam();
+  for (auto [split, concat] :
+       std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {1, 0}, {1, 1}, {0, 0}}) {
+    std::vector<int64_t> shape = {2, 3};
+    shape[split] = 2 * n;
+    const auto inputs = all_inputs(n, shape, at::kDouble);
+    run_threads(n, [&](int64_t r) {
+      std::vector<at::Tensor> received;
+      for (int64_t s = 0; s < n; ++s) received.push_back(inputs[s].chunk(n, split)[r]);
+      expect_same(all_to_all(inputs[r], split, concat, RankContext::kWorld),
+                  at::cat(received, concat), "all_to_all");
+    });
+  }
+}
+
+TEST_P(ThreadsCollectivesTest, BroadcastFromEachSource) {
+  const int64_t n = GetParam();
+  for (auto dtype : kDtypes) {
+    const auto inputs = all_inputs(n, {4, 2}, dtype);
+    for (int64_t src = 0; src < n; ++src) {
+      run_threads(n, [&](int64_t r) {
+        expect_same(broadcast(inputs[r], src, RankContext::kWorld), inputs[src], "broadcast");
+      });
+    }
+  }
+}
+
+TEST_P(ThreadsCollectivesTest, CoalescedFormsMixDtypes) {
+  const int64_t n = GetParam();
+  const std::vector<std::vector<int64_t>> shapes = {{3}, {2, 2}, {4}};
+  const std::vector<c10::ScalarType> dtypes = {at::kFloat, at::kLong, at::kFloat};
+  std::vector<std::vector<at::Tensor>> inputs(n);  // [rank][tensor]
+  for (int64_t r = 0; r < n; ++r) {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      std::vector<int64_t> s = shapes[i];
+      s[0] *= n;
+      inputs[r].push_back(input_for(r, s, dtypes[i], static_cast<int64_t>(i)));
+    }
+  }
+  run_threads(n, [&](int64_t r) {
+    const auto reduced = all_reduce_coalesced(inputs[r], ReduceOp::kMax, RankContext::kWorld);
+    const auto gathered = all_gather_into_tensor_coalesced(inputs[r], 0, RankContext::kWorld);
+    const auto scattered =
+        reduce_scatter_tensor_coalesced(inputs[r], ReduceOp::kSum, 0, RankContext::kWorld);
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      std::vector<at::Tensor> parts;
+      for (int64_t s = 0; s < n; ++s) parts.push_back(inputs[s][i]);
+      expect_same(reduced[i], reference_reduce(parts, ReduceOp::kMax), "all_reduce_coalesced");
+      expect_same(gathered[i], at::cat(parts), "all_gather_coalesced");
+      expect_same(scattered[i], reference_reduce(parts, ReduceOp::kSum).chunk(n)[r],
+                  "reduce_scatter_coalesced");
+    }
+  });
+}
+
+TEST_P(ThreadsCollectivesTest, AsyncCallsCompleteInIssueOrderAfterWait) {
+  const int64_t n = GetParam();
+  const auto inputs = all_inputs(n, {4, 4}, at::kFloat);
+  const at::Tensor sum = reference_reduce(inputs, ReduceOp::kSum);
+  run_threads(n, [&](int64_t r) {
+    const at::Tensor a = all_reduce(inputs[r], ReduceOp::kSum, RankContext::kWorld, true);
+    const at::Tensor b = all_gather_into_tensor(inputs[r], 1, RankContext::kWorld, true);
+    const at::Tensor c = broadcast(inputs[r], 0, RankContext::kWorld, true);
+    const at::Tensor d = all_reduce(inputs[r], ReduceOp::kMax, RankContext::kWorld);  // sync
+    expect_same(wait_tensor(a), sum, "async all_reduce");
+    expect_same(wait_tensor(b), at::cat(inputs, 1), "async all_gather");
+    expect_same(wait_tensor(c), inputs[0], "async broadcast");
+    expect_same(d, reference_reduce(inputs, ReduceOp::kMax), "sync after async");
+    EXPECT_EQ(work_of(a), nullptr);  // waited work is forgotten
+  });
+}
+
+TEST_P(ThreadsCollectivesTest, MeshGroupsAndSubgroups) {
+  const int64_t n = GetParam();
+  if (n != 4) return;
+  const DeviceMesh mesh = DeviceMesh::arange({2, 2}, {"dp", "tp"});
+  run_threads(4, [&](int64_t r) {
+    const auto names = current_context().register_mesh(mesh);
+    const at::Tensor x = at::full({2}, static_cast<double>(r), at::kDouble);
+    const at::Tensor tp = all_reduce(x, ReduceOp::kSum, names[1]);
+    const at::Tensor dp = all_reduce(x, ReduceOp::kSum, names[0]);
+    double tp_sum = 0, dp_sum = 0;
+    for (int64_t q : mesh.group_ranks(1, r)) tp_sum += q;
+    for (int64_t q : mesh.group_ranks(0, r)) dp_sum += q;
+    EXPECT_EQ(tp[0].item<double>(), tp_sum);
+    EXPECT_EQ(dp[0].item<double>(), dp_sum);
+    // Two tagged groups over the same ranks are distinct groups.
+    const std::string a = current_context().new_group({0, 1, 2, 3}, "a");
+    const std::string b = current_context().new_group({0, 1, 2, 3}, "b");
+    EXPECT_NE(a, b);
+    barrier(a);
+    barrier(b);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, ThreadsCollectivesTest, ::testing::Values(1, 2, 3, 4),
+                         [](const auto& info) { return "ranks" + std::to_string(info.param); });
+
+TEST(ThreadsFailureTest, MismatchedShapesAreReportedOnEveryRank) {
+  std::atomic<int> errors{0};
+  run_threads(2, [&](int64_t r) {
+    try {
+      all_reduce(at::ones({r == 0 ? 3 : 4}), ReduceOp::kSum, RankContext::kWorld);
+    } catch (const CollectiveError& e) {
+      EXPECT_NE(std::string(e.what()).find("ranks disagree: number of elements differs"),
+                std::string::npos)
+          << e.what();
+      ++errors;
+    }
+  });
+  EXPECT_EQ(errors.load(), 2);
+}
+
+TEST(ThreadsFailureTest, MismatchedDtypesAreReported) {
+  EXPECT_THROW(run_threads(2,
+                           [](int64_t r) {
+                             all_gather_into_tensor(at::ones({2}, r ? at::kInt : at::kFloat), 0,
+                                                    RankContext::kWorld);
+                           }),
+               CollectiveError);
+}
+
+TEST(ThreadsFailureTest, AbsentPeerTimesOutNamingCollectiveGroupAndRanks) {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    run_threads(
+        3,
+        [](int64_t r) {
+          if (r == 2) return;  // rank 2 "dies" before the collective
+          all_reduce(at::ones({2}), ReduceOp::kSum, RankContext::kWorld);
+        },
+        "threads", std::chrono::milliseconds(300));
+    ADD_FAILURE() << "no timeout";
+  } catch (const CollectiveError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("all_reduce on group 'world'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("ranks [2] did not arrive"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("timeout of 300 ms"), std::string::npos) << msg;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+}
+
+TEST(ThreadsFailureTest, UnknownGroupAndNonMember) {
+  run_threads(2, [](int64_t r) {
+    EXPECT_THROW(all_reduce(at::ones({1}), ReduceOp::kSum, "nope"), std::invalid_argument);
+    current_context().register_group("only0", {0});
+    if (r == 1) {
+      try {
+        all_reduce(at::ones({1}), ReduceOp::kSum, "only0");
+        ADD_FAILURE();
+      } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find("not a member of group 'only0'"), std::string::npos);
+      }
+    }
+    EXPECT_THROW(current_context().register_group("only0", {1}), std::invalid_argument);
+    EXPECT_THROW(current_context().register_group("bad", {5}), std::invalid_argument);
+  });
+}
+
+TEST(ThreadsFailureTest, NoContextIsAClearError) {
+  try {
+    all_reduce(at::ones({1}), ReduceOp::kSum, "world");
+    ADD_FAILURE();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("no collectives context"), std::string::npos);
+  }
+}
+
+TEST(BackendRegistryTest, UnknownBackendListsRegisteredOnes) {
+  try {
+    run_threads(
+        1, [](int64_t) { barrier(RankContext::kWorld); }, "no-such-backend");
+    ADD_FAILURE();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown collectives backend 'no-such-backend'"),
+              std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("threads"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace dtensor::collectives
