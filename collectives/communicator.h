@@ -5,6 +5,7 @@
 // these calls. Backends are registered by name and may come from other libraries.
 
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
 #include <functional>
@@ -85,6 +86,9 @@ struct CommunicatorOptions {
   int64_t world_size = 1;
   std::chrono::milliseconds timeout{0};
   std::string job;
+  // The job's rendezvous store (libtorch's TCPStore) when launched as processes; null for the
+  // threads backend. Backends that exchange ids (nccl) or wrap c10d use it.
+  c10::intrusive_ptr<c10d::Store> store;
 };
 using BackendFactory =
     std::function<std::unique_ptr<Communicator>(const CommunicatorOptions& options)>;

@@ -74,7 +74,7 @@ std::string RankContext::register_group(const std::string& name, const std::vect
 }
 
 std::string RankContext::new_group(const std::vector<int64_t>& ranks, const std::string& tag) {
-  const std::string name = (tag.empty() ? "" : tag + "/") + "ranks:" + join(ranks, "-");
+  const std::string name = (tag.empty() ? "" : tag + "/") + group_name_for_ranks(ranks);
   return register_group(name, ranks);
 }
 
@@ -116,6 +116,7 @@ RankContext::Endpoint& RankContext::endpoint(const std::string& name) {
   }
   CommunicatorOptions options{info, rank_, world_size_, timeout_};
   options.job = job_;
+  options.store = store_;
   auto ep = std::make_unique<Endpoint>();
   ep->info = info;
   ep->comm = make_communicator(options);

@@ -38,14 +38,18 @@ class RankContext {
   const std::string& backend() const { return backend_; }
   const std::string& job() const { return job_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  // The rendezvous store of a process job (see launch_env.h); null when ranks are threads.
+  const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
+  void set_store(c10::intrusive_ptr<c10d::Store> store) { store_ = std::move(store); }
 
   // Registers a group under `name` with `ranks` in group-rank order; every member must register
   // it with the same ranks. Registering an existing name with other ranks throws. `backend`
   // empty = the context's backend. Returns `name`.
   std::string register_group(const std::string& name, const std::vector<int64_t>& ranks,
                              const std::string& backend = "");
-  // A group from a rank list: named "ranks:<r0>-<r1>-..." or "<tag>/ranks:..." when tagged, so
-  // two tagged groups may cover the same ranks.
+  // A group from a rank list, named group_name_for_ranks(ranks) (the name a mesh dim over the same
+  // ranks gets, so both share one communicator), or "<tag>/ranks:..." when tagged, so two tagged
+  // groups may cover the same ranks.
   std::string new_group(const std::vector<int64_t>& ranks, const std::string& tag = "");
   // Registers the group along every dim of `mesh` that holds this rank; returns one name per dim
   // (DeviceMesh::group_name). Throws when this rank is not in the mesh or the mesh names a rank
@@ -70,6 +74,7 @@ class RankContext {
   std::string backend_;
   std::string job_;
   std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Store> store_;
   std::mutex mu_;
   std::map<std::string, GroupInfo> groups_;
   std::map<std::string, std::unique_ptr<Endpoint>> endpoints_;

@@ -40,7 +40,10 @@ DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<int64_t> ranks,
   int64_t numel = 1;
   for (int64_t s : shape) {
     if (s <= 0) fail("mesh shape (" + join(shape) + ") has a size <= 0; every dim needs a rank");
-    numel *= s;
+    if (__builtin_mul_overflow(numel, s, &numel) || numel > kMaxRanks) {
+      fail("mesh shape (" + join(shape) + ") has more than " + std::to_string(kMaxRanks) +
+           " ranks");
+    }
   }
   if (numel != static_cast<int64_t>(ranks.size())) {
     fail("mesh shape (" + join(shape) + ") holds " + std::to_string(numel) + " ranks but " +
@@ -84,7 +87,11 @@ DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<int64_t> ranks,
 
 DeviceMesh DeviceMesh::arange(std::vector<int64_t> shape, std::vector<std::string> dim_names) {
   int64_t numel = 1;
-  for (int64_t s : shape) numel *= std::max<int64_t>(s, 0);
+  for (int64_t s : shape) {
+    if (s <= 0 || __builtin_mul_overflow(numel, s, &numel) || numel > kMaxRanks) {
+      return DeviceMesh(std::move(shape), {}, std::move(dim_names));  // throws the full message
+    }
+  }
   std::vector<int64_t> ranks(static_cast<size_t>(numel));
   for (int64_t i = 0; i < numel; ++i) ranks[i] = i;
   return DeviceMesh(std::move(shape), std::move(ranks), std::move(dim_names));
@@ -189,6 +196,9 @@ DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& names, std::strin
 
 DeviceMesh DeviceMesh::flatten_dims(const std::vector<int64_t>& dims_in, std::string name) const {
   if (dims_in.empty()) fail("flatten needs at least one dim");
+  if (!name.empty() && !has_dim_names()) {
+    fail("cannot name the flattened dim '" + name + "': " + to_string() + " has no dim names");
+  }
   std::vector<int64_t> merged;
   for (int64_t d : dims_in) {
     const int64_t nd = normalize_dim(d);
@@ -257,11 +267,21 @@ std::vector<int64_t> DeviceMesh::group_ranks(int64_t dim, int64_t rank) const {
 
 std::vector<std::vector<int64_t>> DeviceMesh::all_groups(int64_t dim) const {
   const int64_t d = normalize_dim(dim);
+  // Row order of swapdims(-1, d).reshape(-1, size(d)): the other dims row-major, with the last
+  // dim standing where `d` was.
+  std::vector<int64_t> others;
+  for (int64_t k = 0; k + 1 < ndim(); ++k) others.push_back(k == d ? ndim() - 1 : k);
+  const int64_t rows = size() / impl_->shape[d];
   std::vector<std::vector<int64_t>> groups;
-  // A rank with coordinate 0 along `d` starts each group; visit them in rank-array order.
-  for (size_t flat = 0; flat < impl_->ranks.size(); ++flat) {
-    if ((static_cast<int64_t>(flat) / impl_->strides[d]) % impl_->shape[d] != 0) continue;
-    groups.push_back(group_ranks(d, impl_->ranks[flat]));
+  std::vector<int64_t> coord(ndim(), 0);
+  for (int64_t i = 0; i < rows; ++i) {
+    int64_t rem = i;
+    for (int64_t k = static_cast<int64_t>(others.size()) - 1; k >= 0; --k) {
+      coord[others[k]] = rem % impl_->shape[others[k]];
+      rem /= impl_->shape[others[k]];
+    }
+    coord[d] = 0;
+    groups.push_back(group_ranks(d, rank_at(coord)));
   }
   return groups;
 }
@@ -271,14 +291,16 @@ std::string DeviceMesh::dim_label(int64_t dim) const {
 }
 
 std::string DeviceMesh::group_name(int64_t dim, int64_t rank) const {
-  const int64_t d = normalize_dim(dim);
-  const std::vector<int64_t> ranks = group_ranks(d, rank);
-  if (ranks.size() <= 8) return dim_label(d) + ":" + join(ranks, "-");
+  return group_name_for_ranks(group_ranks(dim, rank));
+}
+
+std::string group_name_for_ranks(const std::vector<int64_t>& ranks) {
+  if (ranks.size() <= 8) return "ranks:" + join(ranks, "-");
   uint64_t h = kFnvOffset;
   for (int64_t r : ranks) h = fnv1a_int(r, h);
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
-  return dim_label(d) + ":" + std::to_string(ranks.size()) + "r" + buf;
+  return "ranks:" + std::to_string(ranks.size()) + "r" + buf;
 }
 
 std::string DeviceMesh::to_string() const {

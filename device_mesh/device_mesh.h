@@ -16,6 +16,9 @@ namespace dtensor {
 
 class DeviceMesh {
  public:
+  // Far beyond any real job; keeps a typo such as --mesh 100000,100000 a clear error.
+  static constexpr int64_t kMaxRanks = int64_t{1} << 24;
+
   // `ranks` lists global ranks in row-major order of `shape`. They must be distinct and
   // non-negative, and their count must equal the product of `shape`. `dim_names` is empty or
   // has one unique, non-empty name per dim. Throws std::invalid_argument naming what is wrong.
@@ -54,19 +57,20 @@ class DeviceMesh {
 
   // Merges `dims` (major to minor in the order given) into one dim placed where the first of
   // them was; other dims keep their order. `name` defaults to the merged names joined by "_"
-  // (PyTorch's _flatten), and is required to be new when the mesh has names.
+  // (PyTorch's _flatten), and is required to be new when the mesh has names. An unnamed mesh
+  // cannot name the flattened dim.
   DeviceMesh flatten(const std::vector<std::string>& names, std::string name = "") const;
   DeviceMesh flatten_dims(const std::vector<int64_t>& dims, std::string name = "") const;
 
   // Ranks in `rank`'s group along `dim` (the row of the mesh through `rank` along that dim), in
   // coordinate order. Throws when `rank` is not in the mesh.
   std::vector<int64_t> group_ranks(int64_t dim, int64_t rank) const;
-  // Every group along `dim` (PyTorch: mesh.swapdims(-1, dim).reshape(-1, size(dim)) rows).
+  // Every group along `dim`, in PyTorch's order: the rows of
+  // mesh.swapdims(-1, dim).reshape(-1, size(dim)).
   std::vector<std::vector<int64_t>> all_groups(int64_t dim) const;
-  // A name for `rank`'s group along `dim`, identical on every rank of that group, different for
-  // other groups, and the same in every process: "<dim label>:<ranks>" where the label is the
-  // dim name (or "dim<d>") and <ranks> is the rank list, or a 64-bit FNV-1a digest of it when the
-  // group has more than 8 ranks. Collectives resolve groups by this name.
+  // A name for `rank`'s group along `dim`: group_name_for_ranks(group_ranks(dim, rank)). It
+  // depends on the ranks only, so slicing or flattening a mesh never makes a second name (and a
+  // second communicator) for the same group. Collectives resolve groups by this name.
   std::string group_name(int64_t dim, int64_t rank) const;
 
   // "DeviceMesh((2,2), ranks=[0,1,2,3], names=(dp,tp))".
@@ -89,6 +93,10 @@ class DeviceMesh {
 
   std::shared_ptr<const Impl> impl_;
 };
+
+// "ranks:0-1-2" for a rank list, or "ranks:<n>r<64-bit FNV-1a digest>" past 8 ranks: equal on
+// every rank and in every process for the same list, different for different lists.
+std::string group_name_for_ranks(const std::vector<int64_t>& ranks);
 
 }  // namespace dtensor
 

@@ -57,6 +57,14 @@ TEST(DeviceMeshTest, GroupsAlongEachDim) {
   EXPECT_EQ(mesh.all_groups(0), (std::vector<V>{{0, 3}, {1, 4}, {2, 5}}));
   EXPECT_EQ(mesh.all_groups(1), (std::vector<V>{{0, 1, 2}, {3, 4, 5}}));
   EXPECT_EQ(mesh.all_groups(-1), mesh.all_groups(1));
+  // PyTorch's order (swapdims(-1, d).reshape(-1, size(d)), checked with torch 1.13).
+  const DeviceMesh cube = DeviceMesh::arange({2, 2, 2});
+  EXPECT_EQ(cube.all_groups(0), (std::vector<V>{{0, 4}, {2, 6}, {1, 5}, {3, 7}}));
+  EXPECT_EQ(cube.all_groups(1), (std::vector<V>{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(cube.all_groups(2), (std::vector<V>{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(DeviceMesh::arange({2, 3, 4}).all_groups(0),
+            (std::vector<V>{{0, 12}, {4, 16}, {8, 20}, {1, 13}, {5, 17}, {9, 21}, {2, 14},
+                            {6, 18}, {10, 22}, {3, 15}, {7, 19}, {11, 23}}));
   expect_error([&] { mesh.group_ranks(0, 9); }, "rank 9 is not in");
   expect_error([&] { mesh.group_ranks(2, 0); }, "dim 2 is out of range for a 2-D mesh");
 }
@@ -73,12 +81,14 @@ TEST(DeviceMeshTest, GroupNamesAreSharedWithinAGroupAndDistinctAcrossGroups) {
     }
     EXPECT_EQ(names.size(), mesh.all_groups(dim).size());
   }
-  EXPECT_EQ(mesh.group_name(2, 5), "dim2:4-5");
-  EXPECT_EQ(DeviceMesh::arange({2, 2}, {"dp", "tp"}).group_name(0, 3), "dp:1-3");
+  EXPECT_EQ(mesh.group_name(2, 5), "ranks:4-5");
+  EXPECT_EQ(DeviceMesh::arange({2, 2}, {"dp", "tp"}).group_name(0, 3), "ranks:1-3");
+  // Slicing keeps the name: the sub-mesh's group is the same group.
+  EXPECT_EQ(mesh.submesh_dims({2}, 5).group_name(0, 5), mesh.group_name(2, 5));
   // Large groups get a digest; it is deterministic.
   const DeviceMesh big = DeviceMesh::arange({16});
   EXPECT_EQ(big.group_name(0, 3), DeviceMesh::arange({16}).group_name(0, 0));
-  EXPECT_EQ(big.group_name(0, 3).substr(0, 8), "dim0:16r");
+  EXPECT_EQ(big.group_name(0, 3).substr(0, 9), "ranks:16r");
 }
 
 TEST(DeviceMeshTest, SubmeshByNamesInAnyOrder) {
@@ -117,6 +127,7 @@ TEST(DeviceMeshTest, FlattenMergesDims) {
   EXPECT_EQ(all.shape(), (V{6}));
   expect_error([&] { mesh.flatten({"dp"}, "tp"); }, "'tp' already exists");
   expect_error([&] { mesh.flatten_dims({}); }, "at least one dim");
+  expect_error([] { DeviceMesh::arange({2, 2}).flatten_dims({0, 1}, "x"); }, "has no dim names");
 }
 
 TEST(DeviceMeshTest, ValidationNamesTheProblem) {
@@ -127,6 +138,7 @@ TEST(DeviceMeshTest, ValidationNamesTheProblem) {
   expect_error([] { DeviceMesh({2, 2}, {0, 1, 2, 3}, {"dp", "dp"}); }, "'dp' appears twice");
   expect_error([] { DeviceMesh({2, 2}, {0, 1, 2, 3}, {"dp"}); }, "1 dim names");
   expect_error([] { DeviceMesh({2}, {0, 1}, {""}); }, "must not be empty");
+  expect_error([] { DeviceMesh::arange({100000, 100000}); }, "more than 16777216 ranks");
 }
 
 TEST(DeviceMeshTest, EqualityAndHashByValue) {

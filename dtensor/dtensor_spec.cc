@@ -84,6 +84,11 @@ DTensorSpec DTensorSpec::make(const DeviceMesh& mesh, const Placements& placemen
   Data data{mesh, placements, TensorMeta::make(meta.shape, meta.dtype, meta.stride), {}, true,
             0,    0};
   for (Placement& p : data.placements) {
+    if (p.is_partial() && is_bitwise(p.reduce_op()) &&
+        !c10::isIntegralType(meta.dtype, /*includeBool=*/true)) {
+      fail(p.to_string() + " needs an integer or bool tensor, not " +
+           std::string(c10::toString(meta.dtype)));
+    }
     if (p.is_shard()) {
       p = Shard(static_cast<int32_t>(normalize_tensor_dim(p.dim(), meta.ndim(), "Shard dim")));
     }

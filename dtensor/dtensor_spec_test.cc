@@ -20,24 +20,6 @@ void expect_error(const std::function<void()>& f, const std::string& needle) {
 
 const DeviceMesh kMesh = DeviceMesh::arange({2, 2});
 
-TEST(TensorMetaTest, ContiguousStrideAndText) {
-  const TensorMeta m = TensorMeta::make({10, 7});
-  EXPECT_EQ(m.stride, (V{7, 1}));
-  EXPECT_EQ(m.numel(), 70);
-  EXPECT_EQ(m.to_string(), "Float[10,7]");
-  EXPECT_EQ(TensorMeta::make({2, 3}, c10::kLong, {1, 2}).to_string(), "Long[2,3]:stride[1,2]");
-  EXPECT_EQ(TensorMeta::make({0, 3}).stride, (V{3, 1}));
-  expect_error([] { TensorMeta::make({3, -2}); }, "negative size -2");
-  expect_error([] { TensorMeta::make({3, 2}, c10::kFloat, {1}); }, "stride [1] has 1 entries");
-}
-
-TEST(TensorMetaTest, EqualityCoversShapeStrideAndDtype) {
-  EXPECT_EQ(TensorMeta::make({4}), TensorMeta::make({4}));
-  EXPECT_NE(TensorMeta::make({4}), TensorMeta::make({4}, c10::kDouble));
-  EXPECT_NE(TensorMeta::make({4, 2}), TensorMeta::make({4, 2}, c10::kFloat, {1, 4}));
-  EXPECT_NE(TensorMeta::make({4}).hash(), TensorMeta::make({4}, c10::kDouble).hash());
-}
-
 TEST(DTensorSpecTest, InternedSpecsCompareByIdentity) {
   const auto a = DTensorSpec::make(kMesh, {Shard(0), Shard(1)}, TensorMeta::make({10, 7}));
   const auto b = DTensorSpec::make(DeviceMesh::arange({2, 2}), parse_placements("S(0),S(-1)"),
@@ -134,6 +116,12 @@ TEST(DTensorSpecTest, ValidationNamesTheProblem) {
         DTensorSpec::make(kMesh, {Replicate(), Replicate()}, TensorMeta{{-1}, {1}});
       },
       "negative size");
+  expect_error([&] { DTensorSpec::make(kMesh, {Replicate(), Partial(ReduceOp::kBxor)}, meta); },
+               "P(bxor) needs an integer or bool tensor, not Float");
+  // Bitwise partials are fine for integers.
+  EXPECT_TRUE(DTensorSpec::make(kMesh, {Replicate(), Partial(ReduceOp::kBxor)},
+                                TensorMeta::make({8, 4}, c10::kInt))
+                  .has_partial());
 }
 
 }  // namespace

@@ -121,7 +121,9 @@ Placements parse_placements(std::string_view text) {
   int depth = 0;
   for (size_t i = 0; i <= body.size(); ++i) {
     if (i < body.size() && body[i] == '(') ++depth;
-    if (i < body.size() && body[i] == ')') --depth;
+    if (i < body.size() && body[i] == ')' && --depth < 0) {
+      bad_token(body.substr(start, i + 1 - start), "unexpected ')'");
+    }
     if (i == body.size() || (body[i] == ',' && depth == 0)) {
       const std::string_view token = body.substr(start, i - start);
       try {

@@ -26,7 +26,13 @@ void check_coordinate(const DTensorSpec& spec, const std::vector<int64_t>& coord
 
 }  // namespace
 
-int64_t chunk_size(int64_t n, int64_t k) { return (n + k - 1) / k; }
+int64_t chunk_size(int64_t n, int64_t k) {
+  if (n < 0 || k < 1) {
+    throw std::invalid_argument("chunk of " + std::to_string(n) + " elements into " +
+                                std::to_string(k) + " pieces: need n >= 0 and k >= 1");
+  }
+  return (n + k - 1) / k;
+}
 
 ChunkSlice chunk_slice(int64_t n, int64_t k, int64_t i) {
   const int64_t chunk = chunk_size(n, k);
@@ -76,6 +82,11 @@ LocalBox local_box(const DTensorSpec& spec, const std::vector<int64_t>& coordina
   for (const ShardStep& s : shard_steps(spec, coordinate)) {
     box.offset[s.tensor_dim] += s.offset;
     box.shape[s.tensor_dim] = s.size;
+  }
+  // An empty shard gets the out-of-bounds offset `size` (PyTorch does the same; checkpointing
+  // de-duplicates shards by offset, so empty ones must not alias a real offset).
+  for (int64_t d = 0; d < spec.ndim(); ++d) {
+    if (box.shape[d] == 0) box.offset[d] = spec.shape()[d];
   }
   return box;
 }

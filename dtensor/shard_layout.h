@@ -65,7 +65,8 @@ struct LocalBox {
 std::vector<ShardStep> shard_steps(const DTensorSpec& spec, const std::vector<int64_t>& coordinate);
 
 // Local shape and global offset of the rank at `coordinate` (PyTorch's
-// compute_local_shape_and_global_offset). Replicate and Partial dims keep the full size.
+// compute_local_shape_and_global_offset). Replicate and Partial dims keep the full size. An
+// empty shard's offset along its dim is the dim's size, as in PyTorch.
 LocalBox local_box(const DTensorSpec& spec, const std::vector<int64_t>& coordinate);
 // The same for a global rank; nullopt when the rank is not in the spec's mesh (it holds nothing).
 std::optional<LocalBox> local_box_of_rank(const DTensorSpec& spec, int64_t rank);

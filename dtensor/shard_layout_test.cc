@@ -32,6 +32,8 @@ TEST(ChunkTest, TorchChunkSemantics) {
   }
   EXPECT_EQ(chunk_size(13, 4), 4);
   EXPECT_EQ(chunk_size(0, 4), 0);
+  EXPECT_THROW(chunk_size(5, 0), std::invalid_argument);
+  EXPECT_THROW(chunk_sizes(-5, 2), std::invalid_argument);
 }
 
 TEST(LocalBoxTest, TableOfLayouts) {
@@ -62,8 +64,11 @@ TEST(LocalBoxTest, TableOfLayouts) {
       {{2, 2}, "S(0),S(0)", {5, 2}, {0, 1}, {1, 2}, {2, 0}},  // 5 -> 3,2 ; 3 -> 2,1
       {{2, 2}, "S(0),S(0)", {5, 2}, {1, 1}, {1, 2}, {4, 0}},  // 2 -> 1,1
       {{2, 3}, "S(0),S(0)", {7}, {1, 2}, {1}, {6}},           // 7 -> 4,3 ; 3 -> 1,1,1
-      {{2, 3}, "S(0),S(0)", {4}, {0, 2}, {0}, {2}},           // 4 -> 2,2 ; 2 -> 1,1,0
+      {{2, 3}, "S(0),S(0)", {4}, {0, 2}, {0}, {4}},           // 4 -> 2,2 ; 2 -> 1,1,0 (empty)
       {{2, 2, 2}, "S(0),R,S(1)", {3, 3}, {1, 0, 1}, {1, 1}, {2, 2}},
+      // Empty shards (at any nesting level) sit at offset == size, as in PyTorch.
+      {{2, 4}, "S(0),S(0)", {5}, {0, 3}, {0}, {5}},  // 5 -> 3,2 ; 3 -> 1,1,1,0
+      {{2, 2}, "S(0),S(1)", {1, 4}, {1, 0}, {0, 2}, {1, 0}},
   };
   for (const auto& c : cases) {
     const auto s = spec(c.mesh, c.placements, c.shape);

@@ -25,10 +25,15 @@ std::vector<int64_t> TensorMeta::contiguous_stride(const std::vector<int64_t>& s
 
 TensorMeta TensorMeta::make(std::vector<int64_t> shape, c10::ScalarType dtype,
                             std::vector<int64_t> stride) {
+  int64_t numel = 1;
   for (int64_t s : shape) {
     if (s < 0) {
       throw std::invalid_argument("TensorMeta: shape [" + join(shape) + "] has a negative size " +
                                   std::to_string(s));
+    }
+    if (__builtin_mul_overflow(numel, s, &numel)) {
+      throw std::invalid_argument("TensorMeta: shape [" + join(shape) +
+                                  "] has more elements than int64 can count");
     }
   }
   if (stride.empty()) {

@@ -22,6 +22,9 @@ using dtensor::DeviceMesh;
 using dtensor::DTensorSpec;
 
 std::vector<int64_t> parse_ints(const std::string& flag, const std::string& text) {
+  if (text.empty() || text.back() == ',') {
+    throw std::invalid_argument(flag + ": expected comma-separated integers, got \"" + text + "\"");
+  }
   std::vector<int64_t> out;
   std::stringstream ss(text);
   std::string item;
@@ -56,11 +59,13 @@ dtensor::ShardOrder parse_order(const std::string& text, const DTensorSpec& spec
       throw std::invalid_argument("--order: expected <tensor dim>:<mesh dims>, got '" + entry +
                                   "'");
     }
-    const int64_t d = parse_ints("--order", entry.substr(0, colon)).at(0);
-    if (d < 0 || d >= spec.ndim()) {
-      throw std::invalid_argument("--order: tensor dim " + std::to_string(d) + " out of range");
+    const auto dims = parse_ints("--order", entry.substr(0, colon));
+    if (dims.size() != 1 || dims[0] < 0 || dims[0] >= spec.ndim()) {
+      throw std::invalid_argument("--order: '" + entry.substr(0, colon) +
+                                  "' is not one tensor dim in [0, " +
+                                  std::to_string(spec.ndim() - 1) + "]");
     }
-    order[d] = parse_ints("--order", entry.substr(colon + 1));
+    order[dims[0]] = parse_ints("--order", entry.substr(colon + 1));
   }
   return order;
 }
@@ -125,6 +130,13 @@ int run(int argc, char** argv) {
   DTensorSpec spec = DTensorSpec::make(mesh, dtensor::parse_placements(placements_text), meta);
   if (!order_text.empty()) {
     spec = DTensorSpec::make(mesh, spec.placements(), meta, parse_order(order_text, spec));
+  }
+  // The demo prints every element of every rank: keep it to what a terminal can show.
+  constexpr int64_t kMaxElements = 1 << 20, kMaxRanks = 1024;
+  if (meta.numel() > kMaxElements || mesh.size() > kMaxRanks) {
+    throw std::invalid_argument("the demo prints every value: keep the tensor under " +
+                                std::to_string(kMaxElements) + " elements and the mesh under " +
+                                std::to_string(kMaxRanks) + " ranks");
   }
   const at::Tensor global = at::arange(meta.numel(), at::kLong).reshape(meta.shape);
 

@@ -1,6 +1,6 @@
 // Independent oracle: the local tensor of every rank, for every layout of the enumeration, equals
 // what repeated torch.chunk calls on the real global tensor give (at::chunk, following the shard
-// order), and local_tensor_for's Partial values reduce back to the global tensor.
+// order). (That Partial locals reduce back to the global tensor is local_tensor_test's job.)
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 """Summarises a `bazel test` run as test cases: prints per-target counts and a final line
-"N passed, N failed". Usage: test_summary.py BAZEL_LOG TESTLOGS_DIR START_EPOCH
+"N passed, N failed". Usage: test_summary.py BAZEL_LOG TESTLOGS_DIR START_EPOCH [BAZEL_STATUS]
 
 A target's cases come from its JUnit XML (gtest and pytest both write one). A target that failed
 to build, or failed without fresh XML, counts as one failed case, so nothing broken goes unseen.
@@ -28,6 +28,7 @@ def count_cases(xml_path):
 
 def main():
     log_path, testlogs, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    bazel_status = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     targets = {}
     with open(log_path, errors="replace") as f:
         for line in f:
@@ -51,6 +52,11 @@ def main():
         print(f"  {target:<48} {status:<16} {p} passed, {f_} failed{extra}")
     if not targets:
         print("  (no test results: the build failed before any test ran)")
+        total_f += 1
+    elif bazel_status not in (0, 3) and total_f == 0:
+        # 3 = tests failed (counted above); anything else is a build or infrastructure failure,
+        # e.g. a non-test target that does not compile.
+        print(f"  bazel exited with status {bazel_status}: a target failed to build")
         total_f += 1
     print(f"{len(targets)} test targets; {total_s} test cases skipped")
     print(f"{total_p} passed, {total_f} failed")

@@ -1,0 +1,104 @@
+"""./x launch -n N [--backend NAME] -- CMD ARGS...
+
+Starts N local ranks of CMD with torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), forwards their output line by line with a
+"[rank i] " prefix, and exits non-zero if any rank fails. When a rank fails, the others get
+DTENSOR_LAUNCH_GRACE_S seconds (default 30) to finish or fail on their own (their collectives
+time out and say why), then they are killed.
+"""
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def forward(rank, stream, lock):
+    for raw in iter(stream.readline, b""):
+        line = raw.decode(errors="replace").rstrip("\n")
+        with lock:
+            sys.stdout.write(f"[rank {rank}] {line}\n")
+            sys.stdout.flush()
+    stream.close()
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(prog="./x launch", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-n", "--nproc", type=int, required=True, help="number of ranks")
+    parser.add_argument("--backend", default=None, help="collectives backend (DTENSOR_BACKEND)")
+    parser.add_argument("--port", type=int, default=0, help="MASTER_PORT (default: a free port)")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    args = parser.parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        parser.error("no command given (./x launch -n N -- CMD ARGS...)")
+    if args.nproc < 1:
+        parser.error("-n must be at least 1")
+    port = args.port or free_port()
+    grace = float(os.environ.get("DTENSOR_LAUNCH_GRACE_S", "30"))
+    lock = threading.Lock()
+    procs, threads = [], []
+    for rank in range(args.nproc):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(args.nproc), LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(args.nproc), GROUP_RANK="0",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        if args.backend:
+            env["DTENSOR_BACKEND"] = args.backend
+        try:
+            p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+        except OSError as e:
+            print(f"./x launch: cannot start {cmd[0]}: {e}", file=sys.stderr)
+            for q in procs:
+                os.killpg(q.pid, signal.SIGKILL)
+            return 127
+        procs.append(p)
+        t = threading.Thread(target=forward, args=(rank, p.stdout, lock), daemon=True)
+        t.start()
+        threads.append(t)
+
+    def kill_all(sig):
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    signal.signal(signal.SIGINT, lambda *_: (kill_all(signal.SIGTERM), sys.exit(130)))
+    signal.signal(signal.SIGTERM, lambda *_: (kill_all(signal.SIGTERM), sys.exit(143)))
+    first_failure, failed_at = None, None
+    while any(p.poll() is None for p in procs):
+        for rank, p in enumerate(procs):
+            if p.poll() not in (None, 0) and first_failure is None:
+                first_failure, failed_at = (rank, p.returncode), time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > grace:
+            with lock:
+                print(f"./x launch: rank {first_failure[0]} failed; killing the ranks still "
+                      f"running after {grace:.0f} s", file=sys.stderr)
+            kill_all(signal.SIGKILL)
+        time.sleep(0.02)
+    for t in threads:
+        t.join()
+    codes = [p.returncode for p in procs]
+    bad = [(r, c) for r, c in enumerate(codes) if c != 0]
+    if bad:
+        desc = ", ".join(f"rank {r} exited with {c}" for r, c in bad)
+        print(f"./x launch: {len(bad)} of {len(procs)} ranks failed: {desc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
