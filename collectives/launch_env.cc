@@ -44,8 +44,7 @@ std::optional<LaunchEnv> launch_env_from_environ() {
   e.port = static_cast<int>(env_int("MASTER_PORT", 29500));
   if (e.world_size < 1 || e.rank >= e.world_size) {
     throw std::invalid_argument("launch environment: RANK=" + std::to_string(e.rank) +
-                                " is not in a world of WORLD_SIZE=" +
-                                std::to_string(e.world_size));
+                                " is not in a world of WORLD_SIZE=" + std::to_string(e.world_size));
   }
   if (e.port <= 0 || e.port > 65535) {
     throw std::invalid_argument("launch environment: MASTER_PORT=" + std::to_string(e.port) +

@@ -1,0 +1,245 @@
+// NOTE [c10d backend]
+// Maps each CollectiveCall onto ProcessGroup calls. What Gloo 1.13 lacks is composed from what
+// it has: reduce_scatter = all_reduce + keep this rank's segment; uneven all_gather = pad every
+// contribution to the largest, list all_gather, trim. Dtypes Gloo cannot reduce travel as a
+// wider dtype (bool as uint8, bfloat16 as float32) and are converted back exactly. avg is a sum
+// divided locally. Every wait is bounded by the group timeout; a dead peer surfaces as Gloo's
+// error, rethrown as CollectiveError naming the collective, group, ranks and elapsed time.
+
+#include "collectives/c10d_backend.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+
+#include "collectives/communicator.h"
+#include "collectives/reduce.h"
+
+namespace dtensor::collectives {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::mutex g_user_pgs_mu;
+std::map<std::string, c10::intrusive_ptr<c10d::ProcessGroup>> g_user_pgs;
+
+std::string join(const std::vector<int64_t>& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
+  return out;
+}
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return c10d::ReduceOp(c10d::ReduceOp::SUM);
+    case ReduceOp::kProduct:
+      return c10d::ReduceOp(c10d::ReduceOp::PRODUCT);
+    case ReduceOp::kMin:
+      return c10d::ReduceOp(c10d::ReduceOp::MIN);
+    case ReduceOp::kMax:
+      return c10d::ReduceOp(c10d::ReduceOp::MAX);
+    case ReduceOp::kBand:
+      return c10d::ReduceOp(c10d::ReduceOp::BAND);
+    case ReduceOp::kBor:
+      return c10d::ReduceOp(c10d::ReduceOp::BOR);
+    case ReduceOp::kBxor:
+      return c10d::ReduceOp(c10d::ReduceOp::BXOR);
+  }
+  return c10d::ReduceOp(c10d::ReduceOp::SUM);
+}
+
+// The dtype a tensor travels as: Gloo has no bool or bfloat16 kernels.
+c10::ScalarType wire_dtype(c10::ScalarType t) {
+  if (t == c10::kBool) return c10::kByte;
+  if (t == c10::kBFloat16) return c10::kFloat;
+  return t;
+}
+
+std::shared_ptr<::gloo::transport::Device> gloo_device() {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  const char* addr = std::getenv("MASTER_ADDR");
+  const std::string host = addr ? addr : "127.0.0.1";
+  if (host == "127.0.0.1" || host == "localhost") {
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+class C10dCommunicator : public Communicator {
+ public:
+  explicit C10dCommunicator(const CommunicatorOptions& o)
+      : Communicator(o.group, group_rank_of(o), o.timeout) {
+    {
+      std::lock_guard<std::mutex> lock(g_user_pgs_mu);
+      auto it = g_user_pgs.find(o.group.name);
+      if (it != g_user_pgs.end()) pg_ = it->second;
+    }
+    if (!pg_) {
+      if (!o.store) {
+        throw std::invalid_argument(
+            "c10d backend: group '" + o.group.name +
+            "' has no rendezvous store (start ranks with ./x launch or torchrun and call "
+            "init_from_env, or hand in a ProcessGroup with use_process_group)");
+      }
+      auto store =
+          c10::make_intrusive<c10d::PrefixStore>("dtensor/" + o.job + "/" + o.group.name, o.store);
+      auto options = c10d::ProcessGroupGloo::Options::create(o.timeout);
+      options->devices.push_back(gloo_device());
+      options->threads = 1;
+      pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(rank()),
+                                                        static_cast<int>(size()), options);
+    }
+    if (pg_->getRank() != rank() || pg_->getSize() != size()) {
+      throw std::invalid_argument("c10d backend: process group for '" + o.group.name +
+                                  "' has rank " + std::to_string(pg_->getRank()) + " of " +
+                                  std::to_string(pg_->getSize()) + ", the group needs rank " +
+                                  std::to_string(rank()) + " of " + std::to_string(size()));
+    }
+  }
+
+  void run(CollectiveCall& call) override {
+    const auto start = Clock::now();
+    try {
+      dispatch(call);
+    } catch (const CollectiveError&) {
+      throw;
+    } catch (const std::exception& e) {  // c10::Error or gloo's IoException
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+      throw CollectiveError(
+          std::string(call.label.empty() ? collective_name(call.kind) : call.label) +
+          " on group '" + group().name + "' (c10d/" + pg_->getBackendName() + ", ranks [" +
+          join(group().ranks) + "]) failed after " + std::to_string(ms.count()) + " ms (timeout " +
+          std::to_string(timeout().count()) +
+          " ms); a peer may have died or called a different collective: " + first_line(e.what()));
+    }
+  }
+
+ private:
+  static int64_t group_rank_of(const CommunicatorOptions& o) {
+    for (size_t i = 0; i < o.group.ranks.size(); ++i) {
+      if (o.group.ranks[i] == o.global_rank) return static_cast<int64_t>(i);
+    }
+    throw std::invalid_argument("rank not in group");
+  }
+
+  void wait(const c10::intrusive_ptr<c10d::Work>& work) { work->wait(timeout()); }
+
+  void dispatch(CollectiveCall& call) {
+    switch (call.kind) {
+      case CollectiveKind::kAllReduce:
+        all_reduce(call.input, call.output, call.op);
+        break;
+      case CollectiveKind::kAllGather:
+        all_gather(call);
+        break;
+      case CollectiveKind::kReduceScatter: {
+        // Gloo 1.13 has no reduce_scatter: reduce everything, keep this rank's segment.
+        at::Tensor full = at::empty_like(call.input);
+        all_reduce(call.input, full, call.op);
+        int64_t off = 0;
+        for (int64_t r = 0; r < rank(); ++r) off += call.output_splits[r];
+        call.output.copy_(full.narrow(0, off, call.output_splits[rank()]));
+        break;
+      }
+      case CollectiveKind::kAllToAll:
+        all_to_all(call);
+        break;
+      case CollectiveKind::kBroadcast: {
+        if (call.input.numel() == 0) break;  // equal on every rank; Gloo faults on empty buffers
+        std::vector<at::Tensor> t = {call.input.to(wire_dtype(call.input.scalar_type()), false,
+                                                   /*copy=*/true)};
+        c10d::BroadcastOptions opts;
+        opts.rootRank = call.src;
+        wait(pg_->broadcast(t, opts));
+        call.output.copy_(t[0]);
+        break;
+      }
+      case CollectiveKind::kBarrier:
+        wait(pg_->barrier());
+        break;
+    }
+  }
+
+  void all_reduce(const at::Tensor& input, at::Tensor& output, ReduceOp op) {
+    if (input.numel() == 0) return;  // equal on every rank; Gloo faults on empty buffers
+    std::vector<at::Tensor> t = {input.to(wire_dtype(input.scalar_type()), false, /*copy=*/true)};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = to_c10d(op);
+    wait(pg_->allreduce(t, opts));
+    output.copy_(t[0]);
+    finish_reduce(output, op, size());
+  }
+
+  void all_gather(CollectiveCall& call) {
+    // Pad every contribution to the largest, gather the list, trim (uneven sizes).
+    int64_t longest = 0;
+    for (int64_t s : call.output_splits) longest = std::max(longest, s);
+    if (longest == 0) return;  // the splits are equal on every rank; Gloo faults on empty buffers
+    const auto wire = wire_dtype(call.input.scalar_type());
+    std::vector<at::Tensor> in = {at::zeros({longest}, call.input.options().dtype(wire))};
+    in[0].narrow(0, 0, call.input.numel()).copy_(call.input);
+    std::vector<std::vector<at::Tensor>> outs(1);
+    for (int64_t r = 0; r < size(); ++r) outs[0].push_back(at::empty_like(in[0]));
+    wait(pg_->allgather(outs, in));
+    int64_t off = 0;
+    for (int64_t r = 0; r < size(); ++r) {
+      const int64_t len = call.output_splits[r];
+      call.output.narrow(0, off, len).copy_(outs[0][r].narrow(0, 0, len));
+      off += len;
+    }
+  }
+
+  // Gloo faults on empty pairwise messages, which uneven splits produce: every message carries
+  // one leading pad element, dropped on receipt.
+  void all_to_all(CollectiveCall& call) {
+    const auto wire = wire_dtype(call.input.scalar_type());
+    const at::Tensor src = call.input.to(wire);
+    std::vector<at::Tensor> pieces;
+    std::vector<int64_t> in_splits, out_splits;
+    int64_t off = 0;
+    for (int64_t d = 0; d < size(); ++d) {
+      pieces.push_back(at::zeros({1}, src.options()));
+      pieces.push_back(src.narrow(0, off, call.input_splits[d]));
+      off += call.input_splits[d];
+      in_splits.push_back(call.input_splits[d] + 1);
+      out_splits.push_back(call.output_splits[d] + 1);
+    }
+    at::Tensor in = at::cat(pieces);
+    at::Tensor out = at::empty({call.output.numel() + size()}, src.options());
+    // ProcessGroupGloo moves the split vectors into its work object: hand it copies.
+    std::vector<int64_t> out_copy = out_splits, in_copy = in_splits;
+    wait(pg_->alltoall_base(out, in, out_copy, in_copy));
+    int64_t in_off = 0, out_off = 0;
+    for (int64_t s = 0; s < size(); ++s) {
+      call.output.narrow(0, out_off, call.output_splits[s])
+          .copy_(out.narrow(0, in_off + 1, call.output_splits[s]));
+      in_off += out_splits[s];
+      out_off += call.output_splits[s];
+    }
+  }
+
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+};
+
+BackendRegistration g_c10d("c10d", [](const CommunicatorOptions& o) {
+  return std::make_unique<C10dCommunicator>(o);
+});
+
+}  // namespace
+
+void use_process_group(const std::string& group_name, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+  std::lock_guard<std::mutex> lock(g_user_pgs_mu);
+  g_user_pgs[group_name] = std::move(pg);
+}
+
+}  // namespace dtensor::collectives

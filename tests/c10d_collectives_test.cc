@@ -1,0 +1,194 @@
+// The c10d backend (ProcessGroupGloo over a real TCPStore) across real processes: every
+// functional collective for world sizes 1-4 against the single-device result, rendezvous through
+// the torchrun variables (init_from_env), and a dead peer turning into a bounded, named error.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <iostream>
+
+#include "collectives/functional.h"
+#include "collectives/launch_env.h"
+#include "tests/fork_ranks.h"
+
+namespace dtensor::collectives {
+namespace {
+
+at::Tensor input_for(int64_t rank, std::vector<int64_t> shape, c10::ScalarType dtype) {
+  const int64_t numel = c10::multiply_integers(shape);
+  at::Tensor base = (at::arange(numel, at::kLong) * 7 + rank * 3) % 5 + 1;
+  if (dtype == at::kBool) base = base % 2;
+  return base.reshape(shape).to(dtype);
+}
+
+std::vector<at::Tensor> all_inputs(int64_t n, std::vector<int64_t> shape, c10::ScalarType dtype) {
+  std::vector<at::Tensor> v;
+  for (int64_t r = 0; r < n; ++r) v.push_back(input_for(r, shape, dtype));
+  return v;
+}
+
+struct Checker {
+  int64_t rank;
+  int failures = 0;
+  void operator()(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+    if (got.scalar_type() != want.scalar_type() || got.sizes() != want.sizes() ||
+        !at::equal(got, want)) {
+      ++failures;
+      std::cerr << "[rank " << rank << "] " << what << ": got " << got << " want " << want << "\n";
+    }
+  }
+};
+
+void set_launch_env(int rank, int n, int port) {
+  ::setenv("RANK", std::to_string(rank).c_str(), 1);
+  ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+  ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+}
+
+int conformance(int rank, int n, int port) {
+  set_launch_env(rank, n, port);
+  auto ctx = init_from_env("c10d", std::chrono::milliseconds(30000));
+  Checker check{rank};
+  const std::string world = RankContext::kWorld;
+  // all_reduce: dtypes Gloo lacks (bool, bfloat16) included.
+  for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16, at::kLong, at::kBool}) {
+    const auto ins = all_inputs(n, {3, 4}, dtype);
+    const at::Tensor s = at::stack(ins);
+    if (dtype != at::kBool) {
+      check(all_reduce(ins[rank], ReduceOp::kSum, world), s.sum(0).to(dtype), "all_reduce sum");
+    }
+    check(all_reduce(ins[rank], ReduceOp::kMax, world), std::get<0>(s.max(0)), "all_reduce max");
+    check(all_reduce(ins[rank], ReduceOp::kMin, world), std::get<0>(s.min(0)), "all_reduce min");
+  }
+  {
+    const auto ins = all_inputs(n, {5}, at::kDouble);
+    check(all_reduce(ins[rank], ReduceOp::kAvg, world), at::stack(ins).sum(0).div(n), "avg");
+    const auto li = all_inputs(n, {5}, at::kLong);
+    at::Tensor x = li[0].clone();
+    for (int r = 1; r < n; ++r) x = at::bitwise_xor(x, li[r]);
+    check(all_reduce(li[rank], ReduceOp::kBxor, world), x, "all_reduce bxor");
+  }
+  // all_gather on dims 0 and 1, uneven, zero-size.
+  const auto g = all_inputs(n, {2, 3}, at::kFloat);
+  check(all_gather_into_tensor(g[rank], 0, world), at::cat(g, 0), "all_gather dim 0");
+  check(all_gather_into_tensor(g[rank], 1, world), at::cat(g, 1), "all_gather dim 1");
+  std::vector<int64_t> sizes;
+  std::vector<at::Tensor> parts;
+  for (int r = 0; r < n; ++r) {
+    sizes.push_back(r % 3);
+    parts.push_back(input_for(r, {r % 3, 2}, at::kFloat));
+  }
+  check(all_gather_uneven(parts[rank], 0, sizes, world), at::cat(parts), "all_gather_uneven");
+  check(all_gather_into_tensor(at::empty({0, 2}), 0, world), at::empty({0, 2}), "empty gather");
+  // reduce_scatter (composed on Gloo).
+  const auto rs = all_inputs(n, {2 * n, 3}, at::kFloat);
+  check(reduce_scatter_tensor(rs[rank], ReduceOp::kSum, 0, world),
+        at::stack(rs).sum(0).chunk(n)[rank], "reduce_scatter");
+  // all_to_all, single (uneven) and split/concat.
+  auto rows = [](int64_t s, int64_t d) { return (s + d) % 3; };
+  std::vector<at::Tensor> a2a;
+  for (int s = 0; s < n; ++s) {
+    int64_t total = 0;
+    for (int d = 0; d < n; ++d) total += rows(s, d);
+    a2a.push_back(input_for(s, {total, 2}, at::kLong) + 100 * s);
+  }
+  std::vector<int64_t> in_s, out_s;
+  std::vector<at::Tensor> expect;
+  for (int d = 0; d < n; ++d) in_s.push_back(rows(rank, d));
+  for (int s = 0; s < n; ++s) {
+    out_s.push_back(rows(s, rank));
+    int64_t off = 0;
+    for (int d = 0; d < rank; ++d) off += rows(s, d);
+    expect.push_back(a2a[s].narrow(0, off, rows(s, rank)));
+  }
+  check(all_to_all_single(a2a[rank], out_s, in_s, world), at::cat(expect), "all_to_all_single");
+  const auto tt = all_inputs(n, {2 * n, 3}, at::kFloat);
+  std::vector<at::Tensor> recv;
+  for (int s = 0; s < n; ++s) recv.push_back(tt[s].chunk(n, 0)[rank]);
+  check(all_to_all(tt[rank], 0, 1, world), at::cat(recv, 1), "all_to_all 0->1");
+  // broadcast, coalesced, async, barrier.
+  check(broadcast(g[rank], n - 1, world), g[n - 1], "broadcast");
+  const auto co = all_reduce_coalesced({g[rank], rs[rank]}, ReduceOp::kSum, world);
+  check(co[1], at::stack(rs).sum(0), "all_reduce_coalesced");
+  const at::Tensor pending = all_reduce(g[rank], ReduceOp::kSum, world, /*async_op=*/true);
+  check(wait_tensor(pending), at::stack(g).sum(0), "async all_reduce");
+  barrier(world);
+  // Mesh sub-groups: each dim's group gets its own Gloo group over the one store.
+  if (n == 4) {
+    const auto names = ctx->register_mesh(DeviceMesh::arange({2, 2}));
+    const at::Tensor x = at::full({1}, static_cast<double>(rank), at::kDouble);
+    const double row = rank / 2 * 2, col = rank % 2;
+    check(all_reduce(x, ReduceOp::kSum, names[1]), at::full({1}, 2 * row + 1, at::kDouble), "tp");
+    check(all_reduce(x, ReduceOp::kSum, names[0]), at::full({1}, 2 * col + 2, at::kDouble), "dp");
+  }
+  return check.failures == 0 ? 0 : 1;
+}
+
+class C10dCollectivesTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(C10dCollectivesTest, EveryCollectiveMatchesTheSingleDeviceResult) {
+  const int n = GetParam();
+  const int port = testing::free_port();
+  const auto codes = testing::run_forked(n, [&](int r) { return conformance(r, n, port); });
+  for (int r = 0; r < n; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, C10dCollectivesTest, ::testing::Values(1, 2, 3, 4),
+                         [](const auto& info) { return "ranks" + std::to_string(info.param); });
+
+TEST(C10dFailureTest, DeadPeerGivesABoundedNamedError) {
+  const int port = testing::free_port();
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto codes = testing::run_forked(3, [&](int r) {
+    set_launch_env(r, 3, port);
+    init_from_env("c10d", std::chrono::milliseconds(2000));
+    barrier(RankContext::kWorld);  // everyone is up
+    if (r == 2) ::_exit(0);        // rank 2 dies without a word
+    try {
+      all_reduce(at::ones({4}), ReduceOp::kSum, RankContext::kWorld);
+      std::cerr << "[rank " << r << "] all_reduce with a dead peer succeeded\n";
+      return 1;
+    } catch (const CollectiveError& e) {
+      const std::string msg = e.what();
+      const bool ok =
+          msg.find("all_reduce on group 'world' (c10d/gloo, ranks [0,1,2])") != std::string::npos;
+      if (!ok) std::cerr << "[rank " << r << "] unexpected message: " << msg << "\n";
+      return ok ? 0 : 1;
+    }
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+}
+
+TEST(C10dFailureTest, MissingStoreIsAClearError) {
+  try {
+    run_threads(
+        1, [](int64_t) { barrier(RankContext::kWorld); }, "c10d");
+    ADD_FAILURE();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("has no rendezvous store"), std::string::npos);
+  }
+}
+
+TEST(LaunchEnvTest, MalformedVariablesAreNamed) {
+  ::setenv("RANK", "x", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  EXPECT_THROW(launch_env_from_environ(), std::invalid_argument);
+  ::setenv("RANK", "2", 1);
+  try {
+    launch_env_from_environ();
+    ADD_FAILURE();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("RANK=2 is not in a world of WORLD_SIZE=2"),
+              std::string::npos);
+  }
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+  EXPECT_FALSE(launch_env_from_environ().has_value());
+}
+
+}  // namespace
+}  // namespace dtensor::collectives
