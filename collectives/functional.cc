@@ -32,6 +32,9 @@ std::vector<at::Tensor> submit(const std::string& group, std::shared_ptr<Job> jo
   RankContext::Endpoint& ep = current_context().endpoint(group);
   Communicator* comm = ep.comm.get();
   auto run = [comm, job] {
+    // Outputs may already carry autograd history (the torch ops set it before an async call
+    // finishes): filling them must not be recorded as in-place autograd ops.
+    at::AutoDispatchBelowADInplaceOrView no_autograd;
     for (CollectiveCall& c : job->calls) comm->run(c);
     if (job->epilogue) job->epilogue();
   };

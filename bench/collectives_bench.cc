@@ -1,0 +1,152 @@
+// ./x bench collectives: time, algbw and busbw (nccl-tests' definitions) of all_reduce,
+// all_gather, reduce_scatter and all_to_all on the threads, shm and c10d (Gloo) backends, for 2
+// and 4 ranks and 4 KiB .. 64 MiB, next to the single-thread memcpy bandwidth measured in the
+// same run. Prints a table and one JSON object per measurement.
+//
+//   collectives_bench [--backends threads,shm,c10d] [--ranks 2,4] [--max-bytes 67108864]
+//
+// "bytes" is nccl-tests' size: the full buffer (all_reduce: the tensor; all_gather: the gathered
+// output; reduce_scatter: the input; all_to_all: what one rank sends). algbw = bytes / time;
+// busbw = algbw * 2(n-1)/n for all_reduce and (n-1)/n for the others.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "collectives/functional.h"
+#include "collectives/launch_env.h"
+#include "tests/fork_ranks.h"
+
+using namespace dtensor;
+using namespace dtensor::collectives;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Options {
+  std::vector<std::string> backends = {"threads", "shm", "c10d"};
+  std::vector<int> ranks = {2, 4};
+  int64_t max_bytes = 64ll << 20;
+};
+
+double memcpy_gbs() {
+  const size_t n = 64ull << 20;
+  std::vector<char> a(n, 1), b(n, 0);
+  std::memcpy(b.data(), a.data(), n);  // warm the pages
+  const int iters = 5;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) std::memcpy(b.data(), a.data(), n);
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  return static_cast<double>(n) * iters / s / 1e9;
+}
+
+const char* kOps[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"};
+
+// One collective of `bytes` (nccl-tests' size) on the world group.
+void run_op(const std::string& op, const at::Tensor& full, const at::Tensor& part) {
+  if (op == "all_reduce") all_reduce(full, ReduceOp::kSum, RankContext::kWorld);
+  if (op == "all_gather") all_gather_into_tensor(part, 0, RankContext::kWorld);
+  if (op == "reduce_scatter") reduce_scatter_tensor(full, ReduceOp::kSum, 0, RankContext::kWorld);
+  if (op == "all_to_all") all_to_all_single(full, {}, {}, RankContext::kWorld);
+}
+
+// Runs the sweep on this rank; rank 0 prints.
+void sweep(const std::string& backend, int64_t rank, int64_t n, int64_t max_bytes, double mc) {
+  for (const char* op : kOps) {
+    for (int64_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
+      const int64_t numel = bytes / 4 / n * n;  // float32, divisible by n
+      const at::Tensor full = at::ones({numel}, at::kFloat);
+      const at::Tensor part = at::ones({numel / n}, at::kFloat);
+      const int iters = static_cast<int>(std::clamp<int64_t>((256ll << 20) / bytes, 3, 200));
+      run_op(op, full, part);  // warm up (and create the communicator)
+      barrier(RankContext::kWorld);
+      const auto t0 = Clock::now();
+      for (int i = 0; i < iters; ++i) run_op(op, full, part);
+      barrier(RankContext::kWorld);
+      const double us =
+          std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters;
+      if (rank != 0) continue;
+      const double algbw = static_cast<double>(numel * 4) / (us * 1e-6) / 1e9;
+      const double factor =
+          std::string(op) == "all_reduce" ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;
+      const double busbw = algbw * factor;
+      std::printf("%-8s %-15s %5lld %12lld %12.1f %10.2f %10.2f %8.2f\n", backend.c_str(), op,
+                  static_cast<long long>(n), static_cast<long long>(numel * 4), us, algbw, busbw,
+                  busbw / mc);
+      std::printf(
+          "{\"bench\":\"collectives\",\"backend\":\"%s\",\"op\":\"%s\",\"ranks\":%lld,"
+          "\"bytes\":%lld,\"us\":%.2f,\"algbw_gbs\":%.4f,\"busbw_gbs\":%.4f,\"memcpy_gbs\":%.3f,"
+          "\"busbw_over_memcpy\":%.4f}\n",
+          backend.c_str(), op, static_cast<long long>(n), static_cast<long long>(numel * 4), us,
+          algbw, busbw, mc, busbw / mc);
+      std::fflush(stdout);
+    }
+  }
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(item);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--backends")
+      o.backends = split(value);
+    else if (flag == "--ranks") {
+      o.ranks.clear();
+      for (const auto& r : split(value)) o.ranks.push_back(std::stoi(r));
+    } else if (flag == "--max-bytes")
+      o.max_bytes = std::stoll(value);
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  at::set_num_threads(1);
+  const double mc = memcpy_gbs();
+  std::printf("single-thread memcpy (64 MiB): %.2f GB/s\n", mc);
+  std::printf("{\"bench\":\"collectives\",\"op\":\"memcpy\",\"bytes\":%lld,\"memcpy_gbs\":%.3f}\n",
+              64ll << 20, mc);
+  std::printf("%-8s %-15s %5s %12s %12s %10s %10s %8s\n", "backend", "op", "ranks", "bytes",
+              "time_us", "algbw", "busbw", "bus/mcpy");
+  std::fflush(stdout);
+  int failures = 0;
+  for (const auto& backend : o.backends) {
+    for (int n : o.ranks) {
+      if (backend == "threads") {
+        run_threads(n, [&](int64_t r) { sweep(backend, r, n, o.max_bytes, mc); });
+        continue;
+      }
+      const int port = dtensor::testing::free_port();
+      const auto codes = dtensor::testing::run_forked(
+          n,
+          [&](int r) {
+            ::setenv("RANK", std::to_string(r).c_str(), 1);
+            ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+            ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+            ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+            at::set_num_threads(1);
+            auto ctx = init_from_env(backend);
+            sweep(backend, r, n, o.max_bytes, mc);
+            return 0;
+          },
+          std::chrono::seconds(1800));
+      for (int c : codes) failures += c != 0;
+    }
+  }
+  return failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,249 @@
+// NOTE [nccl backend]
+// Backend "nccl" for CUDA tensors, built with --config=cuda (./x turns it on when
+// /usr/local/cuda has NCCL). One communicator per group: the group's rank 0 makes an
+// ncclUniqueId and publishes it through the job's TCPStore under the group's prefix; the others
+// read it, then all call ncclCommInitRank. Each call is enqueued on a stream the communicator
+// owns; run() then polls the stream, so a dead peer cannot hang it: past the timeout the
+// communicator is aborted (ncclCommAbort) and a CollectiveError names the collective, group,
+// ranks and elapsed time. NCCL has no bitwise reductions; uneven all_gather pads to the largest
+// contribution; reduce_scatter needs equal segments (the functional layer guarantees it).
+
+#include <ATen/ATen.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <thread>
+
+#include "collectives/communicator.h"
+#include "collectives/reduce.h"
+
+namespace dtensor::collectives {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string join(const std::vector<int64_t>& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
+  return out;
+}
+
+ncclDataType_t nccl_dtype(c10::ScalarType t) {
+  switch (t) {
+    case c10::kFloat:
+      return ncclFloat32;
+    case c10::kDouble:
+      return ncclFloat64;
+    case c10::kHalf:
+      return ncclFloat16;
+    case c10::kBFloat16:
+      return ncclBfloat16;
+    case c10::kInt:
+      return ncclInt32;
+    case c10::kLong:
+      return ncclInt64;
+    case c10::kChar:
+      return ncclInt8;
+    case c10::kByte:
+    case c10::kBool:
+      return ncclUint8;
+    default:
+      throw std::invalid_argument(std::string("nccl backend: dtype ") + c10::toString(t) +
+                                  " is not supported");
+  }
+}
+
+ncclRedOp_t nccl_op(ReduceOp op, c10::ScalarType t) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kProduct:
+      return ncclProd;
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    default:
+      throw std::invalid_argument(std::string("nccl backend: NCCL has no ") +
+                                  std::string(reduce_op_name(op)) + " reduction (dtype " +
+                                  c10::toString(t) + ")");
+  }
+}
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    throw CollectiveError(std::string("nccl backend: ") + what + ": " + cudaGetErrorString(e));
+  }
+}
+
+class NcclCommunicator : public Communicator {
+ public:
+  explicit NcclCommunicator(const CommunicatorOptions& o)
+      : Communicator(o.group, group_rank_of(o), o.timeout) {
+    if (!o.store) {
+      throw std::invalid_argument("nccl backend: group '" + o.group.name +
+                                  "' has no rendezvous store (use init_from_env)");
+    }
+    const std::string key = "dtensor/" + o.job + "/" + o.group.name + "/nccl_id";
+    ncclUniqueId id;
+    if (rank() == 0) {
+      check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+      const auto* p = reinterpret_cast<const uint8_t*>(&id);
+      o.store->set(key, std::vector<uint8_t>(p, p + sizeof(id)));
+    } else {
+      const auto bytes = o.store->get(key);
+      if (bytes.size() != sizeof(id)) throw CollectiveError("nccl backend: bad unique id");
+      std::memcpy(&id, bytes.data(), sizeof(id));
+    }
+    check(ncclCommInitRank(&comm_, static_cast<int>(size()), id, static_cast<int>(rank())),
+          "ncclCommInitRank");
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+
+  ~NcclCommunicator() override {
+    if (comm_) ncclCommDestroy(comm_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  void run(CollectiveCall& call) override {
+    const auto start = Clock::now();
+    if (call.kind != CollectiveKind::kBarrier && !call.input.is_cuda()) {
+      throw std::invalid_argument("nccl backend: " + std::string(collective_name(call.kind)) +
+                                  " on group '" + group().name + "' needs CUDA tensors, got " +
+                                  call.input.device().str());
+    }
+    enqueue(call);
+    wait_stream(call, start);
+    if (call.kind == CollectiveKind::kAllGather) compact_gather(call);
+  }
+
+ private:
+  static int64_t group_rank_of(const CommunicatorOptions& o) {
+    for (size_t i = 0; i < o.group.ranks.size(); ++i) {
+      if (o.group.ranks[i] == o.global_rank) return static_cast<int64_t>(i);
+    }
+    throw std::invalid_argument("rank not in group");
+  }
+
+  void check(ncclResult_t r, const char* what) {
+    if (r != ncclSuccess) {
+      throw CollectiveError(std::string("nccl backend: ") + what + " on group '" + group().name +
+                            "': " + ncclGetErrorString(r));
+    }
+  }
+
+  void enqueue(CollectiveCall& call) {
+    const auto dtype = call.input.defined() ? nccl_dtype(call.input.scalar_type()) : ncclUint8;
+    switch (call.kind) {
+      case CollectiveKind::kAllReduce:
+        check(ncclAllReduce(call.input.data_ptr(), call.output.data_ptr(), call.input.numel(),
+                            dtype, nccl_op(call.op, call.input.scalar_type()), comm_, stream_),
+              "ncclAllReduce");
+        break;
+      case CollectiveKind::kAllGather: {
+        int64_t longest = 0;
+        for (int64_t s : call.output_splits) longest = std::max(longest, s);
+        padded_ = at::zeros({longest * size()}, call.input.options());
+        padded_.narrow(0, rank() * longest, call.input.numel()).copy_(call.input);
+        check(ncclAllGather(padded_.narrow(0, rank() * longest, longest).data_ptr(),
+                            padded_.data_ptr(), longest, dtype, comm_, stream_),
+              "ncclAllGather");
+        break;
+      }
+      case CollectiveKind::kReduceScatter:
+        check(ncclReduceScatter(call.input.data_ptr(), call.output.data_ptr(),
+                                call.output_splits[rank()], dtype,
+                                nccl_op(call.op, call.input.scalar_type()), comm_, stream_),
+              "ncclReduceScatter");
+        break;
+      case CollectiveKind::kAllToAll:
+        all_to_all(call, dtype);
+        break;
+      case CollectiveKind::kBroadcast:
+        check(ncclBroadcast(call.input.data_ptr(), call.output.data_ptr(), call.input.numel(),
+                            dtype, static_cast<int>(call.src), comm_, stream_),
+              "ncclBroadcast");
+        break;
+      case CollectiveKind::kBarrier:
+        if (!token_.defined()) token_ = at::zeros({1}, at::TensorOptions().device(at::kCUDA));
+        check(ncclAllReduce(token_.data_ptr(), token_.data_ptr(), 1, ncclFloat32, ncclSum, comm_,
+                            stream_),
+              "ncclAllReduce (barrier)");
+        break;
+    }
+  }
+
+  void all_to_all(CollectiveCall& call, ncclDataType_t dtype) {
+    const size_t elem = call.input.element_size();
+    auto* in = static_cast<char*>(call.input.data_ptr());
+    auto* out = static_cast<char*>(call.output.data_ptr());
+    check(ncclGroupStart(), "ncclGroupStart");
+    int64_t in_off = 0, out_off = 0;
+    for (int64_t p = 0; p < size(); ++p) {
+      if (call.input_splits[p] > 0) {
+        check(ncclSend(in + in_off * elem, call.input_splits[p], dtype, static_cast<int>(p), comm_,
+                       stream_),
+              "ncclSend");
+      }
+      if (call.output_splits[p] > 0) {
+        check(ncclRecv(out + out_off * elem, call.output_splits[p], dtype, static_cast<int>(p),
+                       comm_, stream_),
+              "ncclRecv");
+      }
+      in_off += call.input_splits[p];
+      out_off += call.output_splits[p];
+    }
+    check(ncclGroupEnd(), "ncclGroupEnd");
+  }
+
+  // Polls the stream (never a blocking sync: a dead peer would hang it) until done or timeout.
+  void wait_stream(const CollectiveCall& call, Clock::time_point start) {
+    while (true) {
+      const cudaError_t q = cudaStreamQuery(stream_);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) check_cuda(q, "cudaStreamQuery");
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async);
+      const auto elapsed = Clock::now() - start;
+      if (async != ncclSuccess || elapsed > timeout()) {
+        ncclCommAbort(comm_);
+        comm_ = nullptr;
+        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(elapsed);
+        throw CollectiveError(
+            std::string(call.label.empty() ? collective_name(call.kind) : call.label) +
+            " on group '" + group().name + "' (nccl, ranks [" + join(group().ranks) + "]) " +
+            (async != ncclSuccess ? std::string("failed: ") + ncclGetErrorString(async)
+                                  : "did not finish within the timeout of " +
+                                        std::to_string(timeout().count()) + " ms") +
+            " after " + std::to_string(ms.count()) + " ms; communicator aborted");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  void compact_gather(CollectiveCall& call) {
+    const int64_t longest = padded_.numel() / size();
+    int64_t off = 0;
+    for (int64_t r = 0; r < size(); ++r) {
+      call.output.narrow(0, off, call.output_splits[r])
+          .copy_(padded_.narrow(0, r * longest, call.output_splits[r]));
+      off += call.output_splits[r];
+    }
+    padded_ = at::Tensor();
+  }
+
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  at::Tensor padded_;
+  at::Tensor token_;
+};
+
+BackendRegistration g_nccl("nccl", [](const CommunicatorOptions& o) {
+  return std::make_unique<NcclCommunicator>(o);
+});
+
+}  // namespace
+}  // namespace dtensor::collectives

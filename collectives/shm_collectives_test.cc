@@ -1,0 +1,594 @@
+// The shm backend across real processes: every functional collective for world sizes 1-4 against
+// the single-device result computed from all ranks' deterministic inputs, chunking through small
+// and default buffers, mismatched calls, dead peers turning into bounded named errors, and no
+// segment left in /dev/shm by any of it.
+//
+// Each test forks its ranks (tests/fork_ranks.h) before any ATen work in the parent: the parent
+// only forks, waits and looks at /dev/shm, so the children never inherit a thread pool.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <sstream>
+#include <thread>
+
+#include "collectives/functional.h"
+#include "collectives/rank_context.h"
+#include "collectives/reduce.h"
+#include "collectives/shm_segment.h"
+#include "tests/fork_ranks.h"
+
+namespace dtensor::collectives {
+namespace {
+
+using std::chrono::milliseconds;
+
+// ---- inputs and references (computed inside the children) ----
+
+const std::vector<c10::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFloat16, at::kLong,
+                                              at::kBool};
+const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAvg,     ReduceOp::kMin,
+                                    ReduceOp::kMax, ReduceOp::kProduct, ReduceOp::kBand,
+                                    ReduceOp::kBor, ReduceOp::kBxor};
+
+bool valid(ReduceOp op, c10::ScalarType dtype) {
+  try {
+    check_reduce_op(op, dtype, "");
+    return true;
+  } catch (const std::invalid_argument&) {
+    return false;
+  }
+}
+
+// Small integers, exact in every dtype, so sums and products are exact in any order.
+at::Tensor input_for(int64_t rank, std::vector<int64_t> shape, c10::ScalarType dtype,
+                     int64_t salt = 0) {
+  const int64_t numel = c10::multiply_integers(shape);
+  at::Tensor base = (at::arange(numel, at::kLong) * 7 + rank * 3 + salt) % 5 + 1;
+  if (dtype == at::kBool) base = base % 2;
+  return base.reshape(shape).to(dtype);
+}
+
+std::vector<at::Tensor> all_inputs(int64_t n, std::vector<int64_t> shape, c10::ScalarType dtype) {
+  std::vector<at::Tensor> v;
+  for (int64_t r = 0; r < n; ++r) v.push_back(input_for(r, shape, dtype));
+  return v;
+}
+
+at::Tensor reference_reduce(const std::vector<at::Tensor>& parts, ReduceOp op) {
+  const c10::ScalarType dtype = parts[0].scalar_type();
+  const at::Tensor s = at::stack(parts);
+  switch (op) {
+    case ReduceOp::kSum:
+      return s.sum(0).to(dtype);
+    case ReduceOp::kAvg:
+      return s.sum(0).to(dtype).div(static_cast<int64_t>(parts.size()));
+    case ReduceOp::kMin:
+      return std::get<0>(s.min(0));
+    case ReduceOp::kMax:
+      return std::get<0>(s.max(0));
+    case ReduceOp::kProduct:
+      return dtype == at::kBool ? s.all(0) : s.to(at::kDouble).prod(0).to(dtype);
+    default: {
+      at::Tensor acc = parts[0].clone();
+      for (size_t i = 1; i < parts.size(); ++i) {
+        acc = op == ReduceOp::kBand  ? at::bitwise_and(acc, parts[i])
+              : op == ReduceOp::kBor ? at::bitwise_or(acc, parts[i])
+                                     : at::bitwise_xor(acc, parts[i]);
+      }
+      return acc;
+    }
+  }
+}
+
+// Children cannot report through gtest (their failures would die with them): they throw, the
+// fork harness prints the message and the child exits non-zero.
+void expect(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error(what);
+}
+
+void expect_same(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  if (got.scalar_type() == want.scalar_type() && got.sizes() == want.sizes() &&
+      at::equal(got, want)) {
+    return;
+  }
+  std::ostringstream os;
+  os << what << ": got " << got.scalar_type() << got.sizes() << "\n"
+     << got << "\nwant " << want.scalar_type() << want.sizes() << "\n"
+     << want;
+  throw std::runtime_error(os.str());
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const CollectiveError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// ---- the fork harness ----
+
+std::string new_job() {
+  static std::atomic<int> counter{0};
+  return "shm-test-" + std::to_string(::getpid()) + "-" + std::to_string(++counter);
+}
+
+std::vector<std::string> leftover_segments(const std::string& job) {
+  std::vector<std::string> found;
+  const std::string tag = shm_job_tag(job);
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("dtensor-", 0) == 0 && contains(name, tag)) found.push_back(name);
+  }
+  return found;
+}
+
+struct RunOptions {
+  milliseconds timeout{30000};
+  std::string buffer_bytes;  // DTENSOR_SHM_BUFFER_BYTES in the children; empty = default
+};
+
+// Runs body(n, rank) on n forked ranks of a fresh job on the shm backend, then checks that every
+// rank exited 0 and that no segment of the job is left in /dev/shm.
+void run_ranks(int64_t n, const std::function<void(int64_t n, int64_t rank)>& body,
+               const RunOptions& options = {}, const std::string& job = new_job()) {
+  const auto codes = testing::run_forked(static_cast<int>(n), [&](int rank) {
+    at::set_num_threads(1);  // n processes share the machine's cores
+    if (!options.buffer_bytes.empty()) {
+      ::setenv("DTENSOR_SHM_BUFFER_BYTES", options.buffer_bytes.c_str(), 1);
+    }
+    auto ctx = std::make_shared<RankContext>(rank, n, "shm", job, options.timeout);
+    RankScope scope(ctx);
+    body(n, rank);
+    return 0;
+  });
+  for (int64_t r = 0; r < n; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r << " of " << n;
+  EXPECT_EQ(leftover_segments(job), std::vector<std::string>{}) << "job " << job;
+}
+
+const std::string kWorld = RankContext::kWorld;
+
+// ---- the collectives, each checked on every rank; `m` scales the sizes (chunking tests) ----
+
+void check_all_reduce(int64_t n, int64_t r, int64_t m) {
+  for (auto dtype : kDtypes) {
+    for (auto op : kOps) {
+      if (!valid(op, dtype)) continue;
+      for (std::vector<int64_t> shape : {std::vector<int64_t>{0}, {7 * m}, {3, 4 * m}}) {
+        const at::Tensor want = reference_reduce(all_inputs(n, shape, dtype), op);
+        const at::Tensor in = input_for(r, shape, dtype);
+        const at::Tensor before = in.clone();
+        const at::Tensor out = all_reduce(in, op, kWorld);
+        expect_same(out, want, "all_reduce " + std::string(reduce_op_name(op)));
+        expect(at::equal(in, before), "all_reduce modified its input");
+      }
+    }
+  }
+}
+
+void check_all_gather(int64_t n, int64_t r, int64_t m) {
+  for (auto dtype : {at::kFloat, at::kLong, at::kBool, at::kBFloat16}) {
+    const auto inputs = all_inputs(n, {2, 3 * m, 2}, dtype);
+    for (int64_t dim : {0, 1, -1}) {
+      expect_same(all_gather_into_tensor(inputs[r], dim, kWorld), at::cat(inputs, dim),
+                  "all_gather dim " + std::to_string(dim));
+    }
+  }
+  expect(all_gather_into_tensor(at::empty({0, 3}), 0, kWorld).sizes() == at::IntArrayRef({0, 3}),
+         "all_gather of a zero-size tensor");
+  expect(all_gather_into_tensor(at::empty({2, 0}), 1, kWorld).sizes() == at::IntArrayRef({2, 0}),
+         "all_gather of a zero-size tensor on dim 1");
+}
+
+void check_all_gather_uneven(int64_t n, int64_t r, int64_t m) {
+  for (int64_t dim : {0, 1}) {
+    std::vector<int64_t> sizes;
+    std::vector<at::Tensor> inputs;
+    for (int64_t q = 0; q < n; ++q) {
+      sizes.push_back((q * 2 + 1) % 3 * m);  // 1, 0, 2, 1 (times m): includes empty ones
+      std::vector<int64_t> shape = {3, 3};
+      shape[dim] = sizes.back();
+      inputs.push_back(input_for(q, shape, at::kFloat));
+    }
+    expect_same(all_gather_uneven(inputs[r], dim, sizes, kWorld), at::cat(inputs, dim),
+                "all_gather_uneven dim " + std::to_string(dim));
+  }
+}
+
+void check_reduce_scatter(int64_t n, int64_t r, int64_t m) {
+  for (auto dtype : kDtypes) {
+    for (auto op : kOps) {
+      if (!valid(op, dtype)) continue;
+      for (int64_t dim : {0, 1}) {
+        std::vector<int64_t> shape = {2, 3 * m};
+        shape[dim] = 2 * n * m;
+        const auto inputs = all_inputs(n, shape, dtype);
+        expect_same(
+            reduce_scatter_tensor(inputs[r], op, dim, kWorld),
+            reference_reduce(inputs, op).chunk(n, dim)[r],
+            "reduce_scatter " + std::string(reduce_op_name(op)) + " dim " + std::to_string(dim));
+      }
+    }
+  }
+}
+
+void check_all_to_all_single(int64_t n, int64_t r, int64_t m) {
+  auto rows = [m](int64_t s, int64_t d) { return (s + d) % 3 * m; };  // rank s sends d rows
+  std::vector<at::Tensor> inputs;
+  for (int64_t s = 0; s < n; ++s) {
+    int64_t total = 0;
+    for (int64_t d = 0; d < n; ++d) total += rows(s, d);
+    inputs.push_back(input_for(s, {total, 2}, at::kLong, 100 * s));
+  }
+  std::vector<int64_t> in_splits, out_splits;
+  std::vector<at::Tensor> expected;
+  for (int64_t d = 0; d < n; ++d) in_splits.push_back(rows(r, d));
+  for (int64_t s = 0; s < n; ++s) {
+    out_splits.push_back(rows(s, r));
+    int64_t off = 0;
+    for (int64_t d = 0; d < r; ++d) off += rows(s, d);
+    expected.push_back(inputs[s].narrow(0, off, rows(s, r)));
+  }
+  expect_same(all_to_all_single(inputs[r], out_splits, in_splits, kWorld), at::cat(expected),
+              "all_to_all_single");
+}
+
+void check_all_to_all(int64_t n, int64_t r, int64_t m) {
+  for (auto [split, concat] :
+       std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {1, 0}, {1, 1}, {0, 0}}) {
+    std::vector<int64_t> shape = {2, 3 * m};
+    shape[split] = 2 * n * m;
+    const auto inputs = all_inputs(n, shape, at::kDouble);
+    std::vector<at::Tensor> received;
+    for (int64_t s = 0; s < n; ++s) received.push_back(inputs[s].chunk(n, split)[r]);
+    expect_same(all_to_all(inputs[r], split, concat, kWorld), at::cat(received, concat),
+                "all_to_all " + std::to_string(split) + "->" + std::to_string(concat));
+  }
+}
+
+void check_broadcast_and_barrier(int64_t n, int64_t r, int64_t m) {
+  for (auto dtype : {at::kFloat, at::kBool, at::kLong}) {
+    const auto inputs = all_inputs(n, {4 * m, 2}, dtype);
+    for (int64_t src = 0; src < n; ++src) {
+      expect_same(broadcast(inputs[r], src, kWorld), inputs[src], "broadcast");
+      barrier(kWorld);
+    }
+  }
+  expect_same(broadcast(at::empty({0, 2}), n - 1, kWorld), at::empty({0, 2}), "zero-size bcast");
+  expect_same(all_reduce(at::empty({0}), ReduceOp::kSum, kWorld), at::empty({0}), "zero-size ar");
+}
+
+void check_coalesced_and_async(int64_t n, int64_t r, int64_t m) {
+  const std::vector<std::vector<int64_t>> shapes = {{3 * m}, {2, 2}, {4}};
+  const std::vector<c10::ScalarType> dtypes = {at::kFloat, at::kLong, at::kFloat};
+  std::vector<std::vector<at::Tensor>> inputs(n);  // [rank][tensor]
+  for (int64_t q = 0; q < n; ++q) {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      std::vector<int64_t> s = shapes[i];
+      s[0] *= n;
+      inputs[q].push_back(input_for(q, s, dtypes[i], static_cast<int64_t>(i)));
+    }
+  }
+  const auto reduced = all_reduce_coalesced(inputs[r], ReduceOp::kMax, kWorld);
+  const auto gathered = all_gather_into_tensor_coalesced(inputs[r], 0, kWorld);
+  const auto scattered = reduce_scatter_tensor_coalesced(inputs[r], ReduceOp::kSum, 0, kWorld);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    std::vector<at::Tensor> parts;
+    for (int64_t s = 0; s < n; ++s) parts.push_back(inputs[s][i]);
+    expect_same(reduced[i], reference_reduce(parts, ReduceOp::kMax), "all_reduce_coalesced");
+    expect_same(gathered[i], at::cat(parts), "all_gather_coalesced");
+    expect_same(scattered[i], reference_reduce(parts, ReduceOp::kSum).chunk(n)[r],
+                "reduce_scatter_coalesced");
+  }
+  // Async calls complete in issue order; a sync call queues behind them.
+  const auto sq = all_inputs(n, {4, 4 * m}, at::kFloat);
+  const at::Tensor a = all_reduce(sq[r], ReduceOp::kSum, kWorld, true);
+  const at::Tensor b = all_gather_into_tensor(sq[r], 1, kWorld, true);
+  const at::Tensor c = broadcast(sq[r], 0, kWorld, true);
+  const at::Tensor d = all_reduce(sq[r], ReduceOp::kMax, kWorld);
+  expect_same(wait_tensor(a), reference_reduce(sq, ReduceOp::kSum), "async all_reduce");
+  expect_same(wait_tensor(b), at::cat(sq, 1), "async all_gather");
+  expect_same(wait_tensor(c), sq[0], "async broadcast");
+  expect_same(d, reference_reduce(sq, ReduceOp::kMax), "sync after async");
+  expect(work_of(a) == nullptr, "waited work is forgotten");
+}
+
+void check_everything(int64_t n, int64_t r, int64_t m) {
+  check_all_reduce(n, r, m);
+  check_all_gather(n, r, m);
+  check_all_gather_uneven(n, r, m);
+  check_reduce_scatter(n, r, m);
+  check_all_to_all_single(n, r, m);
+  check_all_to_all(n, r, m);
+  check_broadcast_and_barrier(n, r, m);
+  check_coalesced_and_async(n, r, m);
+}
+
+class ShmCollectivesTest : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(ShmCollectivesTest, AllReduceEveryDtypeAndOp) {
+  run_ranks(GetParam(), [](int64_t n, int64_t r) { check_all_reduce(n, r, 1); });
+}
+
+TEST_P(ShmCollectivesTest, AllGatherDimsAndZeroSize) {
+  run_ranks(GetParam(), [](int64_t n, int64_t r) { check_all_gather(n, r, 1); });
+}
+
+TEST_P(ShmCollectivesTest, AllGatherUnevenWithEmptyContributions) {
+  run_ranks(GetParam(), [](int64_t n, int64_t r) { check_all_gather_uneven(n, r, 1); });
+}
+
+TEST_P(ShmCollectivesTest, ReduceScatterEveryDtypeAndOp) {
+  run_ranks(GetParam(), [](int64_t n, int64_t r) { check_reduce_scatter(n, r, 1); });
+}
+
+TEST_P(ShmCollectivesTest, AllToAllSingleUnevenAndSplitConcat) {
+  run_ranks(GetParam(), [](int64_t n, int64_t r) {
+    check_all_to_all_single(n, r, 1);
+    check_all_to_all(n, r, 1);
+  });
+}
+
+TEST_P(ShmCollectivesTest, BroadcastBarrierAndZeroSize) {
+  run_ranks(GetParam(), [](int64_t n, int64_t r) { check_broadcast_and_barrier(n, r, 1); });
+}
+
+TEST_P(ShmCollectivesTest, CoalescedAndAsync) {
+  run_ranks(GetParam(), [](int64_t n, int64_t r) { check_coalesced_and_async(n, r, 1); });
+}
+
+// 256-byte data areas (128-byte steps) push every collective through many chunk boundaries.
+TEST_P(ShmCollectivesTest, EverythingThroughTinyBuffers) {
+  RunOptions options;
+  options.buffer_bytes = "256";
+  run_ranks(
+      GetParam(), [](int64_t n, int64_t r) { check_everything(n, r, 11); }, options);
+}
+
+// Messages many times larger than the default 1 MiB data area.
+TEST_P(ShmCollectivesTest, TenMebibyteMessages) {
+  run_ranks(GetParam(), [](int64_t n, int64_t r) {
+    const int64_t numel = (10 << 20) / 4 + 3;  // 10 MiB of floats, not a whole number of steps
+    const auto inputs = all_inputs(n, {numel}, at::kFloat);
+    expect_same(all_reduce(inputs[r], ReduceOp::kSum, kWorld),
+                reference_reduce(inputs, ReduceOp::kSum), "10 MiB all_reduce");
+    expect_same(all_gather_into_tensor(inputs[r], 0, kWorld), at::cat(inputs), "10 MiB gather");
+    expect_same(broadcast(inputs[r], n - 1, kWorld), inputs[n - 1], "10 MiB broadcast");
+    const auto even = all_inputs(n, {n * (numel / n)}, at::kFloat);
+    expect_same(reduce_scatter_tensor(even[r], ReduceOp::kMax, 0, kWorld),
+                reference_reduce(even, ReduceOp::kMax).chunk(n)[r], "10 MiB reduce_scatter");
+    std::vector<at::Tensor> received;
+    for (int64_t s = 0; s < n; ++s) received.push_back(even[s].chunk(n)[r]);
+    expect_same(all_to_all_single(even[r], {}, {}, kWorld), at::cat(received), "10 MiB a2a");
+  });
+}
+
+TEST_P(ShmCollectivesTest, MismatchedCallsFailOnEveryRankThenTheGroupGoesOn) {
+  const int64_t n = GetParam();
+  if (n == 1) return;
+  run_ranks(n, [](int64_t n, int64_t r) {
+    std::string e =
+        error_of([&] { all_reduce(at::ones({r == 1 ? 4 : 3}), ReduceOp::kSum, kWorld); });
+    expect(contains(e,
+                    "all_reduce on group 'world' (shm): ranks disagree: number of elements "
+                    "differs: rank 0 has 3, group rank 1 has 4"),
+           "numel mismatch: '" + e + "'");
+    e = error_of(
+        [&] { all_gather_into_tensor(at::ones({2}, r == 1 ? at::kInt : at::kFloat), 0, kWorld); });
+    expect(contains(e, "ranks disagree: dtype differs"), "dtype mismatch: '" + e + "'");
+    e = error_of([&] { broadcast(at::ones({2}), r == 1 ? 1 : 0, kWorld); });
+    expect(contains(e, "ranks disagree: broadcast source differs"), "src mismatch: '" + e + "'");
+    e = error_of([&] {
+      if (r == 1) return barrier(kWorld);
+      all_reduce(at::ones({2}), ReduceOp::kSum, kWorld);
+    });
+    expect(contains(e, "ranks disagree: collective differs"), "kind mismatch: '" + e + "'");
+    // Rank 0 expects one row from everyone; the others send it two.
+    std::vector<int64_t> out(n, r == 0 ? 1 : 2), in(n, 2);
+    e = error_of([&] { all_to_all_single(at::ones({2 * n}), out, in, kWorld); });
+    expect(contains(e, "elements to group rank 0, which expects 1"), "a2a mismatch: '" + e + "'");
+    expect_same(all_reduce(at::ones({3}), ReduceOp::kSum, kWorld),
+                at::full({3}, static_cast<float>(n)), "all_reduce after mismatches");
+  });
+}
+
+// The backend does not care whether ranks are processes or threads: all ranks as threads of one
+// (forked, so that this process stays single-threaded) child process.
+TEST_P(ShmCollectivesTest, RanksAsThreadsOfOneProcess) {
+  const int64_t n = GetParam();
+  const std::string job = new_job();
+  const auto codes = testing::run_forked(1, [&](int) {
+    std::vector<std::string> errors(n);
+    std::vector<std::thread> threads;
+    for (int64_t r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          auto ctx = std::make_shared<RankContext>(r, n, "shm", job, milliseconds(30000));
+          RankScope scope(ctx);
+          check_everything(n, r, 3);
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int64_t r = 0; r < n; ++r) {
+      if (!errors[r].empty())
+        throw std::runtime_error("rank " + std::to_string(r) + ": " + errors[r]);
+    }
+    return 0;
+  });
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(leftover_segments(job), std::vector<std::string>{});
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, ShmCollectivesTest, ::testing::Values(1, 2, 3, 4),
+                         [](const auto& info) { return "ranks" + std::to_string(info.param); });
+
+TEST(ShmGroupsTest, MeshDimsAndSubgroupsHaveTheirOwnSegments) {
+  run_ranks(4, [](int64_t, int64_t r) {
+    const DeviceMesh mesh = DeviceMesh::arange({2, 2}, {"dp", "tp"});
+    const auto names = current_context().register_mesh(mesh);
+    const at::Tensor x = at::full({2}, static_cast<double>(r), at::kDouble);
+    const at::Tensor tp = all_reduce(x, ReduceOp::kSum, names[1]);
+    const at::Tensor dp = all_reduce(x, ReduceOp::kSum, names[0]);
+    double tp_sum = 0, dp_sum = 0;
+    for (int64_t q : mesh.group_ranks(1, r)) tp_sum += q;
+    for (int64_t q : mesh.group_ranks(0, r)) dp_sum += q;
+    expect(tp[0].item<double>() == tp_sum && dp[0].item<double>() == dp_sum, "mesh sums");
+    const std::string a = current_context().new_group({0, 1, 2, 3}, "a");
+    const std::string b = current_context().new_group({0, 1, 2, 3}, "b");
+    barrier(a);
+    barrier(b);
+    expect_same(all_reduce(x, ReduceOp::kMax, a), at::full({2}, 3.0, at::kDouble), "group a");
+  });
+}
+
+// ---- dead peers ----
+
+// Runs `fn` and returns its error and how long it took.
+std::pair<std::string, milliseconds> timed_error(const std::function<void()>& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string e = error_of(fn);
+  return {e, std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - t0)};
+}
+
+// A failing rank's error arrives when the first waiting rank's timeout expires (a rank that
+// started its call later learns it from that rank, so it may have waited less) and soon after it
+// (2 s of slack for a loaded 2-core machine); a later call fails at once with the same message.
+void expect_dead_peer(const std::function<void()>& call, const std::string& collective,
+                      const std::string& missing) {
+  auto [e, took] = timed_error(call);
+  expect(contains(e, collective + " on group 'world' (shm, ranks ["),
+         "names the call: '" + e + "'");
+  expect(contains(e, "ranks [" + missing + "] did not arrive within the timeout of 500 ms"),
+         "names the missing ranks: '" + e + "'");
+  expect(took >= milliseconds(200) && took < milliseconds(2500),
+         "failed after " + std::to_string(took.count()) + " ms");
+  auto [again, took_again] = timed_error(call);
+  expect(again == e, "a later call repeats the error: '" + again + "'");
+  expect(took_again < milliseconds(100), "a later call fails at once");
+}
+
+RunOptions short_timeout() {
+  RunOptions o;
+  o.timeout = milliseconds(500);
+  return o;
+}
+
+TEST(ShmDeadPeerTest, RankThatNeverArrivesIsNamedWithinTheTimeout) {
+  run_ranks(
+      3,
+      [](int64_t, int64_t r) {
+        if (r == 2) return;  // "dies" before the collective (exits without touching the group)
+        expect_dead_peer([] { all_reduce(at::ones({2}), ReduceOp::kSum, kWorld); }, "all_reduce",
+                         "2");
+      },
+      short_timeout());
+}
+
+TEST(ShmDeadPeerTest, CreatorThatNeverArrivesIsNamedWithinTheTimeout) {
+  run_ranks(
+      3,
+      [](int64_t, int64_t r) {
+        if (r == 0) return;  // group rank 0 would have created the segment
+        expect_dead_peer([] { barrier(kWorld); }, "barrier", "0");
+      },
+      short_timeout());
+}
+
+TEST(ShmDeadPeerTest, RankThatDiesMidJobIsNamedWithinTheTimeout) {
+  run_ranks(
+      3,
+      [](int64_t, int64_t r) {
+        all_reduce(at::ones({2}), ReduceOp::kSum, kWorld);  // everyone has mapped the segment
+        if (r == 1) ::_exit(0);                             // dies without any cleanup
+        expect_dead_peer([] { all_gather_into_tensor(at::ones({2}), 0, kWorld); },
+                         "all_gather_into_tensor", "1");
+      },
+      short_timeout());
+}
+
+// A crash before every rank attached, with no survivor, leaves a segment; the next run of the
+// same job name replaces it.
+TEST(ShmDeadPeerTest, StaleSegmentOfACrashedRunIsReplaced) {
+  const std::string job = new_job();
+  {
+    ShmSegment stale = ShmSegment::create(shm_segment_name(job, RankContext::kWorld), 1 << 16);
+    ASSERT_TRUE(stale.valid());
+    stale.data()[0] = 1;  // a header whose creator never finished it
+  }                       // unmapped, not unlinked
+  ASSERT_EQ(leftover_segments(job).size(), 1u);
+  run_ranks(
+      2,
+      [](int64_t n, int64_t r) {
+        expect_same(all_reduce(at::ones({3}), ReduceOp::kSum, kWorld), at::full({3}, 2.0f),
+                    "all_reduce over a stale segment's name");
+      },
+      {}, job);
+}
+
+// Seconds per call of fn, over `reps` calls after one warm-up call.
+double seconds_per(int reps, const std::function<void()>& fn) {
+  fn();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+}
+
+// Informational: latency and bandwidth on this machine (no assertion; machines and their load
+// vary). "backend" runs the communicator on a reused output; "functional" allocates its outputs
+// per call, as the API does (on this VM fresh pages cost more than the copies).
+TEST(ShmPerformance, Report) {
+  run_ranks(2, [](int64_t n, int64_t r) {
+    const at::Tensor small = at::ones({1024});  // 4 KiB
+    const double ar = seconds_per(2000, [&] { all_reduce(small, ReduceOp::kSum, kWorld); });
+    Communicator& comm = *current_context().endpoint(kWorld).comm;
+    for (int64_t bytes : {int64_t{64} << 10, int64_t{1} << 20, int64_t{16} << 20}) {
+      const at::Tensor in = at::ones({bytes / 4});
+      CollectiveCall call;
+      call.kind = CollectiveKind::kAllGather;
+      call.input = in;
+      call.output = at::empty({n * bytes / 4});
+      call.output_splits.assign(n, bytes / 4);
+      const int reps = bytes > (1 << 20) ? 10 : 50;
+      const double backend = seconds_per(reps, [&] { comm.run(call); });
+      const double functional = seconds_per(reps, [&] { all_gather_into_tensor(in, 0, kWorld); });
+      at::Tensor dst = at::empty({bytes / 4});
+      const double copy = seconds_per(reps, [&] { dst.copy_(in); });
+      // busbw of all_gather: (n - 1) / n of the output bytes per second.
+      auto busbw = [&](double s) { return static_cast<double>(bytes) * (n - 1) / s / 1e9; };
+      if (r == 0) {
+        std::printf(
+            "all_gather %8lld B/rank: backend %8.1f us (busbw %5.2f GB/s), functional %8.1f "
+            "us (busbw %5.2f GB/s); memcpy %5.2f GB/s\n",
+            static_cast<long long>(bytes), backend * 1e6, busbw(backend), functional * 1e6,
+            busbw(functional), bytes / copy / 1e9);
+      }
+    }
+    if (r == 0) std::printf("4 KiB all_reduce on 2 ranks: %.1f us\n", ar * 1e6);
+  });
+  for (int64_t n : {3, 4}) {
+    run_ranks(n, [](int64_t n, int64_t r) {
+      const at::Tensor small = at::ones({1024});
+      const double ar = seconds_per(500, [&] { all_reduce(small, ReduceOp::kSum, kWorld); });
+      const double bar = seconds_per(500, [&] { barrier(kWorld); });
+      if (r == 0) {
+        std::printf("%lld ranks: 4 KiB all_reduce %.1f us, barrier %.1f us\n",
+                    static_cast<long long>(n), ar * 1e6, bar * 1e6);
+      }
+    });
+  }
+}
+
+}  // namespace
+}  // namespace dtensor::collectives

@@ -1,0 +1,184 @@
+#include "collectives/shm_segment.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <signal.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <system_error>
+#include <utility>
+
+#include "dtensor/hashing.h"
+
+namespace dtensor::collectives {
+namespace {
+
+std::string hex16(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+[[noreturn]] void throw_errno(int err, const std::string& what) {
+  throw std::system_error(err, std::generic_category(), what);
+}
+
+// Closes `fd` when the scope ends (the mapping does not need it).
+struct FdCloser {
+  int fd;
+  ~FdCloser() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+namespace shm {
+
+namespace {
+// Data area per rank (both halves). Measured on 2 ranks: 1 MiB all_gather took ~95 us with
+// 512 KiB halves against ~280-400 us with 1-2 MiB halves (small chunks pipeline and stay in
+// cache); 16 MiB messages were ~30% faster too.
+constexpr size_t kDefaultBufferBytes = size_t{1} << 20;
+constexpr size_t kPage = 4096;
+size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+}  // namespace
+
+Layout layout_for(int64_t group_size, size_t half_bytes) {
+  const size_t n = static_cast<size_t>(group_size);
+  Layout l{};
+  l.ctrl_offset = round_up(sizeof(Header), kPage);
+  l.ctrl_stride = round_up(sizeof(Ctrl) + 4 * n * sizeof(int64_t), 128);
+  l.data_offset = round_up(l.ctrl_offset + n * l.ctrl_stride, kPage);
+  l.data_stride = round_up(2 * half_bytes, kPage);
+  l.total = l.data_offset + n * l.data_stride;
+  return l;
+}
+
+size_t half_buffer_bytes() {
+  size_t bytes = kDefaultBufferBytes;
+  const char* env = std::getenv("DTENSOR_SHM_BUFFER_BYTES");
+  if (env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const long long v = std::strtoll(env, &end, 10);
+    if (end == env || *end != '\0' || v < 128) {
+      throw std::invalid_argument("DTENSOR_SHM_BUFFER_BYTES='" + std::string(env) +
+                                  "' is not a byte count of at least 128");
+    }
+    bytes = static_cast<size_t>(v);
+  }
+  return bytes / 2 / 64 * 64;
+}
+
+bool process_alive(int64_t pid) {
+  if (pid <= 0) return false;
+  if (pid == ::getpid()) return true;
+  return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
+}
+
+}  // namespace shm
+
+std::string shm_job_tag(const std::string& job) { return hex16(fnv1a(job)); }
+
+std::string shm_segment_name(const std::string& job, const std::string& group) {
+  return "/dtensor-" + shm_job_tag(job) + "-" + hex16(fnv1a(group));
+}
+
+ShmSegment::~ShmSegment() { reset(); }
+
+ShmSegment::ShmSegment(ShmSegment&& other) noexcept { *this = std::move(other); }
+
+ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
+  if (this != &other) {
+    reset();
+    name_ = std::move(other.name_);
+    base_ = std::exchange(other.base_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    dev_ = other.dev_;
+    ino_ = other.ino_;
+  }
+  return *this;
+}
+
+void ShmSegment::reset() {
+  if (base_ != nullptr) ::munmap(base_, size_);
+  base_ = nullptr;
+  size_ = 0;
+}
+
+ShmSegment ShmSegment::create(const std::string& name, size_t bytes) {
+  const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    if (errno == EEXIST) return ShmSegment();
+    throw_errno(errno, "shm_open('" + name + "', O_CREAT | O_EXCL)");
+  }
+  FdCloser closer{fd};
+  // posix_fallocate returns the error instead of setting errno.
+  if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
+    ::shm_unlink(name.c_str());
+    throw_errno(err, "reserving " + std::to_string(bytes) + " bytes of shared memory for '" + name +
+                         "' (is /dev/shm full? DTENSOR_SHM_BUFFER_BYTES sets the size per rank)");
+  }
+  struct stat st {};
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED || ::fstat(fd, &st) != 0) {
+    const int err = errno;
+    if (base != MAP_FAILED) ::munmap(base, bytes);
+    ::shm_unlink(name.c_str());
+    throw_errno(err, "mapping shared memory '" + name + "'");
+  }
+  ShmSegment seg;
+  seg.name_ = name;
+  seg.base_ = base;
+  seg.size_ = bytes;
+  seg.dev_ = st.st_dev;
+  seg.ino_ = st.st_ino;
+  return seg;
+}
+
+ShmSegment ShmSegment::open(const std::string& name, size_t min_bytes) {
+  const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) {
+    if (errno == ENOENT) return ShmSegment();
+    throw_errno(errno, "shm_open('" + name + "')");
+  }
+  FdCloser closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw_errno(errno, "fstat of shared memory '" + name + "'");
+  // Mapping past the end of the file would SIGBUS on first touch: wait for the creator to size it.
+  if (static_cast<size_t>(st.st_size) < min_bytes) return ShmSegment();
+  const size_t bytes = static_cast<size_t>(st.st_size);
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) throw_errno(errno, "mapping shared memory '" + name + "'");
+  ShmSegment seg;
+  seg.name_ = name;
+  seg.base_ = base;
+  seg.size_ = bytes;
+  seg.dev_ = st.st_dev;
+  seg.ino_ = st.st_ino;
+  return seg;
+}
+
+void ShmSegment::populate() {
+#ifdef MADV_POPULATE_WRITE
+  if (base_ != nullptr) ::madvise(base_, size_, MADV_POPULATE_WRITE);  // best effort (Linux 5.14+)
+#endif
+}
+
+void ShmSegment::unlink_if_current() {
+  if (name_.empty()) return;
+  const int fd = ::shm_open(name_.c_str(), O_RDONLY, 0);
+  if (fd < 0) return;  // already unlinked
+  struct stat st {};
+  const bool same = ::fstat(fd, &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_;
+  ::close(fd);
+  if (same) ::shm_unlink(name_.c_str());
+}
+
+}  // namespace dtensor::collectives

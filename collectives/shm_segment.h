@@ -1,0 +1,168 @@
+#pragma once
+// The shared-memory segment of the shm backend (shm_backend.cc): its name, its layout, how ranks
+// wait on it, and ShmSegment, RAII over one named POSIX shared-memory segment (shm_open + mmap).
+
+#include <sys/types.h>
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <thread>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace dtensor::collectives {
+
+// The segment name of one group of one job: "/dtensor-<fnv1a(job)>-<fnv1a(group)>" (16 hex digits
+// each). Equal in every process of the job, distinct across groups and (up to 64-bit hash
+// collisions) across jobs.
+std::string shm_segment_name(const std::string& job, const std::string& group);
+// The job's part of every segment name of that job (16 hex digits): tests look for leftovers by it.
+std::string shm_job_tag(const std::string& job);
+
+namespace shm {
+
+// NOTE [shm segment layout]
+// One segment per (job, group), named by shm_segment_name(). It holds:
+//   Header                    page 0: layout facts, attach count, the "broken" message
+//   Ctrl slot per group rank  128-byte aligned: step counters, call descriptors and splits
+//   data area per group rank  page aligned: two buffers of Header::half_bytes each
+// Every rank writes only its own slot and its own data area; the others only read them. Step t
+// of the group uses buffer and descriptor parity t & 1 (double buffering): a rank may start
+// writing step t once every rank has finished reading step t - 2, so writing the next chunk
+// overlaps the peers' reading of the previous one. Counters are lock-free atomics, which are
+// address-free and therefore valid across processes.
+constexpr uint64_t kMagic = 0x31306d6873746e64ull;  // "dtnshm01"
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+struct Header {
+  std::atomic<uint64_t> magic{0};  // kMagic once the creator has initialised everything
+  uint64_t total_bytes = 0;
+  uint64_t half_bytes = 0;  // one data buffer of one rank (a multiple of 64 bytes)
+  int64_t group_size = 0;
+  int64_t creator_pid = 0;
+  std::atomic<uint32_t> attached{0};  // ranks that have mapped the segment
+  std::atomic<uint32_t> broken{0};    // 0: fine; 1: a rank is writing `why`; 2: `why` is final
+  char why[2048] = {};
+};
+
+// A call as plain data. Splits follow the Ctrl struct: [parity][input, output][group size].
+struct Desc {
+  int32_t kind = 0, dtype = -1, op = 0;
+  int32_t n_in = 0, n_out = 0;  // number of input / output splits (0 or the group size)
+  int64_t src = 0, numel = 0;
+};
+
+struct alignas(64) Ctrl {
+  std::atomic<uint64_t> posted{0};    // last step whose chunk this rank has written
+  std::atomic<uint64_t> consumed{0};  // last step whose peers' chunks this rank has read
+  Desc desc[2];                       // by step parity
+};
+
+struct Layout {
+  size_t ctrl_offset, ctrl_stride, data_offset, data_stride, total;
+};
+Layout layout_for(int64_t group_size, size_t half_bytes);
+
+// One data buffer's size: half of DTENSOR_SHM_BUFFER_BYTES (the data area of one rank; small
+// values make tests cross many chunk boundaries) or of 1 MiB, rounded down to 64 bytes so that
+// every element size divides it. Throws std::invalid_argument on a malformed value.
+size_t half_buffer_bytes();
+
+// Whether a process with this id exists (a segment whose creator is gone is a leftover).
+bool process_alive(int64_t pid);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+enum class Wait { kReady, kBroken, kTimeout };
+
+// Waits until ready() holds, the group is marked broken, or the deadline passes. A peer running
+// on another core answers within a microsecond or two, so spin first (~20 us); then yield for up
+// to a millisecond, since with more ranks than cores (2 cores, 4 ranks) the peer we wait for may
+// need this core, and a yield costs nothing when no one else wants it; then nap with growing
+// sleeps (10 us to 100 us) so that long waits cost no CPU.
+template <class Ready>
+Wait wait_until(Ready&& ready, const std::atomic<uint32_t>& broken,
+                std::chrono::steady_clock::time_point deadline) {
+  constexpr auto kSpinFor = std::chrono::microseconds(20);
+  constexpr auto kYieldFor = std::chrono::microseconds(1000);
+  for (int i = 0; i < 64; ++i) {  // the common case: the peers are (almost) there
+    if (ready()) return Wait::kReady;
+    cpu_relax();
+  }
+  const auto start = std::chrono::steady_clock::now();
+  long nap_ns = 10000;
+  for (;;) {
+    if (ready()) return Wait::kReady;
+    if (broken.load(std::memory_order_acquire) != 0) return Wait::kBroken;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return ready() ? Wait::kReady : Wait::kTimeout;
+    if (now - start < kSpinFor) {
+      for (int k = 0; k < 16; ++k) cpu_relax();
+    } else if (now - start < kYieldFor) {
+      std::this_thread::yield();
+    } else {
+      timespec ts{0, nap_ns};
+      ::nanosleep(&ts, nullptr);
+      nap_ns = std::min(nap_ns * 2, 100000L);
+    }
+  }
+}
+
+}  // namespace shm
+
+class ShmSegment {
+ public:
+  ShmSegment() = default;
+  ~ShmSegment();
+  ShmSegment(ShmSegment&& other) noexcept;
+  ShmSegment& operator=(ShmSegment&& other) noexcept;
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+
+  // Creates `name` exclusively (O_CREAT | O_EXCL, mode 0600) with `bytes` bytes reserved up front
+  // (posix_fallocate, so a full /dev/shm is an error here rather than a SIGBUS later) and maps
+  // it. Returns an invalid segment when the name exists already; throws std::system_error on
+  // other failures.
+  static ShmSegment create(const std::string& name, size_t bytes);
+  // Opens an existing segment and maps all of it. Returns an invalid segment when the name does
+  // not exist or is still smaller than `min_bytes` (its creator is sizing it).
+  static ShmSegment open(const std::string& name, size_t min_bytes);
+
+  bool valid() const { return base_ != nullptr; }
+  char* data() const { return static_cast<char*>(base_); }
+  size_t size() const { return size_; }
+  const std::string& name() const { return name_; }
+
+  // Maps every page now rather than on first touch: on this VM a first-touch fault costs ~12 us
+  // per page, several times more than populating (4 MiB: ~14 ms of faults against ~4 ms).
+  void populate();
+
+  // Unlinks the name if it still refers to this segment (not to a newer segment of the same
+  // name). The mapping stays valid; the memory goes away with the last mapping.
+  void unlink_if_current();
+
+ private:
+  void reset();
+
+  std::string name_;
+  void* base_ = nullptr;
+  size_t size_ = 0;
+  dev_t dev_ = 0;
+  ino_t ino_ = 0;
+};
+
+}  // namespace dtensor::collectives
