@@ -8,9 +8,12 @@
 // "bytes" is nccl-tests' size: the full buffer (all_reduce: the tensor; all_gather: the gathered
 // output; reduce_scatter: the input; all_to_all: what one rank sends). algbw = bytes / time;
 // busbw = algbw * 2(n-1)/n for all_reduce and (n-1)/n for the others.
+// DTENSOR_BENCH_NO_MALLOC_TUNING=1 measures with glibc's default (page faults on every call).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+
+#include <malloc.h>
 
 #include <chrono>
 #include <cstdio>
@@ -116,8 +119,18 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  // Functional collectives allocate their outputs on every call. glibc hands large blocks back
+  // to the kernel on free, so each call would pay fresh page faults (~12 us per page on this
+  // VM) and measure the kernel instead of the collective. Keep freed memory in the heap, as a
+  // long-running job's allocator does in steady state.
+  const bool tune = std::getenv("DTENSOR_BENCH_NO_MALLOC_TUNING") == nullptr;
+  if (tune) {
+    mallopt(M_MMAP_THRESHOLD, 1 << 30);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  }
   at::set_num_threads(1);
   const double mc = memcpy_gbs();
+  std::printf("malloc tuning (keep freed memory): %s\n", tune ? "on" : "off");
   std::printf("single-thread memcpy (64 MiB): %.2f GB/s\n", mc);
   std::printf("{\"bench\":\"collectives\",\"op\":\"memcpy\",\"bytes\":%lld,\"memcpy_gbs\":%.3f}\n",
               64ll << 20, mc);

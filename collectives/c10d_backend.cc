@@ -7,6 +7,7 @@
 // error, rethrown as CollectiveError naming the collective, group, ranks and elapsed time.
 
 #include "collectives/c10d_backend.h"
+#include "dtensor/strings.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -26,12 +27,6 @@ using Clock = std::chrono::steady_clock;
 
 std::mutex g_user_pgs_mu;
 std::map<std::string, c10::intrusive_ptr<c10d::ProcessGroup>> g_user_pgs;
-
-std::string join(const std::vector<int64_t>& v) {
-  std::string out;
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
-  return out;
-}
 
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
@@ -125,13 +120,6 @@ class C10dCommunicator : public Communicator {
   }
 
  private:
-  static int64_t group_rank_of(const CommunicatorOptions& o) {
-    for (size_t i = 0; i < o.group.ranks.size(); ++i) {
-      if (o.group.ranks[i] == o.global_rank) return static_cast<int64_t>(i);
-    }
-    throw std::invalid_argument("rank not in group");
-  }
-
   void wait(const c10::intrusive_ptr<c10d::Work>& work) { work->wait(timeout()); }
 
   void dispatch(CollectiveCall& call) {

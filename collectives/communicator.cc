@@ -37,6 +37,15 @@ const char* collective_name(CollectiveKind kind) {
   return "?";
 }
 
+int64_t group_rank_of(const CommunicatorOptions& options) {
+  const auto& ranks = options.group.ranks;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] == options.global_rank) return static_cast<int64_t>(i);
+  }
+  throw std::invalid_argument("rank " + std::to_string(options.global_rank) +
+                              " is not a member of group '" + options.group.name + "'");
+}
+
 void register_backend(const std::string& name, BackendFactory factory) {
   std::lock_guard<std::mutex> lock(registry().mu);
   if (!registry().factories.emplace(name, std::move(factory)).second) {

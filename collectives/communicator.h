@@ -90,6 +90,9 @@ struct CommunicatorOptions {
   // threads backend. Backends that exchange ids (nccl) or wrap c10d use it.
   c10::intrusive_ptr<c10d::Store> store;
 };
+// `options.global_rank`'s index in `options.group.ranks`; throws when it is not a member.
+int64_t group_rank_of(const CommunicatorOptions& options);
+
 using BackendFactory =
     std::function<std::unique_ptr<Communicator>(const CommunicatorOptions& options)>;
 

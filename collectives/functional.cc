@@ -165,8 +165,6 @@ std::vector<at::Tensor> all_gather_into_tensor_coalesced(const std::vector<at::T
     for (size_t i : idx) {
       const int64_t d = norm_dim(gather_dim, inputs[i], "all_gather_into_tensor");
       flats.push_back(flat(inputs[i].movedim(d, 0)));
-      results[i] =
-          at::empty(shape_with(inputs[i].sizes(), d, inputs[i].size(d) * n), inputs[i].options());
       total += inputs[i].numel();
     }
     at::Tensor packed = flats.size() == 1 ? flats[0] : at::cat(flats);
@@ -175,7 +173,14 @@ std::vector<at::Tensor> all_gather_into_tensor_coalesced(const std::vector<at::T
     c.output_splits.assign(n, total);
     int64_t off = 0;
     for (size_t i : idx) {
-      pieces.push_back({i, norm_dim(gather_dim, inputs[i], ""), off, c.output});
+      const int64_t d = norm_dim(gather_dim, inputs[i], "");
+      const auto shape = shape_with(inputs[i].sizes(), d, inputs[i].size(d) * n);
+      if (idx.size() == 1 && d == 0) {
+        results[i] = c.output.view(shape);  // already in place: no epilogue copy
+      } else {
+        results[i] = at::empty(shape, inputs[i].options());
+        pieces.push_back({i, d, off, c.output});
+      }
       off += inputs[i].numel();
     }
     job->calls.push_back(std::move(c));
@@ -244,7 +249,6 @@ std::vector<at::Tensor> reduce_scatter_tensor_coalesced(const std::vector<at::Te
   struct Piece {
     size_t index;
     int64_t dim, offset;
-    at::Tensor output;
   };
   std::vector<Piece> pieces;
   for (const auto& idx : by_dtype(inputs)) {
@@ -264,8 +268,7 @@ std::vector<at::Tensor> reduce_scatter_tensor_coalesced(const std::vector<at::Te
       }
       const int64_t len = inputs[i].size(d) / n;
       for (int64_t r = 0; r < n; ++r) chunks[r].push_back(flat(inputs[i].narrow(d, r * len, len)));
-      results[i] = at::empty(shape_with(inputs[i].sizes(), d, len), inputs[i].options());
-      pieces.push_back({i, d, per_rank, {}});
+      pieces.push_back({i, d, per_rank});
       per_rank += inputs[i].numel() / n;
     }
     std::vector<at::Tensor> all;
@@ -274,15 +277,16 @@ std::vector<at::Tensor> reduce_scatter_tensor_coalesced(const std::vector<at::Te
                                  all.size() == 1 ? all[0] : at::cat(all), per_rank);
     c.op = op;
     c.output_splits.assign(n, per_rank);
-    for (size_t k = pieces.size() - idx.size(); k < pieces.size(); ++k) pieces[k].output = c.output;
+    // This rank's output holds each tensor's reduced chunk, contiguous and in natural layout:
+    // the results are views of it, with no epilogue copy.
+    for (size_t k = pieces.size() - idx.size(); k < pieces.size(); ++k) {
+      const Piece& p = pieces[k];
+      const auto shape =
+          shape_with(inputs[p.index].sizes(), p.dim, inputs[p.index].size(p.dim) / n);
+      results[p.index] = c.output.narrow(0, p.offset, c10::multiply_integers(shape)).view(shape);
+    }
     job->calls.push_back(std::move(c));
   }
-  job->epilogue = [pieces, results] {
-    for (const Piece& p : pieces) {
-      at::Tensor res = results[p.index];
-      res.copy_(p.output.narrow(0, p.offset, res.numel()).view(res.sizes()));
-    }
-  };
   return submit(group, job, results, async_op);
 }
 

@@ -17,17 +17,12 @@
 
 #include "collectives/communicator.h"
 #include "collectives/reduce.h"
+#include "dtensor/strings.h"
 
 namespace dtensor::collectives {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string join(const std::vector<int64_t>& v) {
-  std::string out;
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
-  return out;
-}
 
 ncclDataType_t nccl_dtype(c10::ScalarType t) {
   switch (t) {
@@ -121,13 +116,6 @@ class NcclCommunicator : public Communicator {
   }
 
  private:
-  static int64_t group_rank_of(const CommunicatorOptions& o) {
-    for (size_t i = 0; i < o.group.ranks.size(); ++i) {
-      if (o.group.ranks[i] == o.global_rank) return static_cast<int64_t>(i);
-    }
-    throw std::invalid_argument("rank not in group");
-  }
-
   void check(ncclResult_t r, const char* what) {
     if (r != ncclSuccess) {
       throw CollectiveError(std::string("nccl backend: ") + what + " on group '" + group().name +

@@ -1,4 +1,5 @@
 #include "collectives/rank_context.h"
+#include "dtensor/strings.h"
 
 #include <atomic>
 #include <cstdlib>
@@ -9,12 +10,6 @@
 
 namespace dtensor::collectives {
 namespace {
-
-std::string join(const std::vector<int64_t>& v, const char* sep) {
-  std::string out;
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + std::to_string(v[i]);
-  return out;
-}
 
 thread_local std::shared_ptr<RankContext> t_context;
 std::mutex g_process_mu;

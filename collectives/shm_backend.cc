@@ -25,6 +25,7 @@
 #include "collectives/communicator.h"
 #include "collectives/reduce.h"
 #include "collectives/shm_segment.h"
+#include "dtensor/strings.h"
 
 namespace dtensor::collectives {
 namespace {
@@ -37,12 +38,6 @@ using shm::Header;
 using shm::Layout;
 using shm::layout_for;
 using shm::Wait;
-
-std::string join(const std::vector<int64_t>& v) {
-  std::string out;
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
-  return out;
-}
 
 int64_t offset_of(const std::vector<int64_t>& splits, int64_t r) {
   int64_t off = 0;
@@ -190,13 +185,6 @@ class ShmCommunicator : public Communicator {
     const CollectiveCall& call;
     Clock::time_point start, deadline;
   };
-
-  static int64_t group_rank_of(const CommunicatorOptions& o) {
-    for (size_t i = 0; i < o.group.ranks.size(); ++i) {
-      if (o.group.ranks[i] == o.global_rank) return static_cast<int64_t>(i);
-    }
-    throw std::invalid_argument("rank not in group");
-  }
 
   void attach(const Op& op);
   void create_segment(const Op& op);

@@ -19,10 +19,16 @@
 #include "collectives/rank_context.h"
 #include "collectives/reduce.h"
 #include "collectives/shm_segment.h"
+#include "tests/collective_reference.h"
 #include "tests/fork_ranks.h"
 
 namespace dtensor::collectives {
 namespace {
+
+using testing::all_inputs;
+using testing::input_for;
+using testing::reference_reduce;
+using testing::valid_reduce;
 
 using std::chrono::milliseconds;
 
@@ -33,56 +39,6 @@ const std::vector<c10::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFlo
 const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAvg,     ReduceOp::kMin,
                                     ReduceOp::kMax, ReduceOp::kProduct, ReduceOp::kBand,
                                     ReduceOp::kBor, ReduceOp::kBxor};
-
-bool valid(ReduceOp op, c10::ScalarType dtype) {
-  try {
-    check_reduce_op(op, dtype, "");
-    return true;
-  } catch (const std::invalid_argument&) {
-    return false;
-  }
-}
-
-// Small integers, exact in every dtype, so sums and products are exact in any order.
-at::Tensor input_for(int64_t rank, std::vector<int64_t> shape, c10::ScalarType dtype,
-                     int64_t salt = 0) {
-  const int64_t numel = c10::multiply_integers(shape);
-  at::Tensor base = (at::arange(numel, at::kLong) * 7 + rank * 3 + salt) % 5 + 1;
-  if (dtype == at::kBool) base = base % 2;
-  return base.reshape(shape).to(dtype);
-}
-
-std::vector<at::Tensor> all_inputs(int64_t n, std::vector<int64_t> shape, c10::ScalarType dtype) {
-  std::vector<at::Tensor> v;
-  for (int64_t r = 0; r < n; ++r) v.push_back(input_for(r, shape, dtype));
-  return v;
-}
-
-at::Tensor reference_reduce(const std::vector<at::Tensor>& parts, ReduceOp op) {
-  const c10::ScalarType dtype = parts[0].scalar_type();
-  const at::Tensor s = at::stack(parts);
-  switch (op) {
-    case ReduceOp::kSum:
-      return s.sum(0).to(dtype);
-    case ReduceOp::kAvg:
-      return s.sum(0).to(dtype).div(static_cast<int64_t>(parts.size()));
-    case ReduceOp::kMin:
-      return std::get<0>(s.min(0));
-    case ReduceOp::kMax:
-      return std::get<0>(s.max(0));
-    case ReduceOp::kProduct:
-      return dtype == at::kBool ? s.all(0) : s.to(at::kDouble).prod(0).to(dtype);
-    default: {
-      at::Tensor acc = parts[0].clone();
-      for (size_t i = 1; i < parts.size(); ++i) {
-        acc = op == ReduceOp::kBand  ? at::bitwise_and(acc, parts[i])
-              : op == ReduceOp::kBor ? at::bitwise_or(acc, parts[i])
-                                     : at::bitwise_xor(acc, parts[i]);
-      }
-      return acc;
-    }
-  }
-}
 
 // Children cannot report through gtest (their failures would die with them): they throw, the
 // fork harness prints the message and the child exits non-zero.
@@ -162,7 +118,7 @@ const std::string kWorld = RankContext::kWorld;
 void check_all_reduce(int64_t n, int64_t r, int64_t m) {
   for (auto dtype : kDtypes) {
     for (auto op : kOps) {
-      if (!valid(op, dtype)) continue;
+      if (!valid_reduce(op, dtype)) continue;
       for (std::vector<int64_t> shape : {std::vector<int64_t>{0}, {7 * m}, {3, 4 * m}}) {
         const at::Tensor want = reference_reduce(all_inputs(n, shape, dtype), op);
         const at::Tensor in = input_for(r, shape, dtype);
@@ -207,7 +163,7 @@ void check_all_gather_uneven(int64_t n, int64_t r, int64_t m) {
 void check_reduce_scatter(int64_t n, int64_t r, int64_t m) {
   for (auto dtype : kDtypes) {
     for (auto op : kOps) {
-      if (!valid(op, dtype)) continue;
+      if (!valid_reduce(op, dtype)) continue;
       for (int64_t dim : {0, 1}) {
         std::vector<int64_t> shape = {2, 3 * m};
         shape[dim] = 2 * n * m;

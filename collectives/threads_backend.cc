@@ -13,17 +13,12 @@
 
 #include "collectives/communicator.h"
 #include "collectives/reduce.h"
+#include "dtensor/strings.h"
 
 namespace dtensor::collectives {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string join(const std::vector<int64_t>& v) {
-  std::string out;
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
-  return out;
-}
 
 // State shared by the ranks of one group of one job.
 struct SharedGroup {
@@ -202,13 +197,6 @@ class ThreadsCommunicator : public Communicator {
   }
 
  private:
-  static int64_t group_rank_of(const CommunicatorOptions& o) {
-    for (size_t i = 0; i < o.group.ranks.size(); ++i) {
-      if (o.group.ranks[i] == o.global_rank) return static_cast<int64_t>(i);
-    }
-    throw std::invalid_argument("rank not in group");
-  }
-
   // Marks the group broken (so peers stop waiting too) and throws a timeout error naming the
   // ranks that are missing. Called with the lock held.
   [[noreturn]] void fail(SharedGroup& g, const CollectiveCall& call, const char* what,

@@ -9,68 +9,21 @@
 #include "collectives/functional.h"
 #include "collectives/rank_context.h"
 #include "collectives/reduce.h"
+#include "tests/collective_reference.h"
 
 namespace dtensor::collectives {
 namespace {
+
+using testing::all_inputs;
+using testing::input_for;
+using testing::reference_reduce;
+using testing::valid_reduce;
 
 const std::vector<c10::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf,
                                               at::kInt,   at::kLong,   at::kBool};
 const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAvg,     ReduceOp::kMin,
                                     ReduceOp::kMax, ReduceOp::kProduct, ReduceOp::kBand,
                                     ReduceOp::kBor, ReduceOp::kBxor};
-
-bool valid(ReduceOp op, c10::ScalarType dtype) {
-  try {
-    check_reduce_op(op, dtype, "");
-    return true;
-  } catch (const std::invalid_argument&) {
-    return false;
-  }
-}
-
-// Rank r's input: small integers (exact in every dtype, so sums and products are exact in any
-// order), different per rank and per element.
-at::Tensor input_for(int64_t rank, std::vector<int64_t> shape, c10::ScalarType dtype,
-                     int64_t salt = 0) {
-  const int64_t numel = c10::multiply_integers(shape);
-  at::Tensor base = (at::arange(numel, at::kLong) * 7 + rank * 3 + salt) % 5 + 1;
-  if (dtype == at::kBool) base = base % 2;
-  return base.reshape(shape).to(dtype);
-}
-
-// The single-device reduction of `parts` (independent of the backend's code).
-at::Tensor reference_reduce(const std::vector<at::Tensor>& parts, ReduceOp op) {
-  const c10::ScalarType dtype = parts[0].scalar_type();
-  const at::Tensor s = at::stack(parts);
-  switch (op) {
-    case ReduceOp::kSum:
-      return s.sum(0).to(dtype);
-    case ReduceOp::kAvg:
-      return s.sum(0).to(dtype).div(static_cast<int64_t>(parts.size()));
-    case ReduceOp::kMin:
-      return std::get<0>(s.min(0));
-    case ReduceOp::kMax:
-      return std::get<0>(s.max(0));
-    case ReduceOp::kProduct:
-      // Computed in double (exact for these small integers; CPU prod lacks bf16/half kernels).
-      return dtype == at::kBool ? s.all(0) : s.to(at::kDouble).prod(0).to(dtype);
-    default: {
-      at::Tensor acc = parts[0].clone();
-      for (size_t i = 1; i < parts.size(); ++i) {
-        acc = op == ReduceOp::kBand  ? at::bitwise_and(acc, parts[i])
-              : op == ReduceOp::kBor ? at::bitwise_or(acc, parts[i])
-                                     : at::bitwise_xor(acc, parts[i]);
-      }
-      return acc;
-    }
-  }
-}
-
-std::vector<at::Tensor> all_inputs(int64_t n, std::vector<int64_t> shape, c10::ScalarType dtype) {
-  std::vector<at::Tensor> v;
-  for (int64_t r = 0; r < n; ++r) v.push_back(input_for(r, shape, dtype));
-  return v;
-}
 
 void expect_same(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
   ASSERT_EQ(got.scalar_type(), want.scalar_type()) << what;
@@ -84,7 +37,7 @@ TEST_P(ThreadsCollectivesTest, AllReduceEveryDtypeAndOp) {
   const int64_t n = GetParam();
   for (auto dtype : kDtypes) {
     for (auto op : kOps) {
-      if (!valid(op, dtype)) continue;
+      if (!valid_reduce(op, dtype)) continue;
       for (std::vector<int64_t> shape : {std::vector<int64_t>{0}, {7}, {3, 4}}) {
         const at::Tensor want = reference_reduce(all_inputs(n, shape, dtype), op);
         run_threads(n, [&](int64_t r) {
@@ -156,7 +109,7 @@ TEST_P(ThreadsCollectivesTest, ReduceScatterAnyDimEveryOp) {
   const int64_t n = GetParam();
   for (auto dtype : kDtypes) {
     for (auto op : kOps) {
-      if (!valid(op, dtype)) continue;
+      if (!valid_reduce(op, dtype)) continue;
       for (int64_t dim : {0, 1}) {
         std::vector<int64_t> shape = {2, 3};
         shape[dim] = 2 * n;

@@ -1,4 +1,5 @@
 #include "device_mesh/device_mesh.h"
+#include "dtensor/strings.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -9,24 +10,6 @@
 
 namespace dtensor {
 namespace {
-
-std::string join(const std::vector<int64_t>& v, const char* sep = ",") {
-  std::string out;
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (i) out += sep;
-    out += std::to_string(v[i]);
-  }
-  return out;
-}
-
-std::string join(const std::vector<std::string>& v, const char* sep = ",") {
-  std::string out;
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (i) out += sep;
-    out += v[i];
-  }
-  return out;
-}
 
 [[noreturn]] void fail(const std::string& what) {
   throw std::invalid_argument("DeviceMesh: " + what);

@@ -1,4 +1,5 @@
 #include "device_mesh/device_mesh.h"
+#include "tests/expect_error.h"
 
 #include <gtest/gtest.h>
 
@@ -10,14 +11,7 @@ namespace {
 using V = std::vector<int64_t>;
 using Names = std::vector<std::string>;
 
-void expect_error(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
+using testing::expect_error;
 
 TEST(DeviceMeshTest, ShapeSizeAndNames) {
   const DeviceMesh mesh = DeviceMesh::arange({2, 3}, {"dp", "tp"});
@@ -62,9 +56,18 @@ TEST(DeviceMeshTest, GroupsAlongEachDim) {
   EXPECT_EQ(cube.all_groups(0), (std::vector<V>{{0, 4}, {2, 6}, {1, 5}, {3, 7}}));
   EXPECT_EQ(cube.all_groups(1), (std::vector<V>{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
   EXPECT_EQ(cube.all_groups(2), (std::vector<V>{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
-  EXPECT_EQ(DeviceMesh::arange({2, 3, 4}).all_groups(0),
-            (std::vector<V>{{0, 12}, {4, 16}, {8, 20}, {1, 13}, {5, 17}, {9, 21}, {2, 14},
-                            {6, 18}, {10, 22}, {3, 15}, {7, 19}, {11, 23}}));
+  EXPECT_EQ(DeviceMesh::arange({2, 3, 4}).all_groups(0), (std::vector<V>{{0, 12},
+                                                                         {4, 16},
+                                                                         {8, 20},
+                                                                         {1, 13},
+                                                                         {5, 17},
+                                                                         {9, 21},
+                                                                         {2, 14},
+                                                                         {6, 18},
+                                                                         {10, 22},
+                                                                         {3, 15},
+                                                                         {7, 19},
+                                                                         {11, 23}}));
   expect_error([&] { mesh.group_ranks(0, 9); }, "rank 9 is not in");
   expect_error([&] { mesh.group_ranks(2, 0); }, "dim 2 is out of range for a 2-D mesh");
 }

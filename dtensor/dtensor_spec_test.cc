@@ -1,4 +1,5 @@
 #include "dtensor/dtensor_spec.h"
+#include "tests/expect_error.h"
 
 #include <gtest/gtest.h>
 
@@ -9,14 +10,7 @@ namespace {
 
 using V = std::vector<int64_t>;
 
-void expect_error(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
+using testing::expect_error;
 
 const DeviceMesh kMesh = DeviceMesh::arange({2, 2});
 
@@ -116,8 +110,11 @@ TEST(DTensorSpecTest, ValidationNamesTheProblem) {
         DTensorSpec::make(kMesh, {Replicate(), Replicate()}, TensorMeta{{-1}, {1}});
       },
       "negative size");
-  expect_error([&] { DTensorSpec::make(kMesh, {Replicate(), Partial(ReduceOp::kBxor)}, meta); },
-               "P(bxor) needs an integer or bool tensor, not Float");
+  expect_error(
+      [&] {
+        DTensorSpec::make(kMesh, {Replicate(), Partial(ReduceOp::kBxor)}, meta);
+      },
+      "P(bxor) needs an integer or bool tensor, not Float");
   // Bitwise partials are fine for integers.
   EXPECT_TRUE(DTensorSpec::make(kMesh, {Replicate(), Partial(ReduceOp::kBxor)},
                                 TensorMeta::make({8, 4}, c10::kInt))

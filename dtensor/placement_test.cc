@@ -74,10 +74,17 @@ TEST(PlacementTest, RejectsBadTextNamingTheToken) {
     const char* token;
   };
   const Case cases[] = {
-      {"S(0),X,R", "'X'"},      {"S(a)", "'S(a)'"},         {"S()", "'S()'"},
-      {"S(0", "'S(0'"},         {"R,P(mean)", "'P(mean)'"}, {"S(0),,R", "''"},
-      {"R(1)", "'R(1)'"},       {"S(1.5)", "'S(1.5)'"},     {"Shard0)", "'Shard0)'"},
-      {"[S(0),R", "'[S(0),R'"},     {"S(0)),R", "unexpected ')'"},
+      {"S(0),X,R", "'X'"},
+      {"S(a)", "'S(a)'"},
+      {"S()", "'S()'"},
+      {"S(0", "'S(0'"},
+      {"R,P(mean)", "'P(mean)'"},
+      {"S(0),,R", "''"},
+      {"R(1)", "'R(1)'"},
+      {"S(1.5)", "'S(1.5)'"},
+      {"Shard0)", "'Shard0)'"},
+      {"[S(0),R", "'[S(0),R'"},
+      {"S(0)),R", "unexpected ')'"},
   };
   for (const auto& c : cases) {
     try {

@@ -1,16 +1,11 @@
 #include "dtensor/shard_layout.h"
+#include "dtensor/strings.h"
 
 #include <algorithm>
 #include <stdexcept>
 
 namespace dtensor {
 namespace {
-
-std::string join(const std::vector<int64_t>& v) {
-  std::string out;
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
-  return out;
-}
 
 void check_coordinate(const DTensorSpec& spec, const std::vector<int64_t>& coordinate) {
   const auto& shape = spec.mesh().shape();

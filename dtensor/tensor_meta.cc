@@ -1,19 +1,11 @@
 #include "dtensor/tensor_meta.h"
+#include "dtensor/strings.h"
 
 #include <stdexcept>
 
 #include "dtensor/hashing.h"
 
 namespace dtensor {
-namespace {
-
-std::string join(const std::vector<int64_t>& v) {
-  std::string out;
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
-  return out;
-}
-
-}  // namespace
 
 std::vector<int64_t> TensorMeta::contiguous_stride(const std::vector<int64_t>& shape) {
   std::vector<int64_t> stride(shape.size(), 1);

@@ -1,4 +1,5 @@
 #include "dtensor/tensor_meta.h"
+#include "tests/expect_error.h"
 
 #include <gtest/gtest.h>
 
@@ -9,14 +10,7 @@ namespace {
 
 using V = std::vector<int64_t>;
 
-void expect_error(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
+using testing::expect_error;
 
 TEST(TensorMetaTest, ContiguousStrideAndText) {
   const TensorMeta m = TensorMeta::make({10, 7});
@@ -37,8 +31,11 @@ TEST(TensorMetaTest, EqualityCoversShapeStrideAndDtype) {
 }
 
 TEST(TensorMetaTest, NumelOverflowIsAnError) {
-  expect_error([] { TensorMeta::make({int64_t{1} << 40, int64_t{1} << 40}); },
-               "more elements than int64 can count");
+  expect_error(
+      [] {
+        TensorMeta::make({int64_t{1} << 40, int64_t{1} << 40});
+      },
+      "more elements than int64 can count");
 }
 
 TEST(TensorMetaTest, NormalizeTensorDim) {

@@ -10,23 +10,16 @@
 
 #include "collectives/functional.h"
 #include "collectives/launch_env.h"
+#include "tests/collective_reference.h"
 #include "tests/fork_ranks.h"
 
 namespace dtensor::collectives {
 namespace {
 
-at::Tensor input_for(int64_t rank, std::vector<int64_t> shape, c10::ScalarType dtype) {
-  const int64_t numel = c10::multiply_integers(shape);
-  at::Tensor base = (at::arange(numel, at::kLong) * 7 + rank * 3) % 5 + 1;
-  if (dtype == at::kBool) base = base % 2;
-  return base.reshape(shape).to(dtype);
-}
-
-std::vector<at::Tensor> all_inputs(int64_t n, std::vector<int64_t> shape, c10::ScalarType dtype) {
-  std::vector<at::Tensor> v;
-  for (int64_t r = 0; r < n; ++r) v.push_back(input_for(r, shape, dtype));
-  return v;
-}
+using testing::all_inputs;
+using testing::input_for;
+using testing::reference_reduce;
+using testing::valid_reduce;
 
 struct Checker {
   int64_t rank;
