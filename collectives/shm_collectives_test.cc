@@ -178,24 +178,9 @@ void check_reduce_scatter(int64_t n, int64_t r, int64_t m) {
 }
 
 void check_all_to_all_single(int64_t n, int64_t r, int64_t m) {
-  auto rows = [m](int64_t s, int64_t d) { return (s + d) % 3 * m; };  // rank s sends d rows
-  std::vector<at::Tensor> inputs;
-  for (int64_t s = 0; s < n; ++s) {
-    int64_t total = 0;
-    for (int64_t d = 0; d < n; ++d) total += rows(s, d);
-    inputs.push_back(input_for(s, {total, 2}, at::kLong, 100 * s));
-  }
-  std::vector<int64_t> in_splits, out_splits;
-  std::vector<at::Tensor> expected;
-  for (int64_t d = 0; d < n; ++d) in_splits.push_back(rows(r, d));
-  for (int64_t s = 0; s < n; ++s) {
-    out_splits.push_back(rows(s, r));
-    int64_t off = 0;
-    for (int64_t d = 0; d < r; ++d) off += rows(s, d);
-    expected.push_back(inputs[s].narrow(0, off, rows(s, r)));
-  }
-  expect_same(all_to_all_single(inputs[r], out_splits, in_splits, kWorld), at::cat(expected),
-              "all_to_all_single");
+  const auto c = testing::uneven_all_to_all(n, m);
+  expect_same(all_to_all_single(c.inputs[r], c.output_splits(r), c.input_splits(r), kWorld),
+              c.expected(r), "all_to_all_single");
 }
 
 void check_all_to_all(int64_t n, int64_t r, int64_t m) {

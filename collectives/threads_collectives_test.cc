@@ -135,26 +135,11 @@ TEST_P(ThreadsCollectivesTest, ReduceScatterNeedsDivisibleDim) {
 
 TEST_P(ThreadsCollectivesTest, AllToAllSingleUnevenSplits) {
   const int64_t n = GetParam();
-  // Rank s sends (s + d) % 3 rows to rank d.
-  auto rows = [](int64_t s, int64_t d) { return (s + d) % 3; };
-  std::vector<at::Tensor> inputs;
-  for (int64_t s = 0; s < n; ++s) {
-    int64_t total = 0;
-    for (int64_t d = 0; d < n; ++d) total += rows(s, d);
-    inputs.push_back(input_for(s, {total, 2}, at::kLong, 100 * s));
-  }
+  const auto c = testing::uneven_all_to_all(n);
   run_threads(n, [&](int64_t r) {
-    std::vector<int64_t> in_splits, out_splits;
-    std::vector<at::Tensor> expected;
-    for (int64_t d = 0; d < n; ++d) in_splits.push_back(rows(r, d));
-    for (int64_t s = 0; s < n; ++s) {
-      out_splits.push_back(rows(s, r));
-      int64_t off = 0;
-      for (int64_t d = 0; d < r; ++d) off += rows(s, d);
-      expected.push_back(inputs[s].narrow(0, off, rows(s, r)));
-    }
-    expect_same(all_to_all_single(inputs[r], out_splits, in_splits, RankContext::kWorld),
-                at::cat(expected), "all_to_all_single");
+    expect_same(
+        all_to_all_single(c.inputs[r], c.output_splits(r), c.input_splits(r), RankContext::kWorld),
+        c.expected(r), "all_to_all_single");
   });
 }
 

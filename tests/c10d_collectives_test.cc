@@ -81,23 +81,9 @@ int conformance(int rank, int n, int port) {
   check(reduce_scatter_tensor(rs[rank], ReduceOp::kSum, 0, world),
         at::stack(rs).sum(0).chunk(n)[rank], "reduce_scatter");
   // all_to_all, single (uneven) and split/concat.
-  auto rows = [](int64_t s, int64_t d) { return (s + d) % 3; };
-  std::vector<at::Tensor> a2a;
-  for (int s = 0; s < n; ++s) {
-    int64_t total = 0;
-    for (int d = 0; d < n; ++d) total += rows(s, d);
-    a2a.push_back(input_for(s, {total, 2}, at::kLong) + 100 * s);
-  }
-  std::vector<int64_t> in_s, out_s;
-  std::vector<at::Tensor> expect;
-  for (int d = 0; d < n; ++d) in_s.push_back(rows(rank, d));
-  for (int s = 0; s < n; ++s) {
-    out_s.push_back(rows(s, rank));
-    int64_t off = 0;
-    for (int d = 0; d < rank; ++d) off += rows(s, d);
-    expect.push_back(a2a[s].narrow(0, off, rows(s, rank)));
-  }
-  check(all_to_all_single(a2a[rank], out_s, in_s, world), at::cat(expect), "all_to_all_single");
+  const auto a2a = testing::uneven_all_to_all(n);
+  check(all_to_all_single(a2a.inputs[rank], a2a.output_splits(rank), a2a.input_splits(rank), world),
+        a2a.expected(rank), "all_to_all_single");
   const auto tt = all_inputs(n, {2 * n, 3}, at::kFloat);
   std::vector<at::Tensor> recv;
   for (int s = 0; s < n; ++s) recv.push_back(tt[s].chunk(n, 0)[rank]);

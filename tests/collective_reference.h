@@ -66,4 +66,43 @@ inline at::Tensor reference_reduce(const std::vector<at::Tensor>& parts, ReduceO
   }
 }
 
+// An uneven all_to_all_single case over n ranks: rank s sends (s + d) % 3 * scale rows (of 2
+// int64 columns) to rank d, so some pairs exchange nothing.
+struct UnevenAllToAll {
+  int64_t n, scale;
+  std::vector<at::Tensor> inputs;  // per sending rank
+
+  int64_t rows(int64_t s, int64_t d) const { return (s + d) % 3 * scale; }
+  std::vector<int64_t> input_splits(int64_t r) const {
+    std::vector<int64_t> v;
+    for (int64_t d = 0; d < n; ++d) v.push_back(rows(r, d));
+    return v;
+  }
+  std::vector<int64_t> output_splits(int64_t r) const {
+    std::vector<int64_t> v;
+    for (int64_t s = 0; s < n; ++s) v.push_back(rows(s, r));
+    return v;
+  }
+  // What rank r receives: from each sender, in rank order, the rows meant for r.
+  at::Tensor expected(int64_t r) const {
+    std::vector<at::Tensor> parts;
+    for (int64_t s = 0; s < n; ++s) {
+      int64_t off = 0;
+      for (int64_t d = 0; d < r; ++d) off += rows(s, d);
+      parts.push_back(inputs[s].narrow(0, off, rows(s, r)));
+    }
+    return at::cat(parts);
+  }
+};
+
+inline UnevenAllToAll uneven_all_to_all(int64_t n, int64_t scale = 1) {
+  UnevenAllToAll c{n, scale, {}};
+  for (int64_t s = 0; s < n; ++s) {
+    int64_t total = 0;
+    for (int64_t d = 0; d < n; ++d) total += c.rows(s, d);
+    c.inputs.push_back(input_for(s, {total, 2}, at::kLong, 100 * s));
+  }
+  return c;
+}
+
 }  // namespace dtensor::testing
