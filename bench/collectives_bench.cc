@@ -8,6 +8,7 @@
 // "bytes" is nccl-tests' size: the full buffer (all_reduce: the tensor; all_gather: the gathered
 // output; reduce_scatter: the input; all_to_all: what one rank sends). algbw = bytes / time;
 // busbw = algbw * 2(n-1)/n for all_reduce and (n-1)/n for the others.
+// With 2 ranks it also reports how much CPU a rank burns while waiting for a late peer.
 // DTENSOR_BENCH_NO_MALLOC_TUNING=1 measures with glibc's default (page faults on every call).
 
 #include <ATen/ATen.h>
@@ -20,6 +21,7 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collectives/functional.h"
@@ -93,6 +95,34 @@ void sweep(const std::string& backend, int64_t rank, int64_t n, int64_t max_byte
   }
 }
 
+// How busy a rank is while it waits: rank 1 arrives `delay` late to an all_reduce; rank 0 reports
+// the CPU time it spent inside the call over the wall time (1.0 = one core busy throughout).
+void wait_cost(const std::string& backend, int64_t rank, clockid_t clock) {
+  const at::Tensor x = at::ones({1024}, at::kFloat);
+  all_reduce(x, ReduceOp::kSum, RankContext::kWorld);  // create the communicator first
+  barrier(RankContext::kWorld);
+  const auto delay = std::chrono::milliseconds(1000);
+  if (rank != 0) {
+    std::this_thread::sleep_for(delay);
+    all_reduce(x, ReduceOp::kSum, RankContext::kWorld);
+    return;
+  }
+  timespec c0{}, c1{};
+  ::clock_gettime(clock, &c0);
+  const auto t0 = Clock::now();
+  all_reduce(x, ReduceOp::kSum, RankContext::kWorld);
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  ::clock_gettime(clock, &c1);
+  const double cpu = (c1.tv_sec - c0.tv_sec) + (c1.tv_nsec - c0.tv_nsec) * 1e-9;
+  std::printf("%-8s waiting %.2f s for a late peer used %.3f s of CPU (%.1f%% of a core)\n",
+              backend.c_str(), wall, cpu, 100 * cpu / wall);
+  std::printf(
+      "{\"bench\":\"collectives\",\"backend\":\"%s\",\"op\":\"wait_cpu\",\"ranks\":2,"
+      "\"wall_s\":%.3f,\"cpu_s\":%.4f,\"busy_cores\":%.4f}\n",
+      backend.c_str(), wall, cpu, cpu / wall);
+  std::fflush(stdout);
+}
+
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
@@ -143,7 +173,10 @@ int main(int argc, char** argv) {
   for (const auto& backend : o.backends) {
     for (int n : o.ranks) {
       if (backend == "threads") {
-        run_threads(n, [&](int64_t r) { sweep(backend, r, n, o.max_bytes, mc); });
+        run_threads(n, [&](int64_t r) {
+          sweep(backend, r, n, o.max_bytes, mc);
+          if (n == 2) wait_cost(backend, r, CLOCK_THREAD_CPUTIME_ID);
+        });
         continue;
       }
       const int port = dtensor::testing::free_port();
@@ -157,6 +190,7 @@ int main(int argc, char** argv) {
             at::set_num_threads(1);
             auto ctx = init_from_env(backend);
             sweep(backend, r, n, o.max_bytes, mc);
+            if (n == 2) wait_cost(backend, r, CLOCK_PROCESS_CPUTIME_ID);
             return 0;
           },
           std::chrono::seconds(1800));
