@@ -49,8 +49,10 @@ std::vector<at::Tensor> submit(const std::string& group, std::shared_ptr<Job> jo
   }
   WorkPtr work = ep.worker->submit(run);
   std::lock_guard<std::mutex> lock(g_pending_mu);
-  for (auto it = g_pending.begin(); it != g_pending.end();) {  // forget finished, unwaited work
-    it = it->second->is_completed() ? g_pending.erase(it) : std::next(it);
+  // Forget work that finished fine but was never waited; keep failures for wait_tensor to raise.
+  for (auto it = g_pending.begin(); it != g_pending.end();) {
+    const bool forget = it->second->is_completed() && !it->second->failed();
+    it = forget ? g_pending.erase(it) : std::next(it);
   }
   for (const at::Tensor& r : results) g_pending[storage_key(r)] = work;
   return results;

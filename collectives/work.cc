@@ -14,6 +14,11 @@ bool Work::is_completed() {
   return done_;
 }
 
+bool Work::failed() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_ && error_ != nullptr;
+}
+
 void Work::finish(std::exception_ptr error) {
   {
     std::lock_guard<std::mutex> lock(mu_);

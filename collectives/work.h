@@ -17,6 +17,8 @@ class Work {
   // Blocks until the collective (and its epilogue) finished; rethrows its error.
   void wait();
   bool is_completed();
+  // Completed with an error (wait() would rethrow it).
+  bool failed();
   void finish(std::exception_ptr error);
 
  private:
