@@ -110,6 +110,14 @@ std::vector<std::vector<size_t>> by_dtype(const std::vector<at::Tensor>& ts) {
   return groups;
 }
 
+// One tensor of a coalesced call: its index in the inputs, the dim it is gathered/scattered on,
+// its element offset inside the packed per-rank buffer, and that call's output buffer.
+struct Piece {
+  size_t index;
+  int64_t dim, offset;
+  at::Tensor output;
+};
+
 std::vector<int64_t> shape_with(at::IntArrayRef sizes, int64_t dim, int64_t value) {
   std::vector<int64_t> s = sizes.vec();
   s[dim] = value;
@@ -155,11 +163,6 @@ std::vector<at::Tensor> all_gather_into_tensor_coalesced(const std::vector<at::T
   const int64_t n = group_size(group);
   auto job = std::make_shared<Job>();
   std::vector<at::Tensor> results(inputs.size());
-  struct Piece {
-    size_t index;
-    int64_t dim, offset;
-    at::Tensor output;
-  };
   std::vector<Piece> pieces;
   for (const auto& idx : by_dtype(inputs)) {
     std::vector<at::Tensor> flats;
@@ -248,10 +251,6 @@ std::vector<at::Tensor> reduce_scatter_tensor_coalesced(const std::vector<at::Te
   const int64_t n = group_size(group);
   auto job = std::make_shared<Job>();
   std::vector<at::Tensor> results(inputs.size());
-  struct Piece {
-    size_t index;
-    int64_t dim, offset;
-  };
   std::vector<Piece> pieces;
   for (const auto& idx : by_dtype(inputs)) {
     check_reduce_op(op, inputs[idx[0]].scalar_type(),
@@ -270,7 +269,7 @@ std::vector<at::Tensor> reduce_scatter_tensor_coalesced(const std::vector<at::Te
       }
       const int64_t len = inputs[i].size(d) / n;
       for (int64_t r = 0; r < n; ++r) chunks[r].push_back(flat(inputs[i].narrow(d, r * len, len)));
-      pieces.push_back({i, d, per_rank});
+      pieces.push_back({i, d, per_rank, {}});
       per_rank += inputs[i].numel() / n;
     }
     std::vector<at::Tensor> all;

@@ -25,10 +25,7 @@
 namespace dtensor::collectives {
 namespace {
 
-using testing::all_inputs;
-using testing::input_for;
-using testing::reference_reduce;
-using testing::valid_reduce;
+using namespace dtensor::testing;  // inputs and single-device references
 
 using std::chrono::milliseconds;
 

@@ -133,6 +133,11 @@ ShmSegment ShmSegment::create(const std::string& name, size_t bytes) {
     ::shm_unlink(name.c_str());
     throw_errno(err, "mapping shared memory '" + name + "'");
   }
+  return adopt(name, base, bytes, st);
+}
+
+ShmSegment ShmSegment::adopt(const std::string& name, void* base, size_t bytes,
+                             const struct stat& st) {
   ShmSegment seg;
   seg.name_ = name;
   seg.base_ = base;
@@ -156,13 +161,7 @@ ShmSegment ShmSegment::open(const std::string& name, size_t min_bytes) {
   const size_t bytes = static_cast<size_t>(st.st_size);
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) throw_errno(errno, "mapping shared memory '" + name + "'");
-  ShmSegment seg;
-  seg.name_ = name;
-  seg.base_ = base;
-  seg.size_ = bytes;
-  seg.dev_ = st.st_dev;
-  seg.ino_ = st.st_ino;
-  return seg;
+  return adopt(name, base, bytes, st);
 }
 
 void ShmSegment::populate() {

@@ -2,6 +2,7 @@
 // The shared-memory segment of the shm backend (shm_backend.cc): its name, its layout, how ranks
 // wait on it, and ShmSegment, RAII over one named POSIX shared-memory segment (shm_open + mmap).
 
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <time.h>
 
@@ -157,6 +158,8 @@ class ShmSegment {
 
  private:
   void reset();
+  // Wraps a fresh mapping of `bytes` at `base` of the file `st` describes.
+  static ShmSegment adopt(const std::string& name, void* base, size_t bytes, const struct stat& st);
 
   std::string name_;
   void* base_ = nullptr;

@@ -14,10 +14,7 @@
 namespace dtensor::collectives {
 namespace {
 
-using testing::all_inputs;
-using testing::input_for;
-using testing::reference_reduce;
-using testing::valid_reduce;
+using namespace dtensor::testing;  // inputs and single-device references
 
 const std::vector<c10::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf,
                                               at::kInt,   at::kLong,   at::kBool};

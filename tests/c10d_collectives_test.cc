@@ -16,10 +16,7 @@
 namespace dtensor::collectives {
 namespace {
 
-using testing::all_inputs;
-using testing::input_for;
-using testing::reference_reduce;
-using testing::valid_reduce;
+using namespace dtensor::testing;  // inputs and single-device references
 
 struct Checker {
   int64_t rank;
