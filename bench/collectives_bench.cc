@@ -1,7 +1,8 @@
 // ./x bench collectives: time, algbw and busbw (nccl-tests' definitions) of all_reduce,
 // all_gather, reduce_scatter and all_to_all on the threads, shm and c10d (Gloo) backends, for 2
-// and 4 ranks and 4 KiB .. 64 MiB, next to the single-thread memcpy bandwidth measured in the
-// same run. Prints a table and one JSON object per measurement.
+// and 4 ranks and 4 KiB .. 64 MiB (powers of 4, and 32 MiB), next to the single-thread memcpy
+// bandwidth and the cost of first-touch page faults measured in the same run. Prints a table and
+// one JSON object per measurement.
 //
 //   collectives_bench [--backends threads,shm,c10d] [--ranks 2,4] [--max-bytes 67108864]
 //
@@ -9,13 +10,16 @@
 // output; reduce_scatter: the input; all_to_all: what one rank sends). algbw = bytes / time;
 // busbw = algbw * 2(n-1)/n for all_reduce and (n-1)/n for the others.
 // With 2 ranks it also reports how much CPU a rank burns while waiting for a late peer.
-// DTENSOR_BENCH_NO_MALLOC_TUNING=1 measures with glibc's default (page faults on every call).
+// DTENSOR_BENCH_NO_MALLOC_TUNING=1 measures with glibc's default (page faults on every call of
+// 32 MiB or more, see main()).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <malloc.h>
+#include <sys/mman.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -51,6 +55,28 @@ double memcpy_gbs() {
   return static_cast<double>(n) * iters / s / 1e9;
 }
 
+// Microseconds per 4 KiB page to first touch fresh memory (what a call pays when its output is
+// new memory from the kernel): one 64 MiB anonymous mapping, written once.
+double fault_us_per_page() {
+  const size_t n = 64ull << 20;
+  void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return 0;
+  const auto t0 = Clock::now();
+  std::memset(p, 1, n);
+  const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+  ::munmap(p, n);
+  return us / (n / 4096);
+}
+
+// 4 KiB, 16 KiB, ... (powers of 4) and 32 MiB, up to max_bytes.
+std::vector<int64_t> sizes_up_to(int64_t max_bytes) {
+  std::vector<int64_t> sizes;
+  for (int64_t b = 4096; b <= max_bytes; b *= 4) sizes.push_back(b);
+  if ((32ll << 20) <= max_bytes) sizes.push_back(32ll << 20);
+  std::sort(sizes.begin(), sizes.end());
+  return sizes;
+}
+
 const char* kOps[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"};
 
 // One collective of `bytes` (nccl-tests' size) on the world group.
@@ -64,7 +90,7 @@ void run_op(const std::string& op, const at::Tensor& full, const at::Tensor& par
 // Runs the sweep on this rank; rank 0 prints.
 void sweep(const std::string& backend, int64_t rank, int64_t n, int64_t max_bytes, double mc) {
   for (const char* op : kOps) {
-    for (int64_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
+    for (int64_t bytes : sizes_up_to(max_bytes)) {
       const int64_t numel = bytes / 4 / n * n;  // float32, divisible by n
       const at::Tensor full = at::ones({numel}, at::kFloat);
       const at::Tensor part = at::ones({numel / n}, at::kFloat);
@@ -135,6 +161,11 @@ std::vector<std::string> split(const std::string& s) {
 
 int main(int argc, char** argv) {
   Options o;
+  if (argc == 2 && std::string(argv[1]) == "--help") {
+    std::printf("usage: %s [--backends threads,shm,c10d] [--ranks 2,4] [--max-bytes 67108864]\n",
+                argv[0]);
+    return 0;
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--backends")
@@ -149,23 +180,28 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  // Functional collectives allocate their outputs on every call. glibc hands large blocks back
-  // to the kernel on free, so each call would pay fresh page faults (~12 us per page on this
-  // VM) and measure the kernel instead of the collective. Keep freed memory in the heap, as a
-  // long-running job's allocator does in steady state.
+  // Functional collectives allocate their outputs on every call. glibc serves large blocks
+  // with mmap and hands them back to the kernel on free, so each call would pay fresh page
+  // faults (~12 us per page on this VM: ~200 ms for 64 MiB) and measure the kernel instead of
+  // the collective. Keep every block in the heap and freed memory there, as a caching allocator
+  // (or a long-running job's heap in steady state) does. M_MMAP_THRESHOLD alone cannot do it: glibc
+  // caps it at 32 MiB, so blocks of 32 MiB and more would still be mmapped on every call; with
+  // M_MMAP_MAX = 0 glibc never mmaps. The fault cost is measured and reported on its own.
   const bool tune = std::getenv("DTENSOR_BENCH_NO_MALLOC_TUNING") == nullptr;
   if (tune) {
-    // 32 MiB is the largest threshold glibc accepts (larger values are ignored); blocks past it
-    // are still mmapped per call, which the figures for 64 MiB show.
-    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_MMAP_MAX, 0);
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
   }
   at::set_num_threads(1);
   const double mc = memcpy_gbs();
-  std::printf("malloc tuning (keep freed memory): %s\n", tune ? "on" : "off");
+  const double fault_us = fault_us_per_page();
+  std::printf("malloc tuning (keep freed memory, never mmap): %s\n", tune ? "on" : "off");
   std::printf("single-thread memcpy (64 MiB): %.2f GB/s\n", mc);
+  std::printf("first touch of fresh memory: %.2f us per 4 KiB page (%.1f ms per 64 MiB)\n",
+              fault_us, fault_us * 16384 / 1000);
   std::printf("{\"bench\":\"collectives\",\"op\":\"memcpy\",\"bytes\":%lld,\"memcpy_gbs\":%.3f}\n",
               64ll << 20, mc);
+  std::printf("{\"bench\":\"collectives\",\"op\":\"page_fault\",\"us_per_page\":%.3f}\n", fault_us);
   std::printf("%-8s %-15s %5s %12s %12s %10s %10s %8s\n", "backend", "op", "ranks", "bytes",
               "time_us", "algbw", "busbw", "bus/mcpy");
   std::fflush(stdout);

@@ -8,7 +8,8 @@
 // published it, then produces its part of the output by reading the peers' buffers directly, and
 // finally publishes that it has finished reading. The first step of a collective also carries a
 // descriptor of the call, which every rank checks against the others' (mismatched calls fail on
-// every rank). Messages of any size pass through the fixed-size buffers chunk by chunk.
+// every rank). Messages of any size pass through the fixed-size buffers chunk by chunk, or, when
+// larger than one step, straight from the peers' inputs (NOTE [shm cross memory attach]).
 
 #include <ATen/ATen.h>
 #include <sys/mman.h>
@@ -16,6 +17,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -38,6 +40,13 @@ using shm::Header;
 using shm::Layout;
 using shm::layout_for;
 using shm::Wait;
+
+// What peers read to probe cross memory attach into this process (Ctrl::probe holds its address).
+const uint64_t g_probe_word = shm::kProbeWord;
+
+// Reductions through cross memory attach fold pieces of this many bytes: a peer's piece is read
+// into a scratch buffer that stays in cache while it is folded into the output.
+constexpr size_t kPieceBytes = size_t{256} << 10;
 
 int64_t offset_of(const std::vector<int64_t>& splits, int64_t r) {
   int64_t off = 0;
@@ -170,12 +179,29 @@ void check_call(const CollectiveCall& c, int64_t n, int64_t me, const std::strin
   }
 }
 
+// NOTE [shm cross memory attach]
+// Through the buffers, data crosses memory twice (the sender copies it in, the readers copy it
+// out). A call larger than one step (more than half a data area in its input or output) is
+// instead read straight from the peers' inputs with process_vm_readv (Linux Cross Memory Attach):
+// the first step's descriptor publishes the rank's pid and input address instead of data, every
+// rank reads what it needs into its own output (a rank copies its own part from its own input),
+// marks the step consumed, and returns only once every peer has marked it consumed, so an input
+// stays valid and unchanged while peers read it. Reductions fold pieces of kPieceBytes in
+// group-rank order (identical bits on every rank, as through the buffers). The buffers stay for
+// small calls (one copy each way in cache, and no closing wait). Each rank probes once per
+// communicator, on its first call (which goes through the buffers), whether it can read every
+// peer (ptrace rules may deny it: EPERM; old kernels: ENOSYS); DTENSOR_SHM_CMA=0 turns it off.
+// A call uses it only when every rank's descriptor says so; when only some do (the ranks disagree
+// on the probe or the setting, or on the size of an all_to_all), the rounds start afresh in the
+// next step with every rank posting data. A failed read (a peer died mid-call) marks the group
+// broken and fails on every rank with a CollectiveError naming the rank.
 class ShmCommunicator : public Communicator {
  public:
   explicit ShmCommunicator(const CommunicatorOptions& o)
       : Communicator(o.group, group_rank_of(o), o.timeout),
         name_(shm_segment_name(o.job, o.group.name)),
-        snaps_(size()) {}
+        snaps_(size()),
+        cma_(shm::cma_enabled() && size() > 1 ? Cma::kUnknown : Cma::kNo) {}
   ~ShmCommunicator() override;
 
   void run(CollectiveCall& call) override;
@@ -192,16 +218,21 @@ class ShmCommunicator : public Communicator {
   bool remove_stale();
   void adopt(ShmSegment seg);
 
+  enum class Cma { kUnknown, kYes, kNo };
+
   void exchange(const Op& op, CollectiveCall& call);
-  void post(const CollectiveCall& call, uint64_t t, int64_t lo, int64_t len);
+  void post(const CollectiveCall& call, const Desc& mine, uint64_t t, int64_t c, int64_t per_round);
   void await(const Op& op, std::atomic<uint64_t> Ctrl::*field, uint64_t step, const char* what);
-  void write_desc(const CollectiveCall& call, uint64_t t);
+  void write_desc(const CollectiveCall& call, uint64_t t, bool cma);
   void snapshot(uint64_t t);
-  void consume(CollectiveCall& call, uint64_t t, int64_t lo, int64_t per_round);
-  void reduce_window(CollectiveCall& call, uint64_t t, int64_t lo, int64_t in_at, int64_t out_at,
-                     int64_t len);
+  void probe_cma();
+  void consume(CollectiveCall& call, uint64_t t, int64_t c, int64_t per_round);
+  void read_peers(const Op& op, CollectiveCall& call, uint64_t t);
+  template <class Piece>
+  void fold(CollectiveCall& call, int64_t out_at, int64_t len, Piece&& piece);
 
   [[noreturn]] void fail(const Op& op, const std::vector<int64_t>& missing, const char* what);
+  [[noreturn]] void break_group(const std::string& msg);
   [[noreturn]] void throw_peer_broken();
 
   Ctrl* ctrl(int64_t r) const {
@@ -223,6 +254,15 @@ class ShmCommunicator : public Communicator {
   int64_t window(int64_t r, int64_t lo, int64_t per_round) const {
     return std::clamp<int64_t>(payload_of(snaps_[r].d, r) - lo, 0, per_round);
   }
+  // NOTE [shm reduce_scatter rounds]
+  // Through the buffers, reduce_scatter moves only what peers read, and every rank reduces in
+  // every round: in round c, rank r's buffer holds chunk c (share_step elements) of each other
+  // rank's share, in slots by destination (r's own share is skipped: slot(d, r)), and each rank
+  // folds chunk c of its own share from the peers' slots and its own input.
+  int64_t share_step(int64_t per_round) const {
+    return size() > 1 ? per_round / (size() - 1) : per_round;
+  }
+  static int64_t slot(int64_t d, int64_t r) { return d < r ? d : d - 1; }
 
   std::mutex mu_;  // one call at a time (the caller's thread or the group's worker)
   std::string name_;
@@ -233,6 +273,8 @@ class ShmCommunicator : public Communicator {
   uint64_t step_ = 0;   // last step this rank completed
   std::string broken_;  // set once a call failed for good: later calls fail at once
   std::vector<Snap> snaps_;
+  Cma cma_;
+  std::vector<char> scratch_;  // a peer's piece of a reduction read by cross memory attach
 };
 
 Desc describe(const CollectiveCall& c, int64_t n) {
@@ -290,13 +332,16 @@ void ShmCommunicator::attach(const Op& op) {
     throw CollectiveError(label_of(op.call) + " on group '" + group().name +
                           "' (shm): " + e.what());
   }
+  ctrl(rank())->pid = ::getpid();  // for cross memory attach; read by peers after step 1
+  ctrl(rank())->probe = reinterpret_cast<uint64_t>(&g_probe_word);
   if (hdr_->attached.fetch_add(1, std::memory_order_acq_rel) + 1 == size()) {
     seg_.unlink_if_current();
   }
 }
 
 void ShmCommunicator::create_segment(const Op& op) {
-  const size_t half = shm::half_buffer_bytes();
+  // Every reduce_scatter round needs a slot of at least one element (up to 16 bytes) per peer.
+  const size_t half = std::max<size_t>(shm::half_buffer_bytes(), (16 * size() + 63) / 64 * 64);
   const Layout l = layout_for(size(), half);
   for (int attempt = 0;; ++attempt) {
     ShmSegment seg = ShmSegment::create(name_, l.total);
@@ -375,12 +420,17 @@ void ShmCommunicator::exchange(const Op& op, CollectiveCall& call) {
   const Desc mine = describe(call, size());
   const size_t isz = call.input.defined() ? call.input.element_size() : 1;
   const int64_t per_round = static_cast<int64_t>(half_ / isz);  // elements per step
-  const int64_t my_payload = payload_of(mine, rank());
+  const bool cma = cma_ == Cma::kYes && call.kind != CollectiveKind::kBarrier &&
+                   std::max(call.input.nbytes(), call.output.nbytes()) > half_;
   uint64_t t = step_ + 1;
   // Step 1 carries the descriptors: check that the calls agree before computing anything.
   await(op, &Ctrl::consumed, t >= 2 ? t - 2 : 0, "did not finish");
-  write_desc(call, t);
-  post(call, t, 0, std::min(my_payload, per_round));
+  write_desc(call, t, cma);
+  if (cma) {
+    ctrl(rank())->posted.store(t, std::memory_order_release);
+  } else {
+    post(call, mine, t, 0, per_round);
+  }
   await(op, &Ctrl::posted, t, "did not arrive");
   snapshot(t);
   const std::string bad = mismatch(snaps_);
@@ -390,30 +440,60 @@ void ShmCommunicator::exchange(const Op& op, CollectiveCall& call) {
     throw CollectiveError(label_of(call) + " on group '" + group().name +
                           "' (shm): ranks disagree: " + bad);
   }
-  int64_t most = 0;
-  for (int64_t r = 0; r < size(); ++r) most = std::max(most, payload_of(snaps_[r].d, r));
-  const int64_t rounds = std::max<int64_t>(1, (most + per_round - 1) / per_round);
-  for (int64_t c = 0; c < rounds; ++c, ++t) {
-    const int64_t lo = c * per_round;
-    if (c > 0) {
-      await(op, &Ctrl::consumed, t - 2, "did not finish");
-      post(call, t, lo, std::clamp<int64_t>(my_payload - lo, 0, per_round));
-      await(op, &Ctrl::posted, t, "did not arrive");
+  if (cma_ == Cma::kUnknown) probe_cma();
+  int64_t readable = 0;  // ranks that posted their input's address instead of data
+  for (const Snap& s : snaps_) readable += s.d.cma == 1;
+  if (readable == size()) {
+    read_peers(op, call, t);
+    step_ = t;
+  } else {
+    bool fresh = readable > 0;  // some ranks posted no data: start the rounds in the next step
+    if (fresh) ctrl(rank())->consumed.store(t++, std::memory_order_release);
+    int64_t rounds = 1;
+    if (call.kind == CollectiveKind::kReduceScatter) {
+      const int64_t most = *std::max_element(call.output_splits.begin(), call.output_splits.end());
+      rounds = std::max(rounds, (most + share_step(per_round) - 1) / share_step(per_round));
+    } else {
+      int64_t most = 0;
+      for (int64_t r = 0; r < size(); ++r) most = std::max(most, payload_of(snaps_[r].d, r));
+      rounds = std::max(rounds, (most + per_round - 1) / per_round);
     }
-    consume(call, t, lo, per_round);
-    ctrl(rank())->consumed.store(t, std::memory_order_release);
+    for (int64_t c = 0; c < rounds; ++c, ++t) {
+      if (c > 0 || fresh) {
+        await(op, &Ctrl::consumed, t - 2, "did not finish");
+        post(call, mine, t, c, per_round);
+        await(op, &Ctrl::posted, t, "did not arrive");
+      }
+      consume(call, t, c, per_round);
+      ctrl(rank())->consumed.store(t, std::memory_order_release);
+    }
+    step_ = t - 1;
   }
-  step_ = t - 1;
   if (call.kind == CollectiveKind::kAllReduce || call.kind == CollectiveKind::kReduceScatter) {
     finish_reduce(call.output, call.op, size());
   }
 }
 
-void ShmCommunicator::post(const CollectiveCall& call, uint64_t t, int64_t lo, int64_t len) {
-  if (len > 0 && size() > 1) {  // alone, this rank reads its own input directly
+// Copies this rank's data of round c into its buffer of step t and publishes the step.
+void ShmCommunicator::post(const CollectiveCall& call, const Desc& mine, uint64_t t, int64_t c,
+                           int64_t per_round) {
+  if (size() > 1 && call.kind != CollectiveKind::kBarrier) {  // alone, a rank reads its input
     const size_t isz = call.input.element_size();
-    std::memcpy(buffer(rank(), t), static_cast<const char*>(call.input.data_ptr()) + lo * isz,
-                len * isz);
+    const char* in = static_cast<const char*>(call.input.data_ptr());
+    char* buf = buffer(rank(), t);
+    if (call.kind == CollectiveKind::kReduceScatter) {  // NOTE [shm reduce_scatter rounds]
+      const int64_t k = share_step(per_round);
+      for (int64_t d = 0, first = 0; d < size(); first += call.output_splits[d], ++d) {
+        const int64_t len = std::clamp<int64_t>(call.output_splits[d] - c * k, 0, k);
+        if (d != rank() && len > 0) {
+          std::memcpy(buf + slot(d, rank()) * k * isz, in + (first + c * k) * isz, len * isz);
+        }
+      }
+    } else {
+      const int64_t lo = c * per_round;
+      const int64_t len = std::clamp<int64_t>(payload_of(mine, rank()) - lo, 0, per_round);
+      if (len > 0) std::memcpy(buf, in + lo * isz, len * isz);
+    }
   }
   ctrl(rank())->posted.store(t, std::memory_order_release);  // publishes the chunk
 }
@@ -444,9 +524,13 @@ void ShmCommunicator::await(const Op& op, std::atomic<uint64_t> Ctrl::*field, ui
   fail(op, missing, what);
 }
 
-void ShmCommunicator::write_desc(const CollectiveCall& call, uint64_t t) {
+void ShmCommunicator::write_desc(const CollectiveCall& call, uint64_t t, bool cma) {
   const uint64_t p = t & 1;
-  const Desc d = describe(call, size());
+  Desc d = describe(call, size());
+  if (cma) {
+    d.cma = 1;
+    d.input = reinterpret_cast<uint64_t>(call.input.data_ptr());
+  }
   ctrl(rank())->desc[p] = d;
   if (d.n_in > 0) {
     std::copy(call.input_splits.begin(), call.input_splits.end(), splits(rank(), p, 0));
@@ -469,23 +553,39 @@ void ShmCommunicator::snapshot(uint64_t t) {
   }
 }
 
-// Produces this rank's part of the output from step t, whose window is elements
-// [lo, lo + per_round) of every rank's payload.
-void ShmCommunicator::consume(CollectiveCall& call, uint64_t t, int64_t lo, int64_t per_round) {
+// Whether this rank can read every peer's memory (NOTE [shm cross memory attach]). Runs after
+// the first step, when every peer's Ctrl::pid and Ctrl::probe are published.
+void ShmCommunicator::probe_cma() {
+  bool ok = true;
+  for (int64_t r = 0; r < size() && ok; ++r) {
+    uint64_t word = 0;
+    ok =
+        r == rank() || (shm::read_process(ctrl(r)->pid, ctrl(r)->probe, &word, sizeof(word)) == 0 &&
+                        word == shm::kProbeWord);
+  }
+  cma_ = ok ? Cma::kYes : Cma::kNo;
+}
+
+// Produces this rank's part of the output from step t (round c), whose window is elements
+// [c * per_round, (c + 1) * per_round) of every rank's payload (reduce_scatter: see NOTE [shm
+// reduce_scatter rounds]).
+void ShmCommunicator::consume(CollectiveCall& call, uint64_t t, int64_t c, int64_t per_round) {
   if (call.kind == CollectiveKind::kBarrier) return;
-  const int64_t n = size(), me = rank();
+  const int64_t n = size(), me = rank(), lo = c * per_round;
   const size_t isz = call.output.element_size();
   char* out = static_cast<char*>(call.output.data_ptr());
   switch (call.kind) {
     case CollectiveKind::kAllReduce:
-      reduce_window(call, t, lo, 0, lo, window(0, lo, per_round));
+      fold(call, lo, window(0, lo, per_round),
+           [&](int64_t r, char*) { return source(call, r, t, lo); });
       break;
     case CollectiveKind::kReduceScatter: {
-      // Only the part of the window inside this rank's share [first, first + len).
-      const int64_t first = offset_of(call.output_splits, me), len = call.output_splits[me];
-      const int64_t x = std::max(lo, first);
-      const int64_t y = std::min(lo + window(0, lo, per_round), first + len);
-      if (x < y) reduce_window(call, t, lo, x - lo, x - first, y - x);
+      const int64_t first = offset_of(call.output_splits, me), k = share_step(per_round);
+      const char* in = static_cast<const char*>(call.input.data_ptr());
+      fold(call, c * k, std::clamp<int64_t>(call.output_splits[me] - c * k, 0, k),
+           [&](int64_t r, char*) {
+             return r == me ? in + (first + c * k) * isz : buffer(r, t) + slot(me, r) * k * isz;
+           });
       break;
     }
     case CollectiveKind::kAllGather:
@@ -516,17 +616,85 @@ void ShmCommunicator::consume(CollectiveCall& call, uint64_t t, int64_t lo, int6
   }
 }
 
+// Produces this rank's whole output of step t from the peers' inputs by cross memory attach, then
+// waits until every peer has read this rank's input (NOTE [shm cross memory attach]).
+void ShmCommunicator::read_peers(const Op& op, CollectiveCall& call, uint64_t t) {
+  const int64_t n = size(), me = rank();
+  const size_t isz = call.output.element_size();
+  const char* in = static_cast<const char*>(call.input.data_ptr());
+  char* out = static_cast<char*>(call.output.data_ptr());
+  // Copies elements [at, at + len) of rank r's input to dst.
+  const auto read = [&](int64_t r, int64_t at, char* dst, int64_t len) {
+    if (len <= 0) return;
+    if (r == me) {
+      std::memcpy(dst, in + at * isz, len * isz);
+      return;
+    }
+    const int64_t pid = ctrl(r)->pid;
+    if (const int err = shm::read_process(pid, snaps_[r].d.input + at * isz, dst, len * isz);
+        err != 0) {
+      break_group(label_of(op.call) + " on group '" + group().name + "' (shm, ranks [" +
+                  join(group().ranks) + "]): reading the input of rank " +
+                  std::to_string(group().ranks[r]) + " (process " + std::to_string(pid) +
+                  ") by cross memory attach failed: " + std::strerror(err) +
+                  (err == ESRCH ? " (the process is gone)" : ""));
+    }
+  };
+  // Folds elements [at, at + len) of every rank's input into output[out_at, out_at + len).
+  const auto reduce = [&](int64_t at, int64_t out_at, int64_t len) {
+    const int64_t piece = static_cast<int64_t>(kPieceBytes / isz);
+    scratch_.resize(kPieceBytes);
+    for (int64_t x = 0; x < len; x += piece) {
+      const int64_t k = std::min(piece, len - x);
+      fold(call, out_at + x, k, [&](int64_t r, char* dst) {
+        if (r == me) return in + (at + x) * isz;
+        if (dst == nullptr) dst = scratch_.data();
+        read(r, at + x, dst, k);
+        return static_cast<const char*>(dst);
+      });
+    }
+  };
+  switch (call.kind) {
+    case CollectiveKind::kAllReduce:
+      reduce(0, 0, call.output.numel());
+      break;
+    case CollectiveKind::kReduceScatter:
+      reduce(offset_of(call.output_splits, me), 0, call.output_splits[me]);
+      break;
+    case CollectiveKind::kAllGather:
+      for (int64_t r = 0, dst = 0; r < n; dst += call.output_splits[r], ++r) {
+        read(r, 0, out + dst * isz, call.output_splits[r]);
+      }
+      break;
+    case CollectiveKind::kAllToAll:
+      for (int64_t s = 0, dst = 0; s < n; dst += call.output_splits[s], ++s) {
+        read(s, offset_of(snaps_[s].in, me), out + dst * isz, snaps_[s].in[me]);
+      }
+      break;
+    case CollectiveKind::kBroadcast:
+      read(call.src, 0, out, call.output.numel());
+      break;
+    case CollectiveKind::kBarrier:
+      break;
+  }
+  ctrl(me)->consumed.store(t, std::memory_order_release);
+  await(op, &Ctrl::consumed, t, "did not finish");
+}
+
 // output[out_at, out_at + len) = the fold, in group-rank order (so every rank gets identical
-// bits), of elements [in_at, in_at + len) of every rank's data of step t.
-void ShmCommunicator::reduce_window(CollectiveCall& call, uint64_t t, int64_t lo, int64_t in_at,
-                                    int64_t out_at, int64_t len) {
+// bits), of every rank's `len` elements. piece(r, dst) returns where rank r's elements are; for
+// rank 0 it gets the output as dst and may put them there, for the others it gets nullptr.
+template <class Piece>
+void ShmCommunicator::fold(CollectiveCall& call, int64_t out_at, int64_t len, Piece&& piece) {
   if (len <= 0) return;
   const size_t isz = call.output.element_size();
   at::Tensor acc = call.output.narrow(0, out_at, len);
-  std::memcpy(acc.data_ptr(), source(call, 0, t, lo) + in_at * isz, len * isz);
+  char* dst = static_cast<char*>(acc.data_ptr());
+  const char* first = piece(0, dst);
+  if (first != dst) std::memcpy(dst, first, len * isz);
   for (int64_t r = 1; r < size(); ++r) {
-    const at::Tensor other = at::from_blob(const_cast<char*>(source(call, r, t, lo)) + in_at * isz,
-                                           {len}, call.output.options());
+    const at::Tensor other =
+        at::from_blob(const_cast<char*>(piece(r, nullptr)), {len}, call.output.options());
     reduce_into(acc, other, call.op);
   }
 }
@@ -540,6 +708,11 @@ void ShmCommunicator::fail(const Op& op, const std::vector<int64_t>& missing, co
                           " within the timeout of " + std::to_string(timeout().count()) +
                           " ms (global rank " + std::to_string(group().ranks[rank()]) + " waited " +
                           std::to_string(ms.count()) + " ms)";
+  break_group(msg);
+}
+
+// Marks the group broken with `msg` (so that peers stop waiting and fail with it too) and throws.
+void ShmCommunicator::break_group(const std::string& msg) {
   broken_ = msg;
   if (hdr_ != nullptr) {
     uint32_t expected = 0;

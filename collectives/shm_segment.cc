@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <signal.h>
@@ -80,6 +81,28 @@ bool process_alive(int64_t pid) {
   if (pid <= 0) return false;
   if (pid == ::getpid()) return true;
   return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
+}
+
+int read_process(int64_t pid, uint64_t remote, void* local, size_t bytes) {
+  char* dst = static_cast<char*>(local);
+  while (bytes > 0) {
+    const iovec l{dst, bytes};
+    const iovec r{reinterpret_cast<void*>(remote), bytes};
+    const ssize_t got = ::process_vm_readv(static_cast<pid_t>(pid), &l, 1, &r, 1, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return got < 0 ? errno : EFAULT;
+    dst += got;
+    remote += static_cast<uint64_t>(got);
+    bytes -= static_cast<size_t>(got);
+  }
+  return 0;
+}
+
+bool cma_enabled() {
+  const char* env = std::getenv("DTENSOR_SHM_CMA");
+  if (env == nullptr || *env == '\0' || std::string(env) == "1") return true;
+  if (std::string(env) == "0") return false;
+  throw std::invalid_argument("DTENSOR_SHM_CMA='" + std::string(env) + "' is not 0 or 1");
 }
 
 }  // namespace shm

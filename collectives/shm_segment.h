@@ -39,7 +39,7 @@ namespace shm {
 // writing step t once every rank has finished reading step t - 2, so writing the next chunk
 // overlaps the peers' reading of the previous one. Counters are lock-free atomics, which are
 // address-free and therefore valid across processes.
-constexpr uint64_t kMagic = 0x31306d6873746e64ull;  // "dtnshm01"
+constexpr uint64_t kMagic = 0x32306d6873746e64ull;  // "dtnshm02"
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
@@ -58,14 +58,30 @@ struct Header {
 struct Desc {
   int32_t kind = 0, dtype = -1, op = 0;
   int32_t n_in = 0, n_out = 0;  // number of input / output splits (0 or the group size)
+  int32_t cma = 0;              // 1: peers read `input` directly, no data was posted (see
+                                // NOTE [shm cross memory attach] in shm_backend.cc)
   int64_t src = 0, numel = 0;
+  uint64_t input = 0;  // cma: the address of the input's data in the rank's process (Ctrl::pid)
 };
 
 struct alignas(64) Ctrl {
   std::atomic<uint64_t> posted{0};    // last step whose chunk this rank has written
   std::atomic<uint64_t> consumed{0};  // last step whose peers' chunks this rank has read
+  int64_t pid = 0;                    // this rank's process and the address of kProbeWord in it:
+  uint64_t probe = 0;                 // peers probe cross memory attach on it (set before step 1)
   Desc desc[2];                       // by step parity
 };
+
+// The word peers read from a rank's process to check that cross memory attach works.
+constexpr uint64_t kProbeWord = 0x65626f72706d6d63ull;  // "cmmprobe"
+
+// Copies `bytes` bytes at `remote` in process `pid` to `local` with process_vm_readv (Linux
+// Cross Memory Attach). Returns 0, or the errno of the failure (a short read is EFAULT).
+int read_process(int64_t pid, uint64_t remote, void* local, size_t bytes);
+
+// Whether DTENSOR_SHM_CMA allows cross memory attach ("0" turns it off; unset or "1": on).
+// Throws std::invalid_argument on another value.
+bool cma_enabled();
 
 struct Layout {
   size_t ctrl_offset, ctrl_stride, data_offset, data_stride, total;
