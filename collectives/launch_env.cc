@@ -63,7 +63,11 @@ std::shared_ptr<RankContext> init_from_env(const std::string& backend,
   }
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<uint16_t>(e->port);
-  opts.isServer = e->rank == 0;
+  // Under torchrun the agent already hosts the store at MASTER_PORT and says so with
+  // TORCHELASTIC_USE_AGENT_STORE=True (as torch's env:// rendezvous reads it): every rank is then
+  // a client. Otherwise rank 0 hosts it.
+  const bool agent_store = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+  opts.isServer = e->rank == 0 && !agent_store;
   opts.numWorkers = static_cast<size_t>(e->world_size);
   opts.waitWorkers = false;
   opts.timeout = timeout;

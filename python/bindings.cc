@@ -5,6 +5,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "collectives/launch_env.h"
+#include "collectives/rank_context.h"
 #include "dtensor/shard_layout.h"
 #include "dtensor/visualize.h"
 
@@ -78,4 +80,32 @@ PYBIND11_MODULE(_C, m) {
         return visualize_sharding(make_spec(mesh, placements, shape, {}));
       },
       py::arg("mesh"), py::arg("placements"), py::arg("shape"));
+
+  // Collectives: the rendezvous and groups live here; the collectives themselves are the
+  // dtensor_c10d operators this library registers (torch.ops.dtensor_c10d.*), wrapped by
+  // dtensor_engine.functional.
+  using collectives::RankContext;
+  py::class_<RankContext, std::shared_ptr<RankContext>>(m, "RankContext")
+      .def_property_readonly("rank", &RankContext::rank)
+      .def_property_readonly("world_size", &RankContext::world_size)
+      .def_property_readonly("backend", &RankContext::backend)
+      .def_property_readonly("job", &RankContext::job)
+      .def("new_group", &RankContext::new_group, py::arg("ranks"), py::arg("tag") = "",
+           py::call_guard<py::gil_scoped_release>())
+      .def("register_mesh", &RankContext::register_mesh, py::arg("mesh"),
+           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "group_ranks",
+          [](RankContext& c, const std::string& name) { return c.group(name).ranks; },
+          py::arg("name"));
+  m.def(
+      "init_from_env",
+      [](const std::string& backend, int64_t timeout_ms) {
+        return collectives::init_from_env(backend, timeout_ms > 0
+                                                       ? std::chrono::milliseconds(timeout_ms)
+                                                       : collectives::default_timeout());
+      },
+      py::arg("backend") = "", py::arg("timeout_ms") = 0, py::call_guard<py::gil_scoped_release>(),
+      "Rendezvous from torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) through "
+      "a TCPStore and install the process's collectives context.");
 }

@@ -4,6 +4,8 @@ For now this re-exports the layout core from the C++ extension; the
 torch.distributed.tensor-compatible API arrives with a later issue.
 """
 
+import torch  # noqa: F401  (loads libtorch before the extension)
+
 from dtensor_engine._C import (  # noqa: F401
     DeviceMesh,
     LocalBox,
@@ -14,3 +16,4 @@ from dtensor_engine._C import (  # noqa: F401
     parse_placements,
     visualize_sharding,
 )
+from dtensor_engine import functional  # noqa: F401,E402
