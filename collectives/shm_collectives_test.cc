@@ -9,8 +9,11 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <filesystem>
 #include <sstream>
 #include <thread>
@@ -88,6 +91,8 @@ std::vector<std::string> leftover_segments(const std::string& job) {
 struct RunOptions {
   milliseconds timeout{30000};
   std::string buffer_bytes;  // DTENSOR_SHM_BUFFER_BYTES in the children; empty = default
+  std::string cma;           // DTENSOR_SHM_CMA in the children; empty = unset (on)
+  int64_t cma_rank = -1;     // >= 0: only this rank gets `cma`
 };
 
 // Runs body(n, rank) on n forked ranks of a fresh job on the shm backend, then checks that every
@@ -98,6 +103,9 @@ void run_ranks(int64_t n, const std::function<void(int64_t n, int64_t rank)>& bo
     at::set_num_threads(1);  // n processes share the machine's cores
     if (!options.buffer_bytes.empty()) {
       ::setenv("DTENSOR_SHM_BUFFER_BYTES", options.buffer_bytes.c_str(), 1);
+    }
+    if (!options.cma.empty() && (options.cma_rank < 0 || options.cma_rank == rank)) {
+      ::setenv("DTENSOR_SHM_CMA", options.cma.c_str(), 1);
     }
     auto ctx = std::make_shared<RankContext>(rank, n, "shm", job, options.timeout);
     RankScope scope(ctx);
@@ -292,22 +300,50 @@ TEST_P(ShmCollectivesTest, EverythingThroughTinyBuffers) {
       GetParam(), [](int64_t n, int64_t r) { check_everything(n, r, 11); }, options);
 }
 
+// Calls larger than one step go by cross memory attach (NOTE [shm cross memory attach]); with it
+// off (DTENSOR_SHM_CMA=0) they go through the buffers, round by round.
+TEST_P(ShmCollectivesTest, EverythingThroughTinyBuffersWithoutCrossMemoryAttach) {
+  RunOptions options;
+  options.buffer_bytes = "256";
+  options.cma = "0";
+  run_ranks(
+      GetParam(), [](int64_t n, int64_t r) { check_everything(n, r, 11); }, options);
+}
+
+// Ranks that disagree on cross memory attach (only rank 0 has it off) fall back to the buffers.
+TEST_P(ShmCollectivesTest, EverythingWhenOnlySomeRanksUseCrossMemoryAttach) {
+  RunOptions options;
+  options.buffer_bytes = "256";
+  options.cma = "0";
+  options.cma_rank = 0;
+  run_ranks(
+      GetParam(), [](int64_t n, int64_t r) { check_everything(n, r, 11); }, options);
+}
+
+void check_ten_mebibyte_messages(int64_t n, int64_t r) {
+  const int64_t numel = (10 << 20) / 4 + 3;  // 10 MiB of floats, not a whole number of steps
+  const auto inputs = all_inputs(n, {numel}, at::kFloat);
+  expect_same(all_reduce(inputs[r], ReduceOp::kSum, kWorld),
+              reference_reduce(inputs, ReduceOp::kSum), "10 MiB all_reduce");
+  expect_same(all_gather_into_tensor(inputs[r], 0, kWorld), at::cat(inputs), "10 MiB gather");
+  expect_same(broadcast(inputs[r], n - 1, kWorld), inputs[n - 1], "10 MiB broadcast");
+  const auto even = all_inputs(n, {n * (numel / n)}, at::kFloat);
+  expect_same(reduce_scatter_tensor(even[r], ReduceOp::kMax, 0, kWorld),
+              reference_reduce(even, ReduceOp::kMax).chunk(n)[r], "10 MiB reduce_scatter");
+  std::vector<at::Tensor> received;
+  for (int64_t s = 0; s < n; ++s) received.push_back(even[s].chunk(n)[r]);
+  expect_same(all_to_all_single(even[r], {}, {}, kWorld), at::cat(received), "10 MiB a2a");
+}
+
+TEST_P(ShmCollectivesTest, TenMebibyteMessagesWithoutCrossMemoryAttach) {
+  RunOptions options;
+  options.cma = "0";
+  run_ranks(GetParam(), check_ten_mebibyte_messages, options);
+}
+
 // Messages many times larger than the default 1 MiB data area.
 TEST_P(ShmCollectivesTest, TenMebibyteMessages) {
-  run_ranks(GetParam(), [](int64_t n, int64_t r) {
-    const int64_t numel = (10 << 20) / 4 + 3;  // 10 MiB of floats, not a whole number of steps
-    const auto inputs = all_inputs(n, {numel}, at::kFloat);
-    expect_same(all_reduce(inputs[r], ReduceOp::kSum, kWorld),
-                reference_reduce(inputs, ReduceOp::kSum), "10 MiB all_reduce");
-    expect_same(all_gather_into_tensor(inputs[r], 0, kWorld), at::cat(inputs), "10 MiB gather");
-    expect_same(broadcast(inputs[r], n - 1, kWorld), inputs[n - 1], "10 MiB broadcast");
-    const auto even = all_inputs(n, {n * (numel / n)}, at::kFloat);
-    expect_same(reduce_scatter_tensor(even[r], ReduceOp::kMax, 0, kWorld),
-                reference_reduce(even, ReduceOp::kMax).chunk(n)[r], "10 MiB reduce_scatter");
-    std::vector<at::Tensor> received;
-    for (int64_t s = 0; s < n; ++s) received.push_back(even[s].chunk(n)[r]);
-    expect_same(all_to_all_single(even[r], {}, {}, kWorld), at::cat(received), "10 MiB a2a");
-  });
+  run_ranks(GetParam(), check_ten_mebibyte_messages);
 }
 
 TEST_P(ShmCollectivesTest, MismatchedCallsFailOnEveryRankThenTheGroupGoesOn) {
@@ -455,6 +491,49 @@ TEST(ShmDeadPeerTest, RankThatDiesMidJobIsNamedWithinTheTimeout) {
                          "all_gather_into_tensor", "1");
       },
       short_timeout());
+}
+
+// A rank that dies after publishing its input for cross memory attach: the reader's
+// process_vm_readv fails, which becomes a CollectiveError naming the rank (never a crash).
+TEST(ShmDeadPeerTest, RankThatDiesBeforeItsInputIsReadIsNamed) {
+  run_ranks(2, [](int64_t, int64_t r) {
+    all_reduce(at::ones({2}), ReduceOp::kSum, kWorld);  // the first call probes cross memory attach
+    const at::Tensor big = at::ones({1 << 20});         // 4 MiB: more than one step
+    if (r == 1) {
+      all_gather_into_tensor(big, 0, kWorld, /*async=*/true);  // posts its input, then waits
+      std::this_thread::sleep_for(milliseconds(300));
+      ::_exit(0);  // dies while rank 0 has not read its input yet
+    }
+    std::this_thread::sleep_for(milliseconds(1000));
+    const std::string e = error_of([&] { all_gather_into_tensor(big, 0, kWorld); });
+    expect(contains(e,
+                    "all_gather_into_tensor on group 'world' (shm, ranks [0,1]): reading the "
+                    "input of rank 1 (process ") &&
+               contains(e, "by cross memory attach failed"),
+           "names the rank: '" + e + "'");
+    expect(error_of([&] { all_gather_into_tensor(big, 0, kWorld); }) == e,
+           "a later call repeats the error");
+  });
+}
+
+TEST(ShmCrossMemoryAttachTest, ReadProcessReportsErrorsAsErrno) {
+  const uint64_t word = shm::kProbeWord;
+  uint64_t got = 0;
+  EXPECT_EQ(shm::read_process(::getpid(), reinterpret_cast<uint64_t>(&word), &got, 8), 0);
+  EXPECT_EQ(got, shm::kProbeWord);
+  EXPECT_EQ(shm::read_process(::getpid(), 8, &got, 8), EFAULT);  // an unmapped address
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_EQ(shm::read_process(child, reinterpret_cast<uint64_t>(&word), &got, 8), ESRCH);
+  ::setenv("DTENSOR_SHM_CMA", "0", 1);
+  EXPECT_FALSE(shm::cma_enabled());
+  ::setenv("DTENSOR_SHM_CMA", "yes", 1);
+  EXPECT_THROW(shm::cma_enabled(), std::invalid_argument);
+  ::unsetenv("DTENSOR_SHM_CMA");
+  EXPECT_TRUE(shm::cma_enabled());
 }
 
 // A crash before every rank attached, with no survivor, leaves a segment; the next run of the
