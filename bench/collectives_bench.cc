@@ -10,19 +10,23 @@
 // output; reduce_scatter: the input; all_to_all: what one rank sends). algbw = bytes / time;
 // busbw = algbw * 2(n-1)/n for all_reduce and (n-1)/n for the others.
 // With 2 ranks it also reports how much CPU a rank burns while waiting for a late peer.
-// DTENSOR_BENCH_NO_MALLOC_TUNING=1 measures with glibc's default (page faults on every call of
-// 32 MiB or more, see main()).
+// DTENSOR_BENCH_NO_CACHING=1 measures with libtorch's default CPU allocator (fresh memory and its
+// page faults on every call of 32 MiB or more, see main()).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include <malloc.h>
+#include <c10/core/Allocator.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -42,6 +46,46 @@ struct Options {
   std::vector<std::string> backends = {"threads", "shm", "c10d"};
   std::vector<int> ranks = {2, 4};
   int64_t max_bytes = 64ll << 20;
+};
+
+// A caching CPU allocator, as PyTorch's CUDA caching allocator and any long-running job's heap
+// in steady state: freed blocks are kept by size and handed out again, never returned to the
+// kernel. Functional collectives allocate their outputs on every call; through glibc, blocks of
+// 32 MiB and more (its largest mmap threshold) are mmapped per call and unmapped on free, so
+// every call would pay fresh page faults (~12-20 us per page on this VM: ~200 ms for 64 MiB)
+// and measure the kernel instead of the collective. That cost is measured and reported on its
+// own (fault_us_per_page, and page faults per call in every row).
+class CachingCpuAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) const override {
+    void* p = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.find(n);
+      if (it != free_.end() && !it->second.empty()) {
+        p = it->second.back();
+        it->second.pop_back();
+      }
+    }
+    if (p == nullptr && n > 0) {
+      p = std::aligned_alloc(64, (n + 63) / 64 * 64);
+      if (p == nullptr) throw std::bad_alloc();
+      std::lock_guard<std::mutex> lock(mu_);
+      size_of_[p] = n;
+    }
+    return {p, p, &release, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+
+ private:
+  static void release(void* p) {
+    if (p == nullptr) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    free_[size_of_.at(p)].push_back(p);
+  }
+  static inline std::mutex mu_;
+  static inline std::map<size_t, std::vector<void*>> free_;  // by size
+  static inline std::map<void*, size_t> size_of_;
 };
 
 double memcpy_gbs() {
@@ -87,7 +131,14 @@ void run_op(const std::string& op, const at::Tensor& full, const at::Tensor& par
   if (op == "all_to_all") all_to_all_single(full, {}, {}, RankContext::kWorld);
 }
 
-// Runs the sweep on this rank; rank 0 prints.
+// Page faults this process (rank 0 of a forked run; the whole process for threads) has taken.
+long minor_faults() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
+// Runs the sweep on this rank; rank 0 prints (flt/call: rank 0's page faults per call).
 void sweep(const std::string& backend, int64_t rank, int64_t n, int64_t max_bytes, double mc) {
   for (const char* op : kOps) {
     for (int64_t bytes : sizes_up_to(max_bytes)) {
@@ -98,7 +149,9 @@ void sweep(const std::string& backend, int64_t rank, int64_t n, int64_t max_byte
       run_op(op, full, part);  // warm up (and create the communicator)
       barrier(RankContext::kWorld);
       const auto t0 = Clock::now();
+      const long faults0 = minor_faults();
       for (int i = 0; i < iters; ++i) run_op(op, full, part);
+      const double faults = static_cast<double>(minor_faults() - faults0) / iters;
       barrier(RankContext::kWorld);
       const double us =
           std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters;
@@ -107,15 +160,15 @@ void sweep(const std::string& backend, int64_t rank, int64_t n, int64_t max_byte
       const double factor =
           std::string(op) == "all_reduce" ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;
       const double busbw = algbw * factor;
-      std::printf("%-8s %-15s %5lld %12lld %12.1f %10.2f %10.2f %8.2f\n", backend.c_str(), op,
+      std::printf("%-8s %-15s %5lld %12lld %12.1f %10.2f %10.2f %8.2f %9.1f\n", backend.c_str(), op,
                   static_cast<long long>(n), static_cast<long long>(numel * 4), us, algbw, busbw,
-                  busbw / mc);
+                  busbw / mc, faults);
       std::printf(
           "{\"bench\":\"collectives\",\"backend\":\"%s\",\"op\":\"%s\",\"ranks\":%lld,"
           "\"bytes\":%lld,\"us\":%.2f,\"algbw_gbs\":%.4f,\"busbw_gbs\":%.4f,\"memcpy_gbs\":%.3f,"
-          "\"busbw_over_memcpy\":%.4f}\n",
+          "\"busbw_over_memcpy\":%.4f,\"faults_per_call\":%.1f}\n",
           backend.c_str(), op, static_cast<long long>(n), static_cast<long long>(numel * 4), us,
-          algbw, busbw, mc, busbw / mc);
+          algbw, busbw, mc, busbw / mc, faults);
       std::fflush(stdout);
     }
   }
@@ -180,30 +233,21 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  // Functional collectives allocate their outputs on every call. glibc serves large blocks
-  // with mmap and hands them back to the kernel on free, so each call would pay fresh page
-  // faults (~12 us per page on this VM: ~200 ms for 64 MiB) and measure the kernel instead of
-  // the collective. Keep every block in the heap and freed memory there, as a caching allocator
-  // (or a long-running job's heap in steady state) does. M_MMAP_THRESHOLD alone cannot do it: glibc
-  // caps it at 32 MiB, so blocks of 32 MiB and more would still be mmapped on every call; with
-  // M_MMAP_MAX = 0 glibc never mmaps. The fault cost is measured and reported on its own.
-  const bool tune = std::getenv("DTENSOR_BENCH_NO_MALLOC_TUNING") == nullptr;
-  if (tune) {
-    mallopt(M_MMAP_MAX, 0);
-    mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  }
+  static CachingCpuAllocator caching;
+  const bool cache = std::getenv("DTENSOR_BENCH_NO_CACHING") == nullptr;
+  if (cache) c10::SetAllocator(c10::DeviceType::CPU, &caching, /*priority=*/1);
   at::set_num_threads(1);
   const double mc = memcpy_gbs();
   const double fault_us = fault_us_per_page();
-  std::printf("malloc tuning (keep freed memory, never mmap): %s\n", tune ? "on" : "off");
+  std::printf("caching CPU allocator (reuse freed blocks): %s\n", cache ? "on" : "off");
   std::printf("single-thread memcpy (64 MiB): %.2f GB/s\n", mc);
   std::printf("first touch of fresh memory: %.2f us per 4 KiB page (%.1f ms per 64 MiB)\n",
               fault_us, fault_us * 16384 / 1000);
   std::printf("{\"bench\":\"collectives\",\"op\":\"memcpy\",\"bytes\":%lld,\"memcpy_gbs\":%.3f}\n",
               64ll << 20, mc);
   std::printf("{\"bench\":\"collectives\",\"op\":\"page_fault\",\"us_per_page\":%.3f}\n", fault_us);
-  std::printf("%-8s %-15s %5s %12s %12s %10s %10s %8s\n", "backend", "op", "ranks", "bytes",
-              "time_us", "algbw", "busbw", "bus/mcpy");
+  std::printf("%-8s %-15s %5s %12s %12s %10s %10s %8s %9s\n", "backend", "op", "ranks", "bytes",
+              "time_us", "algbw", "busbw", "bus/mcpy", "flt/call");
   std::fflush(stdout);
   int failures = 0;
   for (const auto& backend : o.backends) {
