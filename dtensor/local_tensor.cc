@@ -27,20 +27,22 @@ at::Tensor local_tensor_for(const at::Tensor& global, const DTensorSpec& spec,
       slice_box(global, local_box(spec, coordinate)).clone(at::MemoryFormat::Contiguous);
   for (int64_t m = 0; m < spec.mesh().ndim(); ++m) {
     const Placement p = spec.placement(m);
-    if (!p.is_partial() || coordinate[m] == 0) continue;
-    switch (p.reduce_op()) {
-      case ReduceOp::kSum:
-      case ReduceOp::kBxor:
-        local.zero_();
-        break;
-      case ReduceOp::kProduct:
-        local.fill_(1);
-        break;
-      default:  // avg, min, max, band, bor: idempotent on equal values
-        break;
-    }
+    if (p.is_partial()) local = partial_share(local, p.reduce_op(), coordinate[m] == 0);
   }
   return local;
+}
+
+at::Tensor partial_share(const at::Tensor& value, ReduceOp op, bool holder) {
+  if (holder) return value.clone(at::MemoryFormat::Contiguous);
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kBxor:
+      return at::zeros_like(value, at::MemoryFormat::Contiguous);
+    case ReduceOp::kProduct:
+      return at::ones_like(value, at::MemoryFormat::Contiguous);
+    default:  // avg, min, max, band, bor: idempotent on equal values
+      return value.clone(at::MemoryFormat::Contiguous);
+  }
 }
 
 }  // namespace dtensor

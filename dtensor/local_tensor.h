@@ -21,4 +21,9 @@ at::Tensor slice_box(const at::Tensor& global, const LocalBox& box);
 at::Tensor local_tensor_for(const at::Tensor& global, const DTensorSpec& spec,
                             const std::vector<int64_t>& coordinate);
 
+// One rank's share of a Partial(op) whose reduction over the mesh dim is `value`: `value` itself
+// on the holder (coordinate 0), and on the others the op's identity for sum and bxor (0) and
+// product (1), or `value` again for the idempotent ops (avg, min, max, band, bor). A fresh tensor.
+at::Tensor partial_share(const at::Tensor& value, ReduceOp op, bool holder);
+
 }  // namespace dtensor

@@ -15,60 +15,12 @@
 
 #include "dtensor/local_tensor.h"
 #include "dtensor/visualize.h"
+#include "tools/cli_args.h"
 
 namespace {
 
 using dtensor::DeviceMesh;
 using dtensor::DTensorSpec;
-
-std::vector<int64_t> parse_ints(const std::string& flag, const std::string& text) {
-  if (text.empty() || text.back() == ',') {
-    throw std::invalid_argument(flag + ": expected comma-separated integers, got \"" + text + "\"");
-  }
-  std::vector<int64_t> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    try {
-      size_t used = 0;
-      out.push_back(std::stoll(item, &used));
-      if (used != item.size()) throw std::invalid_argument(item);
-    } catch (const std::exception&) {
-      throw std::invalid_argument(flag + ": '" + item + "' is not an integer in \"" + text + "\"");
-    }
-  }
-  return out;
-}
-
-std::vector<std::string> parse_names(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(item);
-  return out;
-}
-
-// "--order 0:1,0" -> tensor dim 0 is split by mesh dim 1 first, then mesh dim 0.
-dtensor::ShardOrder parse_order(const std::string& text, const DTensorSpec& spec) {
-  dtensor::ShardOrder order = spec.shard_order();
-  std::stringstream ss(text);
-  std::string entry;
-  while (std::getline(ss, entry, ';')) {
-    const size_t colon = entry.find(':');
-    if (colon == std::string::npos) {
-      throw std::invalid_argument("--order: expected <tensor dim>:<mesh dims>, got '" + entry +
-                                  "'");
-    }
-    const auto dims = parse_ints("--order", entry.substr(0, colon));
-    if (dims.size() != 1 || dims[0] < 0 || dims[0] >= spec.ndim()) {
-      throw std::invalid_argument("--order: '" + entry.substr(0, colon) +
-                                  "' is not one tensor dim in [0, " +
-                                  std::to_string(spec.ndim() - 1) + "]");
-    }
-    order[dims[0]] = parse_ints("--order", entry.substr(colon + 1));
-  }
-  return order;
-}
 
 std::string join(const std::vector<int64_t>& v) {
   std::string out;
@@ -97,39 +49,29 @@ void print_values(const at::Tensor& local) {
 }
 
 int run(int argc, char** argv) {
-  std::string mesh_text = "2,2", shape_text = "10,7", placements_text = "S(0),S(1)";
-  std::string names_text, order_text;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
-      return argv[++i];
-    };
-    if (arg == "--mesh")
-      mesh_text = value();
-    else if (arg == "--shape")
-      shape_text = value();
-    else if (arg == "--placements")
-      placements_text = value();
-    else if (arg == "--names")
-      names_text = value();
-    else if (arg == "--order")
-      order_text = value();
-    else if (arg == "--help" || arg == "-h") {
-      std::cout << "usage: layout_demo --mesh 2,2 --shape 10,7 --placements \"S(0),S(1)\" "
-                   "[--names dp,tp] [--order \"0:1,0\"]\n";
-      return 0;
-    } else {
-      throw std::invalid_argument("unknown argument '" + arg + "' (try --help)");
-    }
+  auto flags = dtensor::cli::parse_flags(argc, argv,
+                                         {{"mesh", "2,2"},
+                                          {"shape", "10,7"},
+                                          {"placements", "S(0),S(1)"},
+                                          {"names", ""},
+                                          {"order", ""}});
+  if (flags.count("help")) {
+    std::cout << "usage: layout_demo --mesh 2,2 --shape 10,7 --placements \"S(0),S(1)\" "
+                 "[--names dp,tp] [--order \"0:1,0\"]\n";
+    return 0;
   }
-  const DeviceMesh mesh =
-      DeviceMesh::arange(parse_ints("--mesh", mesh_text),
-                         names_text.empty() ? std::vector<std::string>{} : parse_names(names_text));
-  const auto meta = dtensor::TensorMeta::make(parse_ints("--shape", shape_text), at::kLong);
+  const std::string &mesh_text = flags["mesh"], &shape_text = flags["shape"];
+  const std::string &placements_text = flags["placements"], &names_text = flags["names"];
+  const std::string& order_text = flags["order"];
+  const DeviceMesh mesh = DeviceMesh::arange(
+      dtensor::cli::parse_ints("--mesh", mesh_text),
+      names_text.empty() ? std::vector<std::string>{} : dtensor::cli::parse_names(names_text));
+  const auto meta =
+      dtensor::TensorMeta::make(dtensor::cli::parse_ints("--shape", shape_text), at::kLong);
   DTensorSpec spec = DTensorSpec::make(mesh, dtensor::parse_placements(placements_text), meta);
   if (!order_text.empty()) {
-    spec = DTensorSpec::make(mesh, spec.placements(), meta, parse_order(order_text, spec));
+    spec = DTensorSpec::make(mesh, spec.placements(), meta,
+                             dtensor::cli::parse_order("--order", order_text, spec));
   }
   // The demo prints every element of every rank: keep it to what a terminal can show.
   constexpr int64_t kMaxElements = 1 << 20, kMaxRanks = 1024;

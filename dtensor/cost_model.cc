@@ -1,0 +1,55 @@
+#include "dtensor/cost_model.h"
+
+namespace dtensor {
+
+std::string_view comm_kind_name(CommKind kind) {
+  switch (kind) {
+    case CommKind::kAllGather:
+      return "all_gather";
+    case CommKind::kReduceScatter:
+      return "reduce_scatter";
+    case CommKind::kAllReduce:
+      return "all_reduce";
+    case CommKind::kAllToAll:
+      return "all_to_all";
+    case CommKind::kAllToAllV:
+      return "all_to_all_v";
+    case CommKind::kLocalChunk:
+      return "local_chunk";
+    case CommKind::kPartition:
+      return "partition";
+  }
+  return "?";
+}
+
+double CostModel::step_cost(CommKind kind, int64_t group_size, int64_t bytes) const {
+  const double b = static_cast<double>(bytes);
+  const double local = b / (local_gbs * 1e3);  // GB/s = 1e3 bytes/us
+  if (kind == CommKind::kLocalChunk || kind == CommKind::kPartition) return local;
+  if (group_size <= 1) return 0.0;
+  const double n = static_cast<double>(group_size);
+  double bus = 0;
+  switch (kind) {
+    case CommKind::kAllReduce:
+      bus = 2 * b * (n - 1) / n;
+      break;
+    case CommKind::kAllGather:
+    case CommKind::kReduceScatter:
+    case CommKind::kAllToAll:
+      bus = b * (n - 1) / n;
+      break;
+    case CommKind::kAllToAllV:
+      bus = b;
+      break;
+    default:
+      break;
+  }
+  return latency_us + bus / (bandwidth_gbs * 1e3);
+}
+
+const CostModel& default_cost_model() {
+  static const CostModel model;
+  return model;
+}
+
+}  // namespace dtensor

@@ -1,0 +1,212 @@
+#include "dtensor/redistribute.h"
+
+#include <ATen/ATen.h>
+
+#include <stdexcept>
+
+#include "collectives/functional.h"
+#include "collectives/rank_context.h"
+#include "dtensor/local_tensor.h"
+#include "dtensor/shard_layout.h"
+#include "dtensor/strings.h"
+
+namespace dtensor {
+namespace {
+
+namespace c = collectives;
+
+struct Ctx {
+  c::RankContext& ranks;
+  int64_t rank;
+  std::vector<int64_t> coord;
+};
+
+// This rank's group over mesh dims `dims` (ascending): the ranks sharing its coordinates on the
+// other dims, in row-major order of `dims`. Registered (idempotently) in the context.
+std::string group_over(Ctx& ctx, const DeviceMesh& mesh, const std::vector<int64_t>& dims,
+                       int64_t* my_index = nullptr) {
+  if (dims.size() == 1) {
+    if (my_index != nullptr) *my_index = ctx.coord[dims[0]];
+    return ctx.ranks.new_group(mesh.group_ranks(dims[0], ctx.rank));
+  }
+  std::vector<int64_t> ranks, coord = ctx.coord;
+  for (int64_t m : dims) coord[m] = 0;
+  for (;;) {
+    if (coord == ctx.coord && my_index != nullptr) *my_index = static_cast<int64_t>(ranks.size());
+    ranks.push_back(mesh.rank_at(coord));
+    int64_t k = static_cast<int64_t>(dims.size()) - 1;
+    for (; k >= 0; --k) {
+      if (++coord[dims[k]] < mesh.shape()[dims[k]]) break;
+      coord[dims[k]] = 0;
+    }
+    if (k < 0) break;
+  }
+  return ctx.ranks.new_group(ranks);
+}
+
+// The shard step of mesh dim m in `spec` for this rank.
+ShardStep step_of(const DTensorSpec& spec, int64_t m, const std::vector<int64_t>& coord) {
+  for (const ShardStep& s : shard_steps(spec, coord)) {
+    if (s.mesh_dim == m) return s;
+  }
+  throw std::logic_error("redistribute: mesh dim " + std::to_string(m) + " does not shard " +
+                         spec.to_string());
+}
+
+at::Tensor pad_dim(const at::Tensor& x, int64_t dim, int64_t size) {
+  if (x.size(dim) == size) return x;
+  // Zeros then a copy (at::constant_pad_nd of libtorch 1.13 rejects zero-size inputs).
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape[dim] = size;
+  at::Tensor out = at::zeros(shape, x.options());
+  out.narrow(dim, 0, x.size(dim)).copy_(x);
+  return out;
+}
+
+at::Tensor fresh(const at::Tensor& x) { return x.clone(at::MemoryFormat::Contiguous); }
+
+LocalBox intersect(const LocalBox& a, const LocalBox& b) {
+  LocalBox out{a.shape, a.offset};
+  for (size_t d = 0; d < a.shape.size(); ++d) {
+    const int64_t lo = std::max(a.offset[d], b.offset[d]);
+    const int64_t hi = std::min(a.offset[d] + a.shape[d], b.offset[d] + b.shape[d]);
+    out.offset[d] = lo;
+    out.shape[d] = std::max<int64_t>(0, hi - lo);
+  }
+  return out;
+}
+
+// The part of `local` (which covers `whole`) that `part` covers.
+at::Tensor sub_box(const at::Tensor& local, const LocalBox& whole, const LocalBox& part) {
+  at::Tensor out = local;
+  for (size_t d = 0; d < part.shape.size(); ++d) {
+    const int64_t at = part.shape[d] == 0 ? 0 : part.offset[d] - whole.offset[d];
+    out = out.narrow(static_cast<int64_t>(d), at, part.shape[d]);
+  }
+  return out;
+}
+
+at::Tensor all_to_all_v(Ctx& ctx, const PlanStep& s, const at::Tensor& x, bool async_op) {
+  (void)async_op;  // unpacking follows: always synchronous
+  const DeviceMesh& mesh = s.before.mesh();
+  int64_t me = 0;
+  const std::string group = group_over(ctx, mesh, s.mesh_dims, &me);
+  const auto& members = ctx.ranks.group(group).ranks;
+  const int64_t n = static_cast<int64_t>(members.size());
+  std::vector<LocalBox> before(n), after(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const auto coord = *mesh.coordinate(members[i]);
+    before[i] = local_box(s.before, coord);
+    after[i] = local_box(s.after, coord);
+  }
+  std::vector<at::Tensor> send;
+  std::vector<int64_t> in_splits(n, 0), out_splits(n, 0);
+  for (int64_t p = 0; p < n; ++p) {
+    if (p == me) continue;  // this rank's own part is copied directly below
+    const LocalBox out_box = intersect(before[me], after[p]);
+    in_splits[p] = out_box.numel();
+    if (in_splits[p] > 0) send.push_back(sub_box(x, before[me], out_box).reshape(-1));
+    out_splits[p] = intersect(before[p], after[me]).numel();
+  }
+  const at::Tensor flat = send.empty() ? at::empty({0}, x.options()) : at::cat(send);
+  const at::Tensor got = c::all_to_all_single(flat, out_splits, in_splits, group);
+  at::Tensor out = at::empty(after[me].shape, x.options());
+  int64_t at = 0;
+  for (int64_t p = 0; p < n; ++p) {
+    const LocalBox box = intersect(before[p], after[me]);
+    if (box.numel() == 0) continue;
+    at::Tensor dst = sub_box(out, after[me], box);
+    if (p == me) {
+      dst.copy_(sub_box(x, before[me], box));
+    } else {
+      dst.copy_(got.narrow(0, at, box.numel()).view(box.shape));
+      at += box.numel();
+    }
+  }
+  return out;
+}
+
+at::Tensor run_step(Ctx& ctx, const PlanStep& s, const at::Tensor& x, bool async_op) {
+  const DeviceMesh& mesh = s.before.mesh();
+  if (s.kind == CommKind::kAllToAllV) return all_to_all_v(ctx, s, x, async_op);
+  const int64_t m = s.mesh_dims.at(0);
+  const int64_t n = mesh.shape()[m], idx = ctx.coord[m];
+  switch (s.kind) {
+    case CommKind::kLocalChunk: {
+      const ShardStep st = step_of(s.after, m, ctx.coord);
+      return fresh(x.narrow(st.tensor_dim, st.offset, st.size));
+    }
+    case CommKind::kPartition:
+      return partial_share(x, s.to.reduce_op(), idx == 0);
+    default:
+      break;
+  }
+  const std::string group = group_over(ctx, mesh, {m});
+  const at::Tensor in = x.contiguous();
+  switch (s.kind) {
+    case CommKind::kAllReduce:
+      return c::all_reduce(in, s.from.reduce_op(), group, async_op);
+    case CommKind::kAllGather: {
+      const ShardStep st = step_of(s.before, m, ctx.coord);
+      if (st.even()) return c::all_gather_into_tensor(in, st.tensor_dim, group, async_op);
+      return c::all_gather_uneven(in, st.tensor_dim, chunk_sizes(st.input_size, n), group,
+                                  async_op);
+    }
+    case CommKind::kReduceScatter: {
+      const ShardStep st = step_of(s.after, m, ctx.coord);
+      const int64_t e = st.tensor_dim;
+      if (st.even()) return c::reduce_scatter_tensor(in, s.from.reduce_op(), e, group, async_op);
+      const at::Tensor out =
+          c::reduce_scatter_tensor(pad_dim(in, e, st.chunk * n), s.from.reduce_op(), e, group);
+      return fresh(out.narrow(e, 0, st.size));
+    }
+    case CommKind::kAllToAll: {
+      const ShardStep from = step_of(s.before, m, ctx.coord);
+      const ShardStep to = step_of(s.after, m, ctx.coord);
+      const int64_t d = from.tensor_dim, e = to.tensor_dim;
+      if (from.even() && to.even()) return c::all_to_all(in, e, d, group, async_op);
+      const at::Tensor padded = pad_dim(pad_dim(in, d, from.chunk), e, to.chunk * n);
+      const at::Tensor got = c::all_to_all(padded.contiguous(), e, d, group);
+      const auto sizes = chunk_sizes(from.input_size, n);
+      std::vector<at::Tensor> pieces;
+      for (int64_t i = 0; i < n; ++i) pieces.push_back(got.narrow(d, i * from.chunk, sizes[i]));
+      return fresh(at::cat(pieces, d).narrow(e, 0, to.size));
+    }
+    default:
+      throw std::logic_error("redistribute: unexpected step " + s.to_string());
+  }
+}
+
+}  // namespace
+
+at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& local, bool async_op) {
+  if (plan.is_noop()) return local;
+  c::RankContext& ranks = c::current_context();
+  const DeviceMesh& mesh = plan.src.mesh();
+  const auto coord = mesh.coordinate(ranks.rank());
+  if (!coord) {
+    throw std::invalid_argument("redistribute: rank " + std::to_string(ranks.rank()) +
+                                " is not in " + mesh.to_string());
+  }
+  const LocalBox box = local_box(plan.src, *coord);
+  if (local.sizes().vec() != box.shape || local.scalar_type() != plan.src.meta().dtype) {
+    throw std::invalid_argument(
+        "redistribute " + plan.to_string() + ": rank " + std::to_string(ranks.rank()) +
+        " holds a local tensor " + std::string(c10::toString(local.scalar_type())) +
+        c10::str(local.sizes()) + " but the source layout gives it " +
+        std::string(c10::toString(plan.src.meta().dtype)) + "[" + join(box.shape, ", ") + "]");
+  }
+  Ctx ctx{ranks, ranks.rank(), *coord};
+  at::Tensor x = local;
+  for (size_t i = 0; i < plan.steps.size(); ++i) {
+    x = run_step(ctx, plan.steps[i], x, async_op && i + 1 == plan.steps.size());
+  }
+  return x;
+}
+
+at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src,
+                              const DTensorSpec& dst, bool async_op, PlanOptions options) {
+  return execute_plan(*plan_redistribute(src, dst, options), local, async_op);
+}
+
+}  // namespace dtensor

@@ -1,0 +1,33 @@
+#pragma once
+// The redistribute executor: runs a RedistributePlan (redistribute_plan.h) on this rank's local
+// tensor with the functional collectives, over the groups of the plan's mesh in the calling
+// thread's collectives context (collectives/rank_context.h).
+//
+// NOTE [redistribute execution]
+// - Every step but a no-op plan yields a fresh tensor: the caller's input is never aliased by the
+//   result (local_chunk copies its slice; collectives return new tensors).
+// - Buffers are padded only for an uneven all_to_all or reduce_scatter (PlanStep::padded):
+//   pieces are padded to equal chunks, exchanged, and trimmed; all_gather and all_to_all_v move
+//   uneven pieces exactly.
+// - async_op: the last step, when it is a collective whose output needs no further local work,
+//   is issued asynchronously (wait with collectives::wait_tensor); earlier steps, and a last step
+//   that must trim padding or unpack, run synchronously (their results are needed at once), as
+//   PyTorch's redistribute waits on every intermediate collective.
+
+#include <ATen/core/Tensor.h>
+
+#include "dtensor/redistribute_plan.h"
+
+namespace dtensor {
+
+// `local` must have the local shape of plan.src on this rank (checked). Returns the local tensor
+// of plan.dst on this rank; `local` itself when the plan is a no-op.
+at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& local,
+                        bool async_op = false);
+
+// plan_redistribute + execute_plan.
+at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src,
+                              const DTensorSpec& dst, bool async_op = false,
+                              PlanOptions options = {});
+
+}  // namespace dtensor

@@ -1,0 +1,393 @@
+#include "dtensor/redistribute_plan.h"
+
+#include <c10/core/ScalarType.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <queue>
+#include <set>
+#include <stdexcept>
+#include <tuple>
+#include <unordered_map>
+
+#include "dtensor/shard_layout.h"
+#include "dtensor/strings.h"
+
+namespace dtensor {
+namespace {
+
+// Above this many ranks the all_to_all_v step is not considered (pricing it compares every pair
+// of ranks); the single-dim steps still plan any mesh.
+constexpr int64_t kMaxRanksForExchange = 64;
+
+int64_t element_size(const DTensorSpec& s) {
+  return static_cast<int64_t>(c10::elementSize(s.meta().dtype));
+}
+
+// The largest local piece any rank holds, padded as collectives pad it, in bytes.
+int64_t padded_local_bytes(const DTensorSpec& s) {
+  int64_t numel = 1;
+  for (int64_t d = 0; d < s.ndim(); ++d) {
+    int64_t piece = s.shape()[d];
+    for (int64_t m : s.shard_order(d)) piece = chunk_size(piece, s.mesh().shape()[m]);
+    numel *= piece;
+  }
+  return numel * element_size(s);
+}
+
+// Whether mesh dim `m` splits tensor dim `d` of `s` evenly for every rank (the pieces it splits
+// depend on the coordinates along the mesh dims that split d before it).
+bool split_even(const DTensorSpec& s, int64_t d, int64_t m) {
+  std::set<int64_t> pieces{s.shape()[d]};
+  for (int64_t k : s.shard_order(d)) {
+    const int64_t n = s.mesh().shape()[k];
+    if (k == m) {
+      return std::all_of(pieces.begin(), pieces.end(), [n](int64_t p) { return p % n == 0; });
+    }
+    std::set<int64_t> next;
+    for (int64_t p : pieces) {
+      for (int64_t size : chunk_sizes(p, n)) next.insert(size);
+    }
+    pieces = std::move(next);
+  }
+  return true;
+}
+
+bool is_innermost(const DTensorSpec& s, int64_t d, int64_t m) {
+  const auto& order = s.shard_order(d);
+  return !order.empty() && order.back() == m;
+}
+
+// `s` with mesh dim m changed to `to`: m leaves the order of the dim it sharded and, for a Shard,
+// becomes the innermost splitter of the new dim.
+DTensorSpec with_placement(const DTensorSpec& s, int64_t m, Placement to) {
+  Placements p = s.placements();
+  ShardOrder order = s.shard_order();
+  if (p[m].is_shard()) {
+    auto& o = order[p[m].dim()];
+    o.erase(std::find(o.begin(), o.end(), m));
+  }
+  p[m] = to;
+  if (to.is_shard()) order[to.dim()].push_back(m);
+  return DTensorSpec::make(s.mesh(), p, s.meta(), order);
+}
+
+int64_t volume(const LocalBox& a, const LocalBox& b) {  // of the intersection
+  int64_t v = 1;
+  for (size_t d = 0; d < a.shape.size(); ++d) {
+    const int64_t lo = std::max(a.offset[d], b.offset[d]);
+    const int64_t hi = std::min(a.offset[d] + a.shape[d], b.offset[d] + b.shape[d]);
+    if (hi <= lo) return 0;
+    v *= hi - lo;
+  }
+  return v;
+}
+
+// The mesh dims an all_to_all_v from `x` to `t` must span, or empty when it does not apply.
+std::vector<int64_t> exchange_dims(const DTensorSpec& x, const DTensorSpec& t) {
+  std::set<int64_t> g;
+  for (int64_t m = 0; m < x.mesh().ndim(); ++m) {
+    if (x.placement(m) != t.placement(m)) g.insert(m);
+  }
+  for (int64_t d = 0; d < x.ndim(); ++d) {
+    if (x.shard_order(d) == t.shard_order(d)) continue;
+    g.insert(x.shard_order(d).begin(), x.shard_order(d).end());
+    g.insert(t.shard_order(d).begin(), t.shard_order(d).end());
+  }
+  if (g.size() < 2) return {};  // one mesh dim: the named collectives do it
+  for (int64_t m : g) {
+    if (!x.placement(m).is_shard()) return {};
+    if (t.placement(m).is_partial()) return {};
+  }
+  return {g.begin(), g.end()};
+}
+
+struct ExchangePrice {
+  bool ok = false;
+  int64_t recv_bytes = 0;  // the most any rank receives from others
+  int64_t copy_bytes = 0;  // the most any rank packs and unpacks
+};
+
+// Checks that within every group (ranks differing only along `g`) the source boxes cover each
+// target box, and measures the traffic.
+ExchangePrice price_exchange(const DTensorSpec& x, const DTensorSpec& t,
+                             const std::vector<int64_t>& g) {
+  const DeviceMesh& mesh = x.mesh();
+  ExchangePrice price;
+  if (mesh.size() > kMaxRanksForExchange) return price;
+  const int64_t world = mesh.size();
+  std::vector<LocalBox> before(world), after(world);
+  std::map<std::vector<int64_t>, std::vector<int64_t>> groups;  // other coords -> members
+  for (int64_t i = 0; i < world; ++i) {
+    const auto coord = *mesh.coordinate(mesh.ranks()[i]);
+    before[i] = local_box(x, coord);
+    after[i] = local_box(t, coord);
+    auto key = coord;
+    for (int64_t m : g) key[m] = -1;
+    groups[key].push_back(i);
+  }
+  const int64_t isz = element_size(x);
+  for (const auto& [key, members] : groups) {
+    for (int64_t r : members) {
+      int64_t got = 0, sent = 0;
+      for (int64_t s : members) {
+        got += volume(before[s], after[r]);
+        if (s != r) sent += volume(before[r], after[s]);
+      }
+      if (got != after[r].numel()) return price;  // not covered: needs other ranks' data
+      const int64_t from_others = got - volume(before[r], after[r]);
+      price.recv_bytes = std::max(price.recv_bytes, from_others * isz);
+      price.copy_bytes = std::max(price.copy_bytes, (from_others + sent) * isz);
+    }
+  }
+  price.ok = true;
+  return price;
+}
+
+std::string dims_text(const std::vector<int64_t>& dims) { return "[" + join(dims, ",") + "]"; }
+
+void validate(const DTensorSpec& src, const DTensorSpec& dst, const PlanOptions& options) {
+  const std::string head =
+      "redistribute " + to_string(src.placements()) + " -> " + to_string(dst.placements()) + ": ";
+  if (src.mesh() != dst.mesh()) {
+    throw std::invalid_argument(head + "source and target meshes differ (" +
+                                src.mesh().to_string() + " vs " + dst.mesh().to_string() +
+                                "); a redistribute stays on one mesh");
+  }
+  if (src.meta() != dst.meta()) {
+    throw std::invalid_argument(head + "source and target describe different tensors (" +
+                                src.meta().to_string() + " vs " + dst.meta().to_string() + ")");
+  }
+  for (int64_t m = 0; m < src.mesh().ndim(); ++m) {
+    const Placement a = src.placement(m), b = dst.placement(m);
+    if (!b.is_partial() || a == b) continue;
+    if (a.is_partial()) {
+      throw std::invalid_argument(head + "a Partial cannot change its reduce op (mesh dim " +
+                                  std::to_string(m) + ": " + a.to_string() + " -> " +
+                                  b.to_string() + "); redistribute to Replicate() first");
+    }
+    if (!options.allow_partial) {
+      throw std::invalid_argument(
+          head + "redistribute cannot create a Partial (mesh dim " + std::to_string(m) + ": " +
+          a.to_string() + " -> " + b.to_string() +
+          "); as in PyTorch, Partial comes only from operators, never from a redistribute");
+    }
+  }
+}
+
+struct Node {
+  DTensorSpec spec;
+  double cost;
+  int64_t parent;             // index into the node table, -1 for the source
+  std::vector<PlanStep> via;  // the step from the parent (empty for the source)
+  bool done = false;
+};
+
+}  // namespace
+
+std::string PlanStep::to_string() const {
+  std::string s(comm_kind_name(kind));
+  if (kind == CommKind::kAllToAllV) {
+    s += "(mesh_dims=" + dims_text(mesh_dims) + ", " + dtensor::to_string(before.placements()) +
+         "->" + dtensor::to_string(after.placements());
+  } else {
+    s += "(mesh_dim=" + std::to_string(mesh_dims.at(0)) + ", " + from.to_string() + "->" +
+         to.to_string();
+  }
+  if (padded) s += ", padded";
+  return s + ")";
+}
+
+int64_t RedistributePlan::num_collectives() const {
+  return std::count_if(steps.begin(), steps.end(), [](const PlanStep& s) {
+    return s.kind != CommKind::kLocalChunk && s.kind != CommKind::kPartition;
+  });
+}
+
+std::string RedistributePlan::to_string() const {
+  std::vector<int64_t> mesh_shape = src.mesh().shape();
+  std::string s = dtensor::to_string(src.placements()) + " -> " +
+                  dtensor::to_string(dst.placements()) + " on mesh (" + join(mesh_shape, ",") +
+                  ") shape [" + join(src.shape(), ",") + "]";
+  if (!src.has_default_shard_order() || !dst.has_default_shard_order()) {
+    s += " (orders " + src.to_string() + " -> " + dst.to_string() + ")";
+  }
+  s += ":";
+  if (steps.empty()) return s + " no-op";
+  for (size_t i = 0; i < steps.size(); ++i) s += (i ? "; " : " ") + steps[i].to_string();
+  return s;
+}
+
+RedistributePlan compute_plan(DTensorSpec src, DTensorSpec dst, const PlanOptions& options,
+                              const CostModel& model) {
+  validate(src, dst, options);
+  RedistributePlan plan{src, dst, {}, 0.0};
+  if (src == dst) return plan;
+
+  // Tensor dims worth sharding along the way: those sharded at either end (a detour through
+  // another dim never moves less data).
+  std::set<int64_t> dims;
+  for (const auto& s : {src, dst}) {
+    for (const Placement& p : s.placements()) {
+      if (p.is_shard()) dims.insert(p.dim());
+    }
+  }
+  const DeviceMesh& mesh = src.mesh();
+
+  std::vector<Node> nodes;
+  std::unordered_map<DTensorSpec, int64_t> index;
+  using Item = std::tuple<double, int64_t, int64_t>;  // cost, push order, node
+  std::priority_queue<Item, std::vector<Item>, std::greater<Item>> queue;
+  int64_t pushes = 0;
+  auto relax = [&](int64_t from, PlanStep step) {
+    const double cost = nodes[from].cost + step.cost;
+    const DTensorSpec to = step.after;
+    auto it = index.find(to);
+    if (it != index.end()) {
+      Node& n = nodes[it->second];
+      if (n.done || cost >= n.cost) return;
+      n.cost = cost;
+      n.parent = from;
+      n.via = {std::move(step)};
+      queue.emplace(cost, pushes++, it->second);
+      return;
+    }
+    index.emplace(to, static_cast<int64_t>(nodes.size()));
+    nodes.push_back(Node{to, cost, from, {std::move(step)}});
+    queue.emplace(cost, pushes++, static_cast<int64_t>(nodes.size()) - 1);
+  };
+  auto single = [&](const DTensorSpec& x, int64_t m, Placement to, CommKind kind) {
+    PlanStep step{kind, {m}, x.placement(m), to, x, with_placement(x, m, to)};
+    const int64_t n = mesh.shape()[m];
+    const Placement from = step.from;
+    switch (kind) {
+      case CommKind::kAllGather:  // gathers uneven pieces exactly: never pads
+        step.bytes = padded_local_bytes(step.after);
+        break;
+      case CommKind::kAllToAll:
+        step.padded = !split_even(x, from.dim(), m) || !split_even(step.after, to.dim(), m);
+        step.bytes = padded_local_bytes(x);
+        break;
+      case CommKind::kReduceScatter:
+        step.padded = !split_even(step.after, to.dim(), m);
+        step.bytes = padded_local_bytes(x);
+        break;
+      case CommKind::kAllReduce:
+        step.bytes = padded_local_bytes(x);
+        break;
+      case CommKind::kLocalChunk:
+      case CommKind::kPartition:
+        step.bytes = padded_local_bytes(step.after);
+        break;
+      case CommKind::kAllToAllV:
+        break;
+    }
+    if (n == 1) step.padded = false;
+    step.cost = model.step_cost(kind, n, step.bytes);
+    return step;
+  };
+
+  nodes.push_back(Node{src, 0.0, -1, {}});
+  index.emplace(src, 0);
+  queue.emplace(0.0, pushes++, 0);
+  while (!queue.empty()) {
+    const auto [cost, order, at] = queue.top();
+    queue.pop();
+    if (nodes[at].done || cost > nodes[at].cost) continue;
+    nodes[at].done = true;
+    const DTensorSpec x = nodes[at].spec;
+    if (x == dst) break;
+    for (int64_t m = 0; m < mesh.ndim(); ++m) {
+      const Placement p = x.placement(m);
+      if (p.is_shard()) {
+        if (!is_innermost(x, p.dim(), m)) continue;
+        relax(at, single(x, m, Replicate(), CommKind::kAllGather));
+        for (int64_t e : dims) {
+          if (e != p.dim()) relax(at, single(x, m, Shard(e), CommKind::kAllToAll));
+        }
+      } else if (p.is_replicate()) {
+        for (int64_t e : dims) relax(at, single(x, m, Shard(e), CommKind::kLocalChunk));
+        if (options.allow_partial && dst.placement(m).is_partial()) {
+          relax(at, single(x, m, dst.placement(m), CommKind::kPartition));
+        }
+      } else {  // Partial
+        relax(at, single(x, m, Replicate(), CommKind::kAllReduce));
+        for (int64_t e : dims) relax(at, single(x, m, Shard(e), CommKind::kReduceScatter));
+      }
+    }
+    const auto g = exchange_dims(x, dst);
+    if (!g.empty()) {
+      const ExchangePrice price = price_exchange(x, dst, g);
+      if (price.ok) {
+        int64_t group = 1;
+        for (int64_t m : g) group *= mesh.shape()[m];
+        PlanStep step{CommKind::kAllToAllV, g, x.placement(g[0]), dst.placement(g[0]), x, dst};
+        step.bytes = price.recv_bytes;
+        step.cost = model.step_cost(CommKind::kAllToAllV, group, price.recv_bytes) +
+                    model.step_cost(CommKind::kLocalChunk, 1, price.copy_bytes);
+        relax(at, std::move(step));
+      }
+    }
+  }
+  auto it = index.find(dst);
+  if (it == index.end() || !nodes[it->second].done) {
+    throw std::logic_error("redistribute planner found no plan from " + src.to_string() + " to " +
+                           dst.to_string() + " (a bug: every allowed move has one)");
+  }
+  for (int64_t i = it->second; nodes[i].parent >= 0; i = nodes[i].parent) {
+    plan.steps.push_back(nodes[i].via.at(0));
+  }
+  std::reverse(plan.steps.begin(), plan.steps.end());
+  for (const PlanStep& s : plan.steps) plan.cost += s.cost;
+  return plan;
+}
+
+namespace {
+
+struct CacheKey {
+  DTensorSpec src, dst;
+  bool allow_partial;
+  friend bool operator==(const CacheKey& a, const CacheKey& b) {
+    return a.src == b.src && a.dst == b.dst && a.allow_partial == b.allow_partial;
+  }
+};
+struct CacheKeyHash {
+  size_t operator()(const CacheKey& k) const {
+    return k.src.hash() * 31 + k.dst.hash() * 7 + (k.allow_partial ? 1 : 0);
+  }
+};
+
+std::mutex g_cache_mu;
+std::unordered_map<CacheKey, std::shared_ptr<const RedistributePlan>, CacheKeyHash> g_cache;
+PlanCacheStats g_stats;
+
+}  // namespace
+
+std::shared_ptr<const RedistributePlan> plan_redistribute(DTensorSpec src, DTensorSpec dst,
+                                                          PlanOptions options) {
+  const CacheKey key{src, dst, options.allow_partial};
+  {
+    std::lock_guard<std::mutex> lock(g_cache_mu);
+    auto it = g_cache.find(key);
+    if (it != g_cache.end()) {
+      ++g_stats.hits;
+      return it->second;
+    }
+    ++g_stats.misses;
+  }
+  // Planned outside the lock (it may take a while; a rare duplicate computation is harmless).
+  auto plan = std::make_shared<const RedistributePlan>(
+      compute_plan(src, dst, options, default_cost_model()));
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  return g_cache.emplace(key, std::move(plan)).first->second;
+}
+
+PlanCacheStats plan_cache_stats() {
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  PlanCacheStats s = g_stats;
+  s.size = static_cast<int64_t>(g_cache.size());
+  return s;
+}
+
+}  // namespace dtensor

@@ -1,0 +1,83 @@
+#pragma once
+// Redistribute plans: how a tensor moves from one layout (DTensorSpec) to another on the same
+// mesh, as plain data that prints, chosen by cost. No communication happens here; the executor
+// (redistribute.h) runs a plan with the functional collectives.
+//
+// NOTE [redistribute planning]
+// The planner searches the layouts between source and target (Dijkstra, deterministic) with one
+// step per edge, priced by the one cost model (cost_model.h). Steps on one mesh dim m:
+//   S(d) -> R     all_gather       m must be the last (innermost) mesh dim splitting d
+//   S(d) -> S(e)  all_to_all       same condition; m becomes the innermost splitter of e
+//   P(op) -> R    all_reduce
+//   P(op) -> S(e) reduce_scatter   m becomes the innermost splitter of e
+//   R -> S(e)     local_chunk      (no communication)
+//   R -> P(op)    partition        internal only (gradients); never in a user redistribute
+// plus one step over several mesh dims at once:
+//   all_to_all_v  every rank receives exactly the elements its target box needs from the rank
+//                 of its group that holds them (Shardy's "move only the difference"): e.g.
+//                 [S(0),S(1)] -> [S(1),S(0)] moves one block instead of two all_gathers. Allowed
+//                 when every mesh dim that changes is Shard on both sides (a Replicate source dim
+//                 is first cut locally) and the group's source boxes cover every target box.
+// "Innermost" matters because a tensor dim split by several mesh dims is split in the spec's
+// shard order (NOTE [uneven shards]); a collective over an outer splitter would not produce a
+// layout. Uneven splits are allowed everywhere: a step pads its buffers only when uneven (the
+// step says `padded`), and all_to_all_v never pads.
+//
+// Refused, as in PyTorch: meshes or tensor metadata that differ, a Partial appearing where the
+// source has none (unless PlanOptions::allow_partial, for gradients), and a Partial changing its
+// reduce op. Plans are cached by (source, target, options); every rank computes the same plan.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtensor/cost_model.h"
+#include "dtensor/dtensor_spec.h"
+
+namespace dtensor {
+
+struct PlanStep {
+  CommKind kind = CommKind::kAllGather;
+  // The mesh dim of a single-dim step; the mesh dims of an all_to_all_v (ascending).
+  std::vector<int64_t> mesh_dims;
+  Placement from, to;  // on mesh_dims[0]; for all_to_all_v, unused (see before/after)
+  DTensorSpec before, after;
+  bool padded = false;  // an uneven split: buffers are padded to equal chunks, then trimmed
+  int64_t bytes = 0;    // the size the cost model was given (see CostModel::step_cost)
+  double cost = 0;      // microseconds under the planner's cost model
+
+  // "all_to_all(mesh_dim=1, S(1)->S(0))", "all_to_all_v(mesh_dims=[0,1],
+  // [S(0),S(1)]->[S(1),S(0)])".
+  std::string to_string() const;
+};
+
+struct RedistributePlan {
+  DTensorSpec src, dst;
+  std::vector<PlanStep> steps;
+  double cost = 0;  // sum of the steps' costs
+
+  bool is_noop() const { return steps.empty(); }
+  int64_t num_collectives() const;
+  // "[S(0),S(1)] -> [S(1),S(0)] on mesh (2,2) shape [8,8]: step; step" (or ": no-op").
+  std::string to_string() const;
+};
+
+struct PlanOptions {
+  // Allow Replicate -> Partial (the partition step). Only internal callers (autograd) set it.
+  bool allow_partial = false;
+};
+
+// The cheapest plan under default_cost_model(), cached. Throws std::invalid_argument with a clear
+// message when the move is not allowed (see the NOTE above).
+std::shared_ptr<const RedistributePlan> plan_redistribute(DTensorSpec src, DTensorSpec dst,
+                                                          PlanOptions options = {});
+// Uncached, with any cost model (tests and the explain tool).
+RedistributePlan compute_plan(DTensorSpec src, DTensorSpec dst, const PlanOptions& options,
+                              const CostModel& model);
+
+struct PlanCacheStats {
+  int64_t hits = 0, misses = 0, size = 0;
+};
+PlanCacheStats plan_cache_stats();
+
+}  // namespace dtensor
