@@ -8,8 +8,9 @@
 // published it, then produces its part of the output by reading the peers' buffers directly, and
 // finally publishes that it has finished reading. The first step of a collective also carries a
 // descriptor of the call, which every rank checks against the others' (mismatched calls fail on
-// every rank). Messages of any size pass through the fixed-size buffers chunk by chunk, or, when
-// larger than one step, straight from the peers' inputs (NOTE [shm cross memory attach]).
+// every rank). Messages of any size pass through the fixed-size buffers chunk by chunk (or, on
+// request and when larger than one step, straight from the peers' inputs: NOTE [shm cross memory
+// attach]).
 
 #include <ATen/ATen.h>
 #include <sys/mman.h>
@@ -181,20 +182,25 @@ void check_call(const CollectiveCall& c, int64_t n, int64_t me, const std::strin
 
 // NOTE [shm cross memory attach]
 // Through the buffers, data crosses memory twice (the sender copies it in, the readers copy it
-// out). A call larger than one step (more than half a data area in its input or output) is
-// instead read straight from the peers' inputs with process_vm_readv (Linux Cross Memory Attach):
-// the first step's descriptor publishes the rank's pid and input address instead of data, every
-// rank reads what it needs into its own output (a rank copies its own part from its own input),
-// marks the step consumed, and returns only once every peer has marked it consumed, so an input
-// stays valid and unchanged while peers read it. Reductions fold pieces of kPieceBytes in
-// group-rank order (identical bits on every rank, as through the buffers). The buffers stay for
-// small calls (one copy each way in cache, and no closing wait). Each rank probes once per
-// communicator, on its first call (which goes through the buffers), whether it can read every
-// peer (ptrace rules may deny it: EPERM; old kernels: ENOSYS); DTENSOR_SHM_CMA=0 turns it off.
-// A call uses it only when every rank's descriptor says so; when only some do (the ranks disagree
-// on the probe or the setting, or on the size of an all_to_all), the rounds start afresh in the
-// next step with every rank posting data. A failed read (a peer died mid-call) marks the group
-// broken and fails on every rank with a CollectiveError naming the rank.
+// out). With DTENSOR_SHM_CMA=1, a call larger than one step (more than half a data area in its
+// input or output) is instead read straight from the peers' inputs with process_vm_readv (Linux
+// Cross Memory Attach): the first step's descriptor publishes the input's address instead of
+// data (Ctrl::pid names the process), every rank reads what it needs into its own output (its
+// own part from its own input), marks the step consumed, and returns only once every peer has
+// marked it consumed, so an input stays valid and unchanged while peers read it. Reductions fold
+// pieces of kPieceBytes in group-rank order (identical bits on every rank, as through the
+// buffers). Each rank probes once per communicator, on its first call (which goes through the
+// buffers), whether it can read every peer (ptrace rules may deny it: EPERM; old kernels:
+// ENOSYS), and falls back to the buffers if not. A call uses it only when every rank's
+// descriptor says so; when only some do (the ranks disagree on the probe or the setting, or on
+// the size of an all_to_all), the rounds start afresh in the next step with every rank posting
+// data. A failed read (a peer died mid-call) marks the group broken and fails on every rank with
+// a CollectiveError naming the rank.
+// It is off by default because it loses on the machines this was measured on (2-vCPU VMs, 2
+// ranks, 2026-11-23): the kernel's copy runs at ~10 GB/s for cold 16 MiB against ~26 GB/s for
+// memcpy, while the buffers pipeline two in-cache copies on two cores. all_gather, all_reduce and
+// reduce_scatter of 1-64 MiB took 1.2-1.7x longer with it on an idle machine; it wins only when
+// ranks compete for cores (one step, no hand-offs), which is why it is kept as an option.
 class ShmCommunicator : public Communicator {
  public:
   explicit ShmCommunicator(const CommunicatorOptions& o)
@@ -254,16 +260,20 @@ class ShmCommunicator : public Communicator {
   int64_t window(int64_t r, int64_t lo, int64_t per_round) const {
     return std::clamp<int64_t>(payload_of(snaps_[r].d, r) - lo, 0, per_round);
   }
-  // NOTE [shm reduce_scatter rounds]
-  // Through the buffers, reduce_scatter moves only what peers read, and every rank reduces in
-  // every round: in round c, rank r's buffer holds chunk c (share_step elements) of each other
-  // rank's share, in slots by destination (r's own share is skipped: slot(d, r)), and each rank
-  // folds chunk c of its own share from the peers' slots and its own input.
+  // NOTE [shm scatter rounds]
+  // reduce_scatter and all_to_all send each peer its own part of the input. Through the buffers
+  // they move only what peers read, and every rank receives (reduces) in every round: in round
+  // c, rank r's buffer holds chunk c (share_step elements) of the part for each other rank, in
+  // slots by destination (r's own part is skipped: slot(d, r)); each rank takes chunk c of its
+  // part from the peers' slots, and from its own input. The part for rank d is d's share of the
+  // input (reduce_scatter: output splits) or its input split (all_to_all).
+  static bool scatters(const CollectiveCall& call) {
+    return call.kind == CollectiveKind::kReduceScatter || call.kind == CollectiveKind::kAllToAll;
+  }
   int64_t share_step(int64_t per_round) const {
     return size() > 1 ? per_round / (size() - 1) : per_round;
   }
   static int64_t slot(int64_t d, int64_t r) { return d < r ? d : d - 1; }
-
   std::mutex mu_;  // one call at a time (the caller's thread or the group's worker)
   std::string name_;
   ShmSegment seg_;
@@ -450,8 +460,12 @@ void ShmCommunicator::exchange(const Op& op, CollectiveCall& call) {
     bool fresh = readable > 0;  // some ranks posted no data: start the rounds in the next step
     if (fresh) ctrl(rank())->consumed.store(t++, std::memory_order_release);
     int64_t rounds = 1;
-    if (call.kind == CollectiveKind::kReduceScatter) {
-      const int64_t most = *std::max_element(call.output_splits.begin(), call.output_splits.end());
+    if (scatters(call)) {  // NOTE [shm scatter rounds]
+      int64_t most = 0;
+      for (int64_t r = 0; r < size(); ++r) {
+        const auto& splits = call.kind == CollectiveKind::kAllToAll ? snaps_[r].in : snaps_[r].out;
+        for (int64_t x : splits) most = std::max(most, x);
+      }
       rounds = std::max(rounds, (most + share_step(per_round) - 1) / share_step(per_round));
     } else {
       int64_t most = 0;
@@ -481,10 +495,12 @@ void ShmCommunicator::post(const CollectiveCall& call, const Desc& mine, uint64_
     const size_t isz = call.input.element_size();
     const char* in = static_cast<const char*>(call.input.data_ptr());
     char* buf = buffer(rank(), t);
-    if (call.kind == CollectiveKind::kReduceScatter) {  // NOTE [shm reduce_scatter rounds]
+    if (scatters(call)) {  // NOTE [shm scatter rounds]
       const int64_t k = share_step(per_round);
-      for (int64_t d = 0, first = 0; d < size(); first += call.output_splits[d], ++d) {
-        const int64_t len = std::clamp<int64_t>(call.output_splits[d] - c * k, 0, k);
+      const auto& parts =
+          call.kind == CollectiveKind::kAllToAll ? call.input_splits : call.output_splits;
+      for (int64_t d = 0, first = 0; d < size(); first += parts[d], ++d) {
+        const int64_t len = std::clamp<int64_t>(parts[d] - c * k, 0, k);
         if (d != rank() && len > 0) {
           std::memcpy(buf + slot(d, rank()) * k * isz, in + (first + c * k) * isz, len * isz);
         }
@@ -568,20 +584,20 @@ void ShmCommunicator::probe_cma() {
 
 // Produces this rank's part of the output from step t (round c), whose window is elements
 // [c * per_round, (c + 1) * per_round) of every rank's payload (reduce_scatter: see NOTE [shm
-// reduce_scatter rounds]).
+// scatter rounds]).
 void ShmCommunicator::consume(CollectiveCall& call, uint64_t t, int64_t c, int64_t per_round) {
   if (call.kind == CollectiveKind::kBarrier) return;
   const int64_t n = size(), me = rank(), lo = c * per_round;
   const size_t isz = call.output.element_size();
+  const char* in = static_cast<const char*>(call.input.data_ptr());
   char* out = static_cast<char*>(call.output.data_ptr());
   switch (call.kind) {
     case CollectiveKind::kAllReduce:
       fold(call, lo, window(0, lo, per_round),
            [&](int64_t r, char*) { return source(call, r, t, lo); });
       break;
-    case CollectiveKind::kReduceScatter: {
+    case CollectiveKind::kReduceScatter: {  // NOTE [shm scatter rounds]
       const int64_t first = offset_of(call.output_splits, me), k = share_step(per_round);
-      const char* in = static_cast<const char*>(call.input.data_ptr());
       fold(call, c * k, std::clamp<int64_t>(call.output_splits[me] - c * k, 0, k),
            [&](int64_t r, char*) {
              return r == me ? in + (first + c * k) * isz : buffer(r, t) + slot(me, r) * k * isz;
@@ -594,18 +610,18 @@ void ShmCommunicator::consume(CollectiveCall& call, uint64_t t, int64_t c, int64
         if (len > 0) std::memcpy(out + (dst + lo) * isz, source(call, r, t, lo), len * isz);
       }
       break;
-    case CollectiveKind::kAllToAll:
+    case CollectiveKind::kAllToAll: {  // NOTE [shm scatter rounds]
+      const int64_t k = share_step(per_round);
       for (int64_t s = 0, dst = 0; s < n; dst += call.output_splits[s], ++s) {
         // Rank s sends this rank elements [from, from + count) of its input.
         const int64_t from = offset_of(snaps_[s].in, me), count = snaps_[s].in[me];
-        const int64_t x = std::max(lo, from);
-        const int64_t y = std::min(lo + window(s, lo, per_round), from + count);
-        if (x < y) {
-          std::memcpy(out + (dst + x - from) * isz, source(call, s, t, lo) + (x - lo) * isz,
-                      (y - x) * isz);
-        }
+        const int64_t len = std::clamp<int64_t>(count - c * k, 0, k);
+        const char* src =
+            s == me ? in + (from + c * k) * isz : buffer(s, t) + slot(me, s) * k * isz;
+        if (len > 0) std::memcpy(out + (dst + c * k) * isz, src, len * isz);
       }
       break;
+    }
     case CollectiveKind::kBroadcast: {
       const int64_t len = window(call.src, lo, per_round);
       if (len > 0) std::memcpy(out + lo * isz, source(call, call.src, t, lo), len * isz);

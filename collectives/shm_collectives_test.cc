@@ -91,7 +91,7 @@ std::vector<std::string> leftover_segments(const std::string& job) {
 struct RunOptions {
   milliseconds timeout{30000};
   std::string buffer_bytes;  // DTENSOR_SHM_BUFFER_BYTES in the children; empty = default
-  std::string cma;           // DTENSOR_SHM_CMA in the children; empty = unset (on)
+  std::string cma;           // DTENSOR_SHM_CMA in the children; empty = unset (off)
   int64_t cma_rank = -1;     // >= 0: only this rank gets `cma`
 };
 
@@ -300,21 +300,21 @@ TEST_P(ShmCollectivesTest, EverythingThroughTinyBuffers) {
       GetParam(), [](int64_t n, int64_t r) { check_everything(n, r, 11); }, options);
 }
 
-// Calls larger than one step go by cross memory attach (NOTE [shm cross memory attach]); with it
-// off (DTENSOR_SHM_CMA=0) they go through the buffers, round by round.
-TEST_P(ShmCollectivesTest, EverythingThroughTinyBuffersWithoutCrossMemoryAttach) {
+// With DTENSOR_SHM_CMA=1, calls larger than one step go by cross memory attach (NOTE [shm cross
+// memory attach]) instead of through the buffers round by round.
+TEST_P(ShmCollectivesTest, EverythingByCrossMemoryAttach) {
   RunOptions options;
   options.buffer_bytes = "256";
-  options.cma = "0";
+  options.cma = "1";
   run_ranks(
       GetParam(), [](int64_t n, int64_t r) { check_everything(n, r, 11); }, options);
 }
 
-// Ranks that disagree on cross memory attach (only rank 0 has it off) fall back to the buffers.
+// Ranks that disagree on cross memory attach (only rank 0 asks for it) fall back to the buffers.
 TEST_P(ShmCollectivesTest, EverythingWhenOnlySomeRanksUseCrossMemoryAttach) {
   RunOptions options;
   options.buffer_bytes = "256";
-  options.cma = "0";
+  options.cma = "1";
   options.cma_rank = 0;
   run_ranks(
       GetParam(), [](int64_t n, int64_t r) { check_everything(n, r, 11); }, options);
@@ -335,9 +335,9 @@ void check_ten_mebibyte_messages(int64_t n, int64_t r) {
   expect_same(all_to_all_single(even[r], {}, {}, kWorld), at::cat(received), "10 MiB a2a");
 }
 
-TEST_P(ShmCollectivesTest, TenMebibyteMessagesWithoutCrossMemoryAttach) {
+TEST_P(ShmCollectivesTest, TenMebibyteMessagesByCrossMemoryAttach) {
   RunOptions options;
-  options.cma = "0";
+  options.cma = "1";
   run_ranks(GetParam(), check_ten_mebibyte_messages, options);
 }
 
@@ -496,24 +496,30 @@ TEST(ShmDeadPeerTest, RankThatDiesMidJobIsNamedWithinTheTimeout) {
 // A rank that dies after publishing its input for cross memory attach: the reader's
 // process_vm_readv fails, which becomes a CollectiveError naming the rank (never a crash).
 TEST(ShmDeadPeerTest, RankThatDiesBeforeItsInputIsReadIsNamed) {
-  run_ranks(2, [](int64_t, int64_t r) {
-    all_reduce(at::ones({2}), ReduceOp::kSum, kWorld);  // the first call probes cross memory attach
-    const at::Tensor big = at::ones({1 << 20});         // 4 MiB: more than one step
-    if (r == 1) {
-      all_gather_into_tensor(big, 0, kWorld, /*async=*/true);  // posts its input, then waits
-      std::this_thread::sleep_for(milliseconds(300));
-      ::_exit(0);  // dies while rank 0 has not read its input yet
-    }
-    std::this_thread::sleep_for(milliseconds(1000));
-    const std::string e = error_of([&] { all_gather_into_tensor(big, 0, kWorld); });
-    expect(contains(e,
-                    "all_gather_into_tensor on group 'world' (shm, ranks [0,1]): reading the "
-                    "input of rank 1 (process ") &&
-               contains(e, "by cross memory attach failed"),
-           "names the rank: '" + e + "'");
-    expect(error_of([&] { all_gather_into_tensor(big, 0, kWorld); }) == e,
-           "a later call repeats the error");
-  });
+  RunOptions options;
+  options.cma = "1";
+  run_ranks(
+      2,
+      [](int64_t, int64_t r) {
+        all_reduce(at::ones({2}), ReduceOp::kSum,
+                   kWorld);                          // the first call probes cross memory attach
+        const at::Tensor big = at::ones({1 << 20});  // 4 MiB: more than one step
+        if (r == 1) {
+          all_gather_into_tensor(big, 0, kWorld, /*async=*/true);  // posts its input, then waits
+          std::this_thread::sleep_for(milliseconds(300));
+          ::_exit(0);  // dies while rank 0 has not read its input yet
+        }
+        std::this_thread::sleep_for(milliseconds(1000));
+        const std::string e = error_of([&] { all_gather_into_tensor(big, 0, kWorld); });
+        expect(contains(e,
+                        "all_gather_into_tensor on group 'world' (shm, ranks [0,1]): reading the "
+                        "input of rank 1 (process ") &&
+                   contains(e, "by cross memory attach failed"),
+               "names the rank: '" + e + "'");
+        expect(error_of([&] { all_gather_into_tensor(big, 0, kWorld); }) == e,
+               "a later call repeats the error");
+      },
+      options);
 }
 
 TEST(ShmCrossMemoryAttachTest, ReadProcessReportsErrorsAsErrno) {
@@ -528,12 +534,14 @@ TEST(ShmCrossMemoryAttachTest, ReadProcessReportsErrorsAsErrno) {
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   EXPECT_EQ(shm::read_process(child, reinterpret_cast<uint64_t>(&word), &got, 8), ESRCH);
-  ::setenv("DTENSOR_SHM_CMA", "0", 1);
-  EXPECT_FALSE(shm::cma_enabled());
+  ::setenv("DTENSOR_SHM_CMA", "1", 1);
+  EXPECT_TRUE(shm::cma_enabled());
   ::setenv("DTENSOR_SHM_CMA", "yes", 1);
   EXPECT_THROW(shm::cma_enabled(), std::invalid_argument);
+  ::setenv("DTENSOR_SHM_CMA", "0", 1);
+  EXPECT_FALSE(shm::cma_enabled());
   ::unsetenv("DTENSOR_SHM_CMA");
-  EXPECT_TRUE(shm::cma_enabled());
+  EXPECT_FALSE(shm::cma_enabled());
 }
 
 // A crash before every rank attached, with no survivor, leaves a segment; the next run of the

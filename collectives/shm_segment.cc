@@ -100,8 +100,8 @@ int read_process(int64_t pid, uint64_t remote, void* local, size_t bytes) {
 
 bool cma_enabled() {
   const char* env = std::getenv("DTENSOR_SHM_CMA");
-  if (env == nullptr || *env == '\0' || std::string(env) == "1") return true;
-  if (std::string(env) == "0") return false;
+  if (env == nullptr || *env == '\0' || std::string(env) == "0") return false;
+  if (std::string(env) == "1") return true;
   throw std::invalid_argument("DTENSOR_SHM_CMA='" + std::string(env) + "' is not 0 or 1");
 }
 

@@ -79,7 +79,8 @@ constexpr uint64_t kProbeWord = 0x65626f72706d6d63ull;  // "cmmprobe"
 // Cross Memory Attach). Returns 0, or the errno of the failure (a short read is EFAULT).
 int read_process(int64_t pid, uint64_t remote, void* local, size_t bytes);
 
-// Whether DTENSOR_SHM_CMA allows cross memory attach ("0" turns it off; unset or "1": on).
+// Whether DTENSOR_SHM_CMA asks for cross memory attach ("1"; unset or "0": off, see NOTE [shm
+// cross memory attach] in shm_backend.cc).
 // Throws std::invalid_argument on another value.
 bool cma_enabled();
 
