@@ -130,6 +130,38 @@ std::string mismatch(const std::vector<Snap>& calls) {
   return "";
 }
 
+// out = a op b: the same bits as copying a to out and then reduce_into(out, b, op).
+void combine(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      at::add_out(out, a, b);
+      break;
+    case ReduceOp::kProduct:
+      if (out.scalar_type() == at::kBool) {
+        at::logical_and_out(out, a, b);
+      } else {
+        at::mul_out(out, a, b);
+      }
+      break;
+    case ReduceOp::kMin:
+      at::minimum_out(out, a, b);
+      break;
+    case ReduceOp::kMax:
+      at::maximum_out(out, a, b);
+      break;
+    case ReduceOp::kBand:
+      at::bitwise_and_out(out, a, b);
+      break;
+    case ReduceOp::kBor:
+      at::bitwise_or_out(out, a, b);
+      break;
+    case ReduceOp::kBxor:
+      at::bitwise_xor_out(out, a, b);
+      break;
+  }
+}
+
 std::string label_of(const CollectiveCall& call) {
   return call.label.empty() ? collective_name(call.kind) : call.label;
 }
@@ -707,8 +739,17 @@ void ShmCommunicator::fold(CollectiveCall& call, int64_t out_at, int64_t len, Pi
   at::Tensor acc = call.output.narrow(0, out_at, len);
   char* dst = static_cast<char*>(acc.data_ptr());
   const char* first = piece(0, dst);
-  if (first != dst) std::memcpy(dst, first, len * isz);
-  for (int64_t r = 1; r < size(); ++r) {
+  int64_t r = 1;
+  if (first != dst && size() > 1) {  // acc = first op second, in one pass over the output
+    const auto blob = [&](const char* p) {
+      return at::from_blob(const_cast<char*>(p), {len}, call.output.options());
+    };
+    combine(acc, blob(first), blob(piece(1, nullptr)), call.op);
+    r = 2;
+  } else if (first != dst) {
+    std::memcpy(dst, first, len * isz);
+  }
+  for (; r < size(); ++r) {
     const at::Tensor other =
         at::from_blob(const_cast<char*>(piece(r, nullptr)), {len}, call.output.options());
     reduce_into(acc, other, call.op);
