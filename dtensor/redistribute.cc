@@ -179,7 +179,20 @@ at::Tensor run_step(Ctx& ctx, const PlanStep& s, const at::Tensor& x, bool async
 
 }  // namespace
 
-at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& local, bool async_op) {
+std::string group_over_dims(const DeviceMesh& mesh, const std::vector<int64_t>& dims,
+                            int64_t* my_index) {
+  c::RankContext& ranks = c::current_context();
+  const auto coord = mesh.coordinate(ranks.rank());
+  if (!coord) {
+    throw std::invalid_argument("rank " + std::to_string(ranks.rank()) + " is not in " +
+                                mesh.to_string());
+  }
+  Ctx ctx{ranks, ranks.rank(), *coord};
+  return group_over(ctx, mesh, dims, my_index);
+}
+
+at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& input, bool async_op) {
+  const at::Tensor local = c::wait_tensor(input);  // a pending async result is waited first
   if (plan.is_noop()) return local;
   c::RankContext& ranks = c::current_context();
   const DeviceMesh& mesh = plan.src.mesh();

@@ -25,6 +25,12 @@ namespace dtensor {
 at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& local,
                         bool async_op = false);
 
+// This rank's group over mesh dims `dims` (ascending) of `mesh`: the ranks that share its
+// coordinates on the other dims, in row-major order of `dims`; registered in the calling
+// thread's collectives context. `my_index` receives this rank's position in it.
+std::string group_over_dims(const DeviceMesh& mesh, const std::vector<int64_t>& dims,
+                            int64_t* my_index = nullptr);
+
 // plan_redistribute + execute_plan.
 at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src,
                               const DTensorSpec& dst, bool async_op = false,

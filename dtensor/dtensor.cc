@@ -1,0 +1,277 @@
+#include "dtensor/dtensor.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <stdexcept>
+
+#include "collectives/functional.h"
+#include "collectives/rank_context.h"
+#include "dtensor/local_tensor.h"
+#include "dtensor/redistribute.h"
+#include "dtensor/shard_layout.h"
+#include "dtensor/strings.h"
+
+namespace dtensor {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// A (source, target) pair kept in an autograd context (saved_data holds IValues only).
+struct SpecPair : torch::CustomClassHolder {
+  SpecPair(DTensorSpec a, DTensorSpec b) : from(a), to(b) {}
+  DTensorSpec from, to;
+};
+
+void save(AutogradContext* ctx, DTensorSpec from, DTensorSpec to) {
+  ctx->saved_data["specs"] = at::IValue::make_capsule(c10::make_intrusive<SpecPair>(from, to));
+}
+const SpecPair& saved(AutogradContext* ctx) {
+  return *static_cast<const SpecPair*>(ctx->saved_data["specs"].toCapsule().get());
+}
+
+at::Tensor move(const at::Tensor& local, DTensorSpec from, DTensorSpec to, bool async_op) {
+  return execute_plan(*plan_redistribute(from, to), local, async_op);
+}
+
+// Forward: the planned redistribute from -> to. Backward: the gradient from the normalised
+// target back to the normalised source.
+struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, DTensorSpec from,
+                            DTensorSpec to) {
+    save(ctx, from, to);
+    return move(local, from, to, /*async_op=*/false);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const SpecPair& s = saved(ctx);
+    return {move(grads[0], without_partial(s.to), without_partial(s.from), false), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+// Forward: identity. Backward: the gradient, read with `grad` placements, brought into the
+// convention (`spec` without Partial).
+struct ToLocalFn : torch::autograd::Function<ToLocalFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, DTensorSpec grad,
+                            DTensorSpec spec) {
+    save(ctx, grad, spec);
+    return local.view_as(local);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const SpecPair& s = saved(ctx);
+    return {move(grads[0], s.from, without_partial(s.to), false), at::Tensor(), at::Tensor()};
+  }
+};
+
+bool records_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
+
+int64_t my_rank() { return collectives::current_context().rank(); }
+
+std::vector<int64_t> my_coordinate(const DeviceMesh& mesh, const char* what) {
+  const int64_t rank = my_rank();
+  auto coord = mesh.coordinate(rank);
+  if (!coord) {
+    throw std::invalid_argument(std::string(what) + ": rank " + std::to_string(rank) +
+                                " is not in " + mesh.to_string());
+  }
+  return *coord;
+}
+
+// Exchanges (dtype, shape) over every rank of `mesh`; returns them in mesh order.
+constexpr int64_t kMaxDims = 16;
+std::vector<std::vector<int64_t>> exchange_meta(const DeviceMesh& mesh, const at::Tensor& t,
+                                                const char* what) {
+  if (t.dim() > kMaxDims) {
+    throw std::invalid_argument(std::string(what) + ": tensors of more than " +
+                                std::to_string(kMaxDims) + " dims are not supported");
+  }
+  std::vector<int64_t> dims(mesh.ndim());
+  for (int64_t m = 0; m < mesh.ndim(); ++m) dims[m] = m;
+  const std::string group = group_over_dims(mesh, dims);
+  at::Tensor mine = at::full({2 + kMaxDims}, -1, at::kLong);
+  mine[0] = static_cast<int64_t>(t.scalar_type());
+  mine[1] = t.dim();
+  for (int64_t d = 0; d < t.dim(); ++d) mine[2 + d] = t.size(d);
+  const at::Tensor all =
+      collectives::all_gather_into_tensor(mine, 0, group).view({-1, 2 + kMaxDims});
+  std::vector<std::vector<int64_t>> out;
+  for (int64_t i = 0; i < all.size(0); ++i) {
+    const at::Tensor row = all[i];
+    std::vector<int64_t> v(row.data_ptr<int64_t>(),
+                           row.data_ptr<int64_t>() + 2 + row[1].item<int64_t>());
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+std::string meta_text(const std::vector<int64_t>& m) {
+  return std::string(c10::toString(static_cast<c10::ScalarType>(m[0]))) + "[" +
+         join(std::vector<int64_t>(m.begin() + 2, m.end()), ",") + "]";
+}
+
+void refuse_partial(const Placements& placements, const char* what) {
+  for (size_t m = 0; m < placements.size(); ++m) {
+    if (placements[m].is_partial()) {
+      throw std::invalid_argument(std::string(what) + ": Partial placements are not allowed (" +
+                                  placements[m].to_string() + " on mesh dim " + std::to_string(m) +
+                                  "); lay the tensor out with Shard/Replicate, or use from_local "
+                                  "for partial values");
+    }
+  }
+}
+
+}  // namespace
+
+DTensorSpec without_partial(const DTensorSpec& spec) {
+  if (!spec.has_partial()) return spec;
+  Placements p = spec.placements();
+  for (Placement& x : p) {
+    if (x.is_partial()) x = Replicate();
+  }
+  return DTensorSpec::make(spec.mesh(), p, spec.meta(), spec.shard_order());
+}
+
+at::Tensor DTensor::to_local(const std::optional<Placements>& grad_placements) const {
+  const at::Tensor local = collectives::wait_tensor(local_);
+  if (!records_grad(local)) return local;
+  const DTensorSpec convention = without_partial(spec_);
+  DTensorSpec grad = convention;
+  if (grad_placements) {
+    grad = DTensorSpec::make(spec_.mesh(), *grad_placements, spec_.meta());
+    const auto coord = my_coordinate(spec_.mesh(), "to_local");
+    if (local_box(grad, coord).shape != local_box(spec_, coord).shape) {
+      throw std::invalid_argument(
+          "to_local: grad_placements " + dtensor::to_string(*grad_placements) +
+          " give this rank a different local shape than " + spec_.to_string());
+    }
+  }
+  if (grad == convention) return local;
+  return ToLocalFn::apply(local, grad, spec_);
+}
+
+at::Tensor DTensor::full_tensor() const {
+  return redistribute(Placements(spec_.mesh().ndim(), Replicate())).to_local();
+}
+
+DTensor DTensor::redistribute(const Placements& placements, bool async_op) const {
+  const DTensorSpec dst = DTensorSpec::make(spec_.mesh(), placements, spec_.meta());
+  if (dst == spec_) return *this;
+  if (records_grad(local_)) {
+    return DTensor(RedistributeFn::apply(collectives::wait_tensor(local_), spec_, dst), dst);
+  }
+  return DTensor(move(local_, spec_, dst, async_op), dst);
+}
+
+DTensor DTensor::redistribute(const DeviceMesh& mesh, const Placements& placements,
+                              bool async_op) const {
+  if (mesh != spec_.mesh()) {
+    throw std::invalid_argument("redistribute: target mesh " + mesh.to_string() +
+                                " is not this tensor's mesh " + spec_.mesh().to_string() +
+                                " (redistribute stays on one mesh)");
+  }
+  return redistribute(placements, async_op);
+}
+
+std::string DTensor::to_string() const {
+  return "DTensor(" + spec_.to_string() + ", local " +
+         std::string(c10::toString(local_.scalar_type())) + "[" + join(local_.sizes().vec(), ",") +
+         "])";
+}
+
+DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
+                          const Placements& placements, std::optional<int64_t> src_rank) {
+  refuse_partial(placements, "distribute_tensor");
+  const DTensorSpec spec = DTensorSpec::make(
+      mesh, placements, TensorMeta::make(tensor.sizes().vec(), tensor.scalar_type()));
+  const auto coord = my_coordinate(mesh, "distribute_tensor");
+  if (!src_rank) return DTensor(local_tensor_for(tensor.detach(), spec, coord), spec);
+
+  if (!mesh.contains(*src_rank)) {
+    throw std::invalid_argument("distribute_tensor: src_rank " + std::to_string(*src_rank) +
+                                " is not in " + mesh.to_string());
+  }
+  const auto metas = exchange_meta(mesh, tensor, "distribute_tensor");
+  const int64_t src_index = [&] {
+    const auto& ranks = mesh.ranks();
+    return std::find(ranks.begin(), ranks.end(), *src_rank) - ranks.begin();
+  }();
+  for (size_t i = 0; i < metas.size(); ++i) {
+    if (metas[i] != metas[src_index]) {
+      throw std::invalid_argument("distribute_tensor: rank " + std::to_string(mesh.ranks()[i]) +
+                                  " passed " + meta_text(metas[i]) + " but src_rank " +
+                                  std::to_string(*src_rank) + " has " +
+                                  meta_text(metas[src_index]) +
+                                  "; every rank must pass a tensor of the same shape and dtype");
+    }
+  }
+  // A scatter as one all_to_all_single: the source sends every rank exactly its box.
+  std::vector<int64_t> dims(mesh.ndim());
+  for (int64_t m = 0; m < mesh.ndim(); ++m) dims[m] = m;
+  int64_t me = 0;
+  const std::string group = group_over_dims(mesh, dims, &me);
+  const int64_t n = mesh.size();
+  const bool is_src = mesh.ranks()[me] == *src_rank;
+  std::vector<int64_t> in_splits(n, 0), out_splits(n, 0);
+  std::vector<at::Tensor> send;
+  const at::Tensor data = tensor.detach();
+  for (int64_t i = 0; i < n; ++i) {
+    const LocalBox box = local_box(spec, *mesh.coordinate(mesh.ranks()[i]));
+    if (is_src) {
+      in_splits[i] = box.numel();
+      send.push_back(slice_box(data, box).reshape(-1));
+    }
+    if (i == src_index) out_splits[i] = local_box(spec, coord).numel();
+  }
+  const at::Tensor flat = is_src ? at::cat(send) : at::empty({0}, tensor.options());
+  const at::Tensor got =
+      collectives::all_to_all_single(flat.contiguous(), out_splits, in_splits, group);
+  return DTensor(got.view(local_box(spec, coord).shape), spec);
+}
+
+DTensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placements& placements,
+                   bool run_check, const std::optional<std::vector<int64_t>>& shape,
+                   const std::optional<std::vector<int64_t>>& stride) {
+  if (static_cast<int64_t>(placements.size()) != mesh.ndim()) {
+    throw std::invalid_argument("from_local: " + std::to_string(placements.size()) +
+                                " placements for a " + std::to_string(mesh.ndim()) + "-D mesh " +
+                                mesh.to_string());
+  }
+  std::vector<int64_t> global = local.sizes().vec();
+  if (shape) {
+    global = *shape;
+  } else {
+    for (size_t m = 0; m < placements.size(); ++m) {
+      if (!placements[m].is_shard()) continue;
+      const int64_t d =
+          normalize_tensor_dim(placements[m].dim(), local.dim(), "from_local Shard dim");
+      global[d] *= mesh.shape()[m];
+    }
+  }
+  const DTensorSpec spec = DTensorSpec::make(
+      mesh, placements,
+      TensorMeta::make(global, local.scalar_type(), stride.value_or(std::vector<int64_t>{})));
+  const auto coord = my_coordinate(mesh, "from_local");
+  if (run_check) {
+    const auto metas = exchange_meta(mesh, local, "from_local");
+    for (size_t i = 0; i < metas.size(); ++i) {
+      const int64_t r = mesh.ranks()[i];
+      std::vector<int64_t> want = {static_cast<int64_t>(spec.meta().dtype), spec.ndim()};
+      const auto box = local_box(spec, *mesh.coordinate(r));
+      want.insert(want.end(), box.shape.begin(), box.shape.end());
+      if (metas[i] != want) {
+        throw std::invalid_argument("from_local(run_check): rank " + std::to_string(r) + " holds " +
+                                    meta_text(metas[i]) + " but " + spec.to_string() +
+                                    " gives it " + meta_text(want));
+      }
+    }
+  } else if (local.sizes().vec() != local_box(spec, coord).shape) {
+    throw std::invalid_argument("from_local: this rank's local tensor " + c10::str(local.sizes()) +
+                                " does not match " + spec.to_string() + " (local shape [" +
+                                join(local_box(spec, coord).shape, ",") +
+                                "]); pass shape= for uneven shards");
+  }
+  return DTensor(local, spec);
+}
+
+}  // namespace dtensor

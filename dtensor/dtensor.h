@@ -1,0 +1,90 @@
+#pragma once
+// DTensor as a value: a local at::Tensor (this rank's piece) plus the interned spec of the global
+// tensor, with PyTorch's constructors and movements: distribute_tensor, from_local, to_local,
+// full_tensor, redistribute. Operator dispatch on DTensors comes later; this is the value and
+// its movement, differentiable.
+//
+// NOTE [DTensor autograd]
+// Autograd runs on the local tensors: redistribute, from_local, to_local and full_tensor record
+// nodes whose backward moves the local gradient with a planned redistribute. Gradients cross
+// these nodes in one convention: the layout of the forward tensor with every Partial(op) read as
+// Replicate (PyTorch's Redistribute.backward normalisation: the gradient of each share of a
+// Partial value is the gradient of the whole value). Hence:
+//  - redistribute: the gradient follows the reverse plan, from the normalised target to the
+//    normalised source (a Partial source gets a Replicate gradient);
+//  - to_local(grad_placements): the local gradient is taken to have `grad_placements` (default:
+//    the normalised placements) and is redistributed into the convention (e.g. a Partial
+//    gradient is all-reduced);
+//  - from_local: the gradient passes through unchanged (the convention's local shape is the
+//    forward local shape);
+//  - full_tensor: redistribute to all-Replicate, then to_local.
+// One corner differs from PyTorch on purpose: PyTorch's to_local() on a Partial DTensor without
+// grad_placements labels the gradient Partial, so whether it is later all-reduced depends on
+// which node consumes it; here it is always the (replicated) gradient of the whole value.
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtensor/redistribute_plan.h"
+
+namespace dtensor {
+
+class DTensor {
+ public:
+  // Wraps without checks: `local` must be this rank's piece of `spec` (use from_local to check).
+  DTensor(at::Tensor local, DTensorSpec spec) : local_(std::move(local)), spec_(spec) {}
+
+  const DTensorSpec& spec() const { return spec_; }
+  const DeviceMesh& device_mesh() const { return spec_.mesh(); }
+  const Placements& placements() const { return spec_.placements(); }
+  // Global shape, stride and dtype.
+  const std::vector<int64_t>& shape() const { return spec_.shape(); }
+  const std::vector<int64_t>& stride() const { return spec_.meta().stride; }
+  c10::ScalarType dtype() const { return spec_.meta().dtype; }
+  bool requires_grad() const { return local_.requires_grad(); }
+
+  // This rank's local tensor (waits for a pending async redistribute). With `grad_placements`,
+  // the gradient that reaches it is read with those placements (see NOTE [DTensor autograd]).
+  at::Tensor to_local(const std::optional<Placements>& grad_placements = std::nullopt) const;
+  // The global tensor on every rank of the mesh (a redistribute to all-Replicate).
+  at::Tensor full_tensor() const;
+  // The same tensor laid out by `placements` on the same mesh. async_op: the local tensor may be
+  // pending until to_local() (or collectives::wait_tensor); autograd forces a synchronous run.
+  DTensor redistribute(const Placements& placements, bool async_op = false) const;
+  // Also checks that `mesh` is this tensor's mesh (moving between meshes is not a redistribute).
+  DTensor redistribute(const DeviceMesh& mesh, const Placements& placements,
+                       bool async_op = false) const;
+
+  // "DTensor([S(0),R] on (2,2) f32[8,8], local f32[4,8])".
+  std::string to_string() const;
+
+ private:
+  at::Tensor local_;
+  DTensorSpec spec_;
+};
+
+// Lays `tensor` out on `mesh` (Shard and Replicate placements; Partial is refused, as in
+// PyTorch). src_rank empty: every rank passes the same full tensor and keeps its slice, with no
+// communication. src_rank r: rank r's tensor is the data; the others pass a tensor of the same
+// shape and dtype (its values are ignored) and receive exactly their slice from rank r.
+DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
+                          const Placements& placements,
+                          std::optional<int64_t> src_rank = std::nullopt);
+
+// Wraps this rank's `local` piece. Without `shape`, the global shape assumes even shards (the
+// local size times the number of shards, as PyTorch does); with `shape` (and optionally
+// `stride`), uneven local shapes are accepted. run_check: every rank's local shape and dtype are
+// exchanged and checked against the layout; a mismatch is an error on every rank, naming the
+// ranks.
+DTensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placements& placements,
+                   bool run_check = false,
+                   const std::optional<std::vector<int64_t>>& shape = std::nullopt,
+                   const std::optional<std::vector<int64_t>>& stride = std::nullopt);
+
+// Partial(op) placements read as Replicate (the gradient convention of NOTE [DTensor autograd]).
+DTensorSpec without_partial(const DTensorSpec& spec);
+
+}  // namespace dtensor
