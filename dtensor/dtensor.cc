@@ -268,8 +268,8 @@ DTensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placem
   } else if (local.sizes().vec() != local_box(spec, coord).shape) {
     throw std::invalid_argument("from_local: this rank's local tensor " + c10::str(local.sizes()) +
                                 " does not match " + spec.to_string() + " (local shape [" +
-                                join(local_box(spec, coord).shape, ",") +
-                                "]); pass shape= for uneven shards");
+                                join(local_box(spec, coord).shape, ",") + "])" +
+                                (shape ? "" : "; pass shape= for uneven shards"));
   }
   return DTensor(local, spec);
 }
