@@ -230,9 +230,9 @@ void check_call(const CollectiveCall& c, int64_t n, int64_t me, const std::strin
 // a CollectiveError naming the rank.
 // It is off by default because it loses on the machines this was measured on (2-vCPU VMs, 2
 // ranks, 2026-11-23): the kernel's copy runs at ~10 GB/s for cold 16 MiB against ~26 GB/s for
-// memcpy, while the buffers pipeline two in-cache copies on two cores. all_gather, all_reduce and
-// reduce_scatter of 1-64 MiB took 1.2-1.7x longer with it on an idle machine; it wins only when
-// ranks compete for cores (one step, no hand-offs), which is why it is kept as an option.
+// memcpy, while the buffers pipeline two mostly in-cache copies on two cores. Every collective of
+// 1-64 MiB took 1.0-1.7x as long with it (reduce_scatter up to 2.6x), none less. It is kept for
+// machines whose kernel copies at memcpy speed, where one copy instead of two should win.
 class ShmCommunicator : public Communicator {
  public:
   explicit ShmCommunicator(const CommunicatorOptions& o)
