@@ -382,7 +382,8 @@ void ShmCommunicator::attach(const Op& op) {
 }
 
 void ShmCommunicator::create_segment(const Op& op) {
-  // Every reduce_scatter round needs a slot of at least one element (up to 16 bytes) per peer.
+  // A scatter round needs a slot of at least one element (16 bytes at most) per peer (NOTE [shm
+  // scatter rounds]).
   const size_t half = std::max<size_t>(shm::half_buffer_bytes(), (16 * size() + 63) / 64 * 64);
   const Layout l = layout_for(size(), half);
   for (int attempt = 0;; ++attempt) {
