@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -27,8 +28,22 @@ const c10::StorageImpl* storage_key(const at::Tensor& t) {
   return t.defined() && t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
 }
 
+thread_local std::vector<CommCounter*> t_counters;
+
+void count_calls(const std::string& group, const Job& job) {
+  for (const CollectiveCall& c : job.calls) {
+    const auto bytes = [](const at::Tensor& t) {
+      return t.defined() ? static_cast<int64_t>(t.nbytes()) : int64_t{0};
+    };
+    const CommRecord r{c.kind, c.label.empty() ? collective_name(c.kind) : c.label, group,
+                       bytes(c.input), bytes(c.output)};
+    for (CommCounter* counter : t_counters) counter->record(r);
+  }
+}
+
 std::vector<at::Tensor> submit(const std::string& group, std::shared_ptr<Job> job,
                                std::vector<at::Tensor> results, bool async_op) {
+  if (!t_counters.empty()) count_calls(group, *job);
   RankContext::Endpoint& ep = current_context().endpoint(group);
   Communicator* comm = ep.comm.get();
   auto run = [comm, job] {
@@ -393,6 +408,17 @@ WorkPtr work_of(const at::Tensor& t) {
   std::lock_guard<std::mutex> lock(g_pending_mu);
   auto it = g_pending.find(storage_key(t));
   return it == g_pending.end() ? nullptr : it->second;
+}
+
+CommCounter::CommCounter() { t_counters.push_back(this); }
+
+CommCounter::~CommCounter() {
+  t_counters.erase(std::find(t_counters.begin(), t_counters.end(), this));
+}
+
+int64_t CommCounter::count(CollectiveKind kind) const {
+  return std::count_if(records_.begin(), records_.end(),
+                       [kind](const CommRecord& r) { return r.kind == kind; });
 }
 
 at::Tensor wait_tensor(const at::Tensor& t) {

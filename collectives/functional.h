@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/communicator.h"
 #include "collectives/work.h"
 #include "dtensor/placement.h"
 
@@ -61,6 +62,34 @@ at::Tensor broadcast(const at::Tensor& input, int64_t src, const std::string& gr
                      bool async_op = false);
 
 void barrier(const std::string& group);
+
+// One backend call as a CommCounter sees it: sizes of the flat buffers passed to the backend
+// (padding included; a coalesced call is one record per dtype round).
+struct CommRecord {
+  CollectiveKind kind;
+  std::string label;  // e.g. "all_gather_into_tensor", "all_gather_uneven"
+  std::string group;
+  int64_t input_bytes = 0, output_bytes = 0;
+};
+
+// Records every collective the constructing thread issues while it is alive (nested counters
+// all record). The threads backend runs each rank on its own thread, so a counter counts one
+// rank. Costs one thread-local check per collective when no counter is active.
+class CommCounter {
+ public:
+  CommCounter();
+  ~CommCounter();
+  CommCounter(const CommCounter&) = delete;
+  CommCounter& operator=(const CommCounter&) = delete;
+
+  const std::vector<CommRecord>& records() const { return records_; }
+  int64_t count(CollectiveKind kind) const;
+  int64_t total() const { return static_cast<int64_t>(records_.size()); }
+  void record(CommRecord r) { records_.push_back(std::move(r)); }
+
+ private:
+  std::vector<CommRecord> records_;
+};
 
 // Blocks until `t` (an output of an async collective) is valid and returns it. A tensor with no
 // pending collective is returned as is.

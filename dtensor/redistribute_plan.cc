@@ -25,16 +25,22 @@ int64_t element_size(const DTensorSpec& s) {
   return static_cast<int64_t>(c10::elementSize(s.meta().dtype));
 }
 
-// The largest local piece any rank holds, padded as collectives pad it, in bytes.
-int64_t padded_local_bytes(const DTensorSpec& s) {
-  int64_t numel = 1;
+// The largest local piece any rank holds, per dim (the rank at coordinate 0 holds it).
+std::vector<int64_t> max_local_shape(const DTensorSpec& s) {
+  std::vector<int64_t> shape = s.shape();
   for (int64_t d = 0; d < s.ndim(); ++d) {
-    int64_t piece = s.shape()[d];
-    for (int64_t m : s.shard_order(d)) piece = chunk_size(piece, s.mesh().shape()[m]);
-    numel *= piece;
+    for (int64_t m : s.shard_order(d)) shape[d] = chunk_size(shape[d], s.mesh().shape()[m]);
   }
+  return shape;
+}
+
+int64_t bytes_of(const std::vector<int64_t>& shape, const DTensorSpec& s) {
+  int64_t numel = 1;
+  for (int64_t v : shape) numel *= v;
   return numel * element_size(s);
 }
+
+int64_t padded_local_bytes(const DTensorSpec& s) { return bytes_of(max_local_shape(s), s); }
 
 // Whether mesh dim `m` splits tensor dim `d` of `s` evenly for every rank (the pieces it splits
 // depend on the coordinates along the mesh dims that split d before it).
@@ -219,6 +225,55 @@ std::string RedistributePlan::to_string() const {
   return s;
 }
 
+PlanStep price_step(const DTensorSpec& x, int64_t m, Placement to, const CostModel& model) {
+  const Placement from = x.placement(m);
+  CommKind kind;
+  if (from.is_shard() && to.is_replicate()) {
+    kind = CommKind::kAllGather;
+  } else if (from.is_shard() && to.is_shard()) {
+    kind = CommKind::kAllToAll;
+  } else if (from.is_partial() && to.is_replicate()) {
+    kind = CommKind::kAllReduce;
+  } else if (from.is_partial() && to.is_shard()) {
+    kind = CommKind::kReduceScatter;
+  } else if (from.is_replicate() && to.is_shard()) {
+    kind = CommKind::kLocalChunk;
+  } else if (from.is_replicate() && to.is_partial()) {
+    kind = CommKind::kPartition;
+  } else {
+    throw std::invalid_argument("redistribute: no single step turns " + from.to_string() +
+                                " into " + to.to_string() + " on mesh dim " + std::to_string(m));
+  }
+  PlanStep step{kind, {m}, from, to, x, with_placement(x, m, to)};
+  const int64_t n = x.mesh().shape()[m];
+  // Bytes as the executor passes them to the collective on the rank holding the largest piece
+  // (padding included), so they equal what a comm counter sees there.
+  std::vector<int64_t> shape = max_local_shape(x);
+  switch (kind) {
+    case CommKind::kAllGather:  // gathers uneven pieces exactly: never pads
+      shape = max_local_shape(step.after);
+      break;
+    case CommKind::kAllToAll:
+      step.padded = !split_even(x, from.dim(), m) || !split_even(step.after, to.dim(), m);
+      if (step.padded) shape[to.dim()] = chunk_size(shape[to.dim()], n) * n;
+      break;
+    case CommKind::kReduceScatter:
+      step.padded = !split_even(step.after, to.dim(), m);
+      if (step.padded) shape[to.dim()] = chunk_size(shape[to.dim()], n) * n;
+      break;
+    case CommKind::kLocalChunk:
+    case CommKind::kPartition:
+      shape = max_local_shape(step.after);
+      break;
+    default:
+      break;
+  }
+  if (n == 1) step.padded = false;
+  step.bytes = bytes_of(shape, x);
+  step.cost = model.step_cost(kind, n, step.bytes);
+  return step;
+}
+
 RedistributePlan compute_plan(DTensorSpec src, DTensorSpec dst, const PlanOptions& options,
                               const CostModel& model) {
   validate(src, dst, options);
@@ -240,6 +295,23 @@ RedistributePlan compute_plan(DTensorSpec src, DTensorSpec dst, const PlanOption
   using Item = std::tuple<double, int64_t, int64_t>;  // cost, push order, node
   std::priority_queue<Item, std::vector<Item>, std::greater<Item>> queue;
   int64_t pushes = 0;
+  // A* with a consistent lower bound on the cost still to pay: each Partial that must go needs
+  // its own collective (all_reduce or reduce_scatter on its mesh dim), and a Shard that must
+  // change needs at least one collective; anything else may be free. Mesh dims of size 1 cost
+  // nothing. The search stays exact (the bound never exceeds a true remaining cost, and drops by
+  // at most one step's cost per step) and explores far fewer layouts.
+  const double latency = model.step_cost(CommKind::kAllReduce, 2, 0);
+  auto remaining = [&](const DTensorSpec& x) {
+    int64_t partials = 0;
+    bool shard_moves = false;
+    for (int64_t m = 0; m < mesh.ndim(); ++m) {
+      const Placement p = x.placement(m);
+      if (mesh.shape()[m] == 1 || p == dst.placement(m)) continue;
+      if (p.is_partial()) ++partials;
+      if (p.is_shard()) shard_moves = true;
+    }
+    return latency * static_cast<double>(std::max<int64_t>(partials, shard_moves ? 1 : 0));
+  };
   auto relax = [&](int64_t from, PlanStep step) {
     const double cost = nodes[from].cost + step.cost;
     const DTensorSpec to = step.after;
@@ -250,51 +322,20 @@ RedistributePlan compute_plan(DTensorSpec src, DTensorSpec dst, const PlanOption
       n.cost = cost;
       n.parent = from;
       n.via = {std::move(step)};
-      queue.emplace(cost, pushes++, it->second);
+      queue.emplace(cost + remaining(to), pushes++, it->second);
       return;
     }
     index.emplace(to, static_cast<int64_t>(nodes.size()));
     nodes.push_back(Node{to, cost, from, {std::move(step)}});
-    queue.emplace(cost, pushes++, static_cast<int64_t>(nodes.size()) - 1);
+    queue.emplace(cost + remaining(to), pushes++, static_cast<int64_t>(nodes.size()) - 1);
   };
-  auto single = [&](const DTensorSpec& x, int64_t m, Placement to, CommKind kind) {
-    PlanStep step{kind, {m}, x.placement(m), to, x, with_placement(x, m, to)};
-    const int64_t n = mesh.shape()[m];
-    const Placement from = step.from;
-    switch (kind) {
-      case CommKind::kAllGather:  // gathers uneven pieces exactly: never pads
-        step.bytes = padded_local_bytes(step.after);
-        break;
-      case CommKind::kAllToAll:
-        step.padded = !split_even(x, from.dim(), m) || !split_even(step.after, to.dim(), m);
-        step.bytes = padded_local_bytes(x);
-        break;
-      case CommKind::kReduceScatter:
-        step.padded = !split_even(step.after, to.dim(), m);
-        step.bytes = padded_local_bytes(x);
-        break;
-      case CommKind::kAllReduce:
-        step.bytes = padded_local_bytes(x);
-        break;
-      case CommKind::kLocalChunk:
-      case CommKind::kPartition:
-        step.bytes = padded_local_bytes(step.after);
-        break;
-      case CommKind::kAllToAllV:
-        break;
-    }
-    if (n == 1) step.padded = false;
-    step.cost = model.step_cost(kind, n, step.bytes);
-    return step;
-  };
-
   nodes.push_back(Node{src, 0.0, -1, {}});
   index.emplace(src, 0);
   queue.emplace(0.0, pushes++, 0);
   while (!queue.empty()) {
-    const auto [cost, order, at] = queue.top();
+    const auto [priority, order, at] = queue.top();
     queue.pop();
-    if (nodes[at].done || cost > nodes[at].cost) continue;
+    if (nodes[at].done || priority > nodes[at].cost + remaining(nodes[at].spec)) continue;
     nodes[at].done = true;
     const DTensorSpec x = nodes[at].spec;
     if (x == dst) break;
@@ -302,18 +343,18 @@ RedistributePlan compute_plan(DTensorSpec src, DTensorSpec dst, const PlanOption
       const Placement p = x.placement(m);
       if (p.is_shard()) {
         if (!is_innermost(x, p.dim(), m)) continue;
-        relax(at, single(x, m, Replicate(), CommKind::kAllGather));
+        relax(at, price_step(x, m, Replicate(), model));
         for (int64_t e : dims) {
-          if (e != p.dim()) relax(at, single(x, m, Shard(e), CommKind::kAllToAll));
+          if (e != p.dim()) relax(at, price_step(x, m, Shard(e), model));
         }
       } else if (p.is_replicate()) {
-        for (int64_t e : dims) relax(at, single(x, m, Shard(e), CommKind::kLocalChunk));
+        for (int64_t e : dims) relax(at, price_step(x, m, Shard(e), model));
         if (options.allow_partial && dst.placement(m).is_partial()) {
-          relax(at, single(x, m, dst.placement(m), CommKind::kPartition));
+          relax(at, price_step(x, m, dst.placement(m), model));
         }
       } else {  // Partial
-        relax(at, single(x, m, Replicate(), CommKind::kAllReduce));
-        for (int64_t e : dims) relax(at, single(x, m, Shard(e), CommKind::kReduceScatter));
+        relax(at, price_step(x, m, Replicate(), model));
+        for (int64_t e : dims) relax(at, price_step(x, m, Shard(e), model));
       }
     }
     const auto g = exchange_dims(x, dst);

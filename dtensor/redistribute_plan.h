@@ -75,6 +75,11 @@ std::shared_ptr<const RedistributePlan> plan_redistribute(DTensorSpec src, DTens
 RedistributePlan compute_plan(DTensorSpec src, DTensorSpec dst, const PlanOptions& options,
                               const CostModel& model);
 
+// One single-mesh-dim step from layout `x`: mesh dim `mesh_dim` becomes `to` (the step kind
+// follows from the two placements), priced under `model`. Throws for pairs no step turns into
+// each other (Partial -> Partial, Shard -> Partial). The planner's edges, exposed for baselines.
+PlanStep price_step(const DTensorSpec& x, int64_t mesh_dim, Placement to, const CostModel& model);
+
 struct PlanCacheStats {
   int64_t hits = 0, misses = 0, size = 0;
 };

@@ -2,17 +2,21 @@
 // placement R, S(d), P(sum), P(max) per mesh dim, every shard order, even, uneven and empty
 // shapes) on meshes (4), (2,2), (2,3) and (2,2,2), each rank starts from its local tensor of the
 // source layout, runs the planned redistribute on the threads backend, and must hold exactly its
-// local tensor of the target layout (the single-device oracle: slicing the global tensor). Moves
-// PyTorch refuses must be refused before any communication.
+// local tensor of the target layout (the single-device oracle: slicing the global tensor), with
+// full_tensor() equal to the global tensor, and the bytes handed to each collective (at most over
+// the ranks) must equal the plan's. Moves PyTorch refuses must be refused before any
+// communication. (P(avg) joins the choices on meshes (4) and (2,2).)
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <map>
 #include <mutex>
 
 #include "collectives/functional.h"
 #include "collectives/rank_context.h"
+#include "dtensor/dtensor.h"
 #include "dtensor/local_tensor.h"
 #include "dtensor/redistribute.h"
 #include "tests/layout_enumeration.h"
@@ -55,6 +59,34 @@ at::Tensor global_for(const std::vector<int64_t>& shape, c10::ScalarType dtype) 
   return (at::arange(numel, at::kLong) * 7 % 23 - 11).reshape(shape).to(dtype);
 }
 
+// Per plan, per collective step: the most bytes any rank handed that collective (all_gather: its
+// output; all_to_all_v: what it received; the others: their input), as the cost model counts.
+struct Moved {
+  std::mutex mu;
+  std::map<const RedistributePlan*, std::vector<int64_t>> most;
+};
+
+void record_bytes(const RedistributePlan& plan, const collectives::CommCounter& counter,
+                  Moved& moved) {
+  std::vector<int64_t> bytes;
+  size_t k = 0;
+  for (const PlanStep& s : plan.steps) {
+    if (s.kind == CommKind::kLocalChunk || s.kind == CommKind::kPartition) continue;
+    if (k >= counter.records().size()) {
+      bytes.push_back(-1);  // a collective step that ran no collective
+      continue;
+    }
+    const auto& r = counter.records()[k++];
+    const bool by_output = s.kind == CommKind::kAllGather || s.kind == CommKind::kAllToAllV;
+    bytes.push_back(by_output ? r.output_bytes : r.input_bytes);
+  }
+  if (k != counter.records().size()) bytes.push_back(-2);  // more collectives than steps
+  std::lock_guard<std::mutex> lock(moved.mu);
+  auto& most = moved.most[&plan];
+  most.resize(std::max(most.size(), bytes.size()), 0);
+  for (size_t i = 0; i < bytes.size(); ++i) most[i] = std::max(most[i], bytes[i]);
+}
+
 struct Case {
   std::vector<int64_t> mesh;
   std::vector<std::vector<int64_t>> shapes;
@@ -64,6 +96,7 @@ struct Case {
 void run_all_pairs(const Case& c, bool async_op) {
   const DeviceMesh mesh = DeviceMesh::arange(c.mesh);
   std::atomic<int64_t> runs{0}, refused{0};
+  Moved moved;
   std::mutex mu;
   std::vector<std::string> failures;
   for (const auto& shape : c.shapes) {
@@ -88,12 +121,16 @@ void run_all_pairs(const Case& c, bool async_op) {
         const at::Tensor local = local_tensor_for(global, src, coord);
         const at::Tensor before = local.clone();
         const auto plan = plan_redistribute(src, dst);
+        collectives::CommCounter counter;
         at::Tensor got = execute_plan(*plan, local, async_op);
         if (async_op) got = collectives::wait_tensor(got);
+        record_bytes(*plan, counter, moved);
         const at::Tensor want = local_tensor_for(global, dst, coord);
         std::string bad;
         if (got.sizes() != want.sizes() || !at::equal(got, want)) {
           bad = "wrong values";
+        } else if (!dst.has_partial() && !at::equal(DTensor(got, dst).full_tensor(), global)) {
+          bad = "full_tensor() differs from the global tensor";
         } else if (!at::equal(local, before)) {
           bad = "input modified";
         } else if (!plan->is_noop() && got.numel() > 0 &&
@@ -113,13 +150,25 @@ void run_all_pairs(const Case& c, bool async_op) {
     });
   }
   for (const auto& f : failures) ADD_FAILURE() << f;
+  // The bytes the collectives were given, at their largest over the ranks, are the plan's.
+  int64_t steps = 0;
+  for (const auto& [plan, most] : moved.most) {
+    int64_t k = 0;
+    for (const PlanStep& s : plan->steps) {
+      if (s.kind == CommKind::kLocalChunk || s.kind == CommKind::kPartition) continue;
+      EXPECT_EQ(most.at(k), s.bytes) << plan->to_string() << " step " << s.to_string();
+      ++k, ++steps;
+    }
+  }
+  EXPECT_GT(steps, 0);
   EXPECT_GT(runs.load(), 0);
   std::printf("mesh (%s): %lld redistributes checked on every rank, %lld refused\n",
               c10::str(c10::IntArrayRef(c.mesh)).c_str(), static_cast<long long>(runs.load()),
               static_cast<long long>(refused.load()));
 }
 
-const std::vector<Placement> kAll = {Replicate(), Partial(), Partial(ReduceOp::kMax)};
+const std::vector<Placement> kAll = {Replicate(), Partial(), Partial(ReduceOp::kAvg),
+                                     Partial(ReduceOp::kMax)};
 const std::vector<Placement> kNoMax = {Replicate(), Partial()};
 
 TEST(RedistributeTest, EveryPairOnMesh4) {
