@@ -287,10 +287,20 @@ std::vector<at::Tensor> reduce_scatter_tensor_coalesced(const std::vector<at::Te
       pieces.push_back({i, d, per_rank, {}});
       per_rank += inputs[i].numel() / n;
     }
-    std::vector<at::Tensor> all;
-    for (auto& v : chunks) all.insert(all.end(), v.begin(), v.end());
-    CollectiveCall c = make_call(CollectiveKind::kReduceScatter, "reduce_scatter_tensor",
-                                 all.size() == 1 ? all[0] : at::cat(all), per_rank);
+    // One tensor scattered along its outermost non-trivial dim is already packed: pass it as
+    // is rather than copying its chunks (a full copy of the input on every call).
+    const at::Tensor& first = inputs[idx[0]];
+    const int64_t first_dim = pieces[pieces.size() - idx.size()].dim;
+    at::Tensor packed;
+    if (idx.size() == 1 && c10::multiply_integers(first.sizes().slice(0, first_dim)) == 1) {
+      packed = flat(first);
+    } else {
+      std::vector<at::Tensor> all;
+      for (auto& v : chunks) all.insert(all.end(), v.begin(), v.end());
+      packed = all.size() == 1 ? all[0] : at::cat(all);
+    }
+    CollectiveCall c =
+        make_call(CollectiveKind::kReduceScatter, "reduce_scatter_tensor", packed, per_rank);
     c.op = op;
     c.output_splits.assign(n, per_rank);
     // This rank's output holds each tensor's reduced chunk, contiguous and in natural layout:
