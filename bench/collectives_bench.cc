@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_support.h"
 #include "collectives/functional.h"
 #include "collectives/launch_env.h"
 #include "tests/fork_ranks.h"
@@ -47,57 +48,6 @@ struct Options {
   std::vector<int> ranks = {2, 4};
   int64_t max_bytes = 64ll << 20;
 };
-
-// A caching CPU allocator, as PyTorch's CUDA caching allocator and any long-running job's heap
-// in steady state: freed blocks are kept by size and handed out again, never returned to the
-// kernel. Functional collectives allocate their outputs on every call; through glibc, blocks of
-// 32 MiB and more (its largest mmap threshold) are mmapped per call and unmapped on free, so
-// every call would pay fresh page faults (~12-20 us per page on this VM: ~200 ms for 64 MiB)
-// and measure the kernel instead of the collective. That cost is measured and reported on its
-// own (fault_us_per_page, and page faults per call in every row).
-class CachingCpuAllocator final : public c10::Allocator {
- public:
-  c10::DataPtr allocate(size_t n) const override {
-    void* p = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = free_.find(n);
-      if (it != free_.end() && !it->second.empty()) {
-        p = it->second.back();
-        it->second.pop_back();
-      }
-    }
-    if (p == nullptr && n > 0) {
-      p = std::aligned_alloc(64, (n + 63) / 64 * 64);
-      if (p == nullptr) throw std::bad_alloc();
-      std::lock_guard<std::mutex> lock(mu_);
-      size_of_[p] = n;
-    }
-    return {p, p, &release, c10::Device(c10::DeviceType::CPU)};
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return &release; }
-
- private:
-  static void release(void* p) {
-    if (p == nullptr) return;
-    std::lock_guard<std::mutex> lock(mu_);
-    free_[size_of_.at(p)].push_back(p);
-  }
-  static inline std::mutex mu_;
-  static inline std::map<size_t, std::vector<void*>> free_;  // by size
-  static inline std::map<void*, size_t> size_of_;
-};
-
-double memcpy_gbs() {
-  const size_t n = 64ull << 20;
-  std::vector<char> a(n, 1), b(n, 0);
-  std::memcpy(b.data(), a.data(), n);  // warm the pages
-  const int iters = 5;
-  const auto t0 = Clock::now();
-  for (int i = 0; i < iters; ++i) std::memcpy(b.data(), a.data(), n);
-  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-  return static_cast<double>(n) * iters / s / 1e9;
-}
 
 // Microseconds per 4 KiB page to first touch fresh memory (what a call pays when its output is
 // new memory from the kernel): one 64 MiB anonymous mapping, written once.
@@ -233,11 +183,9 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  static CachingCpuAllocator caching;
-  const bool cache = std::getenv("DTENSOR_BENCH_NO_CACHING") == nullptr;
-  if (cache) c10::SetAllocator(c10::DeviceType::CPU, &caching, /*priority=*/1);
+  const bool cache = bench::install_caching_allocator();
   at::set_num_threads(1);
-  const double mc = memcpy_gbs();
+  const double mc = bench::memcpy_gbs();
   const double fault_us = fault_us_per_page();
   std::printf("caching CPU allocator (reuse freed blocks): %s\n", cache ? "on" : "off");
   std::printf("single-thread memcpy (64 MiB): %.2f GB/s\n", mc);
