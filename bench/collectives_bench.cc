@@ -211,10 +211,7 @@ int main(int argc, char** argv) {
       const auto codes = dtensor::testing::run_forked(
           n,
           [&](int r) {
-            ::setenv("RANK", std::to_string(r).c_str(), 1);
-            ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
-            ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-            ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+            dtensor::testing::set_launch_env(r, n, port);
             at::set_num_threads(1);
             auto ctx = init_from_env(backend);
             sweep(backend, r, n, o.max_bytes, mc);

@@ -20,10 +20,7 @@ namespace dtensor {
 namespace {
 
 int rank_body(int rank, int n, int port, const std::string& backend) {
-  ::setenv("RANK", std::to_string(rank).c_str(), 1);
-  ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
-  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-  ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  testing::set_launch_env(rank, n, port);
   at::set_num_threads(1);
   auto ctx = collectives::init_from_env(backend, std::chrono::seconds(60));
   const DeviceMesh mesh = DeviceMesh::arange({2, 2});

@@ -109,10 +109,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::cerr << "layout_demo: error: " << e.what() << "\n";
-    return 2;
-  }
+  return dtensor::cli::guarded_main("layout_demo", [&] { return run(argc, argv); });
 }

@@ -30,13 +30,7 @@ struct Checker {
   }
 };
 
-void set_launch_env(int rank, int n, int port) {
-  ::setenv("RANK", std::to_string(rank).c_str(), 1);
-  ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
-  ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-  ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-}
+void set_launch_env(int rank, int n, int port) { testing::set_launch_env(rank, n, port); }
 
 int conformance(int rank, int n, int port) {
   set_launch_env(rank, n, port);

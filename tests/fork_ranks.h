@@ -12,12 +12,24 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
 namespace dtensor::testing {
+
+// Sets torchrun's variables for rank `rank` of `n` local ranks rendezvousing at 127.0.0.1:port
+// (what init_from_env reads).
+inline void set_launch_env(int rank, int n, int port) {
+  ::setenv("RANK", std::to_string(rank).c_str(), 1);
+  ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+  ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+}
 
 inline std::vector<int> run_forked(int n, const std::function<int(int rank)>& body,
                                    std::chrono::seconds deadline = std::chrono::seconds(120)) {

@@ -3,6 +3,7 @@
 // name lists, shard orders, and --flag value pairs. Errors are std::invalid_argument naming the
 // flag and the bad text.
 
+#include <cstdio>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -81,6 +82,17 @@ inline std::map<std::string, std::string> parse_flags(int argc, char** argv,
     defaults[arg.substr(2)] = argv[++i];
   }
   return defaults;
+}
+
+// main() of a small tool: runs `run`, turning an exception into "<name>: error: ..." and exit 2.
+template <class Run>
+int guarded_main(const char* name, Run&& run) {
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", name, e.what());
+    return 2;
+  }
 }
 
 }  // namespace dtensor::cli

@@ -93,10 +93,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::cerr << "plan: error: " << e.what() << "\n";
-    return 2;
-  }
+  return dtensor::cli::guarded_main("plan", [&] { return run(argc, argv); });
 }
