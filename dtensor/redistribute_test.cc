@@ -5,7 +5,7 @@
 // local tensor of the target layout (the single-device oracle: slicing the global tensor), with
 // full_tensor() equal to the global tensor, and the bytes handed to each collective (at most over
 // the ranks) must equal the plan's. Moves PyTorch refuses must be refused before any
-// communication. (P(avg) joins the choices on meshes (4) and (2,2).)
+// communication. On (2,2,2) each Partial op gets its own run.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -180,11 +180,20 @@ TEST(RedistributeTest, EveryPairOnMesh2x2) {
 }
 
 TEST(RedistributeTest, EveryPairOnMesh2x3) {
-  run_all_pairs({{2, 3}, {{12, 6}, {7, 5}}, kNoMax}, false);
+  run_all_pairs({{2, 3}, {{12, 6}, {7, 5}}, kAll}, false);
 }
 
+// On (2,2,2) one Partial op at a time keeps the pair count (and the run time) in bounds.
 TEST(RedistributeTest, EveryPairOnMesh2x2x2) {
-  run_all_pairs({{2, 2, 2}, {{5, 6}}, kNoMax}, false);
+  run_all_pairs({{2, 2, 2}, {{5, 6}}, {Replicate(), Partial()}}, false);
+}
+
+TEST(RedistributeTest, EveryPairOnMesh2x2x2PartialAvg) {
+  run_all_pairs({{2, 2, 2}, {{4, 3}}, {Replicate(), Partial(ReduceOp::kAvg)}}, false);
+}
+
+TEST(RedistributeTest, EveryPairOnMesh2x2x2PartialMax) {
+  run_all_pairs({{2, 2, 2}, {{3, 7}}, {Replicate(), Partial(ReduceOp::kMax)}}, false);
 }
 
 TEST(RedistributeTest, AsyncLastStepOnMesh2x2) {
