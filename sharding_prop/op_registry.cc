@@ -1,0 +1,452 @@
+// NOTE [op table]
+// One line per supported ATen overload. The builder gets the tensor inputs' metas (in argument
+// order; 0-dim and Python scalars are not inputs) and the layout arguments, whose meaning each
+// line states. In-place overloads (`add_.Tensor`) are marked: their self keeps its layout.
+// `.out` overloads shard like their functional form (the out tensor is checked by the caller).
+
+#include "sharding_prop/op_registry.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+
+#include "dtensor/hashing.h"
+#include "dtensor/strings.h"
+
+namespace dtensor::sharding {
+namespace {
+
+using Metas = std::vector<TensorMeta>;
+using Shapes = std::vector<std::vector<int64_t>>;
+
+Shapes shapes_of(const Metas& m) {
+  Shapes s;
+  for (const auto& x : m) s.push_back(x.shape);
+  return s;
+}
+
+c10::ScalarType promoted(const Metas& m) {
+  c10::ScalarType t = m.at(0).dtype;
+  for (size_t i = 1; i < m.size(); ++i) t = c10::promoteTypes(t, m[i].dtype);
+  return t;
+}
+
+void need_inputs(const Metas& m, size_t lo, size_t hi, const char* op) {
+  if (m.size() < lo || m.size() > hi) {
+    throw std::invalid_argument(std::string(op) + ": expected " + std::to_string(lo) +
+                                (lo == hi ? "" : "-" + std::to_string(hi)) +
+                                " tensor inputs, got " + std::to_string(m.size()));
+  }
+}
+
+int64_t arg(const LayoutArgs& a, size_t i, const char* op, const char* what) {
+  if (i >= a.ints.size()) {
+    throw std::invalid_argument(std::string(op) + ": layout argument '" + what + "' missing");
+  }
+  return a.ints[i];
+}
+
+// ---- family builders ----
+
+RuleBuilder pointwise(size_t n, Linearity lin, std::vector<bool> linear_inputs = {},
+                      bool to_bool = false) {
+  return [=](const Metas& m, const LayoutArgs&) {
+    need_inputs(m, 1, n, "pointwise op");
+    return BuiltRule{pointwise_rule(shapes_of(m), lin, linear_inputs),
+                     {to_bool ? c10::kBool : promoted(m)}};
+  };
+}
+
+// where(cond, a, b): the result type is a's and b's, not the condition's.
+BuiltRule where_rule(const Metas& m, const LayoutArgs&) {
+  need_inputs(m, 3, 3, "where");
+  return {pointwise_rule(shapes_of(m), Linearity::kNone),
+          {c10::promoteTypes(m[1].dtype, m[2].dtype)}};
+}
+
+// ints: dtype (as c10::ScalarType), or -1 to keep the input's.
+BuiltRule cast_rule(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "_to_copy");
+  const int64_t t = a.ints.empty() ? -1 : a.ints[0];
+  return {pointwise_rule(shapes_of(m), Linearity::kNone),
+          {t < 0 ? m[0].dtype : static_cast<c10::ScalarType>(t)}};
+}
+
+// ints: keepdim, dims... (no dims: all).
+RuleBuilder reduction(ReduceOp op, bool replicate, Linearity lin, int out_dtype = -1,
+                      int outputs = 1) {
+  return [=](const Metas& m, const LayoutArgs& a) {
+    need_inputs(m, 1, 1, "reduction");
+    const bool keepdim = !a.ints.empty() && a.ints[0] != 0;
+    const std::vector<int64_t> dims(a.ints.begin() + std::min<size_t>(1, a.ints.size()),
+                                    a.ints.end());
+    BuiltRule b{reduction_rule(m[0].shape, dims, keepdim, op, replicate, lin), {}};
+    const auto dtype = out_dtype < 0 ? m[0].dtype : static_cast<c10::ScalarType>(out_dtype);
+    b.out_dtypes.push_back(dtype);
+    for (int i = 1; i < outputs; ++i) {  // max.dim / min.dim: values, then int64 indices
+      b.rule.outputs.push_back(b.rule.outputs[0]);
+      b.out_dtypes.push_back(c10::kLong);
+    }
+    return b;
+  };
+}
+
+// ints: dim (softmax) / dim (its backward, two inputs).
+RuleBuilder softmax(size_t n) {
+  return [=](const Metas& m, const LayoutArgs& a) {
+    need_inputs(m, n, n, "softmax");
+    return BuiltRule{replicate_dims_rule(shapes_of(m), {arg(a, 0, "softmax", "dim")}),
+                     {m.back().dtype}};
+  };
+}
+
+BuiltRule same_dtype(Rule r, const Metas& m) { return {std::move(r), {m.at(0).dtype}}; }
+
+// ints: the new shape (one -1 allowed).
+BuiltRule view_rule(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "view");
+  return same_dtype(reshape_rule(m[0].shape, a.ints), m);
+}
+
+// ints: start_dim, end_dim.
+BuiltRule flatten_rule(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "flatten");
+  const auto& s = m[0].shape;
+  const int64_t nd = std::max<int64_t>(1, static_cast<int64_t>(s.size()));
+  const int64_t lo =
+      normalize_tensor_dim(arg(a, 0, "flatten", "start_dim"), nd, "flatten start_dim");
+  const int64_t hi = normalize_tensor_dim(arg(a, 1, "flatten", "end_dim"), nd, "flatten end_dim");
+  if (s.empty()) return same_dtype(reshape_rule(s, {1}), m);
+  std::vector<int64_t> to(s.begin(), s.begin() + lo);
+  int64_t merged = 1;
+  for (int64_t d = lo; d <= hi; ++d) merged *= s[d];
+  to.push_back(merged);
+  to.insert(to.end(), s.begin() + hi + 1, s.end());
+  return same_dtype(reshape_rule(s, to), m);
+}
+
+// ints: dim, sizes...
+BuiltRule unflatten_rule(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "unflatten");
+  const auto& s = m[0].shape;
+  const int64_t d = normalize_tensor_dim(arg(a, 0, "unflatten", "dim"), s.size(), "unflatten dim");
+  std::vector<int64_t> to(s.begin(), s.begin() + d);
+  to.insert(to.end(), a.ints.begin() + 1, a.ints.end());
+  to.insert(to.end(), s.begin() + d + 1, s.end());
+  return same_dtype(reshape_rule(s, to), m);
+}
+
+// ints: dim (squeeze.dim) or nothing (squeeze: every size-1 dim).
+BuiltRule squeeze_rule(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "squeeze");
+  const auto& s = m[0].shape;
+  std::vector<int64_t> to;
+  const int64_t d =
+      a.ints.empty() || s.empty() ? -1 : normalize_tensor_dim(a.ints[0], s.size(), "squeeze dim");
+  for (int64_t k = 0; k < static_cast<int64_t>(s.size()); ++k) {
+    if (s[k] == 1 && (d < 0 || k == d)) continue;
+    to.push_back(s[k]);
+  }
+  return same_dtype(reshape_rule(s, to), m);
+}
+
+// ints: dim.
+BuiltRule unsqueeze_rule(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "unsqueeze");
+  auto to = m[0].shape;
+  const int64_t d =
+      normalize_tensor_dim(arg(a, 0, "unsqueeze", "dim"), to.size() + 1, "unsqueeze dim");
+  to.insert(to.begin() + d, 1);
+  return same_dtype(reshape_rule(m[0].shape, to), m);
+}
+
+// ints: dim0, dim1.
+BuiltRule transpose_rule(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "transpose");
+  const int64_t nd = static_cast<int64_t>(m[0].shape.size());
+  std::vector<int64_t> perm(nd);
+  for (int64_t d = 0; d < nd; ++d) perm[d] = d;
+  if (nd > 0) {
+    const int64_t x = normalize_tensor_dim(arg(a, 0, "transpose", "dim0"), nd, "transpose dim0");
+    const int64_t y = normalize_tensor_dim(arg(a, 1, "transpose", "dim1"), nd, "transpose dim1");
+    std::swap(perm[x], perm[y]);
+  }
+  return same_dtype(permute_rule(m[0].shape, perm), m);
+}
+
+BuiltRule t_rule(const Metas& m, const LayoutArgs&) {
+  need_inputs(m, 1, 1, "t");
+  if (m[0].shape.size() > 2) throw std::invalid_argument("t: expects a tensor of at most 2 dims");
+  return transpose_rule(m, LayoutArgs{{0, m[0].shape.size() == 2 ? 1 : 0}, ""});
+}
+
+// ints: the permutation.
+BuiltRule permute_rule_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "permute");
+  return same_dtype(permute_rule(m[0].shape, a.ints), m);
+}
+
+// ints: the target sizes.
+BuiltRule expand_rule_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "expand");
+  return same_dtype(expand_rule(m[0].shape, a.ints), m);
+}
+
+// ints: dim.
+RuleBuilder concat(bool stack) {
+  return [=](const Metas& m, const LayoutArgs& a) {
+    return BuiltRule{cat_rule(shapes_of(m), arg(a, 0, "cat", "dim"), stack), {promoted(m)}};
+  };
+}
+
+BuiltRule mm_rule(const Metas& m, const LayoutArgs&) {
+  need_inputs(m, 2, 2, "mm");
+  if (m[0].shape.size() != 2 || m[1].shape.size() != 2) {
+    throw std::invalid_argument("mm: both arguments must be 2-D");
+  }
+  return {matmul_rule(m[0].shape, m[1].shape), {promoted(m)}};
+}
+
+BuiltRule bmm_rule(const Metas& m, const LayoutArgs&) {
+  need_inputs(m, 2, 2, "bmm");
+  if (m[0].shape.size() != 3 || m[1].shape.size() != 3 || m[0].shape[0] != m[1].shape[0]) {
+    throw std::invalid_argument("bmm: arguments must be 3-D with equal batch sizes");
+  }
+  return {matmul_rule(m[0].shape, m[1].shape), {promoted(m)}};
+}
+
+BuiltRule matmul_rule_of(const Metas& m, const LayoutArgs&) {
+  need_inputs(m, 2, 2, "matmul");
+  return {matmul_rule(m[0].shape, m[1].shape), {promoted(m)}};
+}
+
+BuiltRule addmm_rule_of(const Metas& m, const LayoutArgs&) {
+  need_inputs(m, 3, 3, "addmm");
+  return {addmm_rule(m[0].shape, m[1].shape, m[2].shape), {promoted(m)}};
+}
+
+BuiltRule linear_rule_of(const Metas& m, const LayoutArgs&) {
+  need_inputs(m, 2, 3, "linear");
+  return {linear_rule(m[0].shape, m[1].shape, m.size() == 3 ? &m[2].shape : nullptr),
+          {promoted(m)}};
+}
+
+// text: the equation.
+BuiltRule einsum_rule(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 2, 2, "einsum");
+  return {parse_rule(a.text, shapes_of(m), Linearity::kMultilinear), {promoted(m)}};
+}
+
+std::vector<OpEntry> build_table() {
+  const auto lin = Linearity::kNone;
+  std::vector<OpEntry> t;
+  auto add = [&](std::string name, std::string family, std::string args, RuleBuilder b) {
+    const bool in_place =
+        name.find("_.") != std::string::npos || (name.size() > 1 && name.back() == '_');
+    t.push_back({std::move(name), std::move(family), std::move(args), in_place, std::move(b)});
+  };
+  // Unary pointwise (functional, in-place, out).
+  for (const char* op :
+       {"abs",  "exp",    "log",         "sqrt",        "rsqrt", "tanh",  "sigmoid",
+        "relu", "sin",    "cos",         "reciprocal",  "erf",   "log1p", "expm1",
+        "sign", "square", "logical_not", "bitwise_not", "silu",  "gelu"}) {
+    add(std::string("aten::") + op, "pointwise", "", pointwise(1, lin));
+    add(std::string("aten::") + op + "_", "pointwise", "", pointwise(1, lin));
+    add(std::string("aten::") + op + ".out", "pointwise", "", pointwise(1, lin));
+  }
+  add("aten::neg", "pointwise", "", pointwise(1, Linearity::kAdditive));
+  add("aten::neg_", "pointwise", "", pointwise(1, Linearity::kAdditive));
+  add("aten::gelu_backward", "pointwise", "", pointwise(2, lin));
+  add("aten::silu_backward", "pointwise", "", pointwise(2, lin));
+  add("aten::threshold_backward", "pointwise", "", pointwise(2, lin));
+  add("aten::sigmoid_backward", "pointwise", "", pointwise(2, lin));
+  add("aten::tanh_backward", "pointwise", "", pointwise(2, lin));
+  add("aten::clamp", "pointwise", "", pointwise(1, lin));
+  add("aten::clamp_", "pointwise", "", pointwise(1, lin));
+  add("aten::pow.Tensor_Scalar", "pointwise", "", pointwise(1, lin));
+  add("aten::pow.Tensor_Tensor", "pointwise", "", pointwise(2, lin));
+  add("aten::fill_.Scalar", "pointwise", "", pointwise(1, lin));
+  add("aten::zero_", "pointwise", "", pointwise(1, Linearity::kMove));
+  add("aten::clone", "pointwise", "", pointwise(1, Linearity::kMove));
+  add("aten::contiguous", "pointwise", "", pointwise(1, Linearity::kMove));
+  add("aten::detach", "pointwise", "", pointwise(1, Linearity::kMove));
+  add("aten::alias", "pointwise", "", pointwise(1, Linearity::kMove));
+  add("aten::copy_", "pointwise", "", pointwise(2, lin));
+  add("aten::_to_copy", "pointwise", "dtype (ScalarType, -1: keep)", cast_rule);
+  add("aten::masked_fill.Scalar", "pointwise", "", pointwise(2, lin));
+  add("aten::masked_fill_.Scalar", "pointwise", "", pointwise(2, lin));
+  add("aten::where.self", "pointwise", "", where_rule);
+  // Binary pointwise.
+  for (const char* op : {"add.Tensor", "sub.Tensor"}) {
+    for (const char* v : {"", "_"}) {
+      std::string name = std::string("aten::") + op;
+      name.insert(name.find('.'), v);
+      add(name, "pointwise", "", pointwise(2, Linearity::kAdditive));
+    }
+  }
+  add("aten::add.out", "pointwise", "", pointwise(2, Linearity::kAdditive));
+  add("aten::mul.Tensor", "pointwise", "", pointwise(2, Linearity::kMultilinear));
+  add("aten::mul_.Tensor", "pointwise", "", pointwise(2, Linearity::kMultilinear));
+  add("aten::mul.out", "pointwise", "", pointwise(2, Linearity::kMultilinear));
+  add("aten::div.Tensor", "pointwise", "", pointwise(2, Linearity::kMultilinear, {true, false}));
+  add("aten::div_.Tensor", "pointwise", "", pointwise(2, Linearity::kMultilinear, {true, false}));
+  add("aten::add.Scalar", "pointwise", "", pointwise(1, lin));
+  add("aten::mul.Scalar", "pointwise", "", pointwise(1, Linearity::kAdditive));
+  add("aten::div.Scalar", "pointwise", "", pointwise(1, Linearity::kAdditive));
+  for (const char* op : {"maximum", "minimum", "atan2", "logical_and", "logical_or",
+                         "bitwise_and.Tensor", "bitwise_or.Tensor", "bitwise_xor.Tensor"}) {
+    add(std::string("aten::") + op, "pointwise", "", pointwise(2, lin));
+  }
+  for (const char* op : {"eq", "ne", "lt", "le", "gt", "ge"}) {
+    add(std::string("aten::") + op + ".Tensor", "pointwise", "", pointwise(2, lin, {}, true));
+    add(std::string("aten::") + op + ".Scalar", "pointwise", "", pointwise(1, lin, {}, true));
+  }
+  add("aten::addcmul", "pointwise", "", pointwise(3, lin));
+  add("aten::addcdiv", "pointwise", "", pointwise(3, lin));
+  add("aten::lerp.Scalar", "pointwise", "", pointwise(2, lin));
+  // Reductions: ints = keepdim, dims... (no dims: every dim).
+  const std::string rd = "keepdim, dims... (none: all)";
+  add("aten::sum", "reduction", "", reduction(ReduceOp::kSum, false, Linearity::kAdditive));
+  add("aten::sum.dim_IntList", "reduction", rd,
+      reduction(ReduceOp::kSum, false, Linearity::kAdditive));
+  add("aten::mean", "reduction", "", reduction(ReduceOp::kAvg, false, Linearity::kAdditive));
+  add("aten::mean.dim", "reduction", rd, reduction(ReduceOp::kAvg, false, Linearity::kAdditive));
+  add("aten::prod", "reduction", "", reduction(ReduceOp::kProduct, false, lin));
+  add("aten::prod.dim_int", "reduction", rd, reduction(ReduceOp::kProduct, false, lin));
+  add("aten::amax", "reduction", rd, reduction(ReduceOp::kMax, false, lin));
+  add("aten::amin", "reduction", rd, reduction(ReduceOp::kMin, false, lin));
+  add("aten::max", "reduction", "", reduction(ReduceOp::kMax, false, lin));
+  add("aten::min", "reduction", "", reduction(ReduceOp::kMin, false, lin));
+  add("aten::max.dim", "reduction", rd, reduction(ReduceOp::kMax, true, lin, -1, 2));
+  add("aten::min.dim", "reduction", rd, reduction(ReduceOp::kMin, true, lin, -1, 2));
+  add("aten::argmax", "reduction", rd,
+      reduction(ReduceOp::kMax, true, lin, static_cast<int>(c10::kLong)));
+  add("aten::argmin", "reduction", rd,
+      reduction(ReduceOp::kMin, true, lin, static_cast<int>(c10::kLong)));
+  add("aten::var.correction", "reduction", rd, reduction(ReduceOp::kSum, true, lin));
+  add("aten::std.correction", "reduction", rd, reduction(ReduceOp::kSum, true, lin));
+  add("aten::linalg_vector_norm", "reduction", rd, reduction(ReduceOp::kSum, true, lin));
+  add("aten::any.dim", "reduction", rd,
+      reduction(ReduceOp::kMax, true, lin, static_cast<int>(c10::kBool)));
+  add("aten::all.dim", "reduction", rd,
+      reduction(ReduceOp::kMin, true, lin, static_cast<int>(c10::kBool)));
+  add("aten::any", "reduction", "",
+      reduction(ReduceOp::kMax, true, lin, static_cast<int>(c10::kBool)));
+  add("aten::all", "reduction", "",
+      reduction(ReduceOp::kMin, true, lin, static_cast<int>(c10::kBool)));
+  // Softmax: ints = dim.
+  add("aten::_softmax", "softmax", "dim", softmax(1));
+  add("aten::_log_softmax", "softmax", "dim", softmax(1));
+  add("aten::_softmax_backward_data", "softmax", "dim", softmax(2));
+  add("aten::_log_softmax_backward_data", "softmax", "dim", softmax(2));
+  // Matmul family.
+  add("aten::mm", "matmul", "", mm_rule);
+  add("aten::bmm", "matmul", "", bmm_rule);
+  add("aten::matmul", "matmul", "", matmul_rule_of);
+  add("aten::addmm", "matmul", "", addmm_rule_of);
+  add("aten::baddbmm", "matmul", "", addmm_rule_of);
+  add("aten::linear", "matmul", "", linear_rule_of);
+  add("aten::einsum", "matmul", "text: the equation", einsum_rule);
+  add("aten::t", "view", "", t_rule);
+  // Views and shape ops.
+  add("aten::view", "view", "sizes (one -1 allowed)", view_rule);
+  add("aten::reshape", "view", "sizes (one -1 allowed)", view_rule);
+  add("aten::_unsafe_view", "view", "sizes", view_rule);
+  add("aten::flatten.using_ints", "view", "start_dim, end_dim", flatten_rule);
+  add("aten::unflatten.int", "view", "dim, sizes...", unflatten_rule);
+  add("aten::squeeze", "view", "", squeeze_rule);
+  add("aten::squeeze.dim", "view", "dim", squeeze_rule);
+  add("aten::unsqueeze", "view", "dim", unsqueeze_rule);
+  add("aten::transpose.int", "view", "dim0, dim1", transpose_rule);
+  add("aten::permute", "view", "dims...", permute_rule_of);
+  add("aten::expand", "view", "sizes (-1 keeps a size)", expand_rule_of);
+  add("aten::cat", "cat", "dim", concat(false));
+  add("aten::stack", "cat", "dim", concat(true));
+  std::sort(t.begin(), t.end(), [](const OpEntry& a, const OpEntry& b) { return a.name < b.name; });
+  return t;
+}
+
+struct Table {
+  std::mutex mu;
+  std::map<std::string, OpEntry, std::less<>> ops;
+  Table() {
+    for (auto& e : build_table()) ops.emplace(e.name, std::move(e));
+  }
+};
+
+Table& table() {
+  static Table* t = new Table();  // never destroyed: entries are handed out by pointer
+  return *t;
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+}  // namespace
+
+size_t LayoutArgs::hash() const {
+  size_t h = std::hash<std::string>()(text);
+  for (int64_t v : ints) h = h * 1000003u ^ std::hash<int64_t>()(v);
+  return h;
+}
+
+std::string LayoutArgs::to_string() const {
+  std::string s = "(" + join(ints, ",");
+  if (!text.empty()) s += (ints.empty() ? "\"" : ", \"") + text + "\"";
+  return s + ")";
+}
+
+const OpEntry* find_op(std::string_view name) {
+  Table& t = table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  auto it = t.ops.find(name);
+  return it == t.ops.end() ? nullptr : &it->second;
+}
+
+std::vector<const OpEntry*> all_ops() {
+  Table& t = table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  std::vector<const OpEntry*> out;
+  for (const auto& [name, e] : t.ops) out.push_back(&e);
+  return out;
+}
+
+std::vector<std::string> nearest_ops(std::string_view name, size_t count) {
+  const std::string_view base = name.substr(0, name.find('.'));
+  std::vector<std::pair<size_t, std::string>> scored;
+  for (const OpEntry* e : all_ops()) {
+    const std::string_view other = std::string_view(e->name).substr(0, e->name.find('.'));
+    scored.emplace_back(edit_distance(base, other) * 100 + edit_distance(name, e->name), e->name);
+  }
+  std::sort(scored.begin(), scored.end());
+  std::vector<std::string> out;
+  for (size_t i = 0; i < scored.size() && i < count; ++i) out.push_back(scored[i].second);
+  return out;
+}
+
+void register_rule(const std::string& name, const std::string& rule_text, Linearity linearity) {
+  OpEntry e{name, "custom", "rule \"" + rule_text + "\"", false,
+            [rule_text, linearity](const Metas& m, const LayoutArgs&) {
+              std::vector<std::vector<int64_t>> shapes;
+              for (const auto& x : m) shapes.push_back(x.shape);
+              return BuiltRule{parse_rule(rule_text, shapes, linearity), {m.at(0).dtype}};
+            }};
+  Table& t = table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  if (!t.ops.emplace(name, std::move(e)).second) {
+    throw std::invalid_argument("register_rule: '" + name + "' already has a rule");
+  }
+}
+
+}  // namespace dtensor::sharding

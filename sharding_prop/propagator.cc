@@ -1,0 +1,357 @@
+#include "sharding_prop/propagator.h"
+
+#include <algorithm>
+#include <list>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "dtensor/strings.h"
+
+namespace dtensor::sharding {
+namespace {
+
+// One mesh dim's choice: every input's and output's placement there.
+struct Choice {
+  std::vector<Placement> in, out;
+};
+
+std::string specs_text(const std::vector<DTensorSpec>& specs) {
+  std::vector<std::string> parts;
+  for (const auto& s : specs)
+    parts.push_back(to_string(s.placements()) + " " + s.meta().to_string());
+  return join(parts, ", ");
+}
+
+// Where factor f stands in a tensor: the dim it is the major factor of, -1 when absent, -2 when
+// it is a minor factor of a merged dim (it cannot be sharded there).
+int64_t dim_of(const TensorFactors& t, int f) {
+  for (size_t d = 0; d < t.size(); ++d) {
+    for (size_t k = 0; k < t[d].size(); ++k) {
+      if (t[d][k] == f) return k == 0 ? static_cast<int64_t>(d) : -2;
+    }
+  }
+  return -1;
+}
+
+std::optional<Choice> shard_choice(const Rule& rule, int f) {
+  const Factor& factor = rule.factors[f];
+  Choice c;
+  for (size_t i = 0; i < rule.inputs.size(); ++i) {
+    const int64_t d = dim_of(rule.inputs[i], f);
+    if (d == -2) return std::nullopt;
+    if (d >= 0) {
+      c.in.push_back(Shard(static_cast<int32_t>(d)));
+    } else if (factor.kind == FactorKind::kContract && i < rule.partial_with_contract.size() &&
+               rule.partial_with_contract[i]) {
+      c.in.push_back(Partial());
+    } else {
+      c.in.push_back(Replicate());
+    }
+  }
+  for (const TensorFactors& o : rule.outputs) {
+    const int64_t d = dim_of(o, f);
+    if (d == -2) return std::nullopt;
+    if (d >= 0) {
+      c.out.push_back(Shard(static_cast<int32_t>(d)));
+    } else if (factor.kind == FactorKind::kContract) {
+      c.out.push_back(Partial(factor.reduce));
+    } else {
+      return std::nullopt;  // a pass factor missing from an output cannot be sharded
+    }
+  }
+  return c;
+}
+
+// The choices for mesh dim m, best-first for ties: shardings, kept Partials, replication.
+std::vector<Choice> choices_for(const Rule& rule, const std::vector<DTensorSpec>& inputs,
+                                int64_t m) {
+  // Shardings that follow an input cost it nothing. An input that must change anyway (a Partial
+  // the op cannot keep, or a Shard of a dim the op cannot shard) may move to any sharding more
+  // cheaply than to Replicate (reduce_scatter, all_to_all), so then every factor is a choice.
+  std::set<int> factors;
+  bool any_partial = false, must_move = false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Placement p = inputs[i].placement(m);
+    if (p.is_partial()) any_partial = true;
+    if (!p.is_shard()) continue;
+    const DimFactors& dim = rule.inputs[i][p.dim()];
+    if (dim.empty() || rule.factors[dim[0]].kind == FactorKind::kReplicate) {
+      must_move = true;
+    } else {
+      factors.insert(dim[0]);
+    }
+  }
+  if (any_partial || must_move) {
+    for (size_t f = 0; f < rule.factors.size(); ++f) factors.insert(static_cast<int>(f));
+  }
+  std::vector<Choice> out;
+  for (int f : factors) {
+    if (rule.factors[f].kind == FactorKind::kReplicate || rule.factors[f].size <= 1) continue;
+    if (auto c = shard_choice(rule, f)) out.push_back(std::move(*c));
+  }
+  if (any_partial) {
+    const size_t n_out = rule.outputs.size();
+    const Placement first = inputs[0].placement(m);
+    const bool all_same = std::all_of(inputs.begin(), inputs.end(), [&](const DTensorSpec& s) {
+      return s.placement(m) == first;
+    });
+    const bool additive_op = first.is_partial() && (first.reduce_op() == ReduceOp::kSum ||
+                                                    first.reduce_op() == ReduceOp::kAvg);
+    if (all_same && first.is_partial() &&
+        (rule.linearity == Linearity::kMove ||
+         (rule.linearity == Linearity::kAdditive && additive_op))) {
+      out.push_back(
+          {std::vector<Placement>(inputs.size(), first), std::vector<Placement>(n_out, first)});
+    }
+    if (rule.linearity == Linearity::kMultilinear) {
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        const bool linear = rule.linear_inputs.empty() || rule.linear_inputs[i];
+        if (!linear || inputs[i].placement(m) != Partial()) continue;
+        Choice c{std::vector<Placement>(inputs.size(), Replicate()),
+                 std::vector<Placement>(n_out, Partial())};
+        c.in[i] = Partial();
+        out.push_back(std::move(c));
+      }
+    }
+  }
+  out.push_back({std::vector<Placement>(inputs.size(), Replicate()),
+                 std::vector<Placement>(rule.outputs.size(), Replicate())});
+  return out;
+}
+
+// A merged dim (several factors) may be sharded only evenly through its major factor.
+bool merged_dims_even(const Rule& rule, const TensorFactors& t, const Placements& p,
+                      const DeviceMesh& mesh) {
+  for (size_t d = 0; d < t.size(); ++d) {
+    if (t[d].size() < 2) continue;
+    int64_t k = 1;
+    for (size_t m = 0; m < p.size(); ++m) {
+      if (p[m].is_shard(static_cast<int64_t>(d))) k *= mesh.shape()[m];
+    }
+    if (rule.factors[t[d][0]].size % k != 0) return false;
+  }
+  return true;
+}
+
+constexpr size_t kMaxCandidates = 4096;
+
+std::shared_ptr<const OpSharding> compute(const OpEntry& entry,
+                                          const std::vector<DTensorSpec>& inputs,
+                                          const LayoutArgs& args, const PropagateOptions& opt) {
+  const std::string& op = entry.name;
+  std::vector<TensorMeta> metas;
+  for (const auto& s : inputs) metas.push_back(s.meta());
+  BuiltRule built = [&] {
+    try {
+      return entry.build(metas, args);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(op + " on " + specs_text(inputs) + ": " + e.what());
+    }
+  }();
+  const Rule& rule = built.rule;
+  if (rule.inputs.size() != inputs.size()) {
+    throw std::invalid_argument(op + ": its rule takes " + std::to_string(rule.inputs.size()) +
+                                " tensors but got " + std::to_string(inputs.size()));
+  }
+  const DeviceMesh& mesh = inputs[0].mesh();
+  std::vector<std::vector<Choice>> per_dim;
+  size_t total = 1;
+  for (int64_t m = 0; m < mesh.ndim(); ++m) {
+    per_dim.push_back(choices_for(rule, inputs, m));
+    total *= per_dim.back().size();
+    if (total > kMaxCandidates) {  // keep only shardings that follow an input and replication
+      per_dim.back().erase(per_dim.back().begin() + 1, per_dim.back().end() - 1);
+    }
+  }
+  std::vector<TensorMeta> out_metas;
+  for (size_t o = 0; o < rule.outputs.size(); ++o) {
+    out_metas.push_back(TensorMeta::make(rule.output_shape(o), built.out_dtypes.at(o)));
+  }
+
+  std::shared_ptr<OpSharding> best;
+  std::vector<size_t> pick(mesh.ndim(), 0);
+  PlanOptions internal;
+  internal.allow_partial = true;  // a bias joins a Partial product by being partitioned
+  for (;;) {
+    std::vector<Placements> in(inputs.size(), Placements(mesh.ndim()));
+    std::vector<Placements> out(rule.outputs.size(), Placements(mesh.ndim()));
+    for (int64_t m = 0; m < mesh.ndim(); ++m) {
+      const Choice& c = per_dim[m][pick[m]];
+      for (size_t i = 0; i < in.size(); ++i) in[i][m] = c.in[i];
+      for (size_t o = 0; o < out.size(); ++o) out[o][m] = c.out[o];
+    }
+    bool ok = true;
+    for (size_t i = 0; ok && i < in.size(); ++i)
+      ok = merged_dims_even(rule, rule.inputs[i], in[i], mesh);
+    for (size_t o = 0; ok && o < out.size(); ++o)
+      ok = merged_dims_even(rule, rule.outputs[o], out[o], mesh);
+    if (ok && entry.in_place)
+      ok = in[0] == inputs[0].placements() && out[0] == inputs[0].placements();
+    if (ok) {
+      auto cand = std::make_shared<OpSharding>();
+      cand->op = op;
+      try {
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          const DTensorSpec target = DTensorSpec::make(mesh, in[i], metas[i]);
+          cand->input_targets.push_back(target);
+          cand->input_plans.push_back(plan_redistribute(inputs[i], target, internal));
+          cand->cost += cand->input_plans.back()->cost;
+        }
+      } catch (const std::invalid_argument&) {
+        cand.reset();  // e.g. a Partial(max) bias cannot join a Partial(sum) product
+      }
+      if (cand && (!best || cand->cost < best->cost)) {
+        for (size_t o = 0; o < out.size(); ++o) {
+          cand->outputs.push_back(DTensorSpec::make(mesh, out[o], out_metas[o]));
+        }
+        best = std::move(cand);
+      }
+    }
+    int64_t m = mesh.ndim() - 1;
+    for (; m >= 0; --m) {
+      if (++pick[m] < per_dim[m].size()) break;
+      pick[m] = 0;
+    }
+    if (m < 0) break;
+  }
+  if (!best) {
+    throw std::invalid_argument(op + (entry.in_place ? " (in-place)" : "") + " on " +
+                                specs_text(inputs) +
+                                ": no sharding keeps self's placements; redistribute self first "
+                                "or use the out-of-place op");
+  }
+  best->rule = rule.to_string();
+  if (opt.strict && best->needs_redistribute()) {
+    std::string what;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (best->input_plans[i]->is_noop()) continue;
+      what += (what.empty() ? "" : "; ") + std::string("input ") + std::to_string(i) + ": " +
+              to_string(inputs[i].placements()) + " -> " +
+              to_string(best->input_targets[i].placements());
+    }
+    throw std::invalid_argument("strict mode: " + op + " on " + specs_text(inputs) +
+                                " needs implicit redistributes (" + what +
+                                "); call redistribute() on those inputs first");
+  }
+  return best;
+}
+
+// ---- the cache ----
+
+struct Key {
+  const OpEntry* op;
+  std::vector<DTensorSpec> inputs;
+  LayoutArgs args;
+  bool strict;
+  friend bool operator==(const Key& a, const Key& b) {
+    return a.op == b.op && a.strict == b.strict && a.inputs == b.inputs && a.args == b.args;
+  }
+};
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    size_t h = std::hash<const void*>()(k.op) ^ (k.strict ? 0x9e3779b97f4a7c15ull : 0);
+    for (const auto& s : k.inputs) h = h * 1000003u ^ s.hash();
+    return h * 1000003u ^ k.args.hash();
+  }
+};
+
+struct Cache {
+  std::mutex mu;
+  size_t capacity = 8192;
+  std::list<Key> order;  // most recent first
+  struct Slot {
+    std::shared_ptr<const OpSharding> value;
+    std::list<Key>::iterator at;
+  };
+  std::unordered_map<Key, Slot, KeyHash> map;
+  int64_t hits = 0, misses = 0;
+};
+
+Cache& cache() {
+  static Cache* c = new Cache();
+  return *c;
+}
+
+}  // namespace
+
+bool OpSharding::needs_redistribute() const {
+  return std::any_of(input_plans.begin(), input_plans.end(),
+                     [](const auto& p) { return !p->is_noop(); });
+}
+
+std::string OpSharding::to_string() const {
+  std::vector<std::string> ins, outs;
+  for (const auto& s : input_targets) ins.push_back(dtensor::to_string(s.placements()));
+  for (const auto& s : outputs) outs.push_back(dtensor::to_string(s.placements()));
+  char cost_text[32];
+  std::snprintf(cost_text, sizeof(cost_text), "%.2f", cost);
+  std::string s = op + " " + join(ins, ",") + " -> " + join(outs, ",") + " (rule " + rule +
+                  ", cost " + cost_text + " us)";
+  for (size_t i = 0; i < input_plans.size(); ++i) {
+    if (!input_plans[i]->is_noop())
+      s += "\n  input " + std::to_string(i) + ": " + input_plans[i]->to_string();
+  }
+  return s;
+}
+
+std::shared_ptr<const OpSharding> propagate(std::string_view op,
+                                            const std::vector<DTensorSpec>& inputs,
+                                            const LayoutArgs& args, PropagateOptions options) {
+  const OpEntry* entry = find_op(op);
+  if (entry == nullptr) {
+    throw std::invalid_argument(
+        std::string(op) + " has no sharding rule (inputs: " + specs_text(inputs) +
+        "); nearest supported: " + join(nearest_ops(op), ", ") + " (./x ops lists them all)");
+  }
+  if (inputs.empty()) throw std::invalid_argument(entry->name + ": no distributed tensor inputs");
+  for (size_t i = 1; i < inputs.size(); ++i) {
+    if (inputs[i].mesh() != inputs[0].mesh()) {
+      throw std::invalid_argument(entry->name + ": inputs live on different meshes (input 0 on " +
+                                  inputs[0].mesh().to_string() + ", input " + std::to_string(i) +
+                                  " on " + inputs[i].mesh().to_string() +
+                                  "); redistribute cannot move between meshes");
+    }
+  }
+  Cache& c = cache();
+  Key key{entry, inputs, args, options.strict};
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto it = c.map.find(key);
+    if (it != c.map.end()) {
+      ++c.hits;
+      c.order.splice(c.order.begin(), c.order, it->second.at);
+      return it->second.value;
+    }
+    ++c.misses;
+  }
+  auto value = compute(*entry, inputs, args, options);
+  std::lock_guard<std::mutex> lock(c.mu);
+  if (c.map.count(key) == 0 && c.capacity > 0) {
+    c.order.push_front(key);
+    c.map.emplace(std::move(key), Cache::Slot{value, c.order.begin()});
+    while (c.map.size() > c.capacity) {
+      c.map.erase(c.order.back());
+      c.order.pop_back();
+    }
+  }
+  return value;
+}
+
+PropagationCacheStats propagation_cache_stats() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return {c.hits, c.misses, static_cast<int64_t>(c.map.size()), static_cast<int64_t>(c.capacity)};
+}
+
+void set_propagation_cache_capacity(size_t capacity) {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.capacity = capacity;
+  c.map.clear();
+  c.order.clear();
+}
+
+}  // namespace dtensor::sharding

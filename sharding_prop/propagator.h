@@ -1,0 +1,66 @@
+#pragma once
+// The sharding propagator: for one operator call (op name, input specs, layout arguments) it
+// chooses the output layouts and what every input must become, by cost, and caches the answer.
+// Pure planning: no communication.
+//
+// NOTE [propagation]
+// 1. The op's Rule (op_registry.h) is built from the input metas and layout arguments.
+// 2. Candidates, per mesh dim: "shard factor f" for every factor some input is sharded by there
+//    (or every shardable factor when some input is Partial there, so a reduce_scatter can be
+//    chosen), "keep Partial" where the op's linearity allows it and the inputs are Partial, and
+//    "replicate". A candidate is one choice per mesh dim (their product); choices that would
+//    shard a merged dim unevenly or through a minor factor are dropped.
+// 3. Each candidate costs the sum over inputs of the redistribute plan from the input's spec to
+//    the candidate's (redistribute_plan.h: the same planner and cost model as redistribute).
+//    The cheapest wins; ties go to the earlier candidate (shardings before replication, factors
+//    in rule order), so every rank picks the same.
+// 4. In-place ops keep self's layout: only candidates that leave self as it is and give the
+//    output self's placements count. Strict mode refuses any implicit redistribute and names the
+//    one the caller must write.
+// The cache key is (op, interned input specs, layout args, strict): never runtime scalars, so an
+// optimizer step's changing learning rate cannot miss; list arguments (cat) are just more
+// inputs. The cache is an LRU, thread-safe, with hit/miss counts.
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dtensor/redistribute_plan.h"
+#include "sharding_prop/op_registry.h"
+
+namespace dtensor::sharding {
+
+struct OpSharding {
+  std::string op;
+  std::string rule;                        // the rule's text form
+  std::vector<DTensorSpec> input_targets;  // what each input must be for the local op
+  std::vector<std::shared_ptr<const RedistributePlan>> input_plans;  // from each input's spec
+  std::vector<DTensorSpec> outputs;
+  double cost = 0;  // of the input redistributes, under the planner's cost model
+
+  bool needs_redistribute() const;
+  // "aten::mm [S(0)],[R] -> [S(0)] (rule mk,kn->mn | k:sum, cost 0.0 us)" + one line per plan.
+  std::string to_string() const;
+};
+
+struct PropagateOptions {
+  bool strict = false;  // refuse implicit redistributes (NOTE above)
+};
+
+// Throws std::invalid_argument, before any work, when the op has no rule (naming it, its input
+// placements and the nearest supported ops), the inputs live on different meshes, the arguments
+// do not fit the op, strict mode would need a redistribute, or an in-place op cannot keep self.
+std::shared_ptr<const OpSharding> propagate(std::string_view op,
+                                            const std::vector<DTensorSpec>& inputs,
+                                            const LayoutArgs& args = {},
+                                            PropagateOptions options = {});
+
+struct PropagationCacheStats {
+  int64_t hits = 0, misses = 0, size = 0, capacity = 0;
+};
+PropagationCacheStats propagation_cache_stats();
+// Bounds the cache (least recently used entries go first); clears it.
+void set_propagation_cache_capacity(size_t capacity);
+
+}  // namespace dtensor::sharding

@@ -1,0 +1,234 @@
+// The propagator on tables of (op, input layouts) -> expected choice, its errors, strict mode,
+// in-place ops, custom rules and the cache. No communication.
+
+#include "sharding_prop/propagator.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/expect_error.h"
+
+namespace dtensor::sharding {
+namespace {
+
+using testing::expect_error;
+
+DTensorSpec spec(const std::vector<int64_t>& mesh, const std::string& placements,
+                 const std::vector<int64_t>& shape) {
+  return DTensorSpec::make(DeviceMesh::arange(mesh), parse_placements(placements),
+                           TensorMeta::make(shape));
+}
+
+struct Row {
+  std::string op;
+  std::vector<int64_t> mesh;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> inputs;  // placements, shape
+  LayoutArgs args;
+  std::string want_inputs;   // target placements, ";"-separated
+  std::string want_outputs;  // output placements, ";"-separated
+  std::string want_rule;     // empty: not checked
+};
+
+std::string placements_of(const std::vector<DTensorSpec>& specs) {
+  std::string s;
+  for (size_t i = 0; i < specs.size(); ++i) s += (i ? ";" : "") + to_string(specs[i].placements());
+  return s;
+}
+
+TEST(PropagatorTest, ChoosesTheCheapestLayoutTable) {
+  const std::vector<Row> rows = {
+      // Row-sharded activations times a replicated weight stay row-sharded.
+      {"aten::mm",
+       {4},
+       {{"S(0)", {8, 6}}, {"R", {6, 4}}},
+       {},
+       "[S(0)];[R]",
+       "[S(0)]",
+       "ab,bc->ac | b:sum"},
+      // Sharding the contraction leaves a Partial sum, with no communication.
+      {"aten::mm", {4}, {{"S(1)", {8, 8}}, {"S(0)", {8, 4}}}, {}, "[S(1)];[S(0)]", "[P(sum)]", ""},
+      {"aten::mm", {4}, {{"R", {8, 8}}, {"S(1)", {8, 4}}}, {}, "[R];[S(1)]", "[S(1)]", ""},
+      // 2-D mesh: data parallel on dim 0, tensor parallel on dim 1.
+      {"aten::mm",
+       {2, 2},
+       {{"S(0),R", {8, 8}}, {"R,S(1)", {8, 4}}},
+       {},
+       "[S(0),R];[R,S(1)]",
+       "[S(0),S(1)]",
+       ""},
+      // Broadcasting: a bias vector follows the sharded rows for free.
+      {"aten::add.Tensor",
+       {4},
+       {{"S(0)", {8, 4}}, {"R", {4}}},
+       {},
+       "[S(0)];[R]",
+       "[S(0)]",
+       "ab,b->ab"},
+      {"aten::add.Tensor", {4}, {{"S(1)", {8, 4}}, {"R", {4}}}, {}, "[S(1)];[S(0)]", "[S(1)]", ""},
+      // Linear ops keep Partial; non-linear ones reduce it (to the cheaper reduce_scatter).
+      {"aten::add.Tensor",
+       {4},
+       {{"P", {8, 4}}, {"P", {8, 4}}},
+       {},
+       "[P(sum)];[P(sum)]",
+       "[P(sum)]",
+       ""},
+      {"aten::mul.Tensor", {4}, {{"P", {8, 4}}, {"R", {8, 4}}}, {}, "[P(sum)];[R]", "[P(sum)]", ""},
+      {"aten::exp", {4}, {{"P", {8, 4}}}, {}, "[S(0)]", "[S(0)]", ""},
+      // Reductions: a sharded reduced dim gives the matching Partial.
+      {"aten::sum.dim_IntList",
+       {4},
+       {{"S(0)", {8, 4}}},
+       {{0, 0}},
+       "[S(0)]",
+       "[P(sum)]",
+       "ab->b | a:sum"},
+      {"aten::sum.dim_IntList", {4}, {{"S(0)", {8, 4}}}, {{1, -1}}, "[S(0)]", "[S(0)]", ""},
+      {"aten::amax", {4}, {{"S(1)", {8, 4}}}, {{0, 1}}, "[S(1)]", "[P(max)]", ""},
+      {"aten::mean.dim", {4}, {{"S(1)", {8, 4}}}, {{0, 1}}, "[S(1)]", "[P(avg)]", ""},
+      {"aten::var.correction", {4}, {{"S(1)", {8, 4}}}, {{0, 1}}, "[S(0)]", "[S(0)]", ""},
+      // Softmax's dim must be whole.
+      {"aten::_softmax",
+       {4},
+       {{"S(1)", {8, 4}}},
+       {{1}},
+       "[S(0)]",
+       "[S(0)]",
+       "ab->ab | b:replicate"},
+      // Views: a merged dim stays sharded through its major factor when even.
+      {"aten::view", {4}, {{"S(0)", {8, 4}}}, {{32}}, "[S(0)]", "[S(0)]", "ab->(ab)"},
+      {"aten::view", {4}, {{"S(0)", {6, 4}}}, {{24}}, "[R]", "[R]", ""},
+      {"aten::view", {2}, {{"S(0)", {8}}}, {{2, 4}}, "[S(0)]", "[S(0)]", "(ab)->ab"},
+      {"aten::transpose.int", {4}, {{"S(0)", {8, 4}}}, {{0, 1}}, "[S(0)]", "[S(1)]", ""},
+      {"aten::unsqueeze", {4}, {{"S(1)", {8, 4}}}, {{0}}, "[S(1)]", "[S(2)]", ""},
+      // cat keeps the other dims' sharding; the cat dim is gathered.
+      {"aten::cat",
+       {4},
+       {{"S(1)", {8, 4}}, {"S(1)", {3, 4}}},
+       {{0}},
+       "[S(1)];[S(1)]",
+       "[S(1)]",
+       ""},
+      // A cat-dim shard moves to the other dim (all_to_all) rather than being gathered.
+      {"aten::cat", {4}, {{"S(0)", {8, 4}}, {"R", {8, 4}}}, {{0}}, "[S(1)];[S(1)]", "[S(1)]", ""},
+      // addmm: with a sharded contraction the bias becomes Partial (kept on one rank).
+      {"aten::addmm",
+       {4},
+       {{"R", {4}}, {"S(1)", {8, 8}}, {"S(0)", {8, 4}}},
+       {},
+       "[P(sum)];[S(1)];[S(0)]",
+       "[P(sum)]",
+       ""},
+      {"aten::einsum",
+       {2},
+       {{"S(0)", {4, 3, 5}}, {"S(0)", {4, 5, 2}}},
+       {{}, "bij,bjk->bik"},
+       "[S(0)];[S(0)]",
+       "[S(0)]",
+       "abc,acd->abd | c:sum"},
+  };
+  for (const Row& r : rows) {
+    std::vector<DTensorSpec> ins;
+    for (const auto& [p, shape] : r.inputs) ins.push_back(spec(r.mesh, p, shape));
+    const auto s = propagate(r.op, ins, r.args);
+    EXPECT_EQ(placements_of(s->input_targets), r.want_inputs) << s->to_string();
+    EXPECT_EQ(placements_of(s->outputs), r.want_outputs) << s->to_string();
+    if (!r.want_rule.empty()) EXPECT_EQ(s->rule, r.want_rule) << s->to_string();
+  }
+}
+
+TEST(PropagatorTest, OutputMetaFollowsTheOp) {
+  const auto a = spec({2}, "S(0)", {8, 4});
+  EXPECT_EQ(propagate("aten::sum.dim_IntList", {a}, {{1, 1}})->outputs[0].shape(),
+            (std::vector<int64_t>{8, 1}));
+  EXPECT_EQ(propagate("aten::view", {a}, {{-1, 2, 2}})->outputs[0].shape(),
+            (std::vector<int64_t>{8, 2, 2}));
+  EXPECT_EQ(propagate("aten::eq.Tensor", {a, a})->outputs[0].meta().dtype, c10::kBool);
+  EXPECT_EQ(propagate("aten::_to_copy", {a}, {{static_cast<int64_t>(c10::kDouble)}})
+                ->outputs[0]
+                .meta()
+                .dtype,
+            c10::kDouble);
+  const auto m = propagate("aten::max.dim", {a}, {{0, 1}});
+  ASSERT_EQ(m->outputs.size(), 2u);
+  EXPECT_EQ(m->outputs[1].meta().dtype, c10::kLong);
+}
+
+TEST(PropagatorTest, ClearErrorsBeforeAnyWork) {
+  const auto a = spec({4}, "S(0)", {8, 4});
+  expect_error(
+      [&] {
+        propagate("aten::ad.Tensor", {a, a});
+      },
+      "aten::ad.Tensor has no sharding rule (inputs: [S(0)] Float[8,4], [S(0)] "
+      "Float[8,4]); nearest supported: aten::add.Tensor");
+  expect_error(
+      [&] {
+        propagate("aten::add.Tensor", {a, spec({2, 2}, "R,R", {8, 4})});
+      },
+      "inputs live on different meshes");
+  expect_error([&] { propagate("aten::mm", {a, spec({4}, "R", {5, 4})}); }, "cannot be multiplied");
+  expect_error(
+      [&] {
+        propagate("aten::add.Tensor", {a, spec({4}, "R", {3})});
+      },
+      "do not broadcast");
+  expect_error([&] { propagate("aten::sum.dim_IntList", {a}, {{0, 2}}); }, "out of range");
+  expect_error([&] { propagate("aten::view", {a}, {{5, -1}}); }, "invalid");
+}
+
+TEST(PropagatorTest, StrictModeNamesTheRedistribute) {
+  const auto a = spec({4}, "S(1)", {8, 8}), b = spec({4}, "S(1)", {8, 4});
+  PropagateOptions strict;
+  strict.strict = true;
+  expect_error(
+      [&] {
+        propagate("aten::mm", {a, b}, {}, strict);
+      },
+      "strict mode: aten::mm on [S(1)] Float[8,8], [S(1)] Float[8,4] needs implicit "
+      "redistributes (input 1: [S(1)] -> [S(0)])");
+  // Nothing to move: fine in strict mode.
+  EXPECT_FALSE(
+      propagate("aten::mm", {a, spec({4}, "S(0)", {8, 4})}, {}, strict)->needs_redistribute());
+}
+
+TEST(PropagatorTest, InPlaceKeepsSelf) {
+  const auto self = spec({4}, "R", {8, 4}), other = spec({4}, "S(0)", {8, 4});
+  const auto s = propagate("aten::add_.Tensor", {self, other});
+  EXPECT_EQ(placements_of(s->outputs), "[R]");
+  EXPECT_TRUE(s->input_plans[0]->is_noop());
+  // A Partial self cannot absorb a sharded product in place... but add_ of two Partials can.
+  const auto p = spec({4}, "P", {8, 4});
+  EXPECT_EQ(placements_of(propagate("aten::add_.Tensor", {p, p})->outputs), "[P(sum)]");
+  expect_error([&] { propagate("aten::exp_", {p}); }, "no sharding keeps self's placements");
+}
+
+TEST(PropagatorTest, CustomRuleFromAString) {
+  register_rule("mylib::my_mm", "mk,kn->mn");
+  const auto a = spec({4}, "S(1)", {8, 8}), b = spec({4}, "S(0)", {8, 4});
+  const auto s = propagate("mylib::my_mm", {a, b});
+  EXPECT_EQ(placements_of(s->outputs), "[P(sum)]");
+  EXPECT_EQ(s->rule, "ab,bc->ac | b:sum");
+  expect_error([] { register_rule("mylib::my_mm", "mk,kn->mn"); }, "already has a rule");
+  register_rule("mylib::rowmax", "mk->m | k:max", Linearity::kNone);
+  EXPECT_EQ(placements_of(propagate("mylib::rowmax", {a})->outputs), "[P(max)]");
+}
+
+TEST(PropagatorTest, CacheHitsOnSpecsAndArgsOnlyAndIsBounded) {
+  const auto a = spec({2}, "S(0)", {6, 4}), b = spec({2}, "S(0)", {2, 4});
+  const auto before = propagation_cache_stats();
+  const auto x = propagate("aten::cat", {a, b, a}, {{0}});
+  const auto y = propagate("aten::cat", {a, b, a}, {{0}});
+  EXPECT_EQ(x.get(), y.get());
+  const auto after = propagation_cache_stats();
+  EXPECT_EQ(after.hits, before.hits + 1);
+  EXPECT_NE(propagate("aten::cat", {a, b, a}, {{-2}}).get(), x.get());  // args are in the key
+  set_propagation_cache_capacity(2);
+  propagate("aten::exp", {a});
+  propagate("aten::neg", {a});
+  propagate("aten::abs", {a});
+  EXPECT_EQ(propagation_cache_stats().size, 2);
+  set_propagation_cache_capacity(8192);
+}
+
+}  // namespace
+}  // namespace dtensor::sharding

@@ -1,0 +1,513 @@
+#include "sharding_prop/rule.h"
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+
+#include "dtensor/strings.h"
+
+namespace dtensor::sharding {
+namespace {
+
+[[noreturn]] void fail(const std::string& what) { throw std::invalid_argument(what); }
+
+std::string shape_text(const std::vector<int64_t>& s) { return "[" + join(s, ",") + "]"; }
+
+char letter(int f) { return f < 26 ? static_cast<char>('a' + f) : static_cast<char>('A' + f - 26); }
+
+int64_t norm_dim(int64_t d, int64_t ndim, const char* what) {
+  return normalize_tensor_dim(d, ndim, what);
+}
+
+// Broadcast shape of `shapes` (right-aligned), or throws.
+std::vector<int64_t> broadcast(const std::vector<std::vector<int64_t>>& shapes) {
+  size_t n = 0;
+  for (const auto& s : shapes) n = std::max(n, s.size());
+  std::vector<int64_t> out(n, 1);
+  for (const auto& s : shapes) {
+    for (size_t k = 0; k < s.size(); ++k) {
+      int64_t& o = out[n - s.size() + k];
+      const int64_t v = s[k];
+      if (v == o || v == 1) continue;
+      if (o != 1) {
+        std::vector<std::string> texts;
+        for (const auto& x : shapes) texts.push_back(shape_text(x));
+        fail("shapes " + join(texts, " and ") + " do not broadcast");
+      }
+      o = v;
+    }
+  }
+  return out;
+}
+
+// Factors of `shape` right-aligned against the output factors `out` (of shape `out_shape`): a
+// dim equal to the output's shares its factor; a size-1 dim under a larger one has none.
+TensorFactors aligned(const std::vector<int64_t>& shape, const std::vector<int64_t>& out_shape,
+                      const TensorFactors& out) {
+  TensorFactors t(shape.size());
+  const size_t off = out_shape.size() - shape.size();
+  for (size_t k = 0; k < shape.size(); ++k) {
+    if (shape[k] == out_shape[off + k]) t[k] = out[off + k];
+  }
+  return t;
+}
+
+}  // namespace
+
+int Rule::add_factor(int64_t size, FactorKind kind, ReduceOp reduce) {
+  factors.push_back({size, kind, reduce});
+  return static_cast<int>(factors.size()) - 1;
+}
+
+std::vector<int64_t> Rule::output_shape(size_t i) const {
+  std::vector<int64_t> shape;
+  for (const DimFactors& dim : outputs.at(i)) {
+    int64_t size = 1;
+    for (int f : dim) size *= factors[f].size;
+    shape.push_back(size);
+  }
+  return shape;
+}
+
+std::string Rule::to_string() const {
+  // Letters in order of first appearance, inputs then outputs: "mk,kn->mn" reads "ab,bc->ac".
+  std::vector<int> name(factors.size(), -1);
+  int next = 0;
+  for (const auto* group : {&inputs, &outputs}) {
+    for (const TensorFactors& t : *group) {
+      for (const DimFactors& dim : t) {
+        for (int f : dim) {
+          if (name[f] < 0) name[f] = next++;
+        }
+      }
+    }
+  }
+  for (int& n : name) {
+    if (n < 0) n = next++;
+  }
+  auto letter = [&name](int f) { return dtensor::sharding::letter(name[f]); };
+  auto tensor = [&letter](const TensorFactors& t) {
+    std::string s;
+    for (const DimFactors& dim : t) {
+      if (dim.empty()) {
+        s += '1';
+      } else if (dim.size() == 1) {
+        s += letter(dim[0]);
+      } else {
+        s += '(';
+        for (int f : dim) s += letter(f);
+        s += ')';
+      }
+    }
+    return s;
+  };
+  std::string s;
+  for (size_t i = 0; i < inputs.size(); ++i) s += (i ? "," : "") + tensor(inputs[i]);
+  s += "->";
+  for (size_t i = 0; i < outputs.size(); ++i) s += (i ? "," : "") + tensor(outputs[i]);
+  std::vector<std::string> notes;
+  for (size_t f = 0; f < factors.size(); ++f) {
+    if (factors[f].kind == FactorKind::kContract) {
+      notes.push_back(std::string(1, letter(static_cast<int>(f))) + ":" +
+                      std::string(reduce_op_name(factors[f].reduce)));
+    } else if (factors[f].kind == FactorKind::kReplicate) {
+      notes.push_back(std::string(1, letter(static_cast<int>(f))) + ":replicate");
+    }
+  }
+  std::sort(notes.begin(), notes.end());
+  if (!notes.empty()) s += " | " + join(notes, ", ");
+  return s;
+}
+
+Rule parse_rule(std::string_view text, const std::vector<std::vector<int64_t>>& shapes,
+                Linearity linearity) {
+  std::string body(text), notes;
+  if (const size_t bar = body.find('|'); bar != std::string::npos) {
+    notes = body.substr(bar + 1);
+    body = body.substr(0, bar);
+  }
+  body.erase(std::remove_if(body.begin(), body.end(), ::isspace), body.end());
+  const size_t arrow = body.find("->");
+  if (arrow == std::string::npos) fail("rule '" + std::string(text) + "' has no '->'");
+  std::vector<std::string> ins;
+  {
+    std::string cur;
+    for (char c : body.substr(0, arrow) + ",") {
+      if (c == ',') {
+        ins.push_back(cur);
+        cur.clear();
+      } else {
+        cur += c;
+      }
+    }
+  }
+  const std::string out = body.substr(arrow + 2);
+  if (ins.size() != shapes.size()) {
+    fail("rule '" + std::string(text) + "' names " + std::to_string(ins.size()) +
+         " inputs but the op has " + std::to_string(shapes.size()));
+  }
+  Rule rule;
+  rule.linearity = linearity;
+  std::map<char, int> factor_of;
+  for (size_t i = 0; i < ins.size(); ++i) {
+    if (ins[i].size() != shapes[i].size()) {
+      fail("rule '" + std::string(text) + "': input " + std::to_string(i) + " '" + ins[i] +
+           "' has " + std::to_string(ins[i].size()) + " dims but its tensor is " +
+           shape_text(shapes[i]));
+    }
+    TensorFactors t;
+    for (size_t k = 0; k < ins[i].size(); ++k) {
+      const char c = ins[i][k];
+      if (!std::isalpha(static_cast<unsigned char>(c)))
+        fail("rule letter '" + std::string(1, c) + "'");
+      auto it = factor_of.find(c);
+      if (it == factor_of.end()) {
+        const bool in_out = out.find(c) != std::string::npos;
+        it = factor_of
+                 .emplace(c, rule.add_factor(shapes[i][k],
+                                             in_out ? FactorKind::kPass : FactorKind::kContract))
+                 .first;
+      } else if (rule.factors[it->second].size != shapes[i][k]) {
+        fail("rule '" + std::string(text) + "': '" + std::string(1, c) + "' is " +
+             std::to_string(rule.factors[it->second].size) + " in one input and " +
+             std::to_string(shapes[i][k]) + " in input " + std::to_string(i));
+      }
+      t.push_back({it->second});
+    }
+    rule.inputs.push_back(std::move(t));
+  }
+  TensorFactors o;
+  for (char c : out) {
+    auto it = factor_of.find(c);
+    if (it == factor_of.end()) {
+      fail("rule '" + std::string(text) + "': output letter '" + std::string(1, c) +
+           "' is in no input");
+    }
+    o.push_back({it->second});
+  }
+  rule.outputs.push_back(std::move(o));
+  // Notes: "k:max, d:replicate".
+  std::string note;
+  for (char c : notes + ",") {
+    if (c != ',') {
+      if (!std::isspace(static_cast<unsigned char>(c))) note += c;
+      continue;
+    }
+    if (note.empty()) continue;
+    const size_t colon = note.find(':');
+    auto it = colon == 1 ? factor_of.find(note[0]) : factor_of.end();
+    if (it == factor_of.end()) fail("rule note '" + note + "' names no factor of the rule");
+    const std::string what = note.substr(2);
+    Factor& f = rule.factors[it->second];
+    if (what == "replicate") {
+      f.kind = FactorKind::kReplicate;
+    } else if (f.kind == FactorKind::kContract) {
+      f.reduce = parse_reduce_op(what);
+    } else {
+      fail("rule note '" + note + "': only a contracted factor takes a reduce op");
+    }
+    note.clear();
+  }
+  return rule;
+}
+
+Rule pointwise_rule(const std::vector<std::vector<int64_t>>& shapes, Linearity linearity,
+                    std::vector<bool> linear_inputs) {
+  Rule rule;
+  rule.linearity = linearity;
+  rule.linear_inputs = std::move(linear_inputs);
+  const auto out_shape = broadcast(shapes);
+  TensorFactors out;
+  for (int64_t s : out_shape) {
+    out.push_back(s == 1 ? DimFactors{} : DimFactors{rule.add_factor(s)});
+  }
+  for (const auto& s : shapes) rule.inputs.push_back(aligned(s, out_shape, out));
+  rule.outputs.push_back(std::move(out));
+  return rule;
+}
+
+Rule reduction_rule(const std::vector<int64_t>& shape, std::vector<int64_t> dims, bool keepdim,
+                    ReduceOp reduce, bool replicate, Linearity linearity) {
+  const int64_t ndim = static_cast<int64_t>(shape.size());
+  std::vector<bool> reduced(ndim, dims.empty());
+  for (int64_t d : dims) {
+    if (ndim > 0) reduced[norm_dim(d, ndim, "reduction dim")] = true;
+  }
+  Rule rule;
+  rule.linearity = linearity;
+  TensorFactors in, out;
+  for (int64_t d = 0; d < ndim; ++d) {
+    const FactorKind kind = !reduced[d] ? FactorKind::kPass
+                            : replicate ? FactorKind::kReplicate
+                                        : FactorKind::kContract;
+    const int f = rule.add_factor(shape[d], kind, reduce);
+    in.push_back({f});
+    if (!reduced[d]) {
+      out.push_back({f});
+    } else if (keepdim) {
+      out.push_back({});
+    }
+  }
+  rule.inputs.push_back(std::move(in));
+  rule.outputs.push_back(std::move(out));
+  return rule;
+}
+
+Rule replicate_dims_rule(const std::vector<std::vector<int64_t>>& shapes,
+                         const std::vector<int64_t>& dims, size_t n_outputs) {
+  Rule rule = pointwise_rule(shapes, Linearity::kNone);
+  const int64_t ndim = static_cast<int64_t>(shapes.at(0).size());
+  for (int64_t d : dims) {
+    const int64_t k = norm_dim(d, ndim, "dim");
+    for (int f : rule.inputs[0][k]) rule.factors[f].kind = FactorKind::kReplicate;
+  }
+  while (rule.outputs.size() < n_outputs) rule.outputs.push_back(rule.outputs[0]);
+  return rule;
+}
+
+Rule reshape_rule(const std::vector<int64_t>& from, std::vector<int64_t> to) {
+  int64_t numel = 1, known = 1, infer = -1;
+  for (int64_t s : from) numel *= s;
+  for (size_t j = 0; j < to.size(); ++j) {
+    if (to[j] == -1) {
+      if (infer >= 0) fail("view: only one dim can be -1 in " + shape_text(to));
+      infer = static_cast<int64_t>(j);
+    } else if (to[j] < 0) {
+      fail("view: invalid size in " + shape_text(to));
+    } else {
+      known *= to[j];
+    }
+  }
+  if (infer >= 0) {
+    if (known == 0 || numel % known != 0) {
+      fail("view: shape " + shape_text(to) + " is invalid for " + std::to_string(numel) +
+           " elements");
+    }
+    to[infer] = numel / known;
+    known *= to[infer];
+  }
+  if (known != numel) {
+    fail("view: shape " + shape_text(to) + " is invalid for input of size " +
+         std::to_string(numel) + " " + shape_text(from));
+  }
+  Rule rule;
+  rule.linearity = Linearity::kMove;
+  TensorFactors in(from.size()), out(to.size());
+  if (numel == 0) {  // nothing to relate: every dim stands alone and stays whole
+    for (size_t i = 0; i < from.size(); ++i)
+      in[i] = {rule.add_factor(from[i], FactorKind::kReplicate)};
+    for (size_t j = 0; j < to.size(); ++j)
+      out[j] = {rule.add_factor(to[j], FactorKind::kReplicate)};
+  } else {
+    size_t i = 0, j = 0;
+    for (;;) {
+      while (i < from.size() && from[i] == 1) ++i;  // size-1 dims relate to nothing
+      while (j < to.size() && to[j] == 1) ++j;
+      if (i == from.size() || j == to.size()) break;
+      std::vector<size_t> gi = {i}, gj = {j};
+      int64_t pi = from[i++], pj = to[j++];
+      while (pi != pj) {
+        if (pi < pj) {
+          gi.push_back(i);
+          pi *= from[i++];
+        } else {
+          gj.push_back(j);
+          pj *= to[j++];
+        }
+      }
+      // Size-1 dims inside a group carry no factor.
+      auto real = [](const std::vector<size_t>& g, const std::vector<int64_t>& shape) {
+        std::vector<size_t> r;
+        for (size_t k : g) {
+          if (shape[k] != 1) r.push_back(k);
+        }
+        return r;
+      };
+      gi = real(gi, from);
+      gj = real(gj, to);
+      if (gi.size() == 1 && gj.size() == 1) {
+        const int f = rule.add_factor(from[gi[0]]);
+        in[gi[0]] = {f};
+        out[gj[0]] = {f};
+      } else if (gi.size() == 1) {  // split
+        for (size_t k : gj) {
+          const int f = rule.add_factor(to[k]);
+          in[gi[0]].push_back(f);
+          out[k] = {f};
+        }
+      } else if (gj.size() == 1) {  // merge
+        for (size_t k : gi) {
+          const int f = rule.add_factor(from[k]);
+          in[k] = {f};
+          out[gj[0]].push_back(f);
+        }
+      } else {  // a general regrouping: nothing can stay sharded through it
+        for (size_t k : gi) in[k] = {rule.add_factor(from[k], FactorKind::kReplicate)};
+        for (size_t k : gj) out[k] = {rule.add_factor(to[k], FactorKind::kReplicate)};
+      }
+    }
+  }
+  rule.inputs.push_back(std::move(in));
+  rule.outputs.push_back(std::move(out));
+  return rule;
+}
+
+Rule permute_rule(const std::vector<int64_t>& shape, const std::vector<int64_t>& perm) {
+  const int64_t ndim = static_cast<int64_t>(shape.size());
+  if (static_cast<int64_t>(perm.size()) != ndim) {
+    fail("permute: " + shape_text(perm) + " does not permute the " + std::to_string(ndim) +
+         " dims of " + shape_text(shape));
+  }
+  Rule rule;
+  rule.linearity = Linearity::kMove;
+  TensorFactors in, out;
+  for (int64_t d = 0; d < ndim; ++d) {
+    in.push_back(shape[d] == 1 ? DimFactors{} : DimFactors{rule.add_factor(shape[d])});
+  }
+  std::vector<bool> seen(ndim, false);
+  for (int64_t p : perm) {
+    const int64_t d = norm_dim(p, ndim, "permute dim");
+    if (seen[d]) fail("permute: dim " + std::to_string(d) + " repeats in " + shape_text(perm));
+    seen[d] = true;
+    out.push_back(in[d]);
+  }
+  rule.inputs.push_back(std::move(in));
+  rule.outputs.push_back(std::move(out));
+  return rule;
+}
+
+Rule cat_rule(const std::vector<std::vector<int64_t>>& shapes, int64_t dim, bool stack) {
+  if (shapes.empty()) fail(std::string(stack ? "stack" : "cat") + ": no tensors");
+  const auto& first = shapes[0];
+  const int64_t ndim = static_cast<int64_t>(first.size());
+  const int64_t d = norm_dim(dim, stack ? ndim + 1 : ndim, stack ? "stack dim" : "cat dim");
+  Rule rule;
+  rule.linearity = Linearity::kMove;
+  TensorFactors shared;
+  for (int64_t k = 0; k < ndim; ++k) {
+    shared.push_back(first[k] == 1 ? DimFactors{} : DimFactors{rule.add_factor(first[k])});
+  }
+  int64_t total = 0;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto& s = shapes[i];
+    bool ok = static_cast<int64_t>(s.size()) == ndim;
+    for (int64_t k = 0; ok && k < ndim; ++k) ok = s[k] == first[k] || (!stack && k == d);
+    if (!ok) {
+      fail(std::string(stack ? "stack" : "cat") + ": tensor " + std::to_string(i) + " of shape " +
+           shape_text(s) + " does not match " + shape_text(first) +
+           (stack ? "" : " outside dim " + std::to_string(d)));
+    }
+    TensorFactors t = shared;
+    if (!stack) {
+      t[d] = {rule.add_factor(s[d], FactorKind::kReplicate)};
+      total += s[d];
+    }
+    rule.inputs.push_back(std::move(t));
+  }
+  TensorFactors out = shared;
+  if (stack) {
+    out.insert(out.begin() + d, DimFactors{rule.add_factor(static_cast<int64_t>(shapes.size()),
+                                                           FactorKind::kReplicate)});
+  } else {
+    out[d] = {rule.add_factor(total, FactorKind::kReplicate)};
+  }
+  rule.outputs.push_back(std::move(out));
+  return rule;
+}
+
+Rule expand_rule(const std::vector<int64_t>& from, const std::vector<int64_t>& to) {
+  if (to.size() < from.size()) {
+    fail("expand: " + shape_text(to) + " has fewer dims than " + shape_text(from));
+  }
+  Rule rule;
+  rule.linearity = Linearity::kMove;
+  const size_t off = to.size() - from.size();
+  TensorFactors in(from.size()), out(to.size());
+  for (size_t j = 0; j < to.size(); ++j) {
+    if (j < off) {
+      if (to[j] < 0) fail("expand: -1 is not allowed for a new dim in " + shape_text(to));
+      if (to[j] != 1) out[j] = {rule.add_factor(to[j], FactorKind::kReplicate)};
+      continue;
+    }
+    const int64_t s = from[j - off], t = to[j] == -1 ? s : to[j];
+    if (s == t) {
+      if (s != 1) in[j - off] = out[j] = {rule.add_factor(s)};
+    } else if (s == 1) {
+      out[j] = {rule.add_factor(t, FactorKind::kReplicate)};
+    } else {
+      fail("expand: size " + std::to_string(s) + " cannot expand to " + std::to_string(t) + " (" +
+           shape_text(from) + " to " + shape_text(to) + ")");
+    }
+  }
+  rule.inputs.push_back(std::move(in));
+  rule.outputs.push_back(std::move(out));
+  return rule;
+}
+
+Rule matmul_rule(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+  if (a.empty() || b.empty()) fail("matmul: both arguments need at least 1 dim");
+  Rule rule;
+  rule.linearity = Linearity::kMultilinear;
+  const int64_t ka = a.back(), kb = b.size() == 1 ? b[0] : b[b.size() - 2];
+  if (ka != kb) {
+    fail("matmul: shapes " + shape_text(a) + " and " + shape_text(b) + " cannot be multiplied (" +
+         std::to_string(ka) + " vs " + std::to_string(kb) + ")");
+  }
+  const int k = rule.add_factor(ka, FactorKind::kContract);
+  // Batch dims: everything before the last two (or one, for a 1-D operand), broadcast.
+  const std::vector<int64_t> ba(a.begin(), a.end() - std::min<size_t>(a.size(), 2));
+  const std::vector<int64_t> bb(b.begin(), b.end() - std::min<size_t>(b.size(), 2));
+  const auto batch = broadcast({ba, bb});
+  TensorFactors bo;
+  for (int64_t s : batch) bo.push_back(s == 1 ? DimFactors{} : DimFactors{rule.add_factor(s)});
+  TensorFactors ta = aligned(ba, batch, bo), tb = aligned(bb, batch, bo), out = bo;
+  if (a.size() >= 2) {
+    const int m = a[a.size() - 2] == 1 ? -1 : rule.add_factor(a[a.size() - 2]);
+    ta.push_back(m < 0 ? DimFactors{} : DimFactors{m});
+    out.push_back(m < 0 ? DimFactors{} : DimFactors{m});
+  }
+  ta.push_back({k});
+  tb.push_back({k});
+  if (b.size() >= 2) {
+    const int n = b.back() == 1 ? -1 : rule.add_factor(b.back());
+    tb.push_back(n < 0 ? DimFactors{} : DimFactors{n});
+    out.push_back(n < 0 ? DimFactors{} : DimFactors{n});
+  }
+  rule.inputs = {ta, tb};
+  rule.outputs = {out};
+  return rule;
+}
+
+Rule addmm_rule(const std::vector<int64_t>& bias, const std::vector<int64_t>& a,
+                const std::vector<int64_t>& b) {
+  Rule product = matmul_rule(a, b);
+  const auto out_shape = product.output_shape(0);
+  broadcast({bias, out_shape});  // validates
+  if (bias.size() > out_shape.size())
+    fail("addmm: bias " + shape_text(bias) + " has too many dims");
+  Rule rule = product;
+  rule.inputs.insert(rule.inputs.begin(), aligned(bias, out_shape, product.outputs[0]));
+  // A sharded contraction makes the product Partial: the bias must then be Partial as well (kept
+  // on one rank), which the propagator does with an internal partition.
+  rule.linearity = Linearity::kNone;
+  rule.partial_with_contract = {true, false, false};
+  return rule;
+}
+
+Rule linear_rule(const std::vector<int64_t>& x, const std::vector<int64_t>& w,
+                 const std::vector<int64_t>* bias) {
+  if (w.size() != 2) fail("linear: weight must be 2-D, got " + shape_text(w));
+  Rule rule = matmul_rule(x, {w[1], w[0]});
+  // The weight is [n, k]: swap its factors back.
+  std::swap(rule.inputs[1][0], rule.inputs[1][1]);
+  if (bias != nullptr) {
+    const auto out_shape = rule.output_shape(0);
+    broadcast({*bias, out_shape});
+    rule.inputs.push_back(aligned(*bias, out_shape, rule.outputs[0]));
+    rule.linearity = Linearity::kNone;
+    rule.partial_with_contract = {false, false, true};
+  }
+  return rule;
+}
+
+}  // namespace dtensor::sharding

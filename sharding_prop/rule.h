@@ -1,0 +1,107 @@
+#pragma once
+// NOTE [sharding rules as factors]
+// A Rule says how an operator's tensor dims relate, in the einsum-like form of Shardy's factor
+// propagation: every dim of every input and output is made of factors (usually one; a reshape
+// that merges or splits dims makes a dim of several, major first; a size-1 or broadcast dim of
+// none). A factor has a size and a kind:
+//   pass      appears in the inputs that carry it and in the output: shard it everywhere alike;
+//   contract  appears in inputs but not in the output (mm's k, a reduction's dim): sharding it
+//             leaves the output Partial(reduce op);
+//   replicate must not be sharded (softmax's dim, a cat dim, var's reduced dim).
+// From a Rule the propagator derives, for each mesh dim, the candidates "replicate", "shard
+// factor f" and, where the op allows it (Linearity), "keep the inputs' Partial". A tensor dim of
+// several factors can be sharded only through its major factor, and only evenly (its chunks are
+// then chunks of the major factor).
+//
+// Text form: inputs and output as letters, one per factor, a merged dim in parentheses, a size-1
+// dim as "1", then the factors that are not pass: "mk,kn->mn | k:sum", "bsd->bsd | d:replicate",
+// "(ab)c->abc". parse_rule() reads it back for custom ops: "mk,kn->mn" (letters absent from the
+// output contract with sum).
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dtensor/placement.h"
+#include "dtensor/tensor_meta.h"
+
+namespace dtensor::sharding {
+
+enum class FactorKind : uint8_t { kPass, kContract, kReplicate };
+
+struct Factor {
+  int64_t size = 1;
+  FactorKind kind = FactorKind::kPass;
+  ReduceOp reduce = ReduceOp::kSum;  // of a contract factor
+};
+
+// The factors of one tensor dim, major first; empty for a size-1 (broadcast or new) dim.
+using DimFactors = std::vector<int>;
+using TensorFactors = std::vector<DimFactors>;
+
+// How Partial inputs may pass through the op unreduced.
+enum class Linearity : uint8_t {
+  kNone,         // every Partial input is reduced first
+  kMove,         // data movement (views, cat, clone): all inputs Partial(op), any op -> Partial(op)
+  kAdditive,     // sums (add, sub, sum): all inputs Partial(sum or avg), same op -> the same
+  kMultilinear,  // products (mul, mm): one input Partial(sum), the others Replicate -> Partial(sum)
+};
+
+struct Rule {
+  std::vector<Factor> factors;
+  std::vector<TensorFactors> inputs;   // one per tensor input, in argument order
+  std::vector<TensorFactors> outputs;  // one per tensor output
+  Linearity linearity = Linearity::kNone;
+  // For kMultilinear: which inputs the op is linear in (empty: all). div is linear in its first.
+  std::vector<bool> linear_inputs;
+  // Inputs that must be Partial(sum) on a mesh dim that shards a contract factor (a bias added
+  // to a product: kept on one rank of the mesh dim, zero on the others). Empty: none.
+  std::vector<bool> partial_with_contract;
+
+  std::string to_string() const;
+  int add_factor(int64_t size, FactorKind kind = FactorKind::kPass,
+                 ReduceOp reduce = ReduceOp::kSum);
+  // The shape of output `i`: each dim the product of its factors' sizes (1 when it has none).
+  std::vector<int64_t> output_shape(size_t i) const;
+};
+
+// Parses "mk,kn->mn" (optionally "| k:max, d:replicate") against the input shapes: a letter's
+// size comes from the first input dim that carries it and must agree everywhere; letters absent
+// from the output contract with sum unless annotated. Throws std::invalid_argument naming the
+// problem.
+Rule parse_rule(std::string_view text, const std::vector<std::vector<int64_t>>& input_shapes,
+                Linearity linearity = Linearity::kMultilinear);
+
+// ---- builders for op families (each validates its arguments and throws std::invalid_argument) --
+
+// Elementwise with broadcasting over any number of inputs (0-dim inputs broadcast everywhere).
+Rule pointwise_rule(const std::vector<std::vector<int64_t>>& shapes, Linearity linearity,
+                    std::vector<bool> linear_inputs = {});
+// Reduction of `dims` (empty: all) with keepdim; `reduce` the Partial op when a reduced dim is
+// sharded, or replicate = true when the reduced dims must not be sharded (var, std, argmax).
+Rule reduction_rule(const std::vector<int64_t>& shape, std::vector<int64_t> dims, bool keepdim,
+                    ReduceOp reduce, bool replicate, Linearity linearity);
+// Every dim passes except `dims`, which must be replicated (softmax, layer_norm's normalised dims).
+Rule replicate_dims_rule(const std::vector<std::vector<int64_t>>& shapes,
+                         const std::vector<int64_t>& dims, size_t n_outputs = 1);
+// view/reshape/flatten/unflatten/squeeze/unsqueeze: `to` may hold one -1.
+Rule reshape_rule(const std::vector<int64_t>& from, std::vector<int64_t> to);
+// permute (transpose and t are permutes).
+Rule permute_rule(const std::vector<int64_t>& shape, const std::vector<int64_t>& perm);
+// cat along `dim` (must be replicated); stack adds a new dim at `dim` (new = true).
+Rule cat_rule(const std::vector<std::vector<int64_t>>& shapes, int64_t dim, bool stack);
+// expand to `to` (-1 keeps a size): an expanded size-1 dim is new in the output.
+Rule expand_rule(const std::vector<int64_t>& from, const std::vector<int64_t>& to);
+// mm / bmm / matmul (with broadcasting batch dims and 1-D operands) as an einsum.
+Rule matmul_rule(const std::vector<int64_t>& a, const std::vector<int64_t>& b);
+// addmm(bias, a, b) / linear(x, w[, bias]) / baddbmm(bias, a, b): the product, plus a bias
+// broadcast into its output.
+Rule addmm_rule(const std::vector<int64_t>& bias, const std::vector<int64_t>& a,
+                const std::vector<int64_t>& b);
+Rule linear_rule(const std::vector<int64_t>& x, const std::vector<int64_t>& w,
+                 const std::vector<int64_t>* bias);
+
+}  // namespace dtensor::sharding
