@@ -122,6 +122,33 @@ std::vector<Choice> choices_for(const Rule& rule, const std::vector<DTensorSpec>
   return out;
 }
 
+// A contracted factor reduced by avg, max or min may be sharded only evenly: a mean of unequal
+// chunks' means is not the mean, and an empty chunk has no max (sum and product are fine: an
+// empty chunk gives their identity).
+bool contractions_even(const Rule& rule, const std::vector<Placements>& in,
+                       const DeviceMesh& mesh) {
+  for (size_t f = 0; f < rule.factors.size(); ++f) {
+    const Factor& factor = rule.factors[f];
+    if (factor.kind != FactorKind::kContract ||
+        (factor.reduce != ReduceOp::kAvg && factor.reduce != ReduceOp::kMax &&
+         factor.reduce != ReduceOp::kMin)) {
+      continue;
+    }
+    // The mesh dims sharding f: read them off the first input that carries it.
+    for (size_t i = 0; i < rule.inputs.size(); ++i) {
+      const int64_t d = dim_of(rule.inputs[i], static_cast<int>(f));
+      if (d < 0) continue;
+      int64_t k = 1;
+      for (size_t m = 0; m < in[i].size(); ++m) {
+        if (in[i][m].is_shard(d)) k *= mesh.shape()[m];
+      }
+      if (factor.size % k != 0) return false;
+      break;
+    }
+  }
+  return true;
+}
+
 // A merged dim (several factors) may be sharded only evenly through its major factor.
 bool merged_dims_even(const Rule& rule, const TensorFactors& t, const Placements& p,
                       const DeviceMesh& mesh) {
@@ -188,6 +215,7 @@ std::shared_ptr<const OpSharding> compute(const OpEntry& entry,
       ok = merged_dims_even(rule, rule.inputs[i], in[i], mesh);
     for (size_t o = 0; ok && o < out.size(); ++o)
       ok = merged_dims_even(rule, rule.outputs[o], out[o], mesh);
+    ok = ok && contractions_even(rule, in, mesh);
     if (ok && entry.in_place)
       ok = in[0] == inputs[0].placements() && out[0] == inputs[0].placements();
     if (ok) {
