@@ -1,0 +1,202 @@
+// ./x ops: prints every ATen overload the sharding propagator supports (all_ops()): its name,
+// family, in-place flag, what its LayoutArgs::ints hold, and the rule built for a small example
+// input ("-" when none of the example inputs fits the op), then the count per family.
+//
+//   ops_list [--family NAME] [--json]
+//
+// The example: the op's own input shapes where it takes tensors of different ranks (layer_norm,
+// nll_loss, embedding, baddbmm, linear), else the first of a few input sets (float32 metas, most
+// inputs first: [8,4]x3, [6],[8,4],[4,6], [8,4],[4],[4], [8,4]x2, [8,4],[4,6], [2,8,4],[2,4,6],
+// [8,4],[8], [8,4]) that the op's builder accepts, with example ints chosen by what the op's ints
+// hold (dim -> 1, keepdim + dims -> 0,1, sizes -> -1, ...). Builders throw std::invalid_argument
+// for inputs or arguments that do not fit; those are skipped.
+
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dtensor/strings.h"
+#include "dtensor/tensor_meta.h"
+#include "sharding_prop/op_registry.h"
+#include "tools/cli_args.h"
+
+namespace {
+
+using namespace dtensor;
+using namespace dtensor::sharding;
+using Shapes = std::vector<std::vector<int64_t>>;
+
+// Example layout arguments, by what an op's ints hold (OpEntry::args).
+LayoutArgs example_args(const std::string& what) {
+  static const std::map<std::string, std::vector<int64_t>> kInts = {
+      {"dim", {1}},
+      {"keepdim, dims... (none: all)", {0, 1}},
+      {"sizes (one -1 allowed)", {-1}},
+      {"sizes", {32}},
+      {"sizes (-1 keeps a size)", {2, 8, 4}},
+      {"start_dim, end_dim", {0, 1}},
+      {"dim, sizes...", {1, 2, 2}},
+      {"dim0, dim1", {0, 1}},
+      {"dims...", {1, 0}},
+      {"dim, start, end, step", {0, 0, 4, 1}},
+      {"dim, start, length", {0, 0, 4}},
+      {"split_size, dim", {4, 0}},
+      {"chunks, dim", {2, 0}},
+      {"num_weights", {8}},
+      {"number of normalized dims", {1}},
+      {"reduction (0 none, 1 mean, 2 sum)", {1}},
+      {"dtype (ScalarType, -1: keep)", {-1}},
+  };
+  LayoutArgs a;
+  if (auto it = kInts.find(what); it != kInts.end()) a.ints = it->second;
+  if (what == "text: the equation") a.text = "ij,jk->ik";
+  return a;
+}
+
+struct Example {
+  Shapes inputs;
+  LayoutArgs args;
+  std::string rule;
+};
+
+// Ops whose builders take inputs of different ranks: their own example first.
+const std::map<std::string, Shapes>& example_overrides() {
+  static const std::map<std::string, Shapes> kShapes = {
+      {"aten::native_layer_norm", {{8, 4}, {4}, {4}}},
+      {"aten::native_layer_norm_backward", {{8, 4}, {8, 4}, {8, 1}, {8, 1}, {4}, {4}}},
+      {"aten::nll_loss_forward", {{8, 4}, {8}, {4}}},
+      {"aten::nll_loss_backward", {{}, {8, 4}, {8}, {4}, {}}},  // grad_output, total_weight: 0-dim
+      {"aten::embedding", {{8, 4}, {6}}},
+      {"aten::embedding_dense_backward", {{6, 4}, {6}}},
+      {"aten::baddbmm", {{2, 8, 6}, {2, 8, 4}, {2, 4, 6}}},
+      {"aten::linear", {{8, 4}, {6, 4}, {6}}},
+  };
+  return kShapes;
+}
+
+std::optional<Example> build_example(const OpEntry& op) {
+  static const std::vector<Shapes> kInputs = {
+      {{8, 4}, {8, 4}, {8, 4}}, {{6}, {8, 4}, {4, 6}},  {{8, 4}, {4}, {4}}, {{8, 4}, {8, 4}},
+      {{8, 4}, {4, 6}},         {{2, 8, 4}, {2, 4, 6}}, {{8, 4}, {8}},      {{8, 4}}};
+  const LayoutArgs args = example_args(op.args);
+  std::vector<Shapes> candidates;
+  if (auto it = example_overrides().find(op.name); it != example_overrides().end()) {
+    candidates.push_back(it->second);
+  }
+  candidates.insert(candidates.end(), kInputs.begin(), kInputs.end());
+  for (const Shapes& shapes : candidates) {
+    std::vector<TensorMeta> metas;
+    for (const auto& s : shapes) metas.push_back(TensorMeta::make(s));
+    try {
+      return Example{shapes, args, op.build(metas, args).rule.to_string()};
+    } catch (const std::invalid_argument&) {
+    }
+  }
+  return std::nullopt;
+}
+
+std::string shapes_text(const Shapes& shapes) {
+  std::vector<std::string> parts;
+  for (const auto& s : shapes) parts.push_back("[" + join(s, ",") + "]");
+  return join(parts, ",");
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+int run(int argc, char** argv) {
+  std::vector<char*> rest = {argv[0]};
+  bool json = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--json") {
+      json = true;
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
+  auto f = cli::parse_flags(static_cast<int>(rest.size()), rest.data(), {{"family", ""}});
+  if (f.count("help")) {
+    std::cout << "usage: ./x ops [--family NAME] [--json]\n";
+    return 0;
+  }
+  std::map<std::string, int> families;  // over all ops, to validate --family
+  for (const OpEntry* op : all_ops()) families[op->family];
+  if (!f["family"].empty() && families.count(f["family"]) == 0) {
+    std::vector<std::string> names;
+    for (const auto& [name, n] : families) names.push_back(name);
+    throw std::invalid_argument("--family: no family '" + f["family"] +
+                                "' (families: " + join(names, ", ") + ")");
+  }
+
+  std::map<std::string, int> counts;
+  int total = 0;
+  if (!json) {
+    std::printf("%-40s %-10s %-3s %-34s %-28s %s\n", "op", "family", "in", "args (ints)",
+                "example inputs", "rule (example)");
+  }
+  for (const OpEntry* op : all_ops()) {
+    if (!f["family"].empty() && op->family != f["family"]) continue;
+    ++counts[op->family];
+    ++total;
+    const auto ex = build_example(*op);
+    if (json) {
+      std::string line = "{\"op\":" + json_string(op->name) +
+                         ",\"family\":" + json_string(op->family) +
+                         ",\"in_place\":" + (op->in_place ? "true" : "false") +
+                         ",\"args\":" + json_string(op->args);
+      if (ex) {
+        line += ",\"example_inputs\":[" + shapes_text(ex->inputs) + "],\"example_ints\":[" +
+                join(ex->args.ints, ",") + "]";
+        if (!ex->args.text.empty()) line += ",\"example_text\":" + json_string(ex->args.text);
+        line += ",\"rule\":" + json_string(ex->rule);
+      } else {
+        line += ",\"example_inputs\":null,\"example_ints\":null,\"rule\":null";
+      }
+      std::printf("%s}\n", line.c_str());
+      continue;
+    }
+    std::string example = "-";
+    if (ex) {
+      example = shapes_text(ex->inputs);
+      if (!ex->args.ints.empty() || !ex->args.text.empty()) example += " " + ex->args.to_string();
+    }
+    std::printf("%-40s %-10s %-3s %-34s %-28s %s\n", op->name.c_str(), op->family.c_str(),
+                op->in_place ? "yes" : "", op->args.empty() ? "-" : op->args.c_str(),
+                example.c_str(), ex ? ex->rule.c_str() : "-");
+  }
+  std::vector<std::string> parts;
+  for (const auto& [family, n] : counts) parts.push_back(family + " " + std::to_string(n));
+  const std::string summary = join(parts, ", ") + "; " + std::to_string(total) + " overloads in " +
+                              std::to_string(counts.size()) +
+                              (counts.size() == 1 ? " family" : " families");
+  if (json) {
+    std::cerr << summary << "\n";  // stdout holds only JSON objects
+  } else {
+    std::cout << "\n" << summary << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return dtensor::cli::guarded_main("ops", [&] { return run(argc, argv); });
+}
