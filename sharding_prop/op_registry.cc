@@ -238,6 +238,287 @@ BuiltRule einsum_rule(const Metas& m, const LayoutArgs& a) {
   return {parse_rule(a.text, shapes_of(m), Linearity::kMultilinear), {promoted(m)}};
 }
 
+// ints: dim, start, end, step (slice.Tensor) / dim, start, length (narrow).
+BuiltRule slice_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "slice");
+  return same_dtype(slice_rule(m[0].shape, arg(a, 0, "slice", "dim"), arg(a, 1, "slice", "start"),
+                               arg(a, 2, "slice", "end"), a.ints.size() > 3 ? a.ints[3] : 1),
+                    m);
+}
+
+BuiltRule narrow_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "narrow");
+  const int64_t start = arg(a, 1, "narrow", "start");
+  return same_dtype(slice_rule(m[0].shape, arg(a, 0, "narrow", "dim"), start,
+                               start + arg(a, 2, "narrow", "length"), 1),
+                    m);
+}
+
+// ints: dim (the index does not change layouts).
+BuiltRule select_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "select");
+  return same_dtype(select_rule(m[0].shape, arg(a, 0, "select", "dim")), m);
+}
+
+BuiltRule with_outputs_dtype(Rule r, c10::ScalarType t) {
+  BuiltRule b{std::move(r), {}};
+  b.out_dtypes.assign(b.rule.outputs.size(), t);
+  return b;
+}
+
+// ints: split_size, dim.
+BuiltRule split_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "split");
+  const int64_t size = arg(a, 0, "split", "split_size");
+  const int64_t d = normalize_tensor_dim(arg(a, 1, "split", "dim"), m[0].shape.size(), "split dim");
+  if (size <= 0) throw std::invalid_argument("split: split_size must be positive");
+  std::vector<int64_t> sizes;
+  for (int64_t left = m[0].shape[d]; left > 0; left -= size) sizes.push_back(std::min(size, left));
+  if (sizes.empty()) sizes.push_back(0);
+  return with_outputs_dtype(split_rule(m[0].shape, d, sizes), m[0].dtype);
+}
+
+// ints: dim, sizes...
+BuiltRule split_sizes_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "split_with_sizes");
+  const std::vector<int64_t> sizes(a.ints.begin() + 1, a.ints.end());
+  return with_outputs_dtype(split_rule(m[0].shape, arg(a, 0, "split_with_sizes", "dim"), sizes),
+                            m[0].dtype);
+}
+
+// ints: chunks, dim (torch.chunk: pieces of ceil(n / chunks)).
+BuiltRule chunk_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "chunk");
+  const int64_t chunks = arg(a, 0, "chunk", "chunks");
+  const int64_t d = normalize_tensor_dim(arg(a, 1, "chunk", "dim"), m[0].shape.size(), "chunk dim");
+  if (chunks <= 0) throw std::invalid_argument("chunk: chunks must be positive");
+  const int64_t n = m[0].shape[d], size = (n + chunks - 1) / chunks;
+  return split_of(m, LayoutArgs{{std::max<int64_t>(size, 1), d}, ""});
+}
+
+// index_select(self, dim, index): ints: dim. The output's dim follows the 1-D index.
+BuiltRule index_select_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 2, 2, "index_select");
+  const auto& s = m[0].shape;
+  if (m[1].shape.size() > 1) throw std::invalid_argument("index_select: index must be 1-D");
+  const int64_t d =
+      normalize_tensor_dim(arg(a, 0, "index_select", "dim"), s.size(), "index_select dim");
+  Rule r = select_rule(s, d);  // self's dim replicated, removed
+  const int64_t len = m[1].shape.empty() ? 1 : m[1].shape[0];
+  const DimFactors idx = len == 1 ? DimFactors{} : DimFactors{r.add_factor(len)};
+  r.outputs[0].insert(r.outputs[0].begin() + d, idx);
+  r.inputs.push_back(m[1].shape.empty() ? TensorFactors{} : TensorFactors{idx});
+  return {std::move(r), {m[0].dtype}};
+}
+
+// gather(self, dim, index): ints: dim. Output = index's shape; dims where self and index agree
+// shard together, the others (and `dim`) stay whole.
+BuiltRule gather_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 2, 2, "gather");
+  const auto &s = m[0].shape, &ix = m[1].shape;
+  if (s.size() != ix.size())
+    throw std::invalid_argument("gather: index and self need the same number of dims");
+  const int64_t d = normalize_tensor_dim(arg(a, 0, "gather", "dim"), s.size(), "gather dim");
+  Rule r;
+  TensorFactors ts, ti;
+  for (size_t k = 0; k < s.size(); ++k) {
+    if (static_cast<int64_t>(k) != d && s[k] == ix[k]) {
+      const DimFactors f = s[k] == 1 ? DimFactors{} : DimFactors{r.add_factor(s[k])};
+      ts.push_back(f);
+      ti.push_back(f);
+    } else {
+      ts.push_back({r.add_factor(s[k], FactorKind::kReplicate)});
+      ti.push_back({r.add_factor(
+          ix[k], static_cast<int64_t>(k) == d ? FactorKind::kPass : FactorKind::kReplicate)});
+    }
+  }
+  r.inputs = {ts, ti};
+  r.outputs = {ti};
+  return {std::move(r), {m[0].dtype}};
+}
+
+// embedding(weight [V, D], indices): a row-sharded weight gives a Partial(sum) output, computed
+// by a masked lookup (rows this rank does not hold contribute zeros: REFERENCE.md §1).
+BuiltRule embedding_of(const Metas& m, const LayoutArgs&) {
+  need_inputs(m, 2, 2, "embedding");
+  if (m[0].shape.size() != 2) throw std::invalid_argument("embedding: weight must be 2-D");
+  Rule r;
+  const int v = r.add_factor(m[0].shape[0], FactorKind::kContract);
+  const int dd = r.add_factor(m[0].shape[1]);
+  TensorFactors idx, out;
+  for (int64_t s : m[1].shape) {
+    const DimFactors f = s == 1 ? DimFactors{} : DimFactors{r.add_factor(s)};
+    idx.push_back(f);
+    out.push_back(f);
+  }
+  out.push_back({dd});
+  r.inputs = {{{v}, {dd}}, idx};
+  r.outputs = {out};
+  return {std::move(r), {m[0].dtype}};
+}
+
+// embedding_dense_backward(grad [..., D], indices [...]): ints: num_weights. Sharding the
+// lookups sums partial weight gradients.
+BuiltRule embedding_backward_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 2, 2, "embedding_dense_backward");
+  Rule r;
+  const auto& g = m[0].shape;
+  TensorFactors tg, ti;
+  for (size_t k = 0; k + 1 < g.size(); ++k) {
+    const DimFactors f =
+        g[k] == 1 ? DimFactors{} : DimFactors{r.add_factor(g[k], FactorKind::kContract)};
+    tg.push_back(f);
+    ti.push_back(f);
+  }
+  const int dd = r.add_factor(g.back());
+  tg.push_back({dd});
+  const int v =
+      r.add_factor(arg(a, 0, "embedding_dense_backward", "num_weights"), FactorKind::kReplicate);
+  r.inputs = {tg, ti};
+  r.outputs = {{{v}, {dd}}};
+  return {std::move(r), {m[0].dtype}};
+}
+
+// native_layer_norm(input, weight?, bias?): ints: the number of normalised (trailing) dims.
+// Outputs: out, mean, rstd (mean/rstd keep the leading dims, size 1 in the normalised ones).
+BuiltRule layer_norm_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 3, "native_layer_norm");
+  const auto& s = m[0].shape;
+  const int64_t k = arg(a, 0, "native_layer_norm", "normalized dims");
+  if (k < 1 || k > static_cast<int64_t>(s.size()))
+    throw std::invalid_argument("native_layer_norm: bad normalized_shape");
+  Rule r;
+  TensorFactors in, stat;
+  const size_t lead = s.size() - k;
+  for (size_t d = 0; d < s.size(); ++d) {
+    const bool norm = d >= lead;
+    const DimFactors f =
+        s[d] == 1
+            ? DimFactors{}
+            : DimFactors{r.add_factor(s[d], norm ? FactorKind::kReplicate : FactorKind::kPass)};
+    in.push_back(f);
+    stat.push_back(norm ? DimFactors{} : f);
+  }
+  r.inputs.push_back(in);
+  for (size_t i = 1; i < m.size(); ++i)
+    r.inputs.push_back(TensorFactors(in.begin() + lead, in.end()));
+  r.outputs = {in, stat, stat};
+  return {std::move(r), {m[0].dtype, m[0].dtype, m[0].dtype}};
+}
+
+// native_layer_norm_backward(grad_out, input, mean, rstd, weight?, bias?): ints: the number of
+// normalised dims. Outputs grad_input, grad_weight, grad_bias: the last two sum over the leading
+// dims, so sharding those leaves them Partial(sum).
+BuiltRule layer_norm_backward_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 4, 6, "native_layer_norm_backward");
+  Metas fwd = {m[1]};
+  for (size_t i = 4; i < m.size(); ++i) fwd.push_back(m[i]);
+  BuiltRule f = layer_norm_of(fwd, a);
+  const TensorFactors in = f.rule.inputs[0], stat = f.rule.outputs[1];
+  const size_t lead = in.size() - a.ints[0];
+  Rule r = f.rule;
+  r.inputs = {in, in, stat, stat};
+  for (size_t i = 4; i < m.size(); ++i)
+    r.inputs.push_back(TensorFactors(in.begin() + lead, in.end()));
+  const TensorFactors wshape(in.begin() + lead, in.end());
+  r.outputs = {in, wshape, wshape};
+  std::vector<int> sums;
+  for (size_t d = 0; d < lead; ++d) sums.insert(sums.end(), in[d].begin(), in[d].end());
+  r.output_sums = {{}, sums, sums};
+  return {std::move(r), {m[0].dtype, m[0].dtype, m[0].dtype}};
+}
+
+// nll_loss_forward(self [N, C] or [C], target, weight?): ints: reduction (0 none, 1 mean,
+// 2 sum). Outputs output, total_weight. The class dim stays whole; the batch dim shards with
+// the targets: summed for reduction sum, kept for none, whole for mean (a mean over shards of
+// unequal ignored counts is not the mean).
+BuiltRule nll_loss_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 2, 3, "nll_loss_forward");
+  const int64_t reduction = arg(a, 0, "nll_loss_forward", "reduction");
+  Rule r;
+  const auto& s = m[0].shape;
+  const int c = r.add_factor(s.back(), FactorKind::kReplicate);
+  TensorFactors self, target, out;
+  if (s.size() == 2) {
+    const FactorKind kind = reduction == 0   ? FactorKind::kPass
+                            : reduction == 2 ? FactorKind::kContract
+                                             : FactorKind::kReplicate;
+    const DimFactors n = s[0] == 1 ? DimFactors{} : DimFactors{r.add_factor(s[0], kind)};
+    self.push_back(n);
+    target.push_back(n);
+    if (reduction == 0) out.push_back(n);
+    if (reduction == 0 && !n.empty()) r.output_sums = {{}, {n[0]}};
+  }
+  self.push_back({c});
+  r.inputs = {self, target};
+  if (m.size() == 3) r.inputs.push_back({{c}});
+  r.outputs = {out, {}};
+  return {std::move(r), {m[0].dtype, m[0].dtype}};
+}
+
+// nll_loss_backward(grad_output, self, target, weight?, total_weight): ints: reduction.
+BuiltRule nll_loss_backward_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 4, 5, "nll_loss_backward");
+  const int64_t reduction = arg(a, 0, "nll_loss_backward", "reduction");
+  Rule r;
+  const auto& s = m[1].shape;
+  const int c = r.add_factor(s.back(), FactorKind::kReplicate);
+  TensorFactors self, target, grad;
+  if (s.size() == 2) {
+    const DimFactors n = s[0] == 1 ? DimFactors{} : DimFactors{r.add_factor(s[0])};
+    self.push_back(n);
+    target.push_back(n);
+    if (reduction == 0) grad.push_back(n);
+  }
+  self.push_back({c});
+  r.inputs = {grad, self, target};
+  if (m.size() == 5) r.inputs.push_back({{c}});
+  r.inputs.push_back({});  // total_weight: a scalar
+  r.outputs = {self};
+  return {std::move(r), {m[1].dtype}};
+}
+
+// _scaled_dot_product_attention(q [.., s, d], k [.., t, d], v [.., t, e]) -> (out [.., s, e],
+// attn [.., s, t]): batch and head dims and the query rows shard; t (softmax) and d stay whole.
+BuiltRule sdpa_of(const Metas& m, const LayoutArgs&) {
+  need_inputs(m, 3, 3, "_scaled_dot_product_attention");
+  const auto &q = m[0].shape, &k = m[1].shape, &v = m[2].shape;
+  if (q.size() < 2 || k.size() != q.size() || v.size() != q.size()) {
+    throw std::invalid_argument("_scaled_dot_product_attention: q, k, v need equal ranks >= 2");
+  }
+  Rule r;
+  TensorFactors tq, tk, tv;
+  for (size_t d = 0; d + 2 < q.size(); ++d) {
+    if (q[d] != k[d] || q[d] != v[d])
+      throw std::invalid_argument("_scaled_dot_product_attention: batch dims differ");
+    const DimFactors f = q[d] == 1 ? DimFactors{} : DimFactors{r.add_factor(q[d])};
+    tq.push_back(f);
+    tk.push_back(f);
+    tv.push_back(f);
+  }
+  TensorFactors out = tq, attn = tq;
+  const int s = r.add_factor(q[q.size() - 2]);
+  const int t = r.add_factor(k[k.size() - 2], FactorKind::kReplicate);
+  const int d = r.add_factor(q.back(), FactorKind::kReplicate);
+  const int e = r.add_factor(v.back());
+  tq.insert(tq.end(), {{s}, {d}});
+  tk.insert(tk.end(), {{t}, {d}});
+  tv.insert(tv.end(), {{t}, {e}});
+  out.insert(out.end(), {{s}, {e}});
+  attn.insert(attn.end(), {{s}, {t}});
+  r.inputs = {tq, tk, tv};
+  r.outputs = {out, attn};
+  return {std::move(r), {m[0].dtype, m[0].dtype}};
+}
+
+// native_dropout(input) -> (out, mask): elementwise.
+BuiltRule dropout_of(const Metas& m, const LayoutArgs&) {
+  need_inputs(m, 1, 1, "native_dropout");
+  Rule r = pointwise_rule(shapes_of(m), Linearity::kNone);
+  r.outputs.push_back(r.outputs[0]);
+  return {std::move(r), {m[0].dtype, c10::kBool}};
+}
+
 std::vector<OpEntry> build_table() {
   const auto lin = Linearity::kNone;
   std::vector<OpEntry> t;
@@ -361,6 +642,29 @@ std::vector<OpEntry> build_table() {
   add("aten::transpose.int", "view", "dim0, dim1", transpose_rule);
   add("aten::permute", "view", "dims...", permute_rule_of);
   add("aten::expand", "view", "sizes (-1 keeps a size)", expand_rule_of);
+  add("aten::slice.Tensor", "view", "dim, start, end, step", slice_of);
+  add("aten::narrow", "view", "dim, start, length", narrow_of);
+  add("aten::select.int", "view", "dim", select_of);
+  add("aten::split.Tensor", "view", "split_size, dim", split_of);
+  add("aten::split_with_sizes", "view", "dim, sizes...", split_sizes_of);
+  add("aten::chunk", "view", "chunks, dim", chunk_of);
+  add("aten::index_select", "index", "dim", index_select_of);
+  add("aten::gather", "index", "dim", gather_of);
+  add("aten::embedding", "embedding", "", embedding_of);
+  add("aten::embedding_dense_backward", "embedding", "num_weights", embedding_backward_of);
+  add("aten::native_layer_norm", "norm", "number of normalized dims", layer_norm_of);
+  add("aten::native_layer_norm_backward", "norm", "number of normalized dims",
+      layer_norm_backward_of);
+  add("aten::nll_loss_forward", "loss", "reduction (0 none, 1 mean, 2 sum)", nll_loss_of);
+  add("aten::nll_loss_backward", "loss", "reduction (0 none, 1 mean, 2 sum)", nll_loss_backward_of);
+  add("aten::_scaled_dot_product_attention", "attention", "", sdpa_of);
+  add("aten::_scaled_dot_product_attention_math", "attention", "", sdpa_of);
+  add("aten::native_dropout", "pointwise", "", dropout_of);
+  add("aten::native_dropout_backward", "pointwise", "", pointwise(2, lin));
+  for (const char* op :
+       {"empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like"}) {
+    add(std::string("aten::") + op, "factory", "", pointwise(1, Linearity::kShapeOnly));
+  }
   add("aten::cat", "cat", "dim", concat(false));
   add("aten::stack", "cat", "dim", concat(true));
   std::sort(t.begin(), t.end(), [](const OpEntry& a, const OpEntry& b) { return a.name < b.name; });

@@ -21,10 +21,15 @@ namespace dtensor::sharding {
 namespace {
 
 using Shapes = std::vector<std::vector<int64_t>>;
+// What a rank's local op may need beyond its tensors (null for the single-device run).
+struct Local {
+  const OpSharding* sharding;
+  std::vector<int64_t> coord;
+};
 using Fn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>& in,
-                                                 const Shapes& out_shapes)>;
+                                                 const Shapes& out_shapes, const Local* local)>;
 
-enum class Data { kAny, kPositive, kMask };
+enum class Data { kAny, kPositive, kMask, kIndex, kClass };
 
 struct OpCase {
   std::string op;
@@ -37,9 +42,31 @@ struct OpCase {
 
 template <class F>
 Fn one(F f) {
-  return [f](const std::vector<at::Tensor>& in, const Shapes& out) {
+  return [f](const std::vector<at::Tensor>& in, const Shapes& out, const Local*) {
     return std::vector<at::Tensor>{f(in, out)};
   };
+}
+
+template <class F>
+Fn many(F f) {
+  return [f](const std::vector<at::Tensor>& in, const Shapes& out, const Local*) {
+    return f(in, out);
+  };
+}
+
+// The masked lookup of a row-sharded embedding (REFERENCE.md §1): rows this rank does not hold
+// contribute zeros, so the Partial(sum) output reduces to the lookup.
+at::Tensor embedding_local(const at::Tensor& weight, const at::Tensor& idx, const Local* local) {
+  if (local == nullptr) return at::embedding(weight, idx);
+  const DTensorSpec& w = local->sharding->input_targets[0];
+  const LocalBox box = local_box(w, local->coord);
+  const int64_t lo = box.shape[0] == 0 ? 0 : box.offset[0], rows = box.shape[0];
+  if (rows == w.shape()[0]) return at::embedding(weight, idx);
+  const at::Tensor hit = idx.ge(lo).logical_and(idx.lt(lo + rows));
+  if (rows == 0)
+    return at::zeros(local_box(local->sharding->outputs[0], local->coord).shape, weight.options());
+  const at::Tensor found = at::embedding(weight, (idx - lo).clamp(0, rows - 1));
+  return found * hit.unsqueeze(-1).to(weight.scalar_type());
 }
 
 at::Tensor make_input(const std::vector<int64_t>& shape, int64_t salt, Data kind) {
@@ -49,6 +76,9 @@ at::Tensor make_input(const std::vector<int64_t>& shape, int64_t salt, Data kind
   at::Tensor t = base.reshape(shape);
   if (kind == Data::kPositive) t = t.abs() + 0.5;
   if (kind == Data::kMask) t = t.gt(0.2);
+  // Indices into the dims of size >= 3 the cases use; classes of a [N, 3] input.
+  if (kind == Data::kIndex) t = ((t + 1) * 1.4).floor().to(at::kLong).clamp(0, 2);
+  if (kind == Data::kClass) t = ((t + 1) * 1.4).floor().to(at::kLong).clamp(0, 2);
   return t;
 }
 
@@ -146,10 +176,10 @@ std::vector<OpCase> cases() {
   c.push_back({"aten::amax", {{{8, 4}}, {{5, 3}}}, {{0, 0}}, one([](const T& x, const Shapes&) {
                  return at::amax(x[0], {0});
                })});
-  c.push_back({"aten::max.dim", {{{8, 4}}, {{5, 3}}}, {{0, 1}}, [](const T& x, const Shapes&) {
-                 auto [v, i] = at::max(x[0], 1);
-                 return T{v, i};
-               }});
+  c.push_back({"aten::max.dim", {{{8, 4}}, {{5, 3}}}, {{0, 1}}, many([](const T& x, const Shapes&) {
+                 auto [v, idx] = at::max(x[0], 1);
+                 return T{v, idx};
+               })});
   c.push_back({"aten::argmax", {{{8, 4}}, {{5, 3}}}, {{0, 0}}, one([](const T& x, const Shapes&) {
                  return at::argmax(x[0], 0);
                })});
@@ -212,16 +242,125 @@ std::vector<OpCase> cases() {
                one([](const T& x, const Shapes&) {
                  return at::stack({x[0], x[1]}, 1);
                })});
+  // Slicing and indexing.
+  c.push_back({"aten::slice.Tensor",
+               {{{8, 4}}, {{5, 3}}},
+               {{0, 1, 4, 2}},
+               one([](const T& x, const Shapes&) { return x[0].slice(0, 1, 4, 2); })});
+  c.push_back(
+      {"aten::narrow", {{{8, 4}}, {{5, 3}}}, {{1, 1, 2}}, one([](const T& x, const Shapes&) {
+         return x[0].narrow(1, 1, 2);
+       })});
+  c.push_back({"aten::select.int", {{{8, 4}}, {{5, 3}}}, {{1}}, one([](const T& x, const Shapes&) {
+                 return x[0].select(1, 1);
+               })});
+  c.push_back(
+      {"aten::split.Tensor", {{{8, 4}}, {{5, 3}}}, {{2, 1}}, many([](const T& x, const Shapes&) {
+         return x[0].split(2, 1);
+       })});
+  c.push_back({"aten::chunk", {{{8, 4}}, {{5, 3}}}, {{2, 0}}, many([](const T& x, const Shapes&) {
+                 return x[0].chunk(2, 0);
+               })});
+  c.push_back({"aten::index_select",
+               {{{8, 4}, {5}}, {{5, 3}, {7}}},
+               {{0}},
+               one([](const T& x, const Shapes&) { return at::index_select(x[0], 0, x[1]); }),
+               {Data::kAny, Data::kIndex}});
+  c.push_back({"aten::gather",
+               {{{8, 4}, {8, 4}}, {{5, 3}, {5, 3}}},
+               {{1}},
+               one([](const T& x, const Shapes&) { return at::gather(x[0], 1, x[1]); }),
+               {Data::kAny, Data::kIndex}});
+  // Embedding: a row-sharded weight is a masked lookup summed over the shards.
+  c.push_back(
+      {"aten::embedding",
+       {{{8, 4}, {3, 5}}, {{7, 3}, {6}}},
+       {},
+       [](const T& x, const Shapes&, const Local* l) { return T{embedding_local(x[0], x[1], l)}; },
+       {Data::kAny, Data::kIndex}});
+  c.push_back({"aten::embedding_dense_backward",
+               {{{6, 4}, {6}}, {{5, 3}, {5}}},
+               {{8}},
+               one([](const T& x, const Shapes&) {
+                 return at::embedding_dense_backward(x[0], x[1], 8, -1, false);
+               }),
+               {Data::kAny, Data::kIndex}});
+  // Norms, losses, attention, dropout.
+  c.push_back({"aten::native_layer_norm",
+               {{{8, 4}, {4}, {4}}, {{5, 3}, {3}, {3}}},
+               {{1}},
+               many([](const T& x, const Shapes&) {
+                 auto [o, mean, rstd] =
+                     at::native_layer_norm(x[0], {x[0].size(-1)}, x[1], x[2], 1e-5);
+                 return T{o, mean, rstd};
+               }),
+               {},
+               1e-7});
+  c.push_back(
+      {"aten::native_layer_norm_backward",
+       {{{8, 4}, {8, 4}, {8, 1}, {8, 1}, {4}, {4}}, {{5, 3}, {5, 3}, {5, 1}, {5, 1}, {3}, {3}}},
+       {{1}},
+       many([](const T& x, const Shapes&) {
+         auto [gi, gw, gb] = at::native_layer_norm_backward(x[0], x[1], {x[1].size(-1)}, x[2], x[3],
+                                                            x[4], x[5], {true, true, true});
+         return T{gi, gw, gb};
+       }),
+       {Data::kAny, Data::kAny, Data::kAny, Data::kPositive, Data::kAny, Data::kAny},
+       1e-7});
+  for (int64_t reduction : {0, 2}) {
+    c.push_back({"aten::nll_loss_forward",
+                 {{{8, 4}, {8}}, {{5, 3}, {5}}},
+                 {{reduction}},
+                 many([reduction](const T& x, const Shapes&) {
+                   auto [o, w] = at::nll_loss_forward(x[0], x[1], {}, reduction, -100);
+                   return T{o, w};
+                 }),
+                 {Data::kAny, Data::kClass}});
+    const std::vector<int64_t> g8 =
+        reduction == 0 ? std::vector<int64_t>{8} : std::vector<int64_t>{};
+    const std::vector<int64_t> g5 =
+        reduction == 0 ? std::vector<int64_t>{5} : std::vector<int64_t>{};
+    c.push_back({"aten::nll_loss_backward",
+                 {{g8, {8, 4}, {8}, {}}, {g5, {5, 3}, {5}, {}}},
+                 {{reduction}},
+                 one([reduction](const T& x, const Shapes&) {
+                   return at::nll_loss_backward(x[0], x[1], x[2], {}, reduction, -100, x[3]);
+                 }),
+                 {Data::kAny, Data::kAny, Data::kClass, Data::kPositive}});
+  }
+  c.push_back(
+      {"aten::_scaled_dot_product_attention",
+       {{{2, 2, 4, 3}, {2, 2, 5, 3}, {2, 2, 5, 2}}, {{1, 3, 5, 2}, {1, 3, 3, 2}, {1, 3, 3, 4}}},
+       {},
+       many([](const T& x, const Shapes&) {
+         auto [o, a] = at::_scaled_dot_product_attention(x[0], x[1], x[2], {}, 0.0, true, false);
+         return T{o, a};
+       }),
+       {},
+       1e-7});
+  c.push_back(
+      {"aten::native_dropout", {{{8, 4}}, {{5, 3}}}, {}, many([](const T& x, const Shapes&) {
+         auto [o, mask] = at::native_dropout(x[0], 0.0, true);
+         return T{o, mask};
+       })});
+  c.push_back({"aten::zeros_like", {{{8, 4}}, {{5, 3}}}, {}, one([](const T& x, const Shapes&) {
+                 return at::zeros_like(x[0]);
+               })});
   return c;
 }
 
-// Every input's placements: one of R, P(sum) (float inputs only), S(d) per mesh dim.
+// Every input's placements: one of R, P(sum) (float inputs only), S(d) per mesh dim; all their
+// combinations, or (past kMaxCombos) an evenly spaced deterministic sample of them.
+constexpr int64_t kMaxCombos = 600;
+
 std::vector<std::vector<Placements>> combos(const DeviceMesh& mesh, const Shapes& shapes,
                                             const std::vector<Data>& data) {
-  std::vector<std::vector<Placements>> out = {{}};
+  std::vector<std::vector<Placements>> per_input;
+  int64_t total = 1;
   for (size_t i = 0; i < shapes.size(); ++i) {
     std::vector<Placement> choices = {Replicate()};
-    if (i >= data.size() || data[i] != Data::kMask) choices.push_back(Partial());
+    const Data kind = i < data.size() ? data[i] : Data::kAny;
+    if (kind == Data::kAny || kind == Data::kPositive) choices.push_back(Partial());
     for (size_t d = 0; d < shapes[i].size(); ++d) choices.push_back(Shard(static_cast<int32_t>(d)));
     std::vector<Placements> per = {{}};
     for (int64_t m = 0; m < mesh.ndim(); ++m) {
@@ -234,14 +373,19 @@ std::vector<std::vector<Placements>> combos(const DeviceMesh& mesh, const Shapes
       }
       per = std::move(next);
     }
-    std::vector<std::vector<Placements>> next;
-    for (const auto& o : out) {
-      for (const auto& p : per) {
-        next.push_back(o);
-        next.back().push_back(p);
-      }
+    total *= static_cast<int64_t>(per.size());
+    per_input.push_back(std::move(per));
+  }
+  const int64_t step = (total + kMaxCombos - 1) / kMaxCombos;
+  std::vector<std::vector<Placements>> out;
+  for (int64_t k = 0; k < total; k += step) {
+    std::vector<Placements> one;
+    for (int64_t i = static_cast<int64_t>(per_input.size()) - 1, rem = k; i >= 0; --i) {
+      const int64_t n = static_cast<int64_t>(per_input[i].size());
+      one.insert(one.begin(), per_input[i][rem % n]);
+      rem /= n;
     }
-    out = std::move(next);
+    out.push_back(std::move(one));
   }
   return out;
 }
@@ -272,42 +416,63 @@ void run_case(const OpCase& c, const std::vector<int64_t>& mesh_shape, std::atom
       }
       for (const auto& o : propagate(c.op, specs, c.args)->outputs) global_out.push_back(o.shape());
     }
-    const auto expected = c.fn(globals, global_out);
+    const auto expected = c.fn(globals, global_out, nullptr);
     collectives::run_threads(
         mesh.size(),
         [&](int64_t rank) {
           const auto coord = *mesh.coordinate(rank);
           for (const auto& placements : all) {
-            std::vector<DTensorSpec> specs;
-            std::vector<at::Tensor> locals;
-            for (size_t i = 0; i < shapes.size(); ++i) {
-              specs.push_back(DTensorSpec::make(
-                  mesh, placements[i], TensorMeta::make(shapes[i], globals[i].scalar_type())));
-              locals.push_back(local_tensor_for(globals[i], specs[i], coord));
-            }
-            const auto s = propagate(c.op, specs, c.args);
-            std::vector<at::Tensor> moved;
-            for (size_t i = 0; i < locals.size(); ++i)
-              moved.push_back(execute_plan(*s->input_plans[i], locals[i]));
-            Shapes out_local;
-            for (const auto& o : s->outputs) out_local.push_back(local_box(o, coord).shape);
-            const auto outs = c.fn(moved, out_local);
-            for (size_t o = 0; o < outs.size(); ++o) {
-              const at::Tensor full = DTensor(outs[o].contiguous(), s->outputs[o]).full_tensor();
-              if (!close(full, expected[o], c.tol)) {
+            try {
+              std::vector<DTensorSpec> specs;
+              std::vector<at::Tensor> locals;
+              for (size_t i = 0; i < shapes.size(); ++i) {
+                specs.push_back(DTensorSpec::make(
+                    mesh, placements[i], TensorMeta::make(shapes[i], globals[i].scalar_type())));
+                locals.push_back(local_tensor_for(globals[i], specs[i], coord));
+              }
+              const auto s = propagate(c.op, specs, c.args);
+              std::vector<at::Tensor> moved;
+              for (size_t i = 0; i < locals.size(); ++i)
+                moved.push_back(execute_plan(*s->input_plans[i], locals[i]));
+              Shapes out_local;
+              for (const auto& o : s->outputs) out_local.push_back(local_box(o, coord).shape);
+              const Local local{s.get(), coord};
+              std::vector<at::Tensor> outs;
+              try {
+                outs = c.fn(moved, out_local, &local);
+              } catch (const std::exception& e) {  // name the case; the peers then time out
                 std::lock_guard<std::mutex> lock(mu);
-                if (failures.size() < 10) {
-                  failures.push_back(c.op + " " + c.args.to_string() + " on rank " +
-                                     std::to_string(rank) + ": " + s->to_string() + "\n output " +
-                                     std::to_string(o) + " got\n" + c10::str(full) + "\n want\n" +
-                                     c10::str(expected[o]));
+                failures.push_back(c.op + " " + c.args.to_string() +
+                                   ": the local op threw on rank " + std::to_string(rank) + ": " +
+                                   s->to_string() + "\n" + e.what());
+                throw;
+              }
+              for (size_t o = 0; o < outs.size(); ++o) {
+                const at::Tensor full =
+                    DTensor(outs[o].to(s->outputs[o].meta().dtype).contiguous(), s->outputs[o])
+                        .full_tensor();
+                if (!close(full, expected[o], c.tol)) {
+                  std::lock_guard<std::mutex> lock(mu);
+                  if (failures.size() < 10) {
+                    failures.push_back(c.op + " " + c.args.to_string() + " on rank " +
+                                       std::to_string(rank) + ": " + s->to_string() + "\n output " +
+                                       std::to_string(o) + " got\n" + c10::str(full) + "\n want\n" +
+                                       c10::str(expected[o]));
+                  }
                 }
               }
+              if (rank == 0) ++runs;
+            } catch (const std::exception& e) {  // name the case before the peers time out
+              std::string where;
+              for (const auto& p : placements) where += to_string(p) + " ";
+              std::fprintf(stderr, "%s %s with inputs %s: rank %lld failed: %s\n", c.op.c_str(),
+                           c.args.to_string().c_str(), where.c_str(), static_cast<long long>(rank),
+                           e.what());
+              throw;
             }
-            if (rank == 0) ++runs;
           }
         },
-        "threads", std::chrono::seconds(60));
+        "threads", std::chrono::seconds(10));
   }
 }
 

@@ -51,13 +51,17 @@ std::optional<Choice> shard_choice(const Rule& rule, int f) {
       c.in.push_back(Replicate());
     }
   }
-  for (const TensorFactors& o : rule.outputs) {
-    const int64_t d = dim_of(o, f);
+  for (size_t o = 0; o < rule.outputs.size(); ++o) {
+    const int64_t d = dim_of(rule.outputs[o], f);
+    const bool summed = o < rule.output_sums.size() &&
+                        std::count(rule.output_sums[o].begin(), rule.output_sums[o].end(), f) > 0;
     if (d == -2) return std::nullopt;
     if (d >= 0) {
       c.out.push_back(Shard(static_cast<int32_t>(d)));
     } else if (factor.kind == FactorKind::kContract) {
       c.out.push_back(Partial(factor.reduce));
+    } else if (summed) {
+      c.out.push_back(Partial());
     } else {
       return std::nullopt;  // a pass factor missing from an output cannot be sharded
     }
@@ -105,6 +109,13 @@ std::vector<Choice> choices_for(const Rule& rule, const std::vector<DTensorSpec>
          (rule.linearity == Linearity::kAdditive && additive_op))) {
       out.push_back(
           {std::vector<Placement>(inputs.size(), first), std::vector<Placement>(n_out, first)});
+    }
+    if (rule.linearity == Linearity::kShapeOnly) {  // values unread: Partial stays, no comm
+      Choice c{{}, std::vector<Placement>(n_out, Replicate())};
+      for (const auto& in : inputs) {
+        c.in.push_back(in.placement(m).is_partial() ? in.placement(m) : Replicate());
+      }
+      out.push_back(std::move(c));
     }
     if (rule.linearity == Linearity::kMultilinear) {
       for (size_t i = 0; i < inputs.size(); ++i) {
@@ -182,6 +193,14 @@ std::shared_ptr<const OpSharding> compute(const OpEntry& entry,
   if (rule.inputs.size() != inputs.size()) {
     throw std::invalid_argument(op + ": its rule takes " + std::to_string(rule.inputs.size()) +
                                 " tensors but got " + std::to_string(inputs.size()));
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (rule.inputs[i].size() != metas[i].shape.size()) {
+      throw std::invalid_argument(
+          op + ": input " + std::to_string(i) + " has " + std::to_string(metas[i].shape.size()) +
+          " dims but the op expects " + std::to_string(rule.inputs[i].size()) + " there (rule " +
+          rule.to_string() + ")");
+    }
   }
   const DeviceMesh& mesh = inputs[0].mesh();
   std::vector<std::vector<Choice>> per_dim;

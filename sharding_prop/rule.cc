@@ -415,6 +415,57 @@ Rule cat_rule(const std::vector<std::vector<int64_t>>& shapes, int64_t dim, bool
   return rule;
 }
 
+Rule slice_rule(const std::vector<int64_t>& shape, int64_t dim, int64_t start, int64_t end,
+                int64_t step) {
+  const int64_t nd = static_cast<int64_t>(shape.size());
+  const int64_t d = norm_dim(dim, nd, "slice dim");
+  if (step < 1) fail("slice: step must be positive, got " + std::to_string(step));
+  const int64_t n = shape[d];
+  auto clampi = [n](int64_t v) { return std::clamp<int64_t>(v < 0 ? v + n : v, 0, n); };
+  const int64_t lo = clampi(start), hi = std::max(clampi(end), clampi(start));
+  const int64_t size = (hi - lo + step - 1) / step;
+  Rule rule = permute_rule(shape, [&] {
+    std::vector<int64_t> p(nd);
+    for (int64_t k = 0; k < nd; ++k) p[k] = k;
+    return p;
+  }());
+  if (size == n) return rule;  // the whole dim: nothing changes
+  const int in_f = rule.add_factor(n, FactorKind::kReplicate);
+  const int out_f = rule.add_factor(size, FactorKind::kReplicate);
+  rule.inputs[0][d] = n == 1 ? DimFactors{} : DimFactors{in_f};
+  rule.outputs[0][d] = size == 1 ? DimFactors{} : DimFactors{out_f};
+  return rule;
+}
+
+Rule select_rule(const std::vector<int64_t>& shape, int64_t dim) {
+  const int64_t nd = static_cast<int64_t>(shape.size());
+  const int64_t d = norm_dim(dim, nd, "select dim");
+  Rule rule = slice_rule(shape, d, 0, 1, 1);
+  rule.outputs[0].erase(rule.outputs[0].begin() + d);
+  if (shape[d] > 1) rule.factors[rule.inputs[0][d][0]].kind = FactorKind::kReplicate;
+  return rule;
+}
+
+Rule split_rule(const std::vector<int64_t>& shape, int64_t dim, const std::vector<int64_t>& sizes) {
+  const int64_t nd = static_cast<int64_t>(shape.size());
+  const int64_t d = norm_dim(dim, nd, "split dim");
+  int64_t total = 0;
+  for (int64_t v : sizes) total += v;
+  if (total != shape[d]) {
+    fail("split: sizes " + shape_text(sizes) + " do not add up to dim " + std::to_string(d) +
+         " of " + shape_text(shape));
+  }
+  Rule rule = slice_rule(shape, d, 0, shape[d], 1);
+  rule.outputs.clear();
+  if (shape[d] > 1) rule.factors[rule.inputs[0][d][0]].kind = FactorKind::kReplicate;
+  for (int64_t v : sizes) {
+    TensorFactors out = rule.inputs[0];
+    out[d] = v == 1 ? DimFactors{} : DimFactors{rule.add_factor(v, FactorKind::kReplicate)};
+    rule.outputs.push_back(std::move(out));
+  }
+  return rule;
+}
+
 Rule expand_rule(const std::vector<int64_t>& from, const std::vector<int64_t>& to) {
   if (to.size() < from.size()) {
     fail("expand: " + shape_text(to) + " has fewer dims than " + shape_text(from));

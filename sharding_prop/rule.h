@@ -48,6 +48,7 @@ enum class Linearity : uint8_t {
   kMove,         // data movement (views, cat, clone): all inputs Partial(op), any op -> Partial(op)
   kAdditive,     // sums (add, sub, sum): all inputs Partial(sum or avg), same op -> the same
   kMultilinear,  // products (mul, mm): one input Partial(sum), the others Replicate -> Partial(sum)
+  kShapeOnly,    // reads no values (zeros_like): a Partial input stays, the output is Replicate
 };
 
 struct Rule {
@@ -60,6 +61,9 @@ struct Rule {
   // Inputs that must be Partial(sum) on a mesh dim that shards a contract factor (a bias added
   // to a product: kept on one rank of the mesh dim, zero on the others). Empty: none.
   std::vector<bool> partial_with_contract;
+  // Per output: pass factors that output sums over (layer_norm's grad_weight sums the batch
+  // dims its grad_input keeps): sharding one leaves that output Partial(sum). Empty: none.
+  std::vector<std::vector<int>> output_sums;
 
   std::string to_string() const;
   int add_factor(int64_t size, FactorKind kind = FactorKind::kPass,
@@ -93,6 +97,13 @@ Rule reshape_rule(const std::vector<int64_t>& from, std::vector<int64_t> to);
 Rule permute_rule(const std::vector<int64_t>& shape, const std::vector<int64_t>& perm);
 // cat along `dim` (must be replicated); stack adds a new dim at `dim` (new = true).
 Rule cat_rule(const std::vector<std::vector<int64_t>>& shapes, int64_t dim, bool stack);
+// slice/narrow of [start, end) with step along `dim` (a whole-dim slice passes the dim through;
+// otherwise it must be replicated), select (dim removed) when `select`.
+Rule slice_rule(const std::vector<int64_t>& shape, int64_t dim, int64_t start, int64_t end,
+                int64_t step);
+Rule select_rule(const std::vector<int64_t>& shape, int64_t dim);
+// split by sizes along `dim` (several outputs; the dim must be replicated).
+Rule split_rule(const std::vector<int64_t>& shape, int64_t dim, const std::vector<int64_t>& sizes);
 // expand to `to` (-1 keeps a size): an expanded size-1 dim is new in the output.
 Rule expand_rule(const std::vector<int64_t>& from, const std::vector<int64_t>& to);
 // mm / bmm / matmul (with broadcasting batch dims and 1-D operands) as an einsum.
