@@ -363,6 +363,9 @@ BuiltRule embedding_backward_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 2, 2, "embedding_dense_backward");
   Rule r;
   const auto& g = m[0].shape;
+  if (g.empty() || std::vector<int64_t>(g.begin(), g.end() - 1) != m[1].shape) {
+    throw std::invalid_argument("embedding_dense_backward: grad must be indices' shape + [D]");
+  }
   TensorFactors tg, ti;
   for (size_t k = 0; k + 1 < g.size(); ++k) {
     const DimFactors f =
@@ -428,6 +431,16 @@ BuiltRule layer_norm_backward_of(const Metas& m, const LayoutArgs& a) {
   return {std::move(r), {m[0].dtype, m[0].dtype, m[0].dtype}};
 }
 
+void check_nll_shapes(const std::vector<int64_t>& self, const std::vector<int64_t>& target,
+                      const std::vector<int64_t>* weight, const char* op) {
+  const bool ok = (self.size() == 2 && target == std::vector<int64_t>{self[0]}) ||
+                  (self.size() == 1 && target.empty());
+  if (!ok || (weight != nullptr && *weight != std::vector<int64_t>{self.back()})) {
+    throw std::invalid_argument(
+        std::string(op) + ": expects self [N, C] or [C], target [N] or [] " + "and weight [C]");
+  }
+}
+
 // nll_loss_forward(self [N, C] or [C], target, weight?): ints: reduction (0 none, 1 mean,
 // 2 sum). Outputs output, total_weight. The class dim stays whole; the batch dim shards with
 // the targets: summed for reduction sum, kept for none, whole for mean (a mean over shards of
@@ -437,6 +450,7 @@ BuiltRule nll_loss_of(const Metas& m, const LayoutArgs& a) {
   const int64_t reduction = arg(a, 0, "nll_loss_forward", "reduction");
   Rule r;
   const auto& s = m[0].shape;
+  check_nll_shapes(s, m[1].shape, m.size() == 3 ? &m[2].shape : nullptr, "nll_loss_forward");
   const int c = r.add_factor(s.back(), FactorKind::kReplicate);
   TensorFactors self, target, out;
   if (s.size() == 2) {
@@ -462,6 +476,7 @@ BuiltRule nll_loss_backward_of(const Metas& m, const LayoutArgs& a) {
   const int64_t reduction = arg(a, 0, "nll_loss_backward", "reduction");
   Rule r;
   const auto& s = m[1].shape;
+  check_nll_shapes(s, m[2].shape, m.size() == 5 ? &m[3].shape : nullptr, "nll_loss_backward");
   const int c = r.add_factor(s.back(), FactorKind::kReplicate);
   TensorFactors self, target, grad;
   if (s.size() == 2) {
@@ -509,6 +524,24 @@ BuiltRule sdpa_of(const Metas& m, const LayoutArgs&) {
   r.inputs = {tq, tk, tv};
   r.outputs = {out, attn};
   return {std::move(r), {m[0].dtype, m[0].dtype}};
+}
+
+// new_zeros/new_ones/new_empty/new_full(self, size): ints: the new sizes. Reads nothing of
+// self: self stays as it is and the new tensor is replicated.
+BuiltRule new_factory_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "new_*");
+  Rule r;
+  r.linearity = Linearity::kShapeOnly;
+  TensorFactors in, out;
+  for (int64_t s : m[0].shape)
+    in.push_back(s == 1 ? DimFactors{} : DimFactors{r.add_factor(s, FactorKind::kReplicate)});
+  for (int64_t s : a.ints) {
+    if (s < 0) throw std::invalid_argument("new_*: negative size " + std::to_string(s));
+    out.push_back(s == 1 ? DimFactors{} : DimFactors{r.add_factor(s, FactorKind::kReplicate)});
+  }
+  r.inputs = {in};
+  r.outputs = {out};
+  return {std::move(r), {m[0].dtype}};
 }
 
 // native_dropout(input) -> (out, mask): elementwise.
@@ -664,6 +697,9 @@ std::vector<OpEntry> build_table() {
   for (const char* op :
        {"empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like"}) {
     add(std::string("aten::") + op, "factory", "", pointwise(1, Linearity::kShapeOnly));
+  }
+  for (const char* op : {"new_zeros", "new_ones", "new_empty", "new_full"}) {
+    add(std::string("aten::") + op, "factory", "sizes", new_factory_of);
   }
   add("aten::cat", "cat", "dim", concat(false));
   add("aten::stack", "cat", "dim", concat(true));

@@ -343,6 +343,10 @@ std::vector<OpCase> cases() {
          auto [o, mask] = at::native_dropout(x[0], 0.0, true);
          return T{o, mask};
        })});
+  c.push_back(
+      {"aten::new_ones", {{{8, 4}}, {{5, 3}}}, {{3, 2}}, one([](const T& x, const Shapes& o) {
+         return x[0].new_ones(o[0]);
+       })});
   c.push_back({"aten::zeros_like", {{{8, 4}}, {{5, 3}}}, {}, one([](const T& x, const Shapes&) {
                  return at::zeros_like(x[0]);
                })});

@@ -76,11 +76,12 @@ std::vector<Choice> choices_for(const Rule& rule, const std::vector<DTensorSpec>
   // the op cannot keep, or a Shard of a dim the op cannot shard) may move to any sharding more
   // cheaply than to Replicate (reduce_scatter, all_to_all), so then every factor is a choice.
   std::set<int> factors;
-  bool any_partial = false, must_move = false;
+  bool any_partial = false, must_move = false, any_shard = false, keep_inputs = false;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Placement p = inputs[i].placement(m);
     if (p.is_partial()) any_partial = true;
     if (!p.is_shard()) continue;
+    any_shard = true;
     const DimFactors& dim = rule.inputs[i][p.dim()];
     if (dim.empty() || rule.factors[dim[0]].kind == FactorKind::kReplicate) {
       must_move = true;
@@ -110,13 +111,7 @@ std::vector<Choice> choices_for(const Rule& rule, const std::vector<DTensorSpec>
       out.push_back(
           {std::vector<Placement>(inputs.size(), first), std::vector<Placement>(n_out, first)});
     }
-    if (rule.linearity == Linearity::kShapeOnly) {  // values unread: Partial stays, no comm
-      Choice c{{}, std::vector<Placement>(n_out, Replicate())};
-      for (const auto& in : inputs) {
-        c.in.push_back(in.placement(m).is_partial() ? in.placement(m) : Replicate());
-      }
-      out.push_back(std::move(c));
-    }
+    if (rule.linearity == Linearity::kShapeOnly) keep_inputs = true;
     if (rule.linearity == Linearity::kMultilinear) {
       for (size_t i = 0; i < inputs.size(); ++i) {
         const bool linear = rule.linear_inputs.empty() || rule.linear_inputs[i];
@@ -127,6 +122,12 @@ std::vector<Choice> choices_for(const Rule& rule, const std::vector<DTensorSpec>
         out.push_back(std::move(c));
       }
     }
+  }
+  if (rule.linearity == Linearity::kShapeOnly && (keep_inputs || any_shard)) {
+    // Values unread (zeros_like, new_zeros): every input may stay as it is, output replicated.
+    Choice c{{}, std::vector<Placement>(rule.outputs.size(), Replicate())};
+    for (const auto& in : inputs) c.in.push_back(in.placement(m));
+    out.push_back(std::move(c));
   }
   out.push_back({std::vector<Placement>(inputs.size(), Replicate()),
                  std::vector<Placement>(rule.outputs.size(), Replicate())});

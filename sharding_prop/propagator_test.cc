@@ -118,6 +118,10 @@ TEST(PropagatorTest, ChoosesTheCheapestLayoutTable) {
        "[P(sum)];[S(1)];[S(0)]",
        "[P(sum)]",
        ""},
+      // Factories read no values: the input stays as it is, even Partial.
+      {"aten::zeros_like", {4}, {{"S(0)", {8, 4}}}, {}, "[S(0)]", "[S(0)]", ""},
+      {"aten::zeros_like", {4}, {{"P", {8, 4}}}, {}, "[P(sum)]", "[R]", ""},
+      {"aten::new_zeros", {4}, {{"S(1)", {8, 4}}}, {{3, 3}}, "[S(1)]", "[R]", ""},
       {"aten::einsum",
        {2},
        {{"S(0)", {4, 3, 5}}, {"S(0)", {4, 5, 2}}},

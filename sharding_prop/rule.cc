@@ -82,9 +82,7 @@ std::string Rule::to_string() const {
       }
     }
   }
-  for (int& n : name) {
-    if (n < 0) n = next++;
-  }
+
   auto letter = [&name](int f) { return dtensor::sharding::letter(name[f]); };
   auto tensor = [&letter](const TensorFactors& t) {
     std::string s;
@@ -107,6 +105,7 @@ std::string Rule::to_string() const {
   for (size_t i = 0; i < outputs.size(); ++i) s += (i ? "," : "") + tensor(outputs[i]);
   std::vector<std::string> notes;
   for (size_t f = 0; f < factors.size(); ++f) {
+    if (name[f] < 0) continue;  // in no tensor (a size-1 remnant): nothing to say
     if (factors[f].kind == FactorKind::kContract) {
       notes.push_back(std::string(1, letter(static_cast<int>(f))) + ":" +
                       std::string(reduce_op_name(factors[f].reduce)));
