@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "dtensor/shard_layout.h"
 #include "dtensor/strings.h"
@@ -79,6 +80,29 @@ DTensorSpec with_placement(const DTensorSpec& s, int64_t m, Placement to) {
   return DTensorSpec::make(s.mesh(), p, s.meta(), order);
 }
 
+// A compact key of the layout `x` would have with mesh dim m set to `to` (with_placement's
+// result, without interning it): lets the search skip edges into finished layouts cheaply.
+std::string layout_key(const DTensorSpec& x, int64_t m, Placement to) {
+  std::string key;
+  const int64_t n = x.mesh().ndim();
+  key.reserve(3 * n + 2 * x.ndim() + n);
+  for (int64_t k = 0; k < n; ++k) {
+    const Placement p = k == m ? to : x.placement(k);
+    key += static_cast<char>(p.kind());
+    key += static_cast<char>(p.dim());
+    key += static_cast<char>(p.reduce_op());
+  }
+  const Placement from = m >= 0 ? x.placement(m) : Placement();
+  for (int64_t d = 0; d < x.ndim(); ++d) {
+    for (int64_t k : x.shard_order(d)) {
+      if (!(k == m && from.is_shard(d))) key += static_cast<char>(k);
+    }
+    if (m >= 0 && to.is_shard(d)) key += static_cast<char>(m);
+    key += '|';
+  }
+  return key;
+}
+
 int64_t volume(const LocalBox& a, const LocalBox& b) {  // of the intersection
   int64_t v = 1;
   for (size_t d = 0; d < a.shape.size(); ++d) {
@@ -115,37 +139,54 @@ struct ExchangePrice {
   int64_t copy_bytes = 0;  // the most any rank packs and unpacks
 };
 
+// What every exchange pricing of one search shares: each rank's coordinate and target box.
+struct ExchangeContext {
+  std::vector<std::vector<int64_t>> coords;
+  std::vector<LocalBox> after;
+};
+
+ExchangeContext exchange_context(const DTensorSpec& t) {
+  ExchangeContext c;
+  const DeviceMesh& mesh = t.mesh();
+  if (mesh.size() > kMaxRanksForExchange) return c;
+  for (int64_t r : mesh.ranks()) {
+    c.coords.push_back(*mesh.coordinate(r));
+    c.after.push_back(local_box(t, c.coords.back()));
+  }
+  return c;
+}
+
 // Checks that within every group (ranks differing only along `g`) the source boxes cover each
 // target box, and measures the traffic.
-ExchangePrice price_exchange(const DTensorSpec& x, const DTensorSpec& t,
+ExchangePrice price_exchange(const DTensorSpec& x, const ExchangeContext& ctx,
                              const std::vector<int64_t>& g) {
-  const DeviceMesh& mesh = x.mesh();
   ExchangePrice price;
-  if (mesh.size() > kMaxRanksForExchange) return price;
-  const int64_t world = mesh.size();
-  std::vector<LocalBox> before(world), after(world);
-  std::map<std::vector<int64_t>, std::vector<int64_t>> groups;  // other coords -> members
+  const int64_t world = static_cast<int64_t>(ctx.coords.size());
+  if (world == 0) return price;  // past kMaxRanksForExchange
+  const DeviceMesh& mesh = x.mesh();
+  std::vector<LocalBox> before(world);
+  std::vector<int64_t> group_of(world);  // row-major index of the coordinates outside g
   for (int64_t i = 0; i < world; ++i) {
-    const auto coord = *mesh.coordinate(mesh.ranks()[i]);
-    before[i] = local_box(x, coord);
-    after[i] = local_box(t, coord);
-    auto key = coord;
-    for (int64_t m : g) key[m] = -1;
-    groups[key].push_back(i);
+    before[i] = local_box(x, ctx.coords[i]);
+    int64_t key = 0;
+    for (int64_t m = 0; m < mesh.ndim(); ++m) {
+      const bool in_g = std::find(g.begin(), g.end(), m) != g.end();
+      key = key * mesh.shape()[m] + (in_g ? 0 : ctx.coords[i][m]);
+    }
+    group_of[i] = key;
   }
   const int64_t isz = element_size(x);
-  for (const auto& [key, members] : groups) {
-    for (int64_t r : members) {
-      int64_t got = 0, sent = 0;
-      for (int64_t s : members) {
-        got += volume(before[s], after[r]);
-        if (s != r) sent += volume(before[r], after[s]);
-      }
-      if (got != after[r].numel()) return price;  // not covered: needs other ranks' data
-      const int64_t from_others = got - volume(before[r], after[r]);
-      price.recv_bytes = std::max(price.recv_bytes, from_others * isz);
-      price.copy_bytes = std::max(price.copy_bytes, (from_others + sent) * isz);
+  for (int64_t r = 0; r < world; ++r) {
+    int64_t got = 0, sent = 0;
+    for (int64_t s = 0; s < world; ++s) {
+      if (group_of[s] != group_of[r]) continue;
+      got += volume(before[s], ctx.after[r]);
+      if (s != r) sent += volume(before[r], ctx.after[s]);
     }
+    if (got != ctx.after[r].numel()) return price;  // not covered: needs other ranks' data
+    const int64_t from_others = got - volume(before[r], ctx.after[r]);
+    price.recv_bytes = std::max(price.recv_bytes, from_others * isz);
+    price.copy_bytes = std::max(price.copy_bytes, (from_others + sent) * isz);
   }
   price.ok = true;
   return price;
@@ -329,6 +370,12 @@ RedistributePlan compute_plan(DTensorSpec src, DTensorSpec dst, const PlanOption
     nodes.push_back(Node{to, cost, from, {std::move(step)}});
     queue.emplace(cost + remaining(to), pushes++, static_cast<int64_t>(nodes.size()) - 1);
   };
+  std::unordered_set<std::string> finished;  // layout_key of every done node
+  auto edge = [&](int64_t from, const DTensorSpec& x, int64_t m, Placement to) {
+    if (finished.count(layout_key(x, m, to)) > 0) return;  // no cheaper way into a done node
+    relax(from, price_step(x, m, to, model));
+  };
+  const ExchangeContext exchange = exchange_context(dst);
   nodes.push_back(Node{src, 0.0, -1, {}});
   index.emplace(src, 0);
   queue.emplace(0.0, pushes++, 0);
@@ -338,28 +385,29 @@ RedistributePlan compute_plan(DTensorSpec src, DTensorSpec dst, const PlanOption
     if (nodes[at].done || priority > nodes[at].cost + remaining(nodes[at].spec)) continue;
     nodes[at].done = true;
     const DTensorSpec x = nodes[at].spec;
+    finished.insert(layout_key(x, -1, Placement()));
     if (x == dst) break;
     for (int64_t m = 0; m < mesh.ndim(); ++m) {
       const Placement p = x.placement(m);
       if (p.is_shard()) {
         if (!is_innermost(x, p.dim(), m)) continue;
-        relax(at, price_step(x, m, Replicate(), model));
+        edge(at, x, m, Replicate());
         for (int64_t e : dims) {
-          if (e != p.dim()) relax(at, price_step(x, m, Shard(e), model));
+          if (e != p.dim()) edge(at, x, m, Shard(e));
         }
       } else if (p.is_replicate()) {
-        for (int64_t e : dims) relax(at, price_step(x, m, Shard(e), model));
+        for (int64_t e : dims) edge(at, x, m, Shard(e));
         if (options.allow_partial && dst.placement(m).is_partial()) {
-          relax(at, price_step(x, m, dst.placement(m), model));
+          edge(at, x, m, dst.placement(m));
         }
       } else {  // Partial
-        relax(at, price_step(x, m, Replicate(), model));
-        for (int64_t e : dims) relax(at, price_step(x, m, Shard(e), model));
+        edge(at, x, m, Replicate());
+        for (int64_t e : dims) edge(at, x, m, Shard(e));
       }
     }
     const auto g = exchange_dims(x, dst);
     if (!g.empty()) {
-      const ExchangePrice price = price_exchange(x, dst, g);
+      const ExchangePrice price = price_exchange(x, exchange, g);
       if (price.ok) {
         int64_t group = 1;
         for (int64_t m : g) group *= mesh.shape()[m];
