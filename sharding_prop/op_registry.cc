@@ -701,6 +701,14 @@ std::vector<OpEntry> build_table() {
   for (const char* op : {"new_zeros", "new_ones", "new_empty", "new_full"}) {
     add(std::string("aten::") + op, "factory", "sizes", new_factory_of);
   }
+  // `.out` overloads of the common non-pointwise ops (the out tensor is not an input).
+  add("aten::mm.out", "matmul", "", mm_rule);
+  add("aten::bmm.out", "matmul", "", bmm_rule);
+  add("aten::addmm.out", "matmul", "", addmm_rule_of);
+  add("aten::sum.IntList_out", "reduction", rd,
+      reduction(ReduceOp::kSum, false, Linearity::kAdditive));
+  add("aten::mean.out", "reduction", rd, reduction(ReduceOp::kAvg, false, Linearity::kAdditive));
+  add("aten::cat.out", "cat", "dim", concat(false));
   add("aten::cat", "cat", "dim", concat(false));
   add("aten::stack", "cat", "dim", concat(true));
   std::sort(t.begin(), t.end(), [](const OpEntry& a, const OpEntry& b) { return a.name < b.name; });
