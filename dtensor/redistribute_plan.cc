@@ -266,6 +266,33 @@ std::string RedistributePlan::to_string() const {
   return s;
 }
 
+double plan_cost_lower_bound(const DTensorSpec& src, const DTensorSpec& dst,
+                             const CostModel& model) {
+  const DeviceMesh& mesh = src.mesh();
+  bool comm = false;
+  for (int64_t m = 0; m < mesh.ndim() && !comm; ++m) {
+    const Placement p = src.placement(m);
+    comm = mesh.shape()[m] > 1 && !p.is_replicate() && p != dst.placement(m);
+  }
+  if (!comm) return 0.0;
+  const double latency = model.step_cost(CommKind::kAllReduce, 2, 0);
+  if (mesh.size() > kMaxRanksForExchange || src.mesh() != dst.mesh()) return latency;
+  int64_t lacking = 0;
+  for (int64_t r : mesh.ranks()) {
+    const auto coord = *mesh.coordinate(r);
+    const LocalBox want = local_box(dst, coord);
+    lacking = std::max(lacking, want.numel() - volume(local_box(src, coord), want));
+  }
+  // A step prices the bytes of its largest piece with nccl-tests' factors; a rank receives at
+  // most that when every split is even, and at most n/(n-1) <= 2 times that when a split is
+  // uneven (a short piece receives more of the gathered whole). Every layout of this shape on
+  // this mesh is even when each dim divides by the number of ranks.
+  bool all_even = true;
+  for (int64_t s : src.shape()) all_even = all_even && s % mesh.size() == 0;
+  const double per_byte = (all_even ? 1.0 : 0.5) / (model.bandwidth_gbs * 1e3);
+  return latency + static_cast<double>(lacking * element_size(src)) * per_byte;
+}
+
 PlanStep price_step(const DTensorSpec& x, int64_t m, Placement to, const CostModel& model) {
   const Placement from = x.placement(m);
   CommKind kind;

@@ -80,6 +80,14 @@ RedistributePlan compute_plan(DTensorSpec src, DTensorSpec dst, const PlanOption
 // each other (Partial -> Partial, Shard -> Partial). The planner's edges, exposed for baselines.
 PlanStep price_step(const DTensorSpec& x, int64_t mesh_dim, Placement to, const CostModel& model);
 
+// A cheap lower bound on compute_plan(src, dst).cost (no search): 0 when no mesh dim needs a
+// collective; else one latency plus, at bus bandwidth, the bytes of the rank that lacks the
+// most of its target box (every element a rank lacks must arrive over some step, and a step is
+// priced at no less than what any rank receives in it when splits are even, half of it when
+// not). Box arithmetic up to 64 ranks; past that, the latency alone.
+double plan_cost_lower_bound(const DTensorSpec& src, const DTensorSpec& dst,
+                             const CostModel& model);
+
 struct PlanCacheStats {
   int64_t hits = 0, misses = 0, size = 0;
 };

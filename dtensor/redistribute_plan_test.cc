@@ -122,7 +122,8 @@ TEST(RedistributePlanTest, CachedAndDeterministic) {
 }
 
 // Every pair of the enumeration (meshes (4), (2,2), (2,3), (2,2,2); R, P(sum), P(max), S(d);
-// every shard order; even, uneven, smaller-than-mesh and empty shapes).
+// every shard order; even, uneven, smaller-than-mesh and empty shapes), with the cost lower
+// bound the propagator prunes by.
 TEST(RedistributePlanTest, EveryPairChainsAndBeatsTheGreedyOrder) {
   int64_t plans = 0, strictly_better = 0;
   std::vector<DTensorSpec> all;
@@ -151,6 +152,9 @@ TEST(RedistributePlanTest, EveryPairChainsAndBeatsTheGreedyOrder) {
       }
       ASSERT_EQ(at, dst) << plan->to_string();
       EXPECT_DOUBLE_EQ(cost, plan->cost);
+      // The propagator prunes candidates with this bound: it must never exceed the plan's cost.
+      EXPECT_LE(plan_cost_lower_bound(src, dst, default_cost_model()), plan->cost + 1e-9)
+          << plan->to_string();
       if (src.has_default_shard_order() && dst.has_default_shard_order()) {
         const double greedy = greedy_cost(src, dst);
         EXPECT_LE(plan->cost, greedy + 1e-9) << plan->to_string();

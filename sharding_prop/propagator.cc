@@ -177,6 +177,20 @@ bool merged_dims_even(const Rule& rule, const TensorFactors& t, const Placements
 
 constexpr size_t kMaxCandidates = 4096;
 
+// Whether moving the inputs to `targets` needs communication: some mesh dim (of size > 1) turns
+// a Shard or Partial into something else.
+bool needs_collective(const std::vector<DTensorSpec>& inputs,
+                      const std::vector<Placements>& targets) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const DeviceMesh& mesh = inputs[i].mesh();
+    for (int64_t m = 0; m < mesh.ndim(); ++m) {
+      const Placement p = inputs[i].placement(m);
+      if (mesh.shape()[m] > 1 && !p.is_replicate() && p != targets[i][m]) return true;
+    }
+  }
+  return false;
+}
+
 std::shared_ptr<const OpSharding> compute(const OpEntry& entry,
                                           const std::vector<DTensorSpec>& inputs,
                                           const LayoutArgs& args, const PropagateOptions& opt) {
@@ -219,6 +233,7 @@ std::shared_ptr<const OpSharding> compute(const OpEntry& entry,
   }
 
   std::shared_ptr<OpSharding> best;
+  const double latency = default_cost_model().step_cost(CommKind::kAllReduce, 2, 0);
   std::vector<size_t> pick(mesh.ndim(), 0);
   PlanOptions internal;
   internal.allow_partial = true;  // a bias joins a Partial product by being partitioned
@@ -238,19 +253,33 @@ std::shared_ptr<const OpSharding> compute(const OpEntry& entry,
     ok = ok && contractions_even(rule, in, mesh);
     if (ok && entry.in_place)
       ok = in[0] == inputs[0].placements() && out[0] == inputs[0].placements();
+    // A candidate that needs a collective costs at least one latency: once a cheaper one is
+    // known, it cannot win (ties go to the earlier), so its plans are never searched.
+    if (ok && best && needs_collective(inputs, in) && latency >= best->cost) ok = false;
     if (ok) {
       auto cand = std::make_shared<OpSharding>();
       cand->op = op;
+      bool pruned = false;  // its cost bound cannot beat the best so far
       try {
         for (size_t i = 0; i < inputs.size(); ++i) {
-          const DTensorSpec target = DTensorSpec::make(mesh, in[i], metas[i]);
-          cand->input_targets.push_back(target);
+          cand->input_targets.push_back(DTensorSpec::make(mesh, in[i], metas[i]));
+        }
+        if (best) {  // a bound that cannot beat the best skips the plan searches
+          double bound = 0;
+          for (size_t i = 0; i < inputs.size(); ++i) {
+            bound += plan_cost_lower_bound(inputs[i], cand->input_targets[i], default_cost_model());
+          }
+          pruned = bound >= best->cost;
+        }
+        for (size_t i = 0; !pruned && i < inputs.size(); ++i) {
+          const DTensorSpec& target = cand->input_targets[i];
           cand->input_plans.push_back(plan_redistribute(inputs[i], target, internal));
           cand->cost += cand->input_plans.back()->cost;
         }
       } catch (const std::invalid_argument&) {
         cand.reset();  // e.g. a Partial(max) bias cannot join a Partial(sum) product
       }
+      if (pruned) cand.reset();
       if (cand && (!best || cand->cost < best->cost)) {
         for (size_t o = 0; o < out.size(); ++o) {
           cand->outputs.push_back(DTensorSpec::make(mesh, out[o], out_metas[o]));
