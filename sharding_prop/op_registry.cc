@@ -552,6 +552,111 @@ BuiltRule dropout_of(const Metas& m, const LayoutArgs&) {
   return {std::move(r), {m[0].dtype, c10::kBool}};
 }
 
+// slice_backward(grad, input_sizes, dim, start, end, step): ints: dim, start, end, step,
+// input_sizes... The grad is the slice of a zero tensor of input_sizes: like slice, reversed.
+BuiltRule slice_backward_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "slice_backward");
+  if (a.ints.size() < 4)
+    throw std::invalid_argument("slice_backward: needs dim, start, end, step, sizes");
+  const std::vector<int64_t> sizes(a.ints.begin() + 4, a.ints.end());
+  Rule r = slice_rule(sizes, a.ints[0], a.ints[1], a.ints[2], a.ints[3]);
+  if (r.output_shape(0) != m[0].shape)
+    throw std::invalid_argument("slice_backward: grad does not fit the slice");
+  std::swap(r.inputs[0], r.outputs[0]);
+  return same_dtype(std::move(r), m);
+}
+
+// select_backward(grad, input_sizes, dim, index): ints: dim, input_sizes...
+BuiltRule select_backward_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "select_backward");
+  if (a.ints.empty()) throw std::invalid_argument("select_backward: needs dim, sizes");
+  const std::vector<int64_t> sizes(a.ints.begin() + 1, a.ints.end());
+  Rule r = select_rule(sizes, a.ints[0]);
+  if (r.output_shape(0) != m[0].shape)
+    throw std::invalid_argument("select_backward: grad does not fit the selection");
+  std::swap(r.inputs[0], r.outputs[0]);
+  return same_dtype(std::move(r), m);
+}
+
+// scatter_add / scatter.src (self, index, src) and index_add (self, index, source): ints: dim.
+// Along `dim` everything stays whole; other dims shard together where their sizes agree.
+BuiltRule scatter_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 3, 3, "scatter");
+  const auto &s = m[0].shape, &ix = m[1].shape, &src = m[2].shape;
+  if (ix.size() != s.size() || src.size() != s.size()) {
+    throw std::invalid_argument("scatter: self, index and src need the same number of dims");
+  }
+  const int64_t d = normalize_tensor_dim(arg(a, 0, "scatter", "dim"), s.size(), "scatter dim");
+  Rule r;
+  TensorFactors ts, ti, tsrc;
+  for (size_t k = 0; k < s.size(); ++k) {
+    if (static_cast<int64_t>(k) != d && s[k] == ix[k] && ix[k] == src[k]) {
+      const DimFactors f = s[k] == 1 ? DimFactors{} : DimFactors{r.add_factor(s[k])};
+      ts.push_back(f);
+      ti.push_back(f);
+      tsrc.push_back(f);
+    } else {
+      ts.push_back({r.add_factor(s[k], FactorKind::kReplicate)});
+      ti.push_back({r.add_factor(ix[k], FactorKind::kReplicate)});
+      tsrc.push_back({r.add_factor(src[k], FactorKind::kReplicate)});
+    }
+  }
+  r.inputs = {ts, ti, tsrc};
+  r.outputs = {ts};
+  return {std::move(r), {m[0].dtype}};
+}
+
+BuiltRule index_add_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 3, 3, "index_add");
+  const auto &s = m[0].shape, &src = m[2].shape;
+  const int64_t d = normalize_tensor_dim(arg(a, 0, "index_add", "dim"), s.size(), "index_add dim");
+  if (src.size() != s.size() || m[1].shape.size() > 1) {
+    throw std::invalid_argument("index_add: source must have self's dims and index must be 1-D");
+  }
+  Rule r;
+  TensorFactors ts, tsrc;
+  // The additions along `dim` land on the rows the index names: source rows and index entries
+  // shard together, which leaves self's rows Partial(sum).
+  const int64_t len = m[1].shape.empty() ? 1 : m[1].shape[0];
+  const DimFactors rows =
+      len == 1 ? DimFactors{} : DimFactors{r.add_factor(len, FactorKind::kContract)};
+  for (size_t k = 0; k < s.size(); ++k) {
+    if (static_cast<int64_t>(k) == d) {
+      ts.push_back({r.add_factor(s[k], FactorKind::kReplicate)});
+      tsrc.push_back(rows);
+    } else if (s[k] == src[k]) {
+      const DimFactors f = s[k] == 1 ? DimFactors{} : DimFactors{r.add_factor(s[k])};
+      ts.push_back(f);
+      tsrc.push_back(f);
+    } else {
+      throw std::invalid_argument("index_add: source and self differ outside dim");
+    }
+  }
+  r.inputs = {ts, m[1].shape.empty() ? TensorFactors{} : TensorFactors{rows}, tsrc};
+  r.outputs = {ts};
+  r.partial_with_contract = {true, false, false};  // self joins the Partial sum on one rank
+  return {std::move(r), {m[0].dtype}};
+}
+
+// value_selecting_reduction_backward(grad, dim, indices, sizes, keepdim): ints: dim, keepdim,
+// sizes... (max.dim's and min.dim's backward): a scatter of grad along dim into zeros(sizes).
+BuiltRule value_selecting_backward_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 2, 2, "value_selecting_reduction_backward");
+  if (a.ints.size() < 2)
+    throw std::invalid_argument("value_selecting_reduction_backward: needs dim, keepdim, sizes");
+  const std::vector<int64_t> sizes(a.ints.begin() + 2, a.ints.end());
+  Rule r =
+      reduction_rule(sizes, {a.ints[0]}, a.ints[1] != 0, ReduceOp::kMax, true, Linearity::kNone);
+  if (r.output_shape(0) != m[0].shape || m[1].shape != m[0].shape) {
+    throw std::invalid_argument(
+        "value_selecting_reduction_backward: grad/indices do not fit sizes");
+  }
+  Rule b = r;
+  b.inputs = {r.outputs[0], r.outputs[0]};
+  b.outputs = {r.inputs[0]};
+  return {std::move(b), {m[0].dtype}};
+}
+
 std::vector<OpEntry> build_table() {
   const auto lin = Linearity::kNone;
   std::vector<OpEntry> t;
@@ -682,6 +787,13 @@ std::vector<OpEntry> build_table() {
   add("aten::split_with_sizes", "view", "dim, sizes...", split_sizes_of);
   add("aten::chunk", "view", "chunks, dim", chunk_of);
   add("aten::index_select", "index", "dim", index_select_of);
+  add("aten::slice_backward", "view", "dim, start, end, step, input_sizes...", slice_backward_of);
+  add("aten::select_backward", "view", "dim, input_sizes...", select_backward_of);
+  add("aten::scatter_add", "index", "dim", scatter_of);
+  add("aten::scatter.src", "index", "dim", scatter_of);
+  add("aten::index_add", "index", "dim", index_add_of);
+  add("aten::value_selecting_reduction_backward", "reduction", "dim, keepdim, sizes...",
+      value_selecting_backward_of);
   add("aten::gather", "index", "dim", gather_of);
   add("aten::embedding", "embedding", "", embedding_of);
   add("aten::embedding_dense_backward", "embedding", "num_weights", embedding_backward_of);

@@ -347,6 +347,33 @@ std::vector<OpCase> cases() {
       {"aten::new_ones", {{{8, 4}}, {{5, 3}}}, {{3, 2}}, one([](const T& x, const Shapes& o) {
          return x[0].new_ones(o[0]);
        })});
+  // Backward ops of views and indexing.
+  c.push_back({"aten::slice_backward",
+               {{{3, 3}}},
+               {{0, 1, 6, 2, 6, 3}},
+               one([](const T& x, const Shapes& o) {
+                 return at::slice_backward(x[0], o[0], 0, 1, 6, 2);
+               })});
+  c.push_back({"aten::select_backward", {{{5}}}, {{1, 5, 4}}, one([](const T& x, const Shapes& o) {
+                 return at::select_backward(x[0], o[0], 1, 2);
+               })});
+  c.push_back({"aten::scatter_add",
+               {{{8, 4}, {8, 4}, {8, 4}}, {{5, 3}, {5, 3}, {5, 3}}},
+               {{1}},
+               one([](const T& x, const Shapes&) { return at::scatter_add(x[0], 1, x[1], x[2]); }),
+               {Data::kAny, Data::kIndex, Data::kAny}});
+  c.push_back({"aten::index_add",
+               {{{4, 6}, {5}, {5, 6}}, {{3, 5}, {7}, {7, 5}}},
+               {{0}},
+               one([](const T& x, const Shapes&) { return at::index_add(x[0], 0, x[1], x[2]); }),
+               {Data::kAny, Data::kIndex, Data::kAny}});
+  c.push_back({"aten::value_selecting_reduction_backward",
+               {{{5}, {5}}},
+               {{1, 0, 5, 3}},
+               one([](const T& x, const Shapes& o) {
+                 return at::value_selecting_reduction_backward(x[0], 1, x[1], o[0], false);
+               }),
+               {Data::kAny, Data::kIndex}});
   c.push_back({"aten::zeros_like", {{{8, 4}}, {{5, 3}}}, {}, one([](const T& x, const Shapes&) {
                  return at::zeros_like(x[0]);
                })});
