@@ -1,0 +1,70 @@
+#pragma once
+// Rule builders for the op table, one per op family (see NOTE [op table] in op_registry.cc).
+// Each validates its inputs and arguments and throws std::invalid_argument naming the problem.
+
+#include <c10/core/ScalarType.h>
+
+#include <vector>
+
+#include "sharding_prop/op_registry.h"
+
+namespace dtensor::sharding::builders {
+
+using Metas = std::vector<TensorMeta>;
+using Shapes = std::vector<std::vector<int64_t>>;
+
+Shapes shapes_of(const Metas& m);
+c10::ScalarType promoted(const Metas& m);
+void need_inputs(const Metas& m, size_t lo, size_t hi, const char* op);
+int64_t arg(const LayoutArgs& a, size_t i, const char* op, const char* what);
+BuiltRule where_rule(const Metas& m, const LayoutArgs&);
+BuiltRule cast_rule(const Metas& m, const LayoutArgs& a);
+RuleBuilder reduction(ReduceOp op, bool replicate, Linearity lin, int out_dtype = -1,
+                      int outputs = 1);
+RuleBuilder softmax(size_t n);
+RuleBuilder pointwise(size_t n, Linearity lin, std::vector<bool> linear_inputs = {},
+                      bool to_bool = false);
+BuiltRule same_dtype(Rule r, const Metas& m);
+BuiltRule view_rule(const Metas& m, const LayoutArgs& a);
+BuiltRule flatten_rule(const Metas& m, const LayoutArgs& a);
+BuiltRule unflatten_rule(const Metas& m, const LayoutArgs& a);
+BuiltRule squeeze_rule(const Metas& m, const LayoutArgs& a);
+BuiltRule unsqueeze_rule(const Metas& m, const LayoutArgs& a);
+BuiltRule transpose_rule(const Metas& m, const LayoutArgs& a);
+BuiltRule t_rule(const Metas& m, const LayoutArgs&);
+BuiltRule permute_rule_of(const Metas& m, const LayoutArgs& a);
+BuiltRule expand_rule_of(const Metas& m, const LayoutArgs& a);
+RuleBuilder concat(bool stack);
+BuiltRule mm_rule(const Metas& m, const LayoutArgs&);
+BuiltRule bmm_rule(const Metas& m, const LayoutArgs&);
+BuiltRule matmul_rule_of(const Metas& m, const LayoutArgs&);
+BuiltRule addmm_rule_of(const Metas& m, const LayoutArgs&);
+BuiltRule linear_rule_of(const Metas& m, const LayoutArgs&);
+BuiltRule einsum_rule(const Metas& m, const LayoutArgs& a);
+BuiltRule slice_of(const Metas& m, const LayoutArgs& a);
+BuiltRule narrow_of(const Metas& m, const LayoutArgs& a);
+BuiltRule select_of(const Metas& m, const LayoutArgs& a);
+BuiltRule with_outputs_dtype(Rule r, c10::ScalarType t);
+BuiltRule split_of(const Metas& m, const LayoutArgs& a);
+BuiltRule split_sizes_of(const Metas& m, const LayoutArgs& a);
+BuiltRule chunk_of(const Metas& m, const LayoutArgs& a);
+BuiltRule index_select_of(const Metas& m, const LayoutArgs& a);
+BuiltRule gather_of(const Metas& m, const LayoutArgs& a);
+BuiltRule embedding_of(const Metas& m, const LayoutArgs&);
+BuiltRule embedding_backward_of(const Metas& m, const LayoutArgs& a);
+BuiltRule layer_norm_of(const Metas& m, const LayoutArgs& a);
+BuiltRule layer_norm_backward_of(const Metas& m, const LayoutArgs& a);
+void check_nll_shapes(const std::vector<int64_t>& self, const std::vector<int64_t>& target,
+                      const std::vector<int64_t>* weight, const char* op);
+BuiltRule nll_loss_of(const Metas& m, const LayoutArgs& a);
+BuiltRule nll_loss_backward_of(const Metas& m, const LayoutArgs& a);
+BuiltRule sdpa_of(const Metas& m, const LayoutArgs&);
+BuiltRule new_factory_of(const Metas& m, const LayoutArgs& a);
+BuiltRule dropout_of(const Metas& m, const LayoutArgs&);
+BuiltRule slice_backward_of(const Metas& m, const LayoutArgs& a);
+BuiltRule select_backward_of(const Metas& m, const LayoutArgs& a);
+BuiltRule scatter_of(const Metas& m, const LayoutArgs& a);
+BuiltRule index_add_of(const Metas& m, const LayoutArgs& a);
+BuiltRule value_selecting_backward_of(const Metas& m, const LayoutArgs& a);
+
+}  // namespace dtensor::sharding::builders
