@@ -29,14 +29,16 @@ const c10::StorageImpl* storage_key(const at::Tensor& t) {
 }
 
 thread_local std::vector<CommCounter*> t_counters;
+thread_local const char* t_cause = nullptr;
 
 void count_calls(const std::string& group, const Job& job) {
   for (const CollectiveCall& c : job.calls) {
     const auto bytes = [](const at::Tensor& t) {
       return t.defined() ? static_cast<int64_t>(t.nbytes()) : int64_t{0};
     };
-    const CommRecord r{c.kind, c.label.empty() ? collective_name(c.kind) : c.label, group,
-                       bytes(c.input), bytes(c.output)};
+    const CommRecord r{c.kind,          c.label.empty() ? collective_name(c.kind) : c.label,
+                       group,           bytes(c.input),
+                       bytes(c.output), t_cause ? t_cause : ""};
     for (CommCounter* counter : t_counters) counter->record(r);
   }
 }
@@ -424,6 +426,24 @@ CommCounter::CommCounter() { t_counters.push_back(this); }
 
 CommCounter::~CommCounter() {
   t_counters.erase(std::find(t_counters.begin(), t_counters.end(), this));
+}
+
+CommCause::CommCause(const char* op) : previous_(t_cause) { t_cause = op; }
+CommCause::~CommCause() { t_cause = previous_; }
+
+std::map<std::pair<std::string, std::string>, int64_t> CommCounter::counts_by_cause() const {
+  std::map<std::pair<std::string, std::string>, int64_t> out;
+  for (const CommRecord& r : records_) ++out[{r.cause, r.label}];
+  return out;
+}
+
+std::string CommCounter::to_string() const {
+  std::string s;
+  for (const auto& [key, n] : counts_by_cause()) {
+    s += (key.first.empty() ? std::string("(no op)") : key.first) + ": " + key.second + " x" +
+         std::to_string(n) + "\n";
+  }
+  return s;
 }
 
 int64_t CommCounter::count(CollectiveKind kind) const {

@@ -8,6 +8,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,20 @@ struct CommRecord {
   std::string label;  // e.g. "all_gather_into_tensor", "all_gather_uneven"
   std::string group;
   int64_t input_bytes = 0, output_bytes = 0;
+  std::string cause;  // the operator whose dispatch issued it (CommCause), or empty
+};
+
+// Names the operator on whose behalf the calling thread issues collectives while it is alive
+// (the DTensor dispatcher wraps each op's redistributes in one); CommCounter records carry it.
+class CommCause {
+ public:
+  explicit CommCause(const char* op);
+  ~CommCause();
+  CommCause(const CommCause&) = delete;
+  CommCause& operator=(const CommCause&) = delete;
+
+ private:
+  const char* previous_;
 };
 
 // Records every collective the constructing thread issues while it is alive (nested counters
@@ -85,6 +100,10 @@ class CommCounter {
   const std::vector<CommRecord>& records() const { return records_; }
   int64_t count(CollectiveKind kind) const;
   int64_t total() const { return static_cast<int64_t>(records_.size()); }
+  // Records per (cause, label), e.g. {"aten::mm", "all_gather_into_tensor"} -> 2.
+  std::map<std::pair<std::string, std::string>, int64_t> counts_by_cause() const;
+  // One line per (cause, label): "aten::mm: all_gather_into_tensor x2".
+  std::string to_string() const;
   void record(CommRecord r) { records_.push_back(std::move(r)); }
 
  private:

@@ -10,6 +10,7 @@
 #include "dtensor/local_tensor.h"
 #include "dtensor/redistribute.h"
 #include "dtensor/shard_layout.h"
+#include "dtensor/spec_capsule.h"
 #include "dtensor/strings.h"
 
 namespace dtensor {
@@ -17,19 +18,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// A (source, target) pair kept in an autograd context (saved_data holds IValues only).
-struct SpecPair : torch::CustomClassHolder {
-  SpecPair(DTensorSpec a, DTensorSpec b) : from(a), to(b) {}
-  DTensorSpec from, to;
-};
-
-void save(AutogradContext* ctx, DTensorSpec from, DTensorSpec to) {
-  ctx->saved_data["specs"] = at::IValue::make_capsule(c10::make_intrusive<SpecPair>(from, to));
-}
-const SpecPair& saved(AutogradContext* ctx) {
-  return *static_cast<const SpecPair*>(ctx->saved_data["specs"].toCapsule().get());
-}
 
 at::Tensor move(const at::Tensor& local, DTensorSpec from, DTensorSpec to, bool async_op) {
   return execute_plan(*plan_redistribute(from, to), local, async_op);
@@ -40,11 +28,11 @@ at::Tensor move(const at::Tensor& local, DTensorSpec from, DTensorSpec to, bool 
 struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, DTensorSpec from,
                             DTensorSpec to) {
-    save(ctx, from, to);
+    save_specs(ctx, from, to);
     return move(local, from, to, /*async_op=*/false);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const SpecPair& s = saved(ctx);
+    const SpecPair& s = saved_specs(ctx);
     return {move(grads[0], without_partial(s.to), without_partial(s.from), false), at::Tensor(),
             at::Tensor()};
   }
@@ -55,11 +43,11 @@ struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
 struct ToLocalFn : torch::autograd::Function<ToLocalFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, DTensorSpec grad,
                             DTensorSpec spec) {
-    save(ctx, grad, spec);
+    save_specs(ctx, grad, spec);
     return local.view_as(local);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const SpecPair& s = saved(ctx);
+    const SpecPair& s = saved_specs(ctx);
     return {move(grads[0], s.from, without_partial(s.to), false), at::Tensor(), at::Tensor()};
   }
 };

@@ -174,6 +174,14 @@ std::vector<OpEntry> build_table() {
        {"empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like"}) {
     add(std::string("aten::") + op, "factory", "", pointwise(1, Linearity::kShapeOnly));
   }
+  add("aten::randint_like", "factory", "", pointwise(1, Linearity::kShapeOnly));
+  add("aten::randint_like.low_dtype", "factory", "", pointwise(1, Linearity::kShapeOnly));
+  add("aten::bernoulli.p", "random", "", pointwise(1, Linearity::kShapeOnly));
+  // In-place random fills: self keeps its layout (a Partial self is refused).
+  for (const char* op : {"uniform_", "normal_", "bernoulli_.float", "random_", "random_.from",
+                         "random_.to", "exponential_"}) {
+    add(std::string("aten::") + op, "random", "", pointwise(1, lin));
+  }
   for (const char* op : {"new_zeros", "new_ones", "new_empty", "new_full"}) {
     add(std::string("aten::") + op, "factory", "sizes", new_factory_of);
   }

@@ -1,0 +1,250 @@
+#include "dtensor/api.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <stdexcept>
+
+#include "collectives/launch_env.h"
+#include "dtensor/dtensor.h"
+#include "dtensor/local_tensor.h"
+#include "dtensor/redistribute.h"
+#include "dtensor/shard_layout.h"
+#include "dtensor/spec_capsule.h"
+
+namespace dtensor::api {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The local piece of `grad` (a distributed gradient) laid out as `convention` wants: the
+// gradient convention of NOTE [DTensor autograd] for the forward spec.
+at::Tensor grad_piece(const at::Tensor& grad, const DTensorSpec& forward) {
+  if (!is_dtensor(grad)) return grad;
+  const DTensorSpec& g = spec_of(grad);
+  const DTensorSpec want =
+      DTensorSpec::make(g.mesh(), without_partial(forward).placements(), g.meta());
+  return redistribute_local(local_of(grad), g, want);
+}
+
+// A distributed gradient brought into the convention for `forward` (stays distributed).
+at::Tensor grad_moved(const at::Tensor& grad, const DTensorSpec& forward) {
+  if (!is_dtensor(grad)) return grad;
+  const DTensorSpec& g = spec_of(grad);
+  const DTensorSpec want =
+      DTensorSpec::make(g.mesh(), without_partial(forward).placements(), g.meta());
+  if (want == g) return grad;
+  return make_dtensor(redistribute_local(local_of(grad), g, want), want);
+}
+
+struct FromLocalFn : torch::autograd::Function<FromLocalFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, DTensorSpec spec) {
+    save_specs(ctx, spec, spec);
+    return make_dtensor(local.detach(), spec);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {grad_piece(grads[0], saved_specs(ctx).from), at::Tensor()};
+  }
+};
+
+// Forward: the piece (an alias). Backward: the local gradient, read with `grad` placements,
+// moved into the convention.
+struct ToLocalFn : torch::autograd::Function<ToLocalFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& dt, DTensorSpec grad) {
+    save_specs(ctx, grad, spec_of(dt));
+    return local_of(dt).alias();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const SpecPair& s = saved_specs(ctx);
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
+    return {grad_moved(make_dtensor(grads[0], s.from), s.to), at::Tensor()};
+  }
+};
+
+struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& dt, DTensorSpec to) {
+    const DTensorSpec& from = spec_of(dt);
+    save_specs(ctx, from, to);
+    return make_dtensor(redistribute_local(local_of(dt), from, to), to);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {grad_moved(grads[0], saved_specs(ctx).from), at::Tensor()};
+  }
+};
+
+bool records_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
+
+std::vector<int64_t> coordinate_in(const DeviceMesh& mesh, const char* what) {
+  const int64_t rank = collectives::current_context().rank();
+  const auto c = mesh.coordinate(rank);
+  if (!c) {
+    throw std::invalid_argument(std::string(what) + ": rank " + std::to_string(rank) +
+                                " is not in " + mesh.to_string());
+  }
+  return *c;
+}
+
+DTensorSpec factory_spec(const std::vector<int64_t>& size, const DeviceMesh& mesh,
+                         const Placements& placements, const at::TensorOptions& options,
+                         const char* what) {
+  if (static_cast<int64_t>(placements.size()) != mesh.ndim()) {
+    throw std::invalid_argument(std::string(what) + ": " + std::to_string(placements.size()) +
+                                " placements for a " + std::to_string(mesh.ndim()) + "-D mesh " +
+                                mesh.to_string());
+  }
+  for (const Placement& p : placements) {
+    if (p.is_partial()) {
+      throw std::invalid_argument(std::string(what) + ": Partial placements are not allowed");
+    }
+  }
+  return DTensorSpec::make(mesh, placements,
+                           TensorMeta::make(size, c10::typeMetaToScalarType(options.dtype())));
+}
+
+template <class Make>
+at::Tensor factory(const std::vector<int64_t>& size, const DeviceMesh& mesh,
+                   const Placements& placements, const at::TensorOptions& options, const char* what,
+                   Make make) {
+  const DTensorSpec spec = factory_spec(size, mesh, placements, options, what);
+  const LocalBox box = local_box(spec, coordinate_in(mesh, what));
+  at::Tensor t = make_dtensor(make(spec, box, options.requires_grad(false)), spec);
+  if (options.requires_grad()) t.set_requires_grad(true);
+  return t;
+}
+
+}  // namespace
+
+std::shared_ptr<collectives::RankContext> init_from_env(const std::string& backend) {
+  return collectives::init_from_env(backend);
+}
+
+DeviceMesh init_device_mesh(const std::vector<int64_t>& shape,
+                            const std::vector<std::string>& dim_names) {
+  if (!collectives::has_current_context()) {
+    throw std::invalid_argument(
+        "init_device_mesh: this thread has no rank context; call init_from_env() in a launched "
+        "process or run ranks with collectives::run_threads");
+  }
+  collectives::RankContext& ctx = collectives::current_context();
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  if (n != ctx.world_size()) {
+    throw std::invalid_argument("init_device_mesh: a mesh of " + std::to_string(n) +
+                                " ranks does not match the world of " +
+                                std::to_string(ctx.world_size()) + " ranks");
+  }
+  DeviceMesh mesh = DeviceMesh::arange(shape, dim_names);
+  ctx.register_mesh(mesh);
+  return mesh;
+}
+
+at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
+                             const Placements& placements, std::optional<int64_t> src_rank) {
+  if (is_dtensor(tensor)) {
+    throw std::invalid_argument("distribute_tensor: the tensor is already distributed (" +
+                                to_string(tensor) + "); use redistribute");
+  }
+  const DTensor v = dtensor::distribute_tensor(tensor.detach(), mesh, placements, src_rank);
+  at::Tensor t = make_dtensor(v.to_local(), v.spec());
+  if (tensor.requires_grad()) t.set_requires_grad(true);
+  return t;
+}
+
+at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placements& placements,
+                      bool run_check, const std::optional<std::vector<int64_t>>& shape,
+                      const std::optional<std::vector<int64_t>>& stride) {
+  if (is_dtensor(local)) {
+    throw std::invalid_argument("from_local: the local tensor is already distributed (" +
+                                to_string(local) + ")");
+  }
+  const DTensor v = dtensor::from_local(local.detach(), mesh, placements, run_check, shape, stride);
+  if (records_grad(local)) return FromLocalFn::apply(local, v.spec());
+  return make_dtensor(v.to_local(), v.spec());
+}
+
+at::Tensor to_local(const at::Tensor& dtensor, const std::optional<Placements>& grad_placements) {
+  const DTensorSpec& s = spec_of(dtensor, "to_local");
+  if (!records_grad(dtensor)) return local_of(dtensor);
+  DTensorSpec grad = without_partial(s);
+  if (grad_placements) {
+    grad = DTensorSpec::make(s.mesh(), *grad_placements, s.meta());
+    const auto coord = coordinate_in(s.mesh(), "to_local");
+    if (local_box(grad, coord).shape != local_box(s, coord).shape) {
+      throw std::invalid_argument("to_local: grad_placements " +
+                                  dtensor::to_string(*grad_placements) +
+                                  " give this rank a different local shape than " + s.to_string());
+    }
+  }
+  return ToLocalFn::apply(dtensor, grad);
+}
+
+at::Tensor redistribute(const at::Tensor& dtensor, const Placements& placements, bool async_op) {
+  const DTensorSpec& s = spec_of(dtensor, "redistribute");
+  const DTensorSpec dst = DTensorSpec::make(s.mesh(), placements, s.meta());
+  if (dst == s) return dtensor;
+  if (records_grad(dtensor)) return RedistributeFn::apply(dtensor, dst);
+  return make_dtensor(redistribute_local(local_of(dtensor), s, dst, async_op), dst);
+}
+
+at::Tensor full_tensor(const at::Tensor& dtensor) {
+  const DTensorSpec& s = spec_of(dtensor, "full_tensor");
+  return to_local(redistribute(dtensor, Placements(s.mesh().ndim(), Replicate())));
+}
+
+const DTensorSpec& spec(const at::Tensor& dtensor) { return spec_of(dtensor, "spec"); }
+at::Tensor local(const at::Tensor& dtensor) { return local_of(dtensor, "local"); }
+std::string to_string(const at::Tensor& dtensor) {
+  return value_of(dtensor, "to_string").to_string();
+}
+
+at::Tensor empty(const std::vector<int64_t>& size, const DeviceMesh& mesh,
+                 const Placements& placements, at::TensorOptions options) {
+  return factory(size, mesh, placements, options, "empty",
+                 [](const DTensorSpec&, const LocalBox& b, const at::TensorOptions& o) {
+                   return at::empty(b.shape, o);
+                 });
+}
+
+at::Tensor zeros(const std::vector<int64_t>& size, const DeviceMesh& mesh,
+                 const Placements& placements, at::TensorOptions options) {
+  return factory(size, mesh, placements, options, "zeros",
+                 [](const DTensorSpec&, const LocalBox& b, const at::TensorOptions& o) {
+                   return at::zeros(b.shape, o);
+                 });
+}
+
+at::Tensor ones(const std::vector<int64_t>& size, const DeviceMesh& mesh,
+                const Placements& placements, at::TensorOptions options) {
+  return factory(size, mesh, placements, options, "ones",
+                 [](const DTensorSpec&, const LocalBox& b, const at::TensorOptions& o) {
+                   return at::ones(b.shape, o);
+                 });
+}
+
+at::Tensor full(const std::vector<int64_t>& size, const at::Scalar& value, const DeviceMesh& mesh,
+                const Placements& placements, at::TensorOptions options) {
+  return factory(size, mesh, placements, options, "full",
+                 [&value](const DTensorSpec&, const LocalBox& b, const at::TensorOptions& o) {
+                   return at::full(b.shape, value, o);
+                 });
+}
+
+// NOTE [DTensor random] (random.h): the global tensor is drawn, the box kept.
+at::Tensor rand(const std::vector<int64_t>& size, const DeviceMesh& mesh,
+                const Placements& placements, at::TensorOptions options) {
+  return factory(size, mesh, placements, options, "rand",
+                 [](const DTensorSpec& s, const LocalBox& b, const at::TensorOptions& o) {
+                   return slice_box(at::rand(s.shape(), rank_generator(), o), b).clone();
+                 });
+}
+
+at::Tensor randn(const std::vector<int64_t>& size, const DeviceMesh& mesh,
+                 const Placements& placements, at::TensorOptions options) {
+  return factory(size, mesh, placements, options, "randn",
+                 [](const DTensorSpec& s, const LocalBox& b, const at::TensorOptions& o) {
+                   return slice_box(at::randn(s.shape(), rank_generator(), o), b).clone();
+                 });
+}
+
+}  // namespace dtensor::api

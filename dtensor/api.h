@@ -1,0 +1,103 @@
+#pragma once
+// The C++ API for servers and training loops: one header. Distributed tensors are at::Tensors
+// (dtensor_impl.h): every ATen call accepts them and returns distributed results (dispatch.h),
+// autograd trains them, random ops match one device (random.h). Names follow
+// torch.distributed.tensor.
+//
+//   auto ctx = dtensor::api::init_from_env();                 // torchrun / ./x launch variables
+//   DeviceMesh mesh = dtensor::api::init_device_mesh({2, 2});
+//   at::Tensor w = dtensor::api::distribute_tensor(weight, mesh, {Shard(0), Replicate()});
+//   at::Tensor y = at::relu(at::mm(x, w.t()));                // distributed in, distributed out
+//   at::Tensor full = dtensor::api::full_tensor(y);
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorOptions.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "collectives/functional.h"
+#include "collectives/rank_context.h"
+#include "device_mesh/device_mesh.h"
+#include "dtensor/dispatch.h"
+#include "dtensor/dtensor_impl.h"
+#include "dtensor/placement.h"
+#include "dtensor/random.h"
+
+namespace dtensor::api {
+
+using dtensor::DeviceMesh;
+using dtensor::DTensorSpec;
+using dtensor::Partial;
+using dtensor::Placement;
+using dtensor::Placements;
+using dtensor::Replicate;
+using dtensor::Shard;
+
+// ---- meshes ----
+// Joins the job described by the launcher's environment (RANK, WORLD_SIZE, MASTER_ADDR,
+// MASTER_PORT) on `backend` (empty: $DTENSOR_BACKEND, else shm) and makes it this process's
+// context. Ranks that are threads use collectives::run_threads instead.
+std::shared_ptr<collectives::RankContext> init_from_env(const std::string& backend = "");
+// A mesh of `shape` over ranks 0..N-1 of the current context, whose world size must equal the
+// mesh size; registers its groups.
+DeviceMesh init_device_mesh(const std::vector<int64_t>& shape,
+                            const std::vector<std::string>& dim_names = {});
+
+// ---- construction and movement (differentiable) ----
+// See dtensor::distribute_tensor: with src_rank, rank src_rank's data is scattered. The result
+// is a leaf that requires grad when `tensor` does.
+at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
+                             const Placements& placements,
+                             std::optional<int64_t> src_rank = std::nullopt);
+// Wraps this rank's piece; gradients flow back to `local`.
+at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placements& placements,
+                      bool run_check = false,
+                      const std::optional<std::vector<int64_t>>& shape = std::nullopt,
+                      const std::optional<std::vector<int64_t>>& stride = std::nullopt);
+// This rank's piece, differentiable (NOTE [DTensor autograd] in dtensor.h).
+at::Tensor to_local(const at::Tensor& dtensor,
+                    const std::optional<Placements>& grad_placements = std::nullopt);
+// The global tensor on every rank.
+at::Tensor full_tensor(const at::Tensor& dtensor);
+// The same tensor laid out by `placements` (a planned redistribute). async_op: the piece is
+// waited for on first use.
+at::Tensor redistribute(const at::Tensor& dtensor, const Placements& placements,
+                        bool async_op = false);
+
+// ---- inspection ----
+using dtensor::is_dtensor;
+// The spec (mesh, placements, global meta); throws for a plain tensor.
+const DTensorSpec& spec(const at::Tensor& dtensor);
+// The piece without autograd (waits for a pending redistribute); throws for a plain tensor.
+at::Tensor local(const at::Tensor& dtensor);
+// "DTensor([S(0),R] on (2,2) f32[8,8], local f32[4,8])".
+std::string to_string(const at::Tensor& dtensor);
+
+// ---- factories: the piece of the global tensor on this rank ----
+at::Tensor empty(const std::vector<int64_t>& size, const DeviceMesh& mesh,
+                 const Placements& placements, at::TensorOptions options = {});
+at::Tensor zeros(const std::vector<int64_t>& size, const DeviceMesh& mesh,
+                 const Placements& placements, at::TensorOptions options = {});
+at::Tensor ones(const std::vector<int64_t>& size, const DeviceMesh& mesh,
+                const Placements& placements, at::TensorOptions options = {});
+at::Tensor full(const std::vector<int64_t>& size, const at::Scalar& value, const DeviceMesh& mesh,
+                const Placements& placements, at::TensorOptions options = {});
+// The values torch::rand / torch::randn give on one device after the same seed.
+at::Tensor rand(const std::vector<int64_t>& size, const DeviceMesh& mesh,
+                const Placements& placements, at::TensorOptions options = {});
+at::Tensor randn(const std::vector<int64_t>& size, const DeviceMesh& mesh,
+                 const Placements& placements, at::TensorOptions options = {});
+using dtensor::manual_seed;
+
+// ---- modes and debugging ----
+using dtensor::explain;
+using dtensor::ReplicatePlainTensorsGuard;
+using dtensor::StrictModeGuard;
+// Counts the collectives the calling rank issues while alive, with the op that caused each
+// (CommCounter::counts_by_cause, to_string).
+using CommDebugMode = collectives::CommCounter;
+
+}  // namespace dtensor::api

@@ -1,0 +1,445 @@
+// The boxed kernel behind every ATen op on distributed tensors: NOTE [DTensor dispatch] in
+// dispatch.h.
+
+#include "dtensor/dispatch.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "collectives/functional.h"
+#include "collectives/rank_context.h"
+#include "dtensor/dispatch_args.h"
+#include "dtensor/dtensor_impl.h"
+#include "dtensor/local_tensor.h"
+#include "dtensor/random.h"
+#include "dtensor/redistribute.h"
+#include "dtensor/shard_layout.h"
+#include "dtensor/strings.h"
+#include "sharding_prop/propagator.h"
+
+namespace dtensor {
+namespace {
+
+thread_local bool t_strict = false;
+thread_local bool t_replicate_plain = false;
+
+// Ops whose local run is not "the same op on the pieces".
+enum class Special : uint8_t {
+  kNone,
+  kRandom,        // draws the global tensor, keeps the box (NOTE [DTensor random])
+  kDropout,       // native_dropout: the CPU kernel's mask drawn globally
+  kEmbedding,     // a row-sharded weight is looked up with a mask
+  kLocalScalar,   // _local_scalar_dense (item()): replicate first
+  kReshapeAlias,  // _reshape_alias: a view by the local shape
+  kNewEmptyStrided,
+};
+
+struct OpInfo {
+  std::string name;       // "aten::add.Tensor"
+  std::string rule_name;  // the registry entry it propagates as
+  OpArgs args;
+  Special special = Special::kNone;
+  std::vector<int> return_alias;  // per return: the argument it writes (in-place/out=), or -1
+  std::vector<bool> is_out;       // per argument: an out= argument (not an input)
+  int generator_arg = -1;
+};
+
+std::string op_name(const c10::OperatorName& n) {
+  return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+}
+
+Special special_of(const std::string& name) {
+  static const std::unordered_map<std::string, Special> table = {
+      {"aten::uniform_", Special::kRandom},
+      {"aten::normal_", Special::kRandom},
+      {"aten::bernoulli_.float", Special::kRandom},
+      {"aten::bernoulli.p", Special::kRandom},
+      {"aten::random_", Special::kRandom},
+      {"aten::random_.from", Special::kRandom},
+      {"aten::random_.to", Special::kRandom},
+      {"aten::exponential_", Special::kRandom},
+      {"aten::rand_like", Special::kRandom},
+      {"aten::randn_like", Special::kRandom},
+      {"aten::randint_like", Special::kRandom},
+      {"aten::randint_like.low_dtype", Special::kRandom},
+      {"aten::native_dropout", Special::kDropout},
+      {"aten::embedding", Special::kEmbedding},
+      {"aten::_local_scalar_dense", Special::kLocalScalar},
+      {"aten::_reshape_alias", Special::kReshapeAlias},
+      {"aten::new_empty_strided", Special::kNewEmptyStrided},
+  };
+  const auto it = table.find(name);
+  return it == table.end() ? Special::kNone : it->second;
+}
+
+std::unique_ptr<OpInfo> make_info(const c10::OperatorHandle& op) {
+  auto info = std::make_unique<OpInfo>();
+  const c10::FunctionSchema& schema = op.schema();
+  info->name = op_name(schema.operator_name());
+  info->special = special_of(info->name);
+  info->rule_name = info->special == Special::kReshapeAlias      ? "aten::view"
+                    : info->special == Special::kNewEmptyStrided ? "aten::new_empty"
+                                                                 : info->name;
+  info->args = OpArgs(info->name, schema);
+  const auto& args = schema.arguments();
+  info->is_out.assign(args.size(), false);
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::AliasInfo* a = args[i].alias_info();
+    info->is_out[i] = a != nullptr && a->isWrite() && args[i].kwarg_only();
+    if (args[i].name() == "generator") info->generator_arg = static_cast<int>(i);
+  }
+  for (const c10::Argument& r : schema.returns()) {
+    int writes = -1;
+    const c10::AliasInfo* ra = r.alias_info();
+    if (ra != nullptr && ra->isWrite()) {
+      for (size_t i = 0; i < args.size(); ++i) {
+        const c10::AliasInfo* a = args[i].alias_info();
+        if (a != nullptr && a->isWrite() && a->beforeSets() == ra->beforeSets()) {
+          writes = static_cast<int>(i);
+        }
+      }
+    }
+    info->return_alias.push_back(writes);
+  }
+  return info;
+}
+
+const OpInfo& info_for(const c10::OperatorHandle& op) {
+  thread_local std::unordered_map<const void*, const OpInfo*> local_cache;
+  const void* key = &op.schema();
+  const auto hit = local_cache.find(key);
+  if (hit != local_cache.end()) return *hit->second;
+  static std::mutex mu;
+  static auto* shared = new std::unordered_map<const void*, std::unique_ptr<OpInfo>>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = (*shared)[key];
+  if (!slot) slot = make_info(op);
+  local_cache.emplace(key, slot.get());
+  return *slot;
+}
+
+// One tensor input found in the arguments: where it sits and what it is.
+struct Input {
+  int arg;
+  int element;  // position in a tensor list, or -1
+  DTensorSpec spec;
+  at::Tensor local;
+};
+
+const std::vector<int64_t>& my_coordinate(const DeviceMesh& mesh) {
+  thread_local const DeviceMesh* last_mesh = nullptr;
+  thread_local int64_t last_rank = -1;
+  thread_local std::vector<int64_t> coord;
+  const int64_t rank = collectives::current_context().rank();
+  if (last_mesh == nullptr || *last_mesh != mesh || last_rank != rank) {
+    const auto c = mesh.coordinate(rank);
+    if (!c) {
+      throw std::invalid_argument("DTensor op: rank " + std::to_string(rank) + " is not in " +
+                                  mesh.to_string());
+    }
+    coord = *c;
+    static std::mutex mu;
+    static auto* meshes = new std::vector<std::unique_ptr<DeviceMesh>>();
+    std::lock_guard<std::mutex> lock(mu);
+    meshes->push_back(std::make_unique<DeviceMesh>(mesh));  // stable address for the check
+    last_mesh = meshes->back().get();
+    last_rank = rank;
+  }
+  return coord;
+}
+
+std::string plain_error(const OpInfo& info, const c10::FunctionSchema& schema, int arg,
+                        const at::Tensor& t) {
+  return info.name + ": argument '" + schema.arguments()[arg].name() + "' is a plain tensor " +
+         c10::str(t.sizes()) +
+         " mixed with distributed tensors; make it distributed (distribute_tensor, from_local) "
+         "or read plain tensors as replicated (ReplicatePlainTensorsGuard)";
+}
+
+// Finds the inputs; plain tensors become Replicate inputs under ReplicatePlainTensorsGuard.
+std::vector<Input> collect_inputs(const OpInfo& info, const c10::FunctionSchema& schema,
+                                  c10::IValue* args, size_t n) {
+  std::vector<Input> inputs;
+  std::vector<std::pair<int, int>> plain;  // (arg, element)
+  auto visit = [&](const at::Tensor& t, int arg, int element) {
+    if (!t.defined()) return;
+    if (DTensorImpl* impl = dtensor_impl(t)) {
+      inputs.push_back({arg, element, impl->spec(), collectives::wait_tensor(impl->local())});
+    } else if (t.dim() > 0) {
+      if (!t_replicate_plain) throw std::invalid_argument(plain_error(info, schema, arg, t));
+      plain.emplace_back(arg, element);
+    }
+  };
+  for (size_t i = 0; i < n; ++i) {
+    if (info.is_out[i]) continue;
+    const c10::IValue& v = args[i];
+    if (v.isTensor()) {
+      visit(v.toTensor(), static_cast<int>(i), -1);
+    } else if (v.isTensorList()) {
+      const auto list = v.toTensorList();
+      for (size_t k = 0; k < list.size(); ++k) visit(list.get(k), static_cast<int>(i), k);
+    }
+  }
+  if (!plain.empty()) {
+    if (inputs.empty()) throw std::logic_error(info.name + ": no distributed input");
+    const DeviceMesh& mesh = inputs[0].spec.mesh();
+    for (const auto& [arg, element] : plain) {
+      const at::Tensor t =
+          element < 0 ? args[arg].toTensor() : args[arg].toTensorList().get(element);
+      const DTensorSpec spec =
+          DTensorSpec::make(mesh, Placements(mesh.ndim(), Replicate()),
+                            TensorMeta::make(t.sizes().vec(), t.scalar_type()));
+      inputs.push_back({arg, element, spec, t});
+    }
+  }
+  return inputs;
+}
+
+void put(c10::IValue* args, const Input& in, const at::Tensor& local) {
+  if (in.element < 0) {
+    args[in.arg] = local;
+    return;
+  }
+  c10::List<at::Tensor> list = args[in.arg].toTensorList().copy();
+  list.set(in.element, local);
+  args[in.arg] = std::move(list);
+}
+
+at::Tensor wrap(at::Tensor local, const DTensorSpec& spec) {
+  if (local.scalar_type() != spec.meta().dtype) local = local.to(spec.meta().dtype);
+  return make_dtensor(std::move(local), spec);
+}
+
+// The masked lookup of a row-sharded embedding weight: rows this rank does not hold contribute
+// zeros, so the Partial(sum) output adds up to the lookup.
+at::Tensor embedding_local(const at::Tensor& weight, const at::Tensor& idx,
+                           const DTensorSpec& weight_spec, const DTensorSpec& out_spec,
+                           const std::vector<int64_t>& coord) {
+  const LocalBox box = local_box(weight_spec, coord);
+  const int64_t rows = box.shape[0];
+  if (rows == weight_spec.shape()[0]) return at::embedding(weight, idx);
+  if (rows == 0) return at::zeros(local_box(out_spec, coord).shape, weight.options());
+  const int64_t lo = box.offset[0];
+  const at::Tensor hit = idx.ge(lo).logical_and(idx.lt(lo + rows));
+  const at::Tensor found = at::embedding(weight, (idx - lo).clamp(0, rows - 1));
+  return found * hit.unsqueeze(-1).to(weight.scalar_type());
+}
+
+// Runs a random op on a stand-in of the global tensor and keeps this rank's box.
+void run_random(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
+                c10::IValue* args, const std::vector<Input>& inputs, const sharding::OpSharding& s,
+                const at::Tensor& self) {
+  const DTensorSpec& out = s.outputs.at(0);
+  const at::Tensor local = inputs.at(0).local;
+  const at::Tensor global = at::empty(out.shape(), local.options().dtype(out.meta().dtype));
+  args[inputs[0].arg] = global;
+  if (info.generator_arg >= 0 && args[info.generator_arg].isNone()) {
+    args[info.generator_arg] = rank_generator();
+  }
+  op.callBoxed(stack);
+  const at::Tensor drawn = stack->back().toTensor();
+  const at::Tensor box = slice_box(drawn, local_box(out, my_coordinate(out.mesh())));
+  stack->pop_back();
+  if (info.return_alias.at(0) >= 0) {  // in-place: fill self's piece
+    local.copy_(box);
+    stack->push_back(self);
+  } else {
+    stack->push_back(make_dtensor(box.clone(), out));
+  }
+}
+
+// native_dropout as the CPU kernel computes it, with the mask drawn for the global tensor.
+void run_dropout(const c10::IValue* args, torch::jit::Stack* stack, size_t n,
+                 const at::Tensor& input, const sharding::OpSharding& s) {
+  const double p = args[1].toDouble();
+  const bool train = args[2].isNone() || args[2].toBool();
+  const DTensorSpec& out = s.outputs.at(0);
+  const DTensorSpec& mask_spec = s.outputs.at(1);
+  at::Tensor result, mask;
+  if (train) {
+    const double p1m = 1. - p;
+    const double scale = p1m == 0 ? 0. : 1. / p1m;
+    at::Tensor global = at::empty(out.shape(), input.options());
+    global.bernoulli_(p1m, rank_generator());
+    mask = slice_box(global, local_box(out, my_coordinate(out.mesh()))).clone();
+    result = input.mul(mask).mul_(scale);
+  } else {
+    mask = at::ones_like(input);
+    result = input.clone();
+  }
+  torch::jit::drop(*stack, n);
+  stack->push_back(wrap(result, out));
+  stack->push_back(wrap(mask, mask_spec));
+}
+
+void kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const OpInfo& info = info_for(op);
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  c10::IValue* args = &(*stack)[stack->size() - n];
+  // The distributed arguments as the caller passed them (in-place and out= return them).
+  std::vector<at::Tensor> originals(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (args[i].isTensor()) originals[i] = args[i].toTensor();
+  }
+  std::vector<Input> inputs = collect_inputs(info, schema, args, n);
+
+  if (info.special == Special::kLocalScalar) {  // item(): every rank reads the whole value
+    const Input& in = inputs.at(0);
+    const DTensorSpec r = DTensorSpec::make(
+        in.spec.mesh(), Placements(in.spec.mesh().ndim(), Replicate()), in.spec.meta());
+    collectives::CommCause cause(info.name.c_str());
+    put(args, in, redistribute_local(in.local, in.spec, r));
+    op.callBoxed(stack);
+    return;
+  }
+
+  std::vector<DTensorSpec> specs;
+  specs.reserve(inputs.size());
+  for (const Input& in : inputs) specs.push_back(in.spec);
+  const sharding::LayoutArgs layout = info.args.layout(args);
+  const auto sharding =
+      sharding::propagate(info.rule_name, specs, layout, sharding::PropagateOptions{t_strict});
+  const sharding::OpSharding& s = *sharding;
+
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    Input& in = inputs[k];
+    if (s.input_targets[k] != in.spec) {
+      collectives::CommCause cause(info.name.c_str());
+      in.local = execute_plan(*s.input_plans[k], in.local);
+    }
+    put(args, in, in.local);
+  }
+  // out= arguments: their pieces are written (and resized) by the local op.
+  for (size_t i = 0; i < n; ++i) {
+    if (info.is_out[i] && originals[i].defined()) args[i] = local_of(originals[i], "out=");
+  }
+  if (info.args.needs_local_shapes() && !s.outputs.empty()) {
+    info.args.localize(args, local_box(s.outputs[0], my_coordinate(s.outputs[0].mesh())).shape);
+  }
+
+  switch (info.special) {
+    case Special::kRandom:
+      run_random(op, info, stack, args, inputs, s, originals[inputs.at(0).arg]);
+      return;
+    case Special::kDropout:
+      run_dropout(args, stack, n, inputs.at(0).local, s);
+      return;
+    case Special::kEmbedding: {
+      const at::Tensor out =
+          embedding_local(inputs.at(0).local, inputs.at(1).local, s.input_targets[0], s.outputs[0],
+                          my_coordinate(s.outputs[0].mesh()));
+      torch::jit::drop(*stack, n);
+      stack->push_back(wrap(out, s.outputs[0]));
+      return;
+    }
+    case Special::kReshapeAlias: {
+      const at::Tensor out = at::reshape(inputs.at(0).local, args[1].toIntVector());
+      torch::jit::drop(*stack, n);
+      stack->push_back(wrap(out, s.outputs[0]));
+      return;
+    }
+    case Special::kNewEmptyStrided: {
+      const at::Tensor out = at::empty(args[1].toIntVector(), inputs.at(0).local.options());
+      torch::jit::drop(*stack, n);
+      stack->push_back(wrap(out, s.outputs[0]));
+      return;
+    }
+    default:
+      break;
+  }
+
+  op.callBoxed(stack);
+
+  // Wrap the returns: tensors and tensor-list elements take the propagated specs in order.
+  const size_t returns = schema.returns().size();
+  c10::IValue* rets = &(*stack)[stack->size() - returns];
+  size_t next = 0;
+  for (size_t j = 0; j < returns; ++j) {
+    c10::IValue& r = rets[j];
+    const int writes = info.return_alias[j];
+    if (r.isTensor()) {
+      const size_t o = next++;
+      if (writes >= 0 && originals[writes].defined()) {
+        if (info.is_out[writes])
+          dtensor_impl(originals[writes])->set(r.toTensor(), s.outputs.at(o));
+        r = originals[writes];
+      } else if (r.toTensor().defined()) {
+        r = wrap(r.toTensor(), s.outputs.at(o));
+      }
+    } else if (r.isTensorList()) {
+      c10::List<at::Tensor> pieces = r.toTensorList();
+      c10::List<at::Tensor> wrapped;
+      for (size_t k = 0; k < pieces.size(); ++k)
+        wrapped.push_back(wrap(pieces.get(k), s.outputs.at(next++)));
+      r = std::move(wrapped);
+    }
+  }
+}
+
+}  // namespace
+
+StrictModeGuard::StrictModeGuard(bool enabled) : previous_(t_strict) { t_strict = enabled; }
+StrictModeGuard::~StrictModeGuard() { t_strict = previous_; }
+ReplicatePlainTensorsGuard::ReplicatePlainTensorsGuard(bool enabled)
+    : previous_(t_replicate_plain) {
+  t_replicate_plain = enabled;
+}
+ReplicatePlainTensorsGuard::~ReplicatePlainTensorsGuard() { t_replicate_plain = previous_; }
+bool strict_mode_enabled() { return t_strict; }
+bool replicate_plain_tensors_enabled() { return t_replicate_plain; }
+
+void ensure_dispatch_installed() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto* fallback = new torch::Library(torch::Library::IMPL, "_", kDTensorKey, __FILE__, __LINE__);
+    fallback->fallback(torch::CppFunction::makeFromBoxedFunction<&kernel>());
+    auto* lib = new torch::Library(torch::Library::IMPL, "aten", kDTensorKey, __FILE__, __LINE__);
+    auto& d = c10::Dispatcher::singleton();
+    for (const c10::OperatorName& name : d.getAllOpNames()) {
+      if (name.name.rfind("aten::", 0) != 0) continue;
+      const auto handle = d.findOp(name);
+      if (!handle) continue;
+      if (handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+          handle->hasKernelForDispatchKey(
+              c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
+        lib->impl(op_name(name).c_str(), torch::CppFunction::makeFromBoxedFunction<&kernel>());
+      }
+    }
+  });
+}
+
+std::string explain(const std::string& op, std::vector<c10::IValue> args) {
+  ensure_dispatch_installed();
+  const auto dot = op.find('.');
+  const std::string base = op.substr(0, dot),
+                    overload = dot == std::string::npos ? "" : op.substr(dot + 1);
+  const auto handle = c10::Dispatcher::singleton().findSchema({base, overload});
+  if (!handle) throw std::invalid_argument("explain: no ATen operator named '" + op + "'");
+  const c10::FunctionSchema& schema = handle->schema();
+  const auto& formal = schema.arguments();
+  if (args.size() > formal.size()) {
+    throw std::invalid_argument("explain: " + op + " takes " + std::to_string(formal.size()) +
+                                " arguments, got " + std::to_string(args.size()));
+  }
+  for (size_t i = args.size(); i < formal.size(); ++i) {
+    if (!formal[i].default_value()) {
+      throw std::invalid_argument("explain: " + op + " needs argument '" + formal[i].name() + "'");
+    }
+    args.push_back(*formal[i].default_value());
+  }
+  const OpInfo& info = info_for(*handle);
+  const std::vector<Input> inputs = collect_inputs(info, schema, args.data(), args.size());
+  std::vector<DTensorSpec> specs;
+  for (const Input& in : inputs) specs.push_back(in.spec);
+  const auto s = sharding::propagate(info.rule_name, specs, info.args.layout(args.data()),
+                                     sharding::PropagateOptions{t_strict});
+  return s->to_string();
+}
+
+}  // namespace dtensor

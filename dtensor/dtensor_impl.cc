@@ -1,0 +1,94 @@
+#include "dtensor/dtensor_impl.h"
+
+#include <stdexcept>
+
+#include "collectives/functional.h"
+#include "dtensor/dispatch.h"
+
+namespace dtensor {
+
+DTensorImpl::DTensorImpl(at::Tensor local, DTensorSpec spec)
+    : c10::TensorImpl(c10::DispatchKeySet(kDTensorKey),
+                      caffe2::TypeMeta::fromScalarType(spec.meta().dtype), local.device()),
+      local_(std::move(local)),
+      spec_(spec) {
+  set_storage_access_should_throw();
+  refresh_metadata();
+}
+
+void DTensorImpl::refresh_metadata() {
+  const TensorMeta& m = spec_.meta();
+  set_sizes_and_strides(m.shape, m.stride);
+  data_type_ = caffe2::TypeMeta::fromScalarType(m.dtype);
+}
+
+void DTensorImpl::set(at::Tensor local, DTensorSpec spec) {
+  local_ = std::move(local);
+  spec_ = spec;
+  refresh_metadata();
+}
+
+template <class Version>
+c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::copy_detached(Version&& version,
+                                                               bool allow_change) const {
+  auto impl = c10::make_intrusive<DTensorImpl>(local_, spec_);
+  impl->set_version_counter(std::forward<Version>(version));
+  impl->set_allow_tensor_metadata_change(allow_change);
+  return impl;
+}
+
+c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::shallow_copy_and_detach(
+    const c10::VariableVersion& version_counter, bool allow_tensor_metadata_change) const {
+  return copy_detached(version_counter, allow_tensor_metadata_change);
+}
+
+c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::shallow_copy_and_detach(
+    c10::VariableVersion&& version_counter, bool allow_tensor_metadata_change) const {
+  return copy_detached(std::move(version_counter), allow_tensor_metadata_change);
+}
+
+void DTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) {
+  auto* other = dynamic_cast<DTensorImpl*>(impl.get());
+  if (other == nullptr) {
+    throw std::invalid_argument(
+        "DTensor: cannot assign a plain tensor's data to a distributed tensor (set .data to a "
+        "distributed tensor)");
+  }
+  set(other->local_, other->spec_);
+}
+
+at::Tensor make_dtensor(at::Tensor local, DTensorSpec spec) {
+  ensure_dispatch_installed();
+  return at::Tensor(c10::make_intrusive<DTensorImpl>(std::move(local), spec));
+}
+
+DTensorImpl* dtensor_impl(const at::Tensor& t) {
+  if (!is_dtensor(t)) return nullptr;
+  return static_cast<DTensorImpl*>(t.unsafeGetTensorImpl());
+}
+
+namespace {
+DTensorImpl& checked(const at::Tensor& t, const char* what) {
+  DTensorImpl* impl = dtensor_impl(t);
+  if (impl == nullptr) {
+    throw std::invalid_argument(std::string(what) + ": expected a distributed tensor, got a " +
+                                (t.defined() ? "plain tensor" : "undefined tensor"));
+  }
+  return *impl;
+}
+}  // namespace
+
+const DTensorSpec& spec_of(const at::Tensor& t, const char* what) {
+  return checked(t, what).spec();
+}
+
+at::Tensor local_of(const at::Tensor& t, const char* what) {
+  return collectives::wait_tensor(checked(t, what).local());
+}
+
+DTensor value_of(const at::Tensor& t, const char* what) {
+  const DTensorImpl& impl = checked(t, what);
+  return DTensor(impl.local(), impl.spec());
+}
+
+}  // namespace dtensor

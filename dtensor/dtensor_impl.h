@@ -1,0 +1,60 @@
+#pragma once
+// A distributed tensor as an at::Tensor: DTensorImpl is a storage-less TensorImpl that holds this
+// rank's local tensor and the interned spec of the global tensor. Its sizes, strides and dtype
+// are the global tensor's; its device is the local tensor's; its dispatch keys are PrivateUse1
+// (+ the autograd and ADInplaceOrView keys every TensorImpl gets), so every ATen call on it
+// reaches the dispatch kernel of dispatch.h. See NOTE [DTensor dispatch] there.
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorImpl.h>
+
+#include "dtensor/dtensor.h"
+
+namespace dtensor {
+
+class DTensorImpl final : public c10::TensorImpl {
+ public:
+  // `local` must be this rank's piece of `spec` and carry no autograd history (autograd runs on
+  // the distributed tensor, not on its pieces).
+  DTensorImpl(at::Tensor local, DTensorSpec spec);
+
+  const at::Tensor& local() const { return local_; }
+  const DTensorSpec& spec() const { return spec_; }
+  // Replaces the piece and the spec (out= and in-place ops); sizes and strides follow the spec.
+  void set(at::Tensor local, DTensorSpec spec);
+
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
+      const c10::VariableVersion& version_counter,
+      bool allow_tensor_metadata_change) const override;
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
+      c10::VariableVersion&& version_counter, bool allow_tensor_metadata_change) const override;
+  void shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) override;
+
+ private:
+  const char* tensorimpl_type_name() const override { return "DTensorImpl"; }
+  void refresh_metadata();
+  template <class Version>
+  c10::intrusive_ptr<c10::TensorImpl> copy_detached(Version&& version, bool allow_change) const;
+
+  at::Tensor local_;
+  DTensorSpec spec_;
+};
+
+// The dispatch key of distributed tensors.
+constexpr c10::DispatchKey kDTensorKey = c10::DispatchKey::PrivateUse1;
+
+// Wraps a piece and its spec (no checks, no autograd: see api.h for the user-facing constructors).
+at::Tensor make_dtensor(at::Tensor local, DTensorSpec spec);
+inline bool is_dtensor(const at::Tensor& t) {
+  return t.defined() && t.unsafeGetTensorImpl()->key_set().has(kDTensorKey);
+}
+// Null when `t` is not distributed.
+DTensorImpl* dtensor_impl(const at::Tensor& t);
+// Throw std::invalid_argument naming `what` when `t` is not distributed.
+const DTensorSpec& spec_of(const at::Tensor& t, const char* what = "spec");
+// The local piece (waits for a pending async redistribute).
+at::Tensor local_of(const at::Tensor& t, const char* what = "local");
+// The value view (local + spec) of a distributed tensor.
+DTensor value_of(const at::Tensor& t, const char* what = "value");
+
+}  // namespace dtensor
