@@ -73,6 +73,25 @@ struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
   }
 };
 
+// NOTE [leaf gradients keep the parameter's placements]
+// A leaf made here with requires_grad (distribute_tensor, the factories) gets a hook that lays
+// its gradient out like the leaf before it is accumulated: a replicated parameter used with a
+// batch-sharded input receives a Partial gradient from mm's backward, and the hook all-reduces
+// it there (as DDP would), so .grad() always has the parameter's placements and the optimizer
+// step needs no communication.
+void make_leaf(at::Tensor& t, bool requires_grad) {
+  if (!requires_grad) return;
+  t.set_requires_grad(true);
+  const DTensorSpec leaf = spec_of(t);
+  t.register_hook([leaf](const at::Tensor& grad) -> at::Tensor {
+    if (!is_dtensor(grad)) return grad;
+    const DTensorSpec& g = spec_of(grad);
+    const DTensorSpec want = DTensorSpec::make(g.mesh(), leaf.placements(), g.meta());
+    if (want == g) return grad;
+    return make_dtensor(redistribute_local(local_of(grad), g, want), want);
+  });
+}
+
 bool records_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
 
 std::vector<int64_t> coordinate_in(const DeviceMesh& mesh, const char* what) {
@@ -109,7 +128,7 @@ at::Tensor factory(const std::vector<int64_t>& size, const DeviceMesh& mesh,
   const DTensorSpec spec = factory_spec(size, mesh, placements, options, what);
   const LocalBox box = local_box(spec, coordinate_in(mesh, what));
   at::Tensor t = make_dtensor(make(spec, box, options.requires_grad(false)), spec);
-  if (options.requires_grad()) t.set_requires_grad(true);
+  make_leaf(t, options.requires_grad());
   return t;
 }
 
@@ -147,7 +166,7 @@ at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
   }
   const DTensor v = dtensor::distribute_tensor(tensor.detach(), mesh, placements, src_rank);
   at::Tensor t = make_dtensor(v.to_local(), v.spec());
-  if (tensor.requires_grad()) t.set_requires_grad(true);
+  make_leaf(t, tensor.requires_grad());
   return t;
 }
 
