@@ -316,8 +316,13 @@ void kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     put(args, in, in.local);
   }
   // out= arguments: their pieces are written (and resized) by the local op.
-  for (size_t i = 0; i < n; ++i) {
-    if (info.is_out[i] && originals[i].defined()) args[i] = local_of(originals[i], "out=");
+  // A piece of the wrong shape is replaced (ATen would resize it with a warning).
+  for (size_t i = 0, o = 0; i < n; ++i) {
+    if (!info.is_out[i] || !originals[i].defined()) continue;
+    const at::Tensor piece = local_of(originals[i], "out=");
+    const size_t k = std::min(o++, s.outputs.size() - 1);
+    const auto want = local_box(s.outputs[k], my_coordinate(s.outputs[k].mesh())).shape;
+    args[i] = piece.sizes().vec() == want ? piece : at::empty({0}, piece.options());
   }
   if (info.args.needs_local_shapes() && !s.outputs.empty()) {
     info.args.localize(args, local_box(s.outputs[0], my_coordinate(s.outputs[0].mesh())).shape);

@@ -5,6 +5,7 @@
 #include "dtensor/api.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
 #include "collectives/rank_context.h"
@@ -48,6 +49,182 @@ TEST(Dispatch, BasicOps) {
     expect_same(at::relu(da), at::relu(a));
     expect_same(da.t(), a.t());
     expect_same(at::matmul(da, db), at::matmul(a, b));
+  });
+}
+
+TEST(Dispatch, InPlaceOutAndViews) {
+  const at::Tensor a = global_for({8, 4}), b = global_for({8, 4}, 1);
+  run_threads(2, [&](int64_t) {
+    const DeviceMesh mesh = api::init_device_mesh({2});
+    at::Tensor da = api::distribute_tensor(a, mesh, {Shard(0)});
+    const at::Tensor db = api::distribute_tensor(b, mesh, {Shard(1)});
+    // In-place: self keeps its layout; the other operand is moved to it.
+    const at::Tensor same = da.add_(db);
+    EXPECT_TRUE(same.is_same(da));
+    EXPECT_EQ(api::spec(da).placements(), Placements{Shard(0)});
+    expect_same(da, a + b);
+    // A view aliases: writing through it changes the base.
+    at::Tensor v = da.view({2, 4, 4});
+    v.mul_(2);
+    expect_same(da, (a + b) * 2);
+    at::Tensor row = da.select(1, 0);
+    EXPECT_EQ(api::spec(row).placements(), Placements{Shard(0)});
+    // out=: the out tensor is rewrapped with the propagated layout.
+    at::Tensor out = api::zeros({8, 4}, mesh, {Replicate()}, at::kDouble);
+    at::Tensor& r = at::add_out(out, da, db);
+    EXPECT_TRUE(r.is_same(out));
+    expect_same(out, (a + b) * 2 + b);
+    EXPECT_EQ(api::spec(out).shape(), (std::vector<int64_t>{8, 4}));
+    // An in-place op that would have to move self is refused, naming self: exp of a Partial
+    // value is not the sum of the shares' exps.
+    at::Tensor dp = api::from_local(at::ones({8, 4}, at::kDouble), mesh, {Partial()});
+    expect_error([&] { dp.exp_(); }, "self");
+    // Moving the other operand instead is fine: R *= P all-reduces the P.
+    at::Tensor dr = api::distribute_tensor(a, mesh, {Replicate()});
+    dr.mul_(dp);
+    EXPECT_EQ(api::spec(dr).placements(), Placements{Replicate()});
+    expect_same(dr, a * 2);
+  });
+}
+
+TEST(Dispatch, MixingWithPlainTensors) {
+  const at::Tensor a = global_for({8, 4}), p = global_for({4}, 3);
+  run_threads(2, [&](int64_t) {
+    const DeviceMesh mesh = api::init_device_mesh({2});
+    const at::Tensor da = api::distribute_tensor(a, mesh, {Shard(0)});
+    expect_same(da * 3, a * 3);                                  // Python scalar
+    expect_same(da + at::scalar_tensor(2.5, at::kDouble), a + 2.5);  // 0-dim tensor
+    expect_error([&] { (void)(da + p); }, "plain tensor");
+    expect_error([&] { (void)at::mm(da, p.view({4, 1})); }, "ReplicatePlainTensorsGuard");
+    {
+      api::ReplicatePlainTensorsGuard replicate;
+      expect_same(da + p, a + p);
+      expect_same(at::mm(da, p.view({4, 1})), at::mm(a, p.view({4, 1})));
+    }
+    expect_error([&] { (void)(da + p); }, "plain tensor");  // the scope ended
+  });
+}
+
+TEST(Dispatch, Errors) {
+  const at::Tensor a = global_for({8, 4});
+  run_threads(4, [&](int64_t) {
+    const DeviceMesh mesh = api::init_device_mesh({2, 2});
+    const DeviceMesh other = DeviceMesh::arange({4});
+    const at::Tensor da = api::distribute_tensor(a, mesh, {Shard(0), Replicate()});
+    const at::Tensor db = api::distribute_tensor(a, other, {Shard(1)});
+    expect_error([&] { (void)(da + db); }, "mesh");                    // mismatched meshes
+    expect_error([&] { (void)at::cumsum(da, 0); }, "aten::cumsum");     // unsupported op...
+    expect_error([&] { (void)at::cumsum(da, 0); }, "S(0)");            // ...and its placements
+    expect_error([&] { (void)da.sum(5); }, "dim");                      // invalid dim
+    expect_error([&] { (void)api::init_device_mesh({3}); }, "world");  // mesh vs world
+    expect_error([&] { (void)api::distribute_tensor(a, mesh, {Shard(2), Replicate()}); }, "dim");
+    expect_error([&] { (void)api::spec(a); }, "plain tensor");
+  });
+}
+
+TEST(Dispatch, StrictModeExplainAndCommCounts) {
+  const at::Tensor a = global_for({8, 4}), b = global_for({4, 6}, 1);
+  run_threads(2, [&](int64_t) {
+    const DeviceMesh mesh = api::init_device_mesh({2});
+    const at::Tensor da = api::distribute_tensor(a, mesh, {Shard(1)});
+    const at::Tensor db = api::distribute_tensor(b, mesh, {Shard(1)});
+    {
+      api::StrictModeGuard strict;
+      expect_error([&] { (void)at::mm(da, db); }, "redistribute");
+    }
+    const std::string text = api::explain("aten::mm", {da, db});
+    EXPECT_NE(text.find("aten::mm"), std::string::npos) << text;
+    EXPECT_NE(text.find("S(1)"), std::string::npos) << text;
+    api::CommDebugMode comms;
+    const at::Tensor out = at::mm(da, db);
+    EXPECT_GE(comms.total(), 1);
+    for (const auto& [key, n] : comms.counts_by_cause()) EXPECT_EQ(key.first, "aten::mm");
+    expect_same(out, at::mm(a, b));
+    // explain ran nothing.
+    EXPECT_EQ(api::explain("aten::sum.dim_IntList", {da, std::vector<int64_t>{1}}).find("error"),
+              std::string::npos);
+  });
+}
+
+TEST(Dispatch, FactoriesAndItem) {
+  run_threads(4, [&](int64_t) {
+    const DeviceMesh mesh = api::init_device_mesh({2, 2});
+    const Placements pl = {Shard(0), Shard(1)};
+    const auto opts = at::TensorOptions().dtype(at::kDouble);
+    expect_same(api::zeros({5, 3}, mesh, pl, opts), at::zeros({5, 3}, opts));
+    expect_same(api::ones({5, 3}, mesh, pl, opts), at::ones({5, 3}, opts));
+    expect_same(api::full({5, 3}, 2.5, mesh, pl, opts), at::full({5, 3}, 2.5, opts));
+    EXPECT_EQ(api::empty({5, 3}, mesh, pl, opts).sizes(), at::IntArrayRef({5, 3}));
+    const at::Tensor o = api::ones({5, 3}, mesh, pl, opts);
+    EXPECT_DOUBLE_EQ(o.sum().item<double>(), 15.0);
+  });
+}
+
+// NOTE [DTensor random]: every layout draws exactly what one device draws after the same seed.
+TEST(Dispatch, RandomOpsMatchOneDevice) {
+  const std::vector<int64_t> shape = {6, 10};
+  const uint64_t seed = 1234;
+  at::Tensor want_rand, want_randn, want_drop, want_uniform, want_normal, want_native, want_mask;
+  {
+    auto g = at::make_generator<at::CPUGeneratorImpl>(seed);
+    want_rand = at::rand(shape, g, at::kDouble);
+    want_randn = at::randn(shape, g, at::kDouble);
+    want_uniform = at::empty(shape, at::kDouble).uniform_(-1, 1, g);
+    want_normal = at::empty(shape, at::kDouble).normal_(0, 2, g);
+  }
+  {
+    at::manual_seed(seed);  // dropout draws from the default generator
+    want_drop = at::dropout(want_rand, 0.4, true);
+    std::tie(want_native, want_mask) = at::native_dropout(want_rand, 0.3, true);
+  }
+  for (const std::vector<int64_t>& mesh_shape : {std::vector<int64_t>{2}, {2, 2}}) {
+    std::vector<Placements> layouts;
+    if (mesh_shape.size() == 1) {
+      layouts = {{Shard(0)}, {Shard(1)}, {Replicate()}};
+    } else {
+      layouts = {{Shard(0), Shard(1)}, {Shard(1), Shard(0)}, {Replicate(), Shard(1)},
+                 {Shard(1), Shard(1)}};
+    }
+    for (const Placements& pl : layouts) {
+      run_threads(mesh_shape.size() == 1 ? 2 : 4, [&](int64_t) {
+        const DeviceMesh mesh = api::init_device_mesh(mesh_shape);
+        api::manual_seed(seed);
+        const auto opts = at::TensorOptions().dtype(at::kDouble);
+        const at::Tensor r = api::rand(shape, mesh, pl, opts);
+        expect_same(r, want_rand);
+        expect_same(api::randn(shape, mesh, pl, opts), want_randn);
+        expect_same(api::empty(shape, mesh, pl, opts).uniform_(-1, 1), want_uniform);
+        expect_same(api::empty(shape, mesh, pl, opts).normal_(0, 2), want_normal);
+        api::manual_seed(seed);
+        expect_same(at::dropout(r, 0.4, true), want_drop);
+        auto [out, mask] = at::native_dropout(r, 0.3, true);
+        expect_same(out, want_native);
+        expect_same(mask, want_mask);
+      });
+    }
+  }
+}
+
+TEST(Dispatch, AutogradThroughMovements) {
+  const at::Tensor a = global_for({8, 4}), b = global_for({4, 6}, 1);
+  at::Tensor ga, gb;
+  {
+    const at::Tensor ra = a.clone().requires_grad_(true), rb = b.clone().requires_grad_(true);
+    at::mm(ra, rb).tanh().sum().backward();
+    ga = ra.grad();
+    gb = rb.grad();
+  }
+  run_threads(2, [&](int64_t rank) {
+    const DeviceMesh mesh = api::init_device_mesh({2});
+    // from_local: the gradient reaches the local piece.
+    const at::Tensor la = a.chunk(2, 0)[rank].clone().requires_grad_(true);
+    const at::Tensor da = api::from_local(la, mesh, {Shard(0)});
+    const at::Tensor db = api::distribute_tensor(b.clone().requires_grad_(true), mesh, {Shard(1)});
+    const at::Tensor moved = api::redistribute(db, {Replicate()});
+    api::to_local(at::mm(da, moved).tanh().sum()).backward();
+    EXPECT_TRUE(at::allclose(la.grad(), ga.chunk(2, 0)[rank]));
+    EXPECT_EQ(api::spec(db.grad()).placements(), Placements{Shard(1)});
+    expect_same(db.grad(), gb);
   });
 }
 

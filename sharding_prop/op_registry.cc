@@ -48,6 +48,7 @@ std::vector<OpEntry> build_table() {
   add("aten::clamp", "pointwise", "", pointwise(1, lin));
   add("aten::clamp_", "pointwise", "", pointwise(1, lin));
   add("aten::pow.Tensor_Scalar", "pointwise", "", pointwise(1, lin));
+  add("aten::pow_.Tensor_Scalar", "pointwise", "", pointwise(1, lin));
   add("aten::pow.Tensor_Tensor", "pointwise", "", pointwise(2, lin));
   add("aten::fill_.Scalar", "pointwise", "", pointwise(1, lin));
   add("aten::zero_", "pointwise", "", pointwise(1, Linearity::kMove));
@@ -74,9 +75,15 @@ std::vector<OpEntry> build_table() {
   add("aten::mul.out", "pointwise", "", pointwise(2, Linearity::kMultilinear));
   add("aten::div.Tensor", "pointwise", "", pointwise(2, Linearity::kMultilinear, {true, false}));
   add("aten::div_.Tensor", "pointwise", "", pointwise(2, Linearity::kMultilinear, {true, false}));
-  add("aten::add.Scalar", "pointwise", "", pointwise(1, lin));
-  add("aten::mul.Scalar", "pointwise", "", pointwise(1, Linearity::kAdditive));
-  add("aten::div.Scalar", "pointwise", "", pointwise(1, Linearity::kAdditive));
+  for (const char* v : {"", "_"}) {
+    const std::string base = "aten::";
+    add(base + "add" + v + ".Scalar", "pointwise", "", pointwise(1, lin));
+    add(base + "sub" + v + ".Scalar", "pointwise", "", pointwise(1, lin));
+    add(base + "mul" + v + ".Scalar", "pointwise", "", pointwise(1, Linearity::kAdditive));
+    add(base + "div" + v + ".Scalar", "pointwise", "", pointwise(1, Linearity::kAdditive));
+    add(base + "pow" + v + ".Scalar", "pointwise", "", pointwise(1, lin));
+  }
+  add("aten::rsub.Scalar", "pointwise", "", pointwise(1, lin));
   for (const char* op : {"maximum", "minimum", "atan2", "logical_and", "logical_or",
                          "bitwise_and.Tensor", "bitwise_or.Tensor", "bitwise_xor.Tensor"}) {
     add(std::string("aten::") + op, "pointwise", "", pointwise(2, lin));
