@@ -92,7 +92,7 @@ TEST(Dispatch, MixingWithPlainTensors) {
   run_threads(2, [&](int64_t) {
     const DeviceMesh mesh = api::init_device_mesh({2});
     const at::Tensor da = api::distribute_tensor(a, mesh, {Shard(0)});
-    expect_same(da * 3, a * 3);                                  // Python scalar
+    expect_same(da * 3, a * 3);                                      // Python scalar
     expect_same(da + at::scalar_tensor(2.5, at::kDouble), a + 2.5);  // 0-dim tensor
     expect_error([&] { (void)(da + p); }, "plain tensor");
     expect_error([&] { (void)at::mm(da, p.view({4, 1})); }, "ReplicatePlainTensorsGuard");
@@ -113,9 +113,9 @@ TEST(Dispatch, Errors) {
     const at::Tensor da = api::distribute_tensor(a, mesh, {Shard(0), Replicate()});
     const at::Tensor db = api::distribute_tensor(a, other, {Shard(1)});
     expect_error([&] { (void)(da + db); }, "mesh");                    // mismatched meshes
-    expect_error([&] { (void)at::cumsum(da, 0); }, "aten::cumsum");     // unsupported op...
+    expect_error([&] { (void)at::cumsum(da, 0); }, "aten::cumsum");    // unsupported op...
     expect_error([&] { (void)at::cumsum(da, 0); }, "S(0)");            // ...and its placements
-    expect_error([&] { (void)da.sum(5); }, "dim");                      // invalid dim
+    expect_error([&] { (void)da.sum(5); }, "dim");                     // invalid dim
     expect_error([&] { (void)api::init_device_mesh({3}); }, "world");  // mesh vs world
     expect_error([&] { (void)api::distribute_tensor(a, mesh, {Shard(2), Replicate()}); }, "dim");
     expect_error([&] { (void)api::spec(a); }, "plain tensor");
@@ -182,7 +182,9 @@ TEST(Dispatch, RandomOpsMatchOneDevice) {
     if (mesh_shape.size() == 1) {
       layouts = {{Shard(0)}, {Shard(1)}, {Replicate()}};
     } else {
-      layouts = {{Shard(0), Shard(1)}, {Shard(1), Shard(0)}, {Replicate(), Shard(1)},
+      layouts = {{Shard(0), Shard(1)},
+                 {Shard(1), Shard(0)},
+                 {Replicate(), Shard(1)},
                  {Shard(1), Shard(1)}};
     }
     for (const Placements& pl : layouts) {

@@ -63,7 +63,7 @@ at::Tensor transformer_block(const at::Tensor& x, const Params& p, const at::Ten
 
 struct Layout {
   std::vector<int64_t> mesh;
-  Placements input;                        // the activations'
+  Placements input;                          // the activations'
   std::map<std::string, Placements> params;  // by name; absent: replicated
 };
 
@@ -81,34 +81,32 @@ void check_model(const Layout& layout, const Params& global, const at::Tensor& x
   const at::Tensor ref_loss = ref_out.pow(2).sum();
   ref_loss.backward();
 
-  run_threads(layout.mesh.size() == 1 ? layout.mesh[0] : layout.mesh[0] * layout.mesh[1],
-              [&](int64_t) {
-                const DeviceMesh mesh = api::init_device_mesh(layout.mesh);
-                Params params;
-                for (const auto& [name, t] : global) {
-                  const auto it = layout.params.find(name);
-                  const Placements pl =
-                      it == layout.params.end() ? Placements(mesh.ndim(), Replicate()) : it->second;
-                  params[name] =
-                      api::distribute_tensor(t.clone().requires_grad_(true), mesh, pl);
-                }
-                const at::Tensor dx = api::distribute_tensor(x, mesh, layout.input);
-                api::CommDebugMode comms;
-                const at::Tensor out = model(dx, params);
-                const at::Tensor loss = out.pow(2).sum();
-                if (getenv("SHOW_COMMS")) std::cout << api::to_string(out) << "\n" << comms.to_string();
-                EXPECT_TRUE(at::allclose(api::full_tensor(out), ref_out, 1e-9, 1e-9));
-                EXPECT_NEAR(api::full_tensor(loss).item<double>(), ref_loss.item<double>(), 1e-9);
-                loss.backward();
-                for (const auto& [name, p] : params) {
-                  const at::Tensor g = p.grad();
-                  ASSERT_TRUE(api::is_dtensor(g)) << name;
-                  EXPECT_EQ(api::spec(g).placements(), api::spec(p).placements()) << name;
-                  EXPECT_TRUE(at::allclose(api::full_tensor(g), ref_params.at(name).grad(), 1e-9,
-                                           1e-9))
-                      << name;
-                }
-              });
+  run_threads(
+      layout.mesh.size() == 1 ? layout.mesh[0] : layout.mesh[0] * layout.mesh[1], [&](int64_t) {
+        const DeviceMesh mesh = api::init_device_mesh(layout.mesh);
+        Params params;
+        for (const auto& [name, t] : global) {
+          const auto it = layout.params.find(name);
+          const Placements pl =
+              it == layout.params.end() ? Placements(mesh.ndim(), Replicate()) : it->second;
+          params[name] = api::distribute_tensor(t.clone().requires_grad_(true), mesh, pl);
+        }
+        const at::Tensor dx = api::distribute_tensor(x, mesh, layout.input);
+        api::CommDebugMode comms;
+        const at::Tensor out = model(dx, params);
+        const at::Tensor loss = out.pow(2).sum();
+        if (getenv("SHOW_COMMS")) std::cout << api::to_string(out) << "\n" << comms.to_string();
+        EXPECT_TRUE(at::allclose(api::full_tensor(out), ref_out, 1e-9, 1e-9));
+        EXPECT_NEAR(api::full_tensor(loss).item<double>(), ref_loss.item<double>(), 1e-9);
+        loss.backward();
+        for (const auto& [name, p] : params) {
+          const at::Tensor g = p.grad();
+          ASSERT_TRUE(api::is_dtensor(g)) << name;
+          EXPECT_EQ(api::spec(g).placements(), api::spec(p).placements()) << name;
+          EXPECT_TRUE(at::allclose(api::full_tensor(g), ref_params.at(name).grad(), 1e-9, 1e-9))
+              << name;
+        }
+      });
 }
 
 Params mlp_params(int64_t D, int64_t H) {
@@ -158,9 +156,9 @@ void check_block(std::vector<int64_t> mesh, bool batch_sharded) {
               [&](const at::Tensor& x, const Params& p) {
                 at::Tensor mask = causal;
                 if (api::is_dtensor(x)) {
-                  mask = api::distribute_tensor(
-                      causal, api::spec(x).mesh(),
-                      Placements(api::spec(x).mesh().ndim(), Replicate()));
+                  mask =
+                      api::distribute_tensor(causal, api::spec(x).mesh(),
+                                             Placements(api::spec(x).mesh().ndim(), Replicate()));
                 }
                 return transformer_block(x, p, mask);
               });

@@ -212,6 +212,17 @@ std::vector<OpCase> cases() {
       {"aten::view", {{{8, 6}}, {{5, 6}}}, {{-1, 2, 3}}, one([](const T& x, const Shapes& o) {
          return x[0].reshape(o[0]);
        })});
+  // Regroupings through shared factors ([8,4] -> [4,8] keeps a Shard of dim 0) and one with
+  // none ([6,4] -> [4,6]).
+  c.push_back({"aten::view", {{{8, 4}}}, {{4, 8}}, one([](const T& x, const Shapes& o) {
+                 return x[0].reshape(o[0]);
+               })});
+  c.push_back({"aten::view", {{{8, 4}}}, {{16, 2}}, one([](const T& x, const Shapes& o) {
+                 return x[0].reshape(o[0]);
+               })});
+  c.push_back({"aten::view", {{{6, 4}}}, {{4, 6}}, one([](const T& x, const Shapes& o) {
+                 return x[0].reshape(o[0]);
+               })});
   c.push_back(
       {"aten::transpose.int", {{{8, 4}}, {{5, 3}}}, {{0, 1}}, one([](const T& x, const Shapes&) {
          return x[0].transpose(0, 1);

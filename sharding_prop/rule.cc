@@ -264,6 +264,37 @@ Rule replicate_dims_rule(const std::vector<std::vector<int64_t>>& shapes,
   return rule;
 }
 
+// A regrouping of dims `gi` of `from` into dims `gj` of `to` (equal products) as factors both
+// sides share, major first: [8,4] -> [4,8] is (4,2),(4) -> (4),(2,4), so a Shard of the first dim
+// survives through its major factor. Possible when, walking both sides, the smaller remaining
+// size always divides the larger; otherwise returns false and adds nothing.
+bool common_refinement(const std::vector<int64_t>& from, const std::vector<size_t>& gi,
+                       const std::vector<int64_t>& to, const std::vector<size_t>& gj, Rule& rule,
+                       TensorFactors& in, TensorFactors& out) {
+  struct Piece {
+    int64_t size;
+    size_t in_dim, out_dim;
+  };
+  std::vector<Piece> pieces;
+  size_t x = 0, y = 0;
+  int64_t ra = from[gi[0]], rb = to[gj[0]];
+  while (x < gi.size() && y < gj.size()) {
+    const int64_t f = ra % rb == 0 ? rb : rb % ra == 0 ? ra : 0;
+    if (f == 0) return false;
+    pieces.push_back({f, gi[x], gj[y]});
+    ra /= f;
+    rb /= f;
+    if (ra == 1 && ++x < gi.size()) ra = from[gi[x]];
+    if (rb == 1 && ++y < gj.size()) rb = to[gj[y]];
+  }
+  for (const Piece& p : pieces) {
+    const int f = rule.add_factor(p.size);
+    in[p.in_dim].push_back(f);
+    out[p.out_dim].push_back(f);
+  }
+  return true;
+}
+
 Rule reshape_rule(const std::vector<int64_t>& from, std::vector<int64_t> to) {
   int64_t numel = 1, known = 1, infer = -1;
   for (int64_t s : from) numel *= s;
@@ -340,7 +371,8 @@ Rule reshape_rule(const std::vector<int64_t>& from, std::vector<int64_t> to) {
           in[k] = {f};
           out[gj[0]].push_back(f);
         }
-      } else {  // a general regrouping: nothing can stay sharded through it
+      } else if (!common_refinement(from, gi, to, gj, rule, in, out)) {
+        // No factors both sides share ([6,4] -> [4,6]): nothing can stay sharded through it.
         for (size_t k : gi) in[k] = {rule.add_factor(from[k], FactorKind::kReplicate)};
         for (size_t k : gj) out[k] = {rule.add_factor(to[k], FactorKind::kReplicate)};
       }
