@@ -88,6 +88,7 @@ void make_leaf(at::Tensor& t, bool requires_grad) {
     const DTensorSpec& g = spec_of(grad);
     const DTensorSpec want = DTensorSpec::make(g.mesh(), leaf.placements(), g.meta());
     if (want == g) return grad;
+    collectives::CommCause cause("leaf gradient hook");
     return make_dtensor(redistribute_local(local_of(grad), g, want), want);
   });
 }
@@ -202,6 +203,7 @@ at::Tensor redistribute(const at::Tensor& dtensor, const Placements& placements,
   const DTensorSpec& s = spec_of(dtensor, "redistribute");
   const DTensorSpec dst = DTensorSpec::make(s.mesh(), placements, s.meta());
   if (dst == s) return dtensor;
+  collectives::CommCause cause("redistribute");
   if (records_grad(dtensor)) return RedistributeFn::apply(dtensor, dst);
   return make_dtensor(redistribute_local(local_of(dtensor), s, dst, async_op), dst);
 }

@@ -45,9 +45,7 @@ inline at::Tensor transformer_block(const at::Tensor& x, const Params& p, const 
                                     int64_t heads) {
   const int64_t B = x.size(0), S = x.size(1), D = x.size(2), hd = D / heads;
   const at::Tensor n1 = rms_norm(x, p.at("g1"));
-  auto split = [&](const at::Tensor& t) {
-    return t.view({B, S, heads, hd}).permute({2, 0, 1, 3});
-  };
+  auto split = [&](const at::Tensor& t) { return t.view({B, S, heads, hd}).permute({2, 0, 1, 3}); };
   const at::Tensor q = split(at::linear(n1, p.at("wq")));
   const at::Tensor k = split(at::linear(n1, p.at("wk")));
   const at::Tensor v = split(at::linear(n1, p.at("wv")));
