@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/optim.h>
 
 #include <functional>
 #include <iostream>
@@ -26,9 +27,9 @@ namespace api = dtensor::api;
 
 using Model = std::function<at::Tensor(const at::Tensor&, const Params&)>;
 
-void check_model(const std::vector<int64_t>& mesh_shape, bool batch_sharded,
-                 const Params& global, const std::map<std::string, Placements>& layout,
-                 const at::Tensor& x, const Model& model) {
+void check_model(const std::vector<int64_t>& mesh_shape, bool batch_sharded, const Params& global,
+                 const std::map<std::string, Placements>& layout, const at::Tensor& x,
+                 const Model& model) {
   Params ref_params;
   for (const auto& [name, t] : global) ref_params[name] = t.clone().requires_grad_(true);
   const at::Tensor ref_out = model(x, ref_params);
@@ -66,8 +67,8 @@ TEST(Models, MlpOnMesh2) {
 }
 
 TEST(Models, MlpOnMesh2x2) {
-  check_model({2, 2}, true, examples::mlp_params(8, 16), examples::mlp_layout(2),
-              values({6, 8}, 5), examples::mlp);
+  check_model({2, 2}, true, examples::mlp_params(8, 16), examples::mlp_layout(2), values({6, 8}, 5),
+              examples::mlp);
 }
 
 void check_block(std::vector<int64_t> mesh_shape, bool batch_sharded) {
@@ -87,6 +88,48 @@ void check_block(std::vector<int64_t> mesh_shape, bool batch_sharded) {
 
 TEST(Models, TransformerBlockOnMesh2) { check_block({2}, false); }
 TEST(Models, TransformerBlockOnMesh2x2) { check_block({2, 2}, true); }
+
+// torch::optim on distributed parameters: three Adam steps (and SGD with momentum) give the
+// single-device parameters, and the parameters keep their placements.
+template <class Optimizer, class Options>
+void check_optimizer(const Options& options) {
+  const Params global = examples::mlp_params(8, 16);
+  const at::Tensor x = values({6, 8}, 5);
+  auto train = [&](const at::Tensor& input, const Params& params) {
+    std::vector<at::Tensor> list;
+    for (const auto& [name, p] : params) list.push_back(p);
+    Optimizer opt(list, options);
+    for (int step = 0; step < 3; ++step) {
+      opt.zero_grad();
+      examples::mlp(input, params).pow(2).mean().backward();
+      opt.step();
+    }
+  };
+  Params ref;
+  for (const auto& [name, t] : global) ref[name] = t.clone().requires_grad_(true);
+  train(x, ref);
+  run_threads(4, [&](int64_t) {
+    const DeviceMesh mesh = api::init_device_mesh({2, 2});
+    const auto layout = examples::mlp_layout(2);
+    const Params params = examples::distribute_params(global, mesh, layout, true);
+    train(api::distribute_tensor(x, mesh, {Shard(0), Replicate()}), params);
+    for (const auto& [name, p] : params) {
+      const auto it = layout.find(name);
+      EXPECT_EQ(api::spec(p).placements(),
+                it == layout.end() ? Placements(2, Replicate()) : it->second)
+          << name;
+      EXPECT_TRUE(at::allclose(api::full_tensor(p), ref.at(name), 1e-9, 1e-9)) << name;
+    }
+  });
+}
+
+TEST(Models, AdamStepsOnMesh2x2) {
+  check_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(0.01));
+}
+
+TEST(Models, SgdMomentumStepsOnMesh2x2) {
+  check_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.05).momentum(0.9));
+}
 
 }  // namespace
 }  // namespace dtensor

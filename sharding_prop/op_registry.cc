@@ -92,9 +92,12 @@ std::vector<OpEntry> build_table() {
     add(std::string("aten::") + op + ".Tensor", "pointwise", "", pointwise(2, lin, {}, true));
     add(std::string("aten::") + op + ".Scalar", "pointwise", "", pointwise(1, lin, {}, true));
   }
-  add("aten::addcmul", "pointwise", "", pointwise(3, lin));
-  add("aten::addcdiv", "pointwise", "", pointwise(3, lin));
-  add("aten::lerp.Scalar", "pointwise", "", pointwise(2, lin));
+  for (const char* v : {"", "_"}) {  // optimizer steps (Adam) use the in-place forms
+    const std::string base = "aten::";
+    add(base + "addcmul" + v, "pointwise", "", pointwise(3, lin));
+    add(base + "addcdiv" + v, "pointwise", "", pointwise(3, lin));
+    add(base + "lerp" + v + ".Scalar", "pointwise", "", pointwise(2, lin));
+  }
   // Reductions: ints = keepdim, dims... (no dims: every dim).
   const std::string rd = "keepdim, dims... (none: all)";
   add("aten::sum", "reduction", "", reduction(ReduceOp::kSum, false, Linearity::kAdditive));
