@@ -205,7 +205,7 @@ at::Tensor redistribute(const at::Tensor& dtensor, const Placements& placements,
   if (dst == s) return dtensor;
   collectives::CommCause cause("redistribute");
   if (records_grad(dtensor)) return RedistributeFn::apply(dtensor, dst);
-  return make_dtensor(redistribute_local(local_of(dtensor), s, dst, async_op), dst);
+  return make_dtensor(redistribute_local(local_of(dtensor), s, dst, async_op), dst, async_op);
 }
 
 at::Tensor full_tensor(const at::Tensor& dtensor) {

@@ -169,7 +169,7 @@ std::vector<Input> collect_inputs(const OpInfo& info, const c10::FunctionSchema&
   auto visit = [&](const at::Tensor& t, int arg, int element) {
     if (!t.defined()) return;
     if (DTensorImpl* impl = dtensor_impl(t)) {
-      inputs.push_back({arg, element, impl->spec(), collectives::wait_tensor(impl->local())});
+      inputs.push_back({arg, element, impl->spec(), impl->ready_local()});
     } else if (t.dim() > 0) {
       if (!t_replicate_plain) throw std::invalid_argument(plain_error(info, schema, arg, t));
       plain.emplace_back(arg, element);

@@ -49,6 +49,10 @@ TEST(Dispatch, BasicOps) {
     expect_same(at::relu(da), at::relu(a));
     expect_same(da.t(), a.t());
     expect_same(at::matmul(da, db), at::matmul(a, b));
+    // An async redistribute's piece is waited for by the next op that reads it.
+    const at::Tensor pending = api::redistribute(da, {Replicate()}, /*async_op=*/true);
+    expect_same(pending * 2, a * 2);
+    expect_same(api::redistribute(dc, {Shard(0)}, true), c);
   });
 }
 

@@ -7,11 +7,12 @@
 
 namespace dtensor {
 
-DTensorImpl::DTensorImpl(at::Tensor local, DTensorSpec spec)
+DTensorImpl::DTensorImpl(at::Tensor local, DTensorSpec spec, bool pending)
     : c10::TensorImpl(c10::DispatchKeySet(kDTensorKey),
                       caffe2::TypeMeta::fromScalarType(spec.meta().dtype), local.device()),
       local_(std::move(local)),
-      spec_(spec) {
+      spec_(spec),
+      pending_(pending) {
   set_storage_access_should_throw();
   refresh_metadata();
 }
@@ -22,7 +23,16 @@ void DTensorImpl::refresh_metadata() {
   data_type_ = caffe2::TypeMeta::fromScalarType(m.dtype);
 }
 
+const at::Tensor& DTensorImpl::ready_local() const {
+  if (pending_.load(std::memory_order_acquire)) {
+    collectives::wait_tensor(local_);
+    pending_.store(false, std::memory_order_release);
+  }
+  return local_;
+}
+
 void DTensorImpl::set(at::Tensor local, DTensorSpec spec) {
+  ready_local();
   local_ = std::move(local);
   spec_ = spec;
   refresh_metadata();
@@ -31,7 +41,7 @@ void DTensorImpl::set(at::Tensor local, DTensorSpec spec) {
 template <class Version>
 c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::copy_detached(Version&& version,
                                                                bool allow_change) const {
-  auto impl = c10::make_intrusive<DTensorImpl>(local_, spec_);
+  auto impl = c10::make_intrusive<DTensorImpl>(local_, spec_, pending_.load());
   impl->set_version_counter(std::forward<Version>(version));
   impl->set_allow_tensor_metadata_change(allow_change);
   return impl;
@@ -54,12 +64,12 @@ void DTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& i
         "DTensor: cannot assign a plain tensor's data to a distributed tensor (set .data to a "
         "distributed tensor)");
   }
-  set(other->local_, other->spec_);
+  set(other->ready_local(), other->spec_);
 }
 
-at::Tensor make_dtensor(at::Tensor local, DTensorSpec spec) {
+at::Tensor make_dtensor(at::Tensor local, DTensorSpec spec, bool pending) {
   ensure_dispatch_installed();
-  return at::Tensor(c10::make_intrusive<DTensorImpl>(std::move(local), spec));
+  return at::Tensor(c10::make_intrusive<DTensorImpl>(std::move(local), spec, pending));
 }
 
 DTensorImpl* dtensor_impl(const at::Tensor& t) {
@@ -83,12 +93,12 @@ const DTensorSpec& spec_of(const at::Tensor& t, const char* what) {
 }
 
 at::Tensor local_of(const at::Tensor& t, const char* what) {
-  return collectives::wait_tensor(checked(t, what).local());
+  return checked(t, what).ready_local();
 }
 
 DTensor value_of(const at::Tensor& t, const char* what) {
   const DTensorImpl& impl = checked(t, what);
-  return DTensor(impl.local(), impl.spec());
+  return DTensor(impl.ready_local(), impl.spec());
 }
 
 }  // namespace dtensor

@@ -8,6 +8,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/TensorImpl.h>
 
+#include <atomic>
+
 #include "dtensor/dtensor.h"
 
 namespace dtensor {
@@ -16,9 +18,13 @@ class DTensorImpl final : public c10::TensorImpl {
  public:
   // `local` must be this rank's piece of `spec` and carry no autograd history (autograd runs on
   // the distributed tensor, not on its pieces).
-  DTensorImpl(at::Tensor local, DTensorSpec spec);
+  // `pending`: the piece is the output of an async collective, waited for on first use.
+  DTensorImpl(at::Tensor local, DTensorSpec spec, bool pending = false);
 
+  // The piece as stored (possibly still pending).
   const at::Tensor& local() const { return local_; }
+  // The piece, after waiting for its collective if it was pending.
+  const at::Tensor& ready_local() const;
   const DTensorSpec& spec() const { return spec_; }
   // Replaces the piece and the spec (out= and in-place ops); sizes and strides follow the spec.
   void set(at::Tensor local, DTensorSpec spec);
@@ -38,13 +44,14 @@ class DTensorImpl final : public c10::TensorImpl {
 
   at::Tensor local_;
   DTensorSpec spec_;
+  mutable std::atomic<bool> pending_;
 };
 
 // The dispatch key of distributed tensors.
 constexpr c10::DispatchKey kDTensorKey = c10::DispatchKey::PrivateUse1;
 
 // Wraps a piece and its spec (no checks, no autograd: see api.h for the user-facing constructors).
-at::Tensor make_dtensor(at::Tensor local, DTensorSpec spec);
+at::Tensor make_dtensor(at::Tensor local, DTensorSpec spec, bool pending = false);
 inline bool is_dtensor(const at::Tensor& t) {
   return t.defined() && t.unsafeGetTensorImpl()->key_set().has(kDTensorKey);
 }
