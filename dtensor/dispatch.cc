@@ -185,8 +185,12 @@ std::vector<Input> collect_inputs(const OpInfo& info, const c10::FunctionSchema&
       for (size_t k = 0; k < list.size(); ++k) visit(list.get(k), static_cast<int>(i), k);
     }
   }
+  if (inputs.empty()) {
+    throw std::invalid_argument(info.name +
+                                ": only an out= argument is distributed; its inputs must be "
+                                "distributed tensors too");
+  }
   if (!plain.empty()) {
-    if (inputs.empty()) throw std::logic_error(info.name + ": no distributed input");
     const DeviceMesh& mesh = inputs[0].spec.mesh();
     for (const auto& [arg, element] : plain) {
       const at::Tensor t =
@@ -319,8 +323,19 @@ void kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // A piece of the wrong shape is replaced (ATen would resize it with a warning).
   for (size_t i = 0, o = 0; i < n; ++i) {
     if (!info.is_out[i] || !originals[i].defined()) continue;
-    const at::Tensor piece = local_of(originals[i], "out=");
     const size_t k = std::min(o++, s.outputs.size() - 1);
+    const std::string& arg_name = schema.arguments()[i].name();
+    if (!is_dtensor(originals[i])) {
+      throw std::invalid_argument(info.name + ": out= argument '" + arg_name +
+                                  "' is a plain tensor but the inputs are distributed; pass a "
+                                  "distributed out tensor (e.g. api::empty on the same mesh)");
+    }
+    if (spec_of(originals[i]).mesh() != s.outputs[k].mesh()) {
+      throw std::invalid_argument(info.name + ": out= argument '" + arg_name + "' lives on " +
+                                  spec_of(originals[i]).mesh().to_string() + " but the inputs on " +
+                                  s.outputs[k].mesh().to_string());
+    }
+    const at::Tensor piece = local_of(originals[i], "out=");
     const auto want = local_box(s.outputs[k], my_coordinate(s.outputs[k].mesh())).shape;
     args[i] = piece.sizes().vec() == want ? piece : at::empty({0}, piece.options());
   }

@@ -123,6 +123,13 @@ TEST(Dispatch, Errors) {
     expect_error([&] { (void)api::init_device_mesh({3}); }, "world");  // mesh vs world
     expect_error([&] { (void)api::distribute_tensor(a, mesh, {Shard(2), Replicate()}); }, "dim");
     expect_error([&] { (void)api::spec(a); }, "plain tensor");
+    // out= must match the inputs: distributed, on their mesh.
+    at::Tensor plain_out = at::empty({8, 4}, at::kDouble);
+    expect_error([&] { at::add_out(plain_out, da, da); }, "out= argument 'out' is a plain tensor");
+    at::Tensor other_out = api::empty({8, 4}, other, {Replicate()}, at::kDouble);
+    expect_error([&] { at::add_out(other_out, da, da); }, "out= argument 'out' lives on");
+    at::Tensor dist_out = api::empty({8, 4}, mesh, {Replicate(), Replicate()}, at::kDouble);
+    expect_error([&] { at::add_out(dist_out, a, a); }, "argument 'self' is a plain tensor");
   });
 }
 
