@@ -7,6 +7,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <mutex>
 #include <stdexcept>
 #include <unordered_map>
@@ -47,6 +48,8 @@ struct OpInfo {
   std::vector<int> return_alias;  // per return: the argument it writes (in-place/out=), or -1
   std::vector<bool> is_out;       // per argument: an out= argument (not an input)
   int generator_arg = -1;
+  // The table entry of rule_name, looked up on first use (register_rule may add it later).
+  mutable std::atomic<const sharding::OpEntry*> entry{nullptr};
 };
 
 std::string op_name(const c10::OperatorName& n) {
@@ -165,6 +168,7 @@ std::string plain_error(const OpInfo& info, const c10::FunctionSchema& schema, i
 std::vector<Input> collect_inputs(const OpInfo& info, const c10::FunctionSchema& schema,
                                   c10::IValue* args, size_t n) {
   std::vector<Input> inputs;
+  inputs.reserve(n);
   std::vector<std::pair<int, int>> plain;  // (arg, element)
   auto visit = [&](const at::Tensor& t, int arg, int element) {
     if (!t.defined()) return;
@@ -287,7 +291,7 @@ void kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t n = schema.arguments().size();
   c10::IValue* args = &(*stack)[stack->size() - n];
   // The distributed arguments as the caller passed them (in-place and out= return them).
-  std::vector<at::Tensor> originals(n);
+  c10::SmallVector<at::Tensor, 8> originals(n);
   for (size_t i = 0; i < n; ++i) {
     if (args[i].isTensor()) originals[i] = args[i].toTensor();
   }
@@ -303,12 +307,18 @@ void kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     return;
   }
 
-  std::vector<DTensorSpec> specs;
-  specs.reserve(inputs.size());
+  thread_local std::vector<DTensorSpec> specs;  // reused: no allocation per call
+  specs.clear();
   for (const Input& in : inputs) specs.push_back(in.spec);
   const sharding::LayoutArgs layout = info.args.layout(args);
-  const auto sharding =
-      sharding::propagate(info.rule_name, specs, layout, sharding::PropagateOptions{t_strict});
+  const sharding::PropagateOptions options{t_strict};
+  const sharding::OpEntry* entry = info.entry.load(std::memory_order_acquire);
+  if (entry == nullptr && (entry = sharding::find_op(info.rule_name)) != nullptr) {
+    info.entry.store(entry, std::memory_order_release);
+  }
+  const auto sharding = entry != nullptr
+                            ? sharding::propagate(*entry, specs, layout, options)
+                            : sharding::propagate(info.rule_name, specs, layout, options);
   const sharding::OpSharding& s = *sharding;
 
   for (size_t k = 0; k < inputs.size(); ++k) {

@@ -56,6 +56,12 @@ std::shared_ptr<const OpSharding> propagate(std::string_view op,
                                             const LayoutArgs& args = {},
                                             PropagateOptions options = {});
 
+// The same with the op's table entry already looked up (the dispatcher keeps it per operator).
+std::shared_ptr<const OpSharding> propagate(const OpEntry& op,
+                                            const std::vector<DTensorSpec>& inputs,
+                                            const LayoutArgs& args = {},
+                                            PropagateOptions options = {});
+
 struct PropagationCacheStats {
   int64_t hits = 0, misses = 0, size = 0, capacity = 0;
 };
