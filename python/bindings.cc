@@ -1,6 +1,6 @@
-// The Python face of the layout core (module dtensor_engine._C). Later issues grow this into a
-// torch.distributed.tensor-compatible package; for now it exposes placements, meshes, specs and
-// shard arithmetic so Python tests can check them against torch itself.
+// The extension module dtensor._C: the layout core (placements, meshes, specs, shard
+// arithmetic), the collectives context, and distributed tensors (tensor_bindings.cc). The Python
+// package python/dtensor/ gives it torch.distributed.tensor's names.
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -13,6 +13,8 @@
 namespace py = pybind11;
 using namespace dtensor;
 
+void bind_tensors(py::module& m);  // tensor_bindings.cc
+
 namespace {
 
 // Specs from Python: dtype is irrelevant to layout arithmetic, so float32 is used.
@@ -24,7 +26,8 @@ DTensorSpec make_spec(const DeviceMesh& mesh, const std::string& placements,
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
-  m.doc() = "Native DTensor sharding engine: layout core";
+  m.doc() = "Native DTensor sharding engine";
+  bind_tensors(m);
 
   py::class_<Placement>(m, "Placement")
       .def_static("parse", &parse_placement)
@@ -48,11 +51,14 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("shape", &DeviceMesh::shape)
       .def_property_readonly("ndim", &DeviceMesh::ndim)
       .def_property_readonly("ranks", &DeviceMesh::ranks)
+      .def_property_readonly("dim_names", &DeviceMesh::dim_names)
       .def("coordinate", &DeviceMesh::coordinate)
       .def("group_ranks", &DeviceMesh::group_ranks)
       .def("group_name", &DeviceMesh::group_name)
       .def("submesh", &DeviceMesh::submesh)
       .def("flatten", &DeviceMesh::flatten, py::arg("names"), py::arg("name") = "")
+      .def("__eq__", [](const DeviceMesh& a, const DeviceMesh& b) { return a == b; })
+      .def("__hash__", [](const DeviceMesh& a) { return std::hash<std::string>()(a.to_string()); })
       .def("__repr__", &DeviceMesh::to_string);
 
   py::class_<LocalBox>(m, "LocalBox")

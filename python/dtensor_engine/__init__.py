@@ -6,7 +6,7 @@ torch.distributed.tensor-compatible API arrives with a later issue.
 
 import torch  # noqa: F401  (loads libtorch before the extension)
 
-from dtensor_engine._C import (  # noqa: F401
+from dtensor._C import (  # noqa: F401
     DeviceMesh,
     LocalBox,
     Placement,

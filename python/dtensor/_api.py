@@ -1,0 +1,177 @@
+"""DTensor: distributed tensors that are torch.Tensors.
+
+A distributed tensor is a plain ``torch.Tensor`` object whose C++ TensorImpl holds this rank's
+piece and the global layout, so ``torch.mm(a, b)``, ``a + b``, ``F.linear``, autograd and
+optimizers go straight from torch's bindings into the C++ engine with no Python on the path.
+``isinstance(t, DTensor)`` is true for them; the DTensor methods (``to_local``, ``full_tensor``,
+``redistribute``, ``placements``, ``device_mesh``) are installed on ``torch.Tensor`` and raise a
+clear error on a plain tensor.
+"""
+
+import torch
+
+from dtensor import _C
+from dtensor.device_mesh import DeviceMesh, _ensure_context
+from dtensor.placement_types import Placement, Replicate, _from_c, _to_c_list
+
+__all__ = [
+    "DTensor",
+    "distribute_tensor",
+    "distribute_module",
+    "empty",
+    "full",
+    "ones",
+    "rand",
+    "randn",
+    "zeros",
+]
+
+_meshes = {}
+
+
+def _mesh_of(t):
+    c_mesh = _C.mesh(t)
+    mesh = _meshes.get(c_mesh)
+    if mesh is None:
+        mesh = _meshes[c_mesh] = DeviceMesh._wrap(c_mesh)
+    return mesh
+
+
+def _check_mesh(device_mesh, placements):
+    if not isinstance(device_mesh, DeviceMesh):
+        raise TypeError(f"expected a dtensor.DeviceMesh, got {type(device_mesh).__name__}")
+    if placements is None:
+        placements = [Replicate()] * device_mesh.ndim
+    _meshes.setdefault(device_mesh._mesh, device_mesh)
+    return _to_c_list(placements)
+
+
+class _DTensorMeta(type(torch.Tensor)):
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, torch.Tensor) and _C.is_dtensor(obj)
+
+
+class DTensor(torch.Tensor, metaclass=_DTensorMeta):
+    """The type of distributed tensors (``isinstance`` works); build them with
+    ``distribute_tensor``, ``DTensor.from_local`` or the factories."""
+
+    def __new__(cls, *args, **kwargs):
+        raise TypeError(
+            "DTensor is not constructed directly; use distribute_tensor or DTensor.from_local"
+        )
+
+    @staticmethod
+    def from_local(local_tensor, device_mesh=None, placements=None, *, run_check=False,
+                   shape=None, stride=None):
+        """Wraps this rank's piece (gradients flow back to ``local_tensor``)."""
+        c_pl = _check_mesh(device_mesh, placements)
+        return _C.from_local(local_tensor, device_mesh._mesh, c_pl, run_check,
+                             None if shape is None else list(shape),
+                             None if stride is None else list(stride))
+
+
+def _to_local(self, *, grad_placements=None):
+    """This rank's piece (differentiable)."""
+    gp = None if grad_placements is None else _to_c_list(grad_placements)
+    return _C.to_local(self, gp)
+
+
+def _full_tensor(self, *, grad_placements=None):
+    """The global tensor on every rank."""
+    return _C.full_tensor(self)
+
+
+def _redistribute(self, device_mesh=None, placements=None, *, async_op=False):
+    """The same tensor laid out by ``placements`` on the same mesh."""
+    if device_mesh is not None and device_mesh != self.device_mesh:
+        raise ValueError(
+            f"redistribute: target mesh {device_mesh} is not this tensor's mesh "
+            f"{self.device_mesh} (redistribute stays on one mesh)"
+        )
+    if placements is None:
+        raise ValueError("redistribute: placements must be given")
+    return _C.redistribute(self, _to_c_list(placements), async_op)
+
+
+def _placements(self):
+    return tuple(_from_c(p) for p in _C.placements(self))
+
+
+def _repr(self, *args, **kwargs):
+    if _C.is_dtensor(self):
+        return _C.to_string(self)
+    return _plain_repr(self, *args, **kwargs)
+
+
+_plain_repr = torch.Tensor.__repr__
+torch.Tensor.to_local = _to_local
+torch.Tensor.full_tensor = _full_tensor
+torch.Tensor.redistribute = _redistribute
+torch.Tensor.placements = property(_placements)
+torch.Tensor.device_mesh = property(_mesh_of)
+torch.Tensor.__repr__ = _repr
+
+
+def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_rank=0):
+    """Lays ``tensor`` out on ``device_mesh``. ``src_data_rank=None``: every rank passes the same
+    data and keeps its piece (no communication); a rank: that rank's data is scattered."""
+    if device_mesh is None:
+        raise ValueError("distribute_tensor: device_mesh must be given")
+    c_pl = _check_mesh(device_mesh, placements)
+    return _C.distribute_tensor(tensor, device_mesh._mesh, c_pl, src_data_rank)
+
+
+def distribute_module(module, device_mesh=None, partition_fn=None, input_fn=None,
+                      output_fn=None):
+    """Distributes ``module``'s parameters with ``partition_fn(name, module, mesh)`` (default:
+    replicate every parameter) and installs input/output hooks, as PyTorch does."""
+    if device_mesh is None:
+        raise ValueError("distribute_module: device_mesh must be given")
+
+    def replicate(name, mod, mesh):
+        for key, p in list(mod._parameters.items()):
+            if p is not None and not isinstance(p, DTensor):
+                mod.register_parameter(key, torch.nn.Parameter(
+                    distribute_tensor(p.detach(), mesh, [Replicate()] * mesh.ndim,
+                                      src_data_rank=None), p.requires_grad))
+
+    fn = partition_fn or replicate
+    for name, sub in module.named_modules():
+        fn(name, sub, device_mesh)
+        if partition_fn is not None:
+            replicate(name, sub, device_mesh)
+    if input_fn is not None:
+        module.register_forward_pre_hook(lambda mod, inputs: input_fn(mod, inputs, device_mesh))
+    if output_fn is not None:
+        module.register_forward_hook(
+            lambda mod, inputs, outputs: output_fn(mod, outputs, device_mesh))
+    return module
+
+
+def _factory(name):
+    c_fn = getattr(_C, name)
+
+    def make(*size, device_mesh=None, placements=None, dtype=None, requires_grad=False):
+        if len(size) == 1 and isinstance(size[0], (list, tuple, torch.Size)):
+            size = tuple(size[0])
+        c_pl = _check_mesh(device_mesh, placements)
+        return c_fn(list(size), device_mesh._mesh, c_pl, dtype, requires_grad)
+
+    make.__name__ = name
+    make.__doc__ = (f"``torch.{name}`` of the global size laid out on ``device_mesh`` by "
+                    f"``placements`` (default replicated); only this rank's piece is made.")
+    return make
+
+
+empty = _factory("empty")
+zeros = _factory("zeros")
+ones = _factory("ones")
+rand = _factory("rand")
+randn = _factory("randn")
+
+
+def full(size, fill_value, *, device_mesh=None, placements=None, dtype=None,
+         requires_grad=False):
+    """``torch.full`` laid out on ``device_mesh`` by ``placements``."""
+    c_pl = _check_mesh(device_mesh, placements)
+    return _C.full(list(size), float(fill_value), device_mesh._mesh, c_pl, dtype, requires_grad)

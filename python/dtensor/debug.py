@@ -1,0 +1,81 @@
+"""Debugging: CommDebugMode (counts collectives), visualize_sharding, cache statistics, explain."""
+
+from dtensor import _C
+
+__all__ = [
+    "CommDebugMode",
+    "explain",
+    "propagation_cache_stats",
+    "set_propagation_cache_capacity",
+    "visualize_sharding",
+]
+
+# Our collective kinds under the names PyTorch's CommDebugMode reports.
+_NAMES = {
+    "all_reduce": "all_reduce",
+    "all_gather": "all_gather_into_tensor",
+    "reduce_scatter": "reduce_scatter_tensor",
+    "all_to_all": "all_to_all_single",
+    "broadcast": "broadcast",
+    "barrier": "barrier",
+}
+
+
+class CommDebugMode:
+    """Counts the collectives this rank issues inside ``with CommDebugMode() as m:``.
+
+    ``get_comm_counts()`` is keyed by collective name (``"all_reduce"``,
+    ``"all_gather_into_tensor"``, ``"reduce_scatter_tensor"``, ``"all_to_all_single"``);
+    ``get_comm_counts_by_op()`` by (ATen op that caused it, name).
+    """
+
+    def __init__(self):
+        self._counter = None
+        self._last = None
+
+    def __enter__(self):
+        self._counter = _C.CommCounter()
+        return self
+
+    def __exit__(self, *exc):
+        self._last = self._counter
+        self._counter = None
+        return False
+
+    def _current(self):
+        c = self._counter or self._last
+        if c is None:
+            raise RuntimeError("CommDebugMode: use it as a context manager first")
+        return c
+
+    def get_total_counts(self):
+        return self._current().total()
+
+    def get_comm_counts(self):
+        return {_NAMES.get(k, k): n for k, n in self._current().kinds().items()}
+
+    def get_comm_counts_by_op(self):
+        return dict(self._current().counts_by_cause())
+
+    def __str__(self):
+        return str(self._current())
+
+
+def visualize_sharding(dtensor, header=""):
+    """Prints which rank holds which block of ``dtensor``."""
+    text = _C.visualize(dtensor)
+    print((header + "\n" if header else "") + text)
+
+
+def propagation_cache_stats():
+    """Hits, misses, size and capacity of the sharding propagation cache."""
+    return _C.propagation_cache_stats()
+
+
+def set_propagation_cache_capacity(capacity):
+    _C.set_propagation_cache_capacity(capacity)
+
+
+def explain(op, *args):
+    """What dispatching ``op`` (e.g. ``"aten::mm"``) on ``args`` would do, without running it."""
+    return _C.explain(op, list(args))

@@ -1,0 +1,87 @@
+"""DeviceMesh and init_device_mesh (torch.distributed.device_mesh's names)."""
+
+import os
+
+import torch
+
+from dtensor import _C
+
+__all__ = ["DeviceMesh", "init_device_mesh"]
+
+
+def _ensure_context():
+    """Joins the job described by torchrun's variables when this thread has no rank context."""
+    if _C.has_context():
+        return
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        from dtensor import _functional_collectives as funcol
+
+        funcol.init_from_env()
+        return
+    raise RuntimeError(
+        "dtensor: no ranks to place a mesh on; start N ranks with `./x run -n N script.py` or "
+        "`python3 -m torch.distributed.run --nproc-per-node N script.py`, or run ranks as "
+        "threads with dtensor.run_threads(N, fn)"
+    )
+
+
+class DeviceMesh:
+    """An N-D array of ranks. ``mesh`` is a nested list / tensor of global ranks."""
+
+    def __init__(self, device_type, mesh, *, mesh_dim_names=None, _c_mesh=None):
+        self.device_type = device_type
+        if _c_mesh is None:
+            ranks = torch.as_tensor(mesh, dtype=torch.long)
+            names = list(mesh_dim_names or [])
+            _c_mesh = _C.DeviceMesh(list(ranks.shape), ranks.flatten().tolist(), names)
+            _ensure_context()
+            _C.context_register_mesh(_c_mesh)
+        self._mesh = _c_mesh
+
+    @classmethod
+    def _wrap(cls, c_mesh, device_type="cpu"):
+        return cls(device_type, None, _c_mesh=c_mesh)
+
+    @property
+    def mesh(self):
+        return torch.tensor(self._mesh.ranks, dtype=torch.long).reshape(self._mesh.shape)
+
+    @property
+    def shape(self):
+        return tuple(self._mesh.shape)
+
+    @property
+    def ndim(self):
+        return self._mesh.ndim
+
+    @property
+    def mesh_dim_names(self):
+        names = self._mesh.dim_names
+        return tuple(names) if names else None
+
+    def size(self, mesh_dim=None):
+        if mesh_dim is None:
+            return len(self._mesh.ranks)
+        return self._mesh.shape[mesh_dim]
+
+    def get_rank(self):
+        return _C.rank()
+
+    def get_coordinate(self):
+        return self._mesh.coordinate(_C.rank())
+
+    def __eq__(self, other):
+        return isinstance(other, DeviceMesh) and self._mesh == other._mesh
+
+    def __hash__(self):
+        return hash(self._mesh)
+
+    def __repr__(self):
+        return f"DeviceMesh('{self.device_type}', {self.mesh.tolist()})"
+
+
+def init_device_mesh(device_type, mesh_shape, *, mesh_dim_names=None):
+    """A mesh of ``mesh_shape`` over ranks 0..N-1 of the job (N must be the world size)."""
+    _ensure_context()
+    c_mesh = _C.init_device_mesh(list(mesh_shape), list(mesh_dim_names or []))
+    return DeviceMesh._wrap(c_mesh, device_type)

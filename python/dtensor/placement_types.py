@@ -1,0 +1,94 @@
+"""Placements: how a tensor lives on one mesh dimension (torch.distributed.tensor's names)."""
+
+from dtensor import _C
+
+__all__ = ["Placement", "Shard", "Replicate", "Partial"]
+
+
+class Placement:
+    """Base class of Shard, Replicate and Partial."""
+
+    def is_shard(self, dim=None):
+        return False
+
+    def is_replicate(self):
+        return False
+
+    def is_partial(self):
+        return False
+
+    def _text(self):
+        raise NotImplementedError
+
+    def _to_c(self):
+        return _C.Placement.parse(self._text())
+
+    def __eq__(self, other):
+        return isinstance(other, Placement) and self._text() == other._text()
+
+    def __hash__(self):
+        return hash(self._text())
+
+
+class Shard(Placement):
+    """The tensor is split along tensor dim ``dim`` (torch.chunk semantics) over the mesh dim."""
+
+    def __init__(self, dim):
+        self.dim = dim
+
+    def is_shard(self, dim=None):
+        return dim is None or dim == self.dim
+
+    def _text(self):
+        return f"S({self.dim})"
+
+    def __repr__(self):
+        return f"Shard(dim={self.dim})"
+
+
+class Replicate(Placement):
+    """Every rank of the mesh dim holds the whole tensor."""
+
+    def is_replicate(self):
+        return True
+
+    def _text(self):
+        return "R"
+
+    def __repr__(self):
+        return "Replicate()"
+
+
+class Partial(Placement):
+    """Each rank holds a share; the value is the reduction (``reduce_op``) of the shares."""
+
+    def __init__(self, reduce_op="sum"):
+        self.reduce_op = reduce_op
+
+    def is_partial(self):
+        return True
+
+    def _text(self):
+        return f"P({self.reduce_op})"
+
+    def __repr__(self):
+        return f"Partial({self.reduce_op})"
+
+
+def _from_c(p):
+    if p.is_shard():
+        return Shard(p.dim)
+    if p.is_partial():
+        return Partial(p.reduce_op)
+    return Replicate()
+
+
+def _to_c_list(placements):
+    if placements is None:
+        raise ValueError("placements must be given")
+    out = []
+    for p in placements:
+        if not isinstance(p, Placement):
+            raise TypeError(f"expected a Placement (Shard, Replicate, Partial), got {p!r}")
+        out.append(p._to_c())
+    return out

@@ -1,0 +1,212 @@
+// Distributed tensors for Python (part of module dtensor._C): they cross into Python as plain
+// torch.Tensor objects whose TensorImpl is a DTensorImpl, so torch's own Python bindings send
+// every op straight into the C++ dispatch kernel (dtensor/dispatch.h) with no Python on the
+// path. These functions are the DTensor-specific entry points; python/dtensor/ wraps them with
+// torch.distributed.tensor's names.
+
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <memory>
+
+#include "collectives/rank_context.h"
+#include "dtensor/api.h"
+#include "dtensor/visualize.h"
+#include "sharding_prop/propagator.h"
+
+namespace py = pybind11;
+using namespace dtensor;
+
+namespace {
+
+using Release = py::call_guard<py::gil_scoped_release>;
+
+// A rank context installed on the calling thread while alive (simulation mode: ranks are
+// Python threads of one process).
+class ThreadRank {
+ public:
+  explicit ThreadRank(std::shared_ptr<collectives::RankContext> ctx)
+      : scope_(std::make_unique<collectives::RankScope>(std::move(ctx))) {}
+
+ private:
+  std::unique_ptr<collectives::RankScope> scope_;
+};
+
+std::optional<std::vector<int64_t>> opt_ints(const py::object& o) {
+  if (o.is_none()) return std::nullopt;
+  return o.cast<std::vector<int64_t>>();
+}
+
+// The argument kinds explain() needs: tensors, None, bools, ints, floats, strings, int lists.
+c10::IValue to_ivalue(const py::handle& a) {
+  if (a.is_none()) return c10::IValue();
+  if (THPVariable_Check(a.ptr())) return THPVariable_Unpack(a.ptr());
+  if (py::isinstance<py::bool_>(a)) return a.cast<bool>();
+  if (py::isinstance<py::int_>(a)) return a.cast<int64_t>();
+  if (py::isinstance<py::float_>(a)) return a.cast<double>();
+  if (py::isinstance<py::str>(a)) return a.cast<std::string>();
+  if (py::isinstance<py::list>(a) || py::isinstance<py::tuple>(a)) {
+    const py::sequence seq = a.cast<py::sequence>();
+    if (seq.size() > 0 && THPVariable_Check(seq[0].ptr())) {
+      return c10::List<at::Tensor>(a.cast<std::vector<at::Tensor>>());
+    }
+    return a.cast<std::vector<int64_t>>();
+  }
+  throw std::invalid_argument("explain: unsupported argument " + py::repr(a).cast<std::string>());
+}
+
+}  // namespace
+
+void bind_tensors(py::module& m) {
+  m.def("is_dtensor", [](const at::Tensor& t) { return is_dtensor(t); });
+  m.def("placements", [](const at::Tensor& t) { return api::spec(t).placements(); });
+  m.def("mesh", [](const at::Tensor& t) { return api::spec(t).mesh(); });
+  m.def("to_string", [](const at::Tensor& t) { return api::to_string(t); });
+  m.def("visualize", [](const at::Tensor& t) { return visualize_sharding(api::spec(t)); });
+
+  m.def("distribute_tensor", &api::distribute_tensor, py::arg("tensor"), py::arg("mesh"),
+        py::arg("placements"), py::arg("src_rank") = std::nullopt, Release());
+  m.def(
+      "from_local",
+      [](const at::Tensor& local, const DeviceMesh& mesh, const Placements& placements,
+         bool run_check, const py::object& shape, const py::object& stride) {
+        auto sh = opt_ints(shape);
+        auto st = opt_ints(stride);
+        py::gil_scoped_release release;
+        return api::from_local(local, mesh, placements, run_check, sh, st);
+      },
+      py::arg("local"), py::arg("mesh"), py::arg("placements"), py::arg("run_check") = false,
+      py::arg("shape") = py::none(), py::arg("stride") = py::none());
+  m.def("to_local", &api::to_local, py::arg("dtensor"), py::arg("grad_placements") = std::nullopt,
+        Release());
+  m.def("full_tensor", &api::full_tensor, py::arg("dtensor"), Release());
+  m.def("redistribute", &api::redistribute, py::arg("dtensor"), py::arg("placements"),
+        py::arg("async_op") = false, Release());
+
+  using Factory = at::Tensor (*)(const std::vector<int64_t>&, const DeviceMesh&, const Placements&,
+                                 at::TensorOptions);
+  auto factory = [&m](const char* name, Factory f) {
+    m.def(
+        name,
+        [f](const std::vector<int64_t>& size, const DeviceMesh& mesh, const Placements& pl,
+            py::object dtype, bool requires_grad) {
+          at::TensorOptions o = at::TensorOptions().requires_grad(requires_grad);
+          o = o.dtype(dtype.is_none() ? at::get_default_dtype()
+                                      : caffe2::TypeMeta::fromScalarType(
+                                            reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type));
+          py::gil_scoped_release release;
+          return f(size, mesh, pl, o);
+        },
+        py::arg("size"), py::arg("mesh"), py::arg("placements"), py::arg("dtype") = py::none(),
+        py::arg("requires_grad") = false);
+  };
+  factory("empty", &api::empty);
+  factory("zeros", &api::zeros);
+  factory("ones", &api::ones);
+  factory("rand", &api::rand);
+  factory("randn", &api::randn);
+  m.def(
+      "full",
+      [](const std::vector<int64_t>& size, double value, const DeviceMesh& mesh,
+         const Placements& pl, py::object dtype, bool requires_grad) {
+        at::TensorOptions o = at::TensorOptions().requires_grad(requires_grad);
+        o = o.dtype(dtype.is_none() ? at::get_default_dtype()
+                                    : caffe2::TypeMeta::fromScalarType(
+                                          reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type));
+        py::gil_scoped_release release;
+        return api::full(size, value, mesh, pl, o);
+      },
+      py::arg("size"), py::arg("fill_value"), py::arg("mesh"), py::arg("placements"),
+      py::arg("dtype") = py::none(), py::arg("requires_grad") = false);
+  m.def("manual_seed", &api::manual_seed, py::arg("seed"));
+
+  m.def("init_device_mesh", &api::init_device_mesh, py::arg("shape"),
+        py::arg("dim_names") = std::vector<std::string>{}, Release());
+  m.def("has_context", &collectives::has_current_context);
+  m.def(
+      "context_register_mesh",
+      [](const DeviceMesh& mesh) {
+        const auto& ctx = collectives::current_context();
+        for (int64_t r : mesh.ranks()) {
+          if (r >= ctx.world_size()) {
+            throw std::invalid_argument("DeviceMesh " + mesh.to_string() + " names rank " +
+                                        std::to_string(r) + " but the world has " +
+                                        std::to_string(ctx.world_size()) + " ranks");
+          }
+        }
+        if (mesh.contains(ctx.rank())) collectives::current_context().register_mesh(mesh);
+      },
+      Release());
+  m.def("group_size", [](const std::string& name) {
+    return static_cast<int64_t>(collectives::current_context().group(name).ranks.size());
+  });
+  m.def(
+      "new_group",
+      [](const std::vector<int64_t>& ranks) {
+        return collectives::current_context().new_group(ranks);
+      },
+      Release());
+  m.def("mesh_group_name", [](const DeviceMesh& mesh, int64_t dim) {
+    auto& ctx = collectives::current_context();
+    ctx.register_mesh(mesh);
+    return mesh.group_name(dim, ctx.rank());
+  });
+  m.def("rank", []() { return collectives::current_context().rank(); });
+  m.def("world_size", []() { return collectives::current_context().world_size(); });
+
+  // Modes.
+  m.def("set_strict", [](bool on) { return std::make_unique<api::StrictModeGuard>(on); });
+  py::class_<api::StrictModeGuard>(m, "StrictModeGuard");
+  py::class_<api::ReplicatePlainTensorsGuard>(m, "ReplicatePlainTensorsGuard");
+  m.def("replicate_plain_tensors",
+        [](bool on) { return std::make_unique<api::ReplicatePlainTensorsGuard>(on); });
+  m.def("strict_mode_enabled", &strict_mode_enabled);
+
+  // Debug.
+  py::class_<collectives::CommCounter>(m, "CommCounter")
+      .def(py::init<>())
+      .def("total", &collectives::CommCounter::total)
+      .def("counts_by_cause", &collectives::CommCounter::counts_by_cause)
+      .def("kinds",
+           [](const collectives::CommCounter& c) {
+             std::map<std::string, int64_t> out;
+             for (const auto& r : c.records()) ++out[collectives::collective_name(r.kind)];
+             return out;
+           })
+      .def("__str__", &collectives::CommCounter::to_string);
+  m.def("explain", [](const std::string& op, const std::vector<py::object>& args) {
+    std::vector<c10::IValue> ivalues;
+    for (const py::object& a : args) ivalues.push_back(to_ivalue(a));
+    return explain(op, std::move(ivalues));
+  });
+  m.def("propagation_cache_stats", []() {
+    const auto s = sharding::propagation_cache_stats();
+    return std::map<std::string, int64_t>{
+        {"hits", s.hits}, {"misses", s.misses}, {"size", s.size}, {"capacity", s.capacity}};
+  });
+  m.def("set_propagation_cache_capacity", &sharding::set_propagation_cache_capacity);
+
+  // Simulation mode: N ranks as threads of this process.
+  m.def(
+      "thread_contexts",
+      [](int64_t world_size, const std::string& backend) {
+        static std::atomic<int64_t> jobs{0};
+        const std::string job =
+            "py-threads-" + std::to_string(::getpid()) + "-" + std::to_string(jobs++);
+        std::vector<std::shared_ptr<collectives::RankContext>> out;
+        for (int64_t r = 0; r < world_size; ++r) {
+          out.push_back(std::make_shared<collectives::RankContext>(r, world_size, backend, job));
+        }
+        return out;
+      },
+      py::arg("world_size"), py::arg("backend") = "threads");
+  py::class_<ThreadRank>(m, "ThreadRank")
+      .def(py::init<std::shared_ptr<collectives::RankContext>>());
+}
