@@ -37,13 +37,13 @@ def _mesh_of(t):
     return mesh
 
 
-def _check_mesh(device_mesh, placements):
+def _check_mesh(device_mesh, placements, ndim=None):
     if not isinstance(device_mesh, DeviceMesh):
         raise TypeError(f"expected a dtensor.DeviceMesh, got {type(device_mesh).__name__}")
     if placements is None:
         placements = [Replicate()] * device_mesh.ndim
     _meshes.setdefault(device_mesh._mesh, device_mesh)
-    return _to_c_list(placements)
+    return _to_c_list(placements, ndim)
 
 
 class _DTensorMeta(type(torch.Tensor)):
@@ -64,7 +64,7 @@ class DTensor(torch.Tensor, metaclass=_DTensorMeta):
     def from_local(local_tensor, device_mesh=None, placements=None, *, run_check=False,
                    shape=None, stride=None):
         """Wraps this rank's piece (gradients flow back to ``local_tensor``)."""
-        c_pl = _check_mesh(device_mesh, placements)
+        c_pl = _check_mesh(device_mesh, placements, local_tensor.dim())
         return _C.from_local(local_tensor, device_mesh._mesh, c_pl, run_check,
                              None if shape is None else list(shape),
                              None if stride is None else list(stride))
@@ -72,7 +72,7 @@ class DTensor(torch.Tensor, metaclass=_DTensorMeta):
 
 def _to_local(self, *, grad_placements=None):
     """This rank's piece (differentiable)."""
-    gp = None if grad_placements is None else _to_c_list(grad_placements)
+    gp = None if grad_placements is None else _to_c_list(grad_placements, self.dim())
     return _C.to_local(self, gp)
 
 
@@ -90,7 +90,7 @@ def _redistribute(self, device_mesh=None, placements=None, *, async_op=False):
         )
     if placements is None:
         raise ValueError("redistribute: placements must be given")
-    return _C.redistribute(self, _to_c_list(placements), async_op)
+    return _C.redistribute(self, _to_c_list(placements, self.dim()), async_op)
 
 
 def _placements(self):
@@ -117,7 +117,7 @@ def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_ran
     data and keeps its piece (no communication); a rank: that rank's data is scattered."""
     if device_mesh is None:
         raise ValueError("distribute_tensor: device_mesh must be given")
-    c_pl = _check_mesh(device_mesh, placements)
+    c_pl = _check_mesh(device_mesh, placements, tensor.dim())
     return _C.distribute_tensor(tensor, device_mesh._mesh, c_pl, src_data_rank)
 
 
@@ -154,7 +154,7 @@ def _factory(name):
     def make(*size, device_mesh=None, placements=None, dtype=None, requires_grad=False):
         if len(size) == 1 and isinstance(size[0], (list, tuple, torch.Size)):
             size = tuple(size[0])
-        c_pl = _check_mesh(device_mesh, placements)
+        c_pl = _check_mesh(device_mesh, placements, len(size))
         return c_fn(list(size), device_mesh._mesh, c_pl, dtype, requires_grad)
 
     make.__name__ = name
@@ -173,5 +173,5 @@ randn = _factory("randn")
 def full(size, fill_value, *, device_mesh=None, placements=None, dtype=None,
          requires_grad=False):
     """``torch.full`` laid out on ``device_mesh`` by ``placements``."""
-    c_pl = _check_mesh(device_mesh, placements)
+    c_pl = _check_mesh(device_mesh, placements, len(size))
     return _C.full(list(size), float(fill_value), device_mesh._mesh, c_pl, dtype, requires_grad)

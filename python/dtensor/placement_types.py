@@ -83,12 +83,17 @@ def _from_c(p):
     return Replicate()
 
 
-def _to_c_list(placements):
+def _to_c_list(placements, ndim=None):
+    """C++ placements; a negative Shard dim counts from the end of a tensor of ``ndim`` dims."""
     if placements is None:
         raise ValueError("placements must be given")
     out = []
     for p in placements:
         if not isinstance(p, Placement):
             raise TypeError(f"expected a Placement (Shard, Replicate, Partial), got {p!r}")
+        if isinstance(p, Shard) and p.dim < 0:
+            if ndim is None or p.dim + ndim < 0:
+                raise ValueError(f"{p!r} does not name a dim of a {ndim}-D tensor")
+            p = Shard(p.dim + ndim)
         out.append(p._to_c())
     return out
