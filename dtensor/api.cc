@@ -82,15 +82,7 @@ struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
 void make_leaf(at::Tensor& t, bool requires_grad) {
   if (!requires_grad) return;
   t.set_requires_grad(true);
-  const DTensorSpec leaf = spec_of(t);
-  t.register_hook([leaf](const at::Tensor& grad) -> at::Tensor {
-    if (!is_dtensor(grad)) return grad;
-    const DTensorSpec& g = spec_of(grad);
-    const DTensorSpec want = DTensorSpec::make(g.mesh(), leaf.placements(), g.meta());
-    if (want == g) return grad;
-    collectives::CommCause cause("leaf gradient hook");
-    return make_dtensor(redistribute_local(local_of(grad), g, want), want);
-  });
+  keep_grad_layout(t);
 }
 
 bool records_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
@@ -134,6 +126,19 @@ at::Tensor factory(const std::vector<int64_t>& size, const DeviceMesh& mesh,
 }
 
 }  // namespace
+
+void keep_grad_layout(at::Tensor& leaf_tensor) {
+  at::Tensor& t = leaf_tensor;
+  const DTensorSpec leaf = spec_of(t, "keep_grad_layout");
+  t.register_hook([leaf](const at::Tensor& grad) -> at::Tensor {
+    if (!is_dtensor(grad)) return grad;
+    const DTensorSpec& g = spec_of(grad);
+    const DTensorSpec want = DTensorSpec::make(g.mesh(), leaf.placements(), g.meta());
+    if (want == g) return grad;
+    collectives::CommCause cause("leaf gradient hook");
+    return make_dtensor(redistribute_local(local_of(grad), g, want), want);
+  });
+}
 
 std::shared_ptr<collectives::RankContext> init_from_env(const std::string& backend) {
   return collectives::init_from_env(backend);

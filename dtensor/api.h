@@ -67,6 +67,12 @@ at::Tensor full_tensor(const at::Tensor& dtensor);
 at::Tensor redistribute(const at::Tensor& dtensor, const Placements& placements,
                         bool async_op = false);
 
+// Makes the gradient that reaches `leaf` (a distributed leaf that requires grad) take the leaf's
+// placements before it is accumulated (NOTE [leaf gradients keep the parameter's placements]).
+// distribute_tensor and the factories do it; call it for leaves made otherwise (e.g. a Python
+// nn.Parameter wrapping a distributed tensor).
+void keep_grad_layout(at::Tensor& leaf);
+
 // ---- inspection ----
 using dtensor::is_dtensor;
 // The spec (mesh, placements, global meta); throws for a plain tensor.

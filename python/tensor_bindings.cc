@@ -86,6 +86,7 @@ void bind_tensors(py::module& m) {
       py::arg("shape") = py::none(), py::arg("stride") = py::none());
   m.def("to_local", &api::to_local, py::arg("dtensor"), py::arg("grad_placements") = std::nullopt,
         Release());
+  m.def("keep_grad_layout", [](at::Tensor t) { api::keep_grad_layout(t); });
   m.def("full_tensor", &api::full_tensor, py::arg("dtensor"), Release());
   m.def("redistribute", &api::redistribute, py::arg("dtensor"), py::arg("placements"),
         py::arg("async_op") = false, Release());

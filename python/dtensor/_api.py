@@ -104,6 +104,20 @@ def _repr(self, *args, **kwargs):
 
 
 _plain_repr = torch.Tensor.__repr__
+_parameter_new = torch.nn.Parameter.__new__
+
+
+def _parameter(cls, data=None, requires_grad=True):
+    # A distributed parameter's gradient takes the parameter's placements before it is
+    # accumulated (a replicated weight used with a batch-sharded input gets its Partial
+    # gradient reduced), as distribute_tensor's own leaves do.
+    p = _parameter_new(cls, data, requires_grad)
+    if requires_grad and data is not None and _C.is_dtensor(p):
+        _C.keep_grad_layout(p)
+    return p
+
+
+torch.nn.Parameter.__new__ = staticmethod(_parameter)
 torch.Tensor.to_local = _to_local
 torch.Tensor.full_tensor = _full_tensor
 torch.Tensor.redistribute = _redistribute

@@ -1,0 +1,261 @@
+"""The dtensor package's API surface against one device: 1-D and 2-D meshes, ranks as threads
+(simulation mode) and as real processes (shm), errors as Python exceptions carrying the C++
+message, and the public names."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import dtensor
+from dtensor import (
+    DTensor,
+    DeviceMesh,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    distribute_module,
+    distribute_tensor,
+    empty,
+    full,
+    init_device_mesh,
+    ones,
+    rand,
+    randn,
+    zeros,
+)
+from dtensor import _functional_collectives as funcol
+from dtensor.debug import CommDebugMode, visualize_sharding
+
+MESHES = [(4,), (2, 2)]
+
+
+def layouts(ndim_mesh, ndim_tensor):
+    choices = [Replicate()] + [Shard(d) for d in range(ndim_tensor)]
+    out = [[]]
+    for _ in range(ndim_mesh):
+        out = [p + [c] for p in out for c in choices]
+    return out
+
+
+def world(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES)
+def test_distribute_and_ops_match_one_device(mesh_shape):
+    torch.manual_seed(0)
+    a, b = torch.randn(8, 6, dtype=torch.float64), torch.randn(6, 4, dtype=torch.float64)
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", mesh_shape)
+        for pa in layouts(len(mesh_shape), 2):
+            da = distribute_tensor(a, mesh, pa, src_data_rank=None)
+            db = distribute_tensor(b, mesh, [Replicate()] * len(mesh_shape))
+            assert isinstance(da, DTensor) and isinstance(da, torch.Tensor)
+            assert da.shape == a.shape and da.size() == a.size() and da.dtype == a.dtype
+            assert da.stride() == a.stride()
+            assert tuple(da.placements) == tuple(pa)
+            assert da.device_mesh == mesh
+            for got, want in [
+                (torch.mm(da, db), a @ b),
+                (da + da * 2, a + a * 2),
+                (torch.nn.functional.linear(da, db.t()), a @ b),
+                (da.sum(0), a.sum(0)),
+                (torch.relu(da).mean(), torch.relu(a).mean()),
+                (da.t().contiguous(), a.t()),
+            ]:
+                assert isinstance(got, DTensor)
+                torch.testing.assert_close(got.full_tensor(), want)
+        return True
+
+    assert all(dtensor.run_threads(world(mesh_shape), fn))
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES)
+def test_from_local_to_local_redistribute_and_grad(mesh_shape):
+    x = torch.arange(48, dtype=torch.float64).reshape(8, 6)
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", mesh_shape)
+        pl = [Shard(0)] + [Shard(1)] * (len(mesh_shape) - 1)
+        ref = distribute_tensor(x, mesh, pl)
+        local = ref.to_local().clone().requires_grad_(True)
+        dt = DTensor.from_local(local, mesh, pl)
+        torch.testing.assert_close(dt.full_tensor(), x)
+        moved = dt.redistribute(mesh, [Replicate()] * len(mesh_shape))
+        assert tuple(moved.placements) == (Replicate(),) * len(mesh_shape)
+        torch.testing.assert_close(moved.to_local(), x)
+        (moved * moved).sum().backward()
+        torch.testing.assert_close(local.grad, 2 * ref.to_local())
+        # Partial from_local sums the shares.
+        p = DTensor.from_local(torch.ones(2, 3, dtype=torch.float64), mesh,
+                               [Partial()] * len(mesh_shape))
+        torch.testing.assert_close(p.full_tensor(), torch.full((2, 3), float(world(mesh_shape)),
+                                                               dtype=torch.float64))
+        return True
+
+    assert all(dtensor.run_threads(world(mesh_shape), fn))
+
+
+def test_factories_random_and_modules():
+    seed = 7
+    torch.manual_seed(seed)
+    want_rand = torch.rand(6, 5)
+    want_randn = torch.randn(6, 5)
+    # Data for every rank, made before the threads (they share torch's default generator).
+    torch.manual_seed(0)
+    module = torch.nn.Linear(5, 3)
+    x = torch.randn(4, 5)
+    import copy
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (2, 2))
+        pl = [Shard(0), Shard(1)]
+        dtensor.manual_seed(seed)
+        torch.testing.assert_close(rand(6, 5, device_mesh=mesh, placements=pl).full_tensor(),
+                                   want_rand, rtol=0, atol=0)
+        torch.testing.assert_close(randn((6, 5), device_mesh=mesh, placements=pl).full_tensor(),
+                                   want_randn, rtol=0, atol=0)
+        torch.testing.assert_close(zeros(6, 5, device_mesh=mesh, placements=pl).full_tensor(),
+                                   torch.zeros(6, 5))
+        torch.testing.assert_close(ones(6, 5, device_mesh=mesh).full_tensor(), torch.ones(6, 5))
+        torch.testing.assert_close(full((6, 5), 2.5, device_mesh=mesh, placements=pl).full_tensor(),
+                                   torch.full((6, 5), 2.5))
+        assert empty(6, 5, device_mesh=mesh, placements=pl).shape == (6, 5)
+        # distribute_module replicates parameters; the module trains with an optimizer.
+        m, ref = copy.deepcopy(module), copy.deepcopy(module)
+        distribute_module(m, mesh)
+        assert all(isinstance(p, DTensor) for p in m.parameters())
+        dx = distribute_tensor(x, mesh, [Shard(0), Replicate()])
+        for mod, inp in [(m, dx), (ref, x)]:
+            opt = torch.optim.Adam(mod.parameters(), lr=0.1)
+            for _ in range(2):
+                opt.zero_grad()
+                mod(inp).pow(2).mean().backward()
+                opt.step()
+        for p, q in zip(m.parameters(), ref.parameters()):
+            assert tuple(p.grad.placements) == (Replicate(), Replicate())
+            torch.testing.assert_close(p.full_tensor(), q.detach())
+        return True
+
+    assert all(dtensor.run_threads(4, fn))
+
+
+def test_debug_counts_visualize_strict_and_cache(capsys):
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (2,))
+        a = distribute_tensor(torch.ones(4, 4), mesh, [Shard(1)])
+        b = distribute_tensor(torch.ones(4, 4), mesh, [Shard(0)])
+        with CommDebugMode() as comm:
+            (a @ b).redistribute(mesh, [Replicate()])
+        counts = comm.get_comm_counts()
+        assert comm.get_total_counts() == sum(counts.values()) >= 1
+        assert set(counts) <= {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
+                               "all_to_all_single"}
+        with dtensor.strict_mode():
+            with pytest.raises(RuntimeError, match="redistribute"):
+                torch.mm(a, a)
+        stats = dtensor.debug.propagation_cache_stats()
+        assert stats["hits"] + stats["misses"] > 0
+        assert "aten::mm" in dtensor.debug.explain("aten::mm", a, b)
+        if rank == 0:
+            visualize_sharding(a)
+        return True
+
+    assert all(dtensor.run_threads(2, fn))
+    assert "0" in capsys.readouterr().out
+
+
+def test_errors_carry_the_engine_message():
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (2,))
+        other = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+        a = distribute_tensor(torch.ones(4, 4), mesh, [Shard(0)])
+        with pytest.raises(RuntimeError, match="plain tensor"):
+            a + torch.ones(4, 4)
+        with dtensor.replicate_plain_tensors():
+            torch.testing.assert_close((a + torch.ones(4, 4)).full_tensor(), torch.full((4, 4), 2.))
+        with pytest.raises(RuntimeError, match="aten::cumsum"):
+            torch.cumsum(a, 0)
+        c = distribute_tensor(torch.ones(4, 4), other, [Shard(1)])
+        del c  # same ranks, other names: one mesh? meshes differ by names only
+        with pytest.raises(ValueError, match="dim"):
+            distribute_tensor(torch.ones(4, 4), mesh, [Shard(3)])
+        with pytest.raises(ValueError, match="world"):
+            init_device_mesh("cpu", (3,))
+        with pytest.raises(TypeError, match="Placement"):
+            distribute_tensor(torch.ones(4), mesh, ["S(0)"])
+        with pytest.raises(ValueError, match="plain tensor"):
+            torch.ones(2).to_local()
+        return True
+
+    assert all(dtensor.run_threads(2, fn))
+
+
+def test_functional_collectives_in_simulation():
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (2,))
+        t = torch.full((2,), float(rank + 1))
+        torch.testing.assert_close(funcol.all_reduce(t, "sum", (mesh, 0)), torch.full((2,), 3.))
+        g = funcol.all_gather_tensor(t, 0, mesh)
+        torch.testing.assert_close(g, torch.tensor([1., 1., 2., 2.]))
+        r = funcol.reduce_scatter_tensor(torch.arange(4.), "sum", 0, mesh)
+        torch.testing.assert_close(r, torch.arange(4.)[2 * rank:2 * rank + 2] * 2)
+        out = funcol.all_to_all_single(torch.arange(2.) + 10 * rank, [1, 1], [1, 1], mesh)
+        torch.testing.assert_close(out, torch.tensor([0., 10.]) + rank)
+        b = funcol.broadcast(t, 0, mesh, async_op=True)
+        torch.testing.assert_close(funcol.wait_tensor(b), torch.full((2,), 1.))
+        return True
+
+    assert all(dtensor.run_threads(2, fn))
+
+
+def test_public_names_only():
+    public = set(dtensor.__all__)
+    for name in ["DeviceMesh", "init_device_mesh", "Shard", "Replicate", "Partial", "Placement",
+                 "DTensor", "distribute_tensor", "distribute_module", "zeros", "ones", "empty",
+                 "full", "rand", "randn"]:
+        assert name in public and getattr(dtensor, name).__doc__, name
+    assert issubclass(Shard, Placement) and DeviceMesh is not None
+
+
+@pytest.mark.parametrize("backend", ["shm"])
+def test_real_processes(backend, tmp_path):
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    env = dict(os.environ, DTENSOR_BACKEND=backend, PYTHONSAFEPATH="1",
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    out = subprocess.run([sys.executable, os.environ["LAUNCH_PY"], "-n", "4", "--",
+                          sys.executable, str(worker)], env=env, capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("ok") == 4, out.stdout
+
+
+WORKER = r'''
+import torch
+import dtensor
+from dtensor import Shard, Replicate, distribute_tensor, init_device_mesh
+
+torch.manual_seed(0)
+a, b = torch.randn(8, 6), torch.randn(6, 4)
+mesh = init_device_mesh("cpu", (2, 2))
+da = distribute_tensor(a, mesh, [Shard(0), Shard(1)])
+db = distribute_tensor(b, mesh, [Replicate(), Shard(0)])
+torch.testing.assert_close(torch.mm(da, db).full_tensor(), a @ b)
+w = torch.nn.Parameter(distribute_tensor(b.clone(), mesh, [Replicate(), Shard(1)]))
+loss = torch.nn.functional.gelu(da @ w).sum()
+loss.backward()
+ref = b.clone().requires_grad_()
+torch.nn.functional.gelu(a @ ref).sum().backward()
+torch.testing.assert_close(w.grad.full_tensor(), ref.grad)
+assert tuple(w.grad.placements) == (Replicate(), Shard(1))
+print("ok")
+'''
