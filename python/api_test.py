@@ -239,6 +239,37 @@ def test_real_processes(backend, tmp_path):
     assert out.stdout.count("ok") == 4, out.stdout
 
 
+def test_from_group_wraps_a_torch_distributed_gloo_group(tmp_path):
+    worker = tmp_path / "worker.py"
+    worker.write_text(FROM_GROUP_WORKER)
+    env = dict(os.environ, PYTHONSAFEPATH="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    out = subprocess.run([sys.executable, os.environ["LAUNCH_PY"], "-n", "2", "--",
+                          sys.executable, str(worker)], env=env, capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("ok") == 2, out.stdout
+
+
+FROM_GROUP_WORKER = r'''
+import torch
+import torch.distributed as dist
+from dtensor import DeviceMesh, Shard, Replicate, distribute_tensor
+from dtensor.debug import CommDebugMode
+
+dist.init_process_group("gloo")
+mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")
+torch.manual_seed(0)
+a, b = torch.randn(8, 6), torch.randn(6, 4)
+da = distribute_tensor(a, mesh, [Shard(1)])
+db = distribute_tensor(b, mesh, [Shard(0)])
+with CommDebugMode() as comm:
+    out = torch.mm(da, db).full_tensor()
+torch.testing.assert_close(out, a @ b)
+assert comm.get_total_counts() >= 1
+print("ok")
+'''
+
+
 WORKER = r'''
 import torch
 import dtensor

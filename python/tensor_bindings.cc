@@ -10,12 +10,14 @@
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <unistd.h>
 
 #include <atomic>
 #include <memory>
 
+#include "collectives/c10d_backend.h"
 #include "collectives/rank_context.h"
 #include "dtensor/api.h"
 #include "dtensor/visualize.h"
@@ -193,6 +195,34 @@ void bind_tensors(py::module& m) {
         {"hits", s.hits}, {"misses", s.misses}, {"size", s.size}, {"capacity", s.capacity}};
   });
   m.def("set_propagation_cache_capacity", &sharding::set_propagation_cache_capacity);
+
+  // DeviceMesh.from_group: a 1-D mesh over an existing torch.distributed process group, whose
+  // collectives run through that group (backend c10d).
+  m.def(
+      "mesh_from_process_group",
+      [](const py::object& group, int64_t rank, int64_t world_size,
+         const std::vector<int64_t>& ranks, const std::vector<std::string>& dim_names) {
+        auto pg = group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
+        py::gil_scoped_release release;
+        if (!collectives::has_current_context()) {
+          collectives::set_process_context(std::make_shared<collectives::RankContext>(
+              rank, world_size, "c10d", "torch-process-group"));
+        }
+        auto& ctx = collectives::current_context();
+        if (ctx.rank() != rank || ctx.world_size() != world_size) {
+          throw std::invalid_argument(
+              "DeviceMesh.from_group: this process already joined a job as rank " +
+              std::to_string(ctx.rank()) + " of " + std::to_string(ctx.world_size()) +
+              ", but torch.distributed says rank " + std::to_string(rank) + " of " +
+              std::to_string(world_size));
+        }
+        DeviceMesh mesh({static_cast<int64_t>(ranks.size())}, ranks, dim_names);
+        collectives::use_process_group(mesh.group_name(0, rank), pg);
+        ctx.register_group(mesh.group_name(0, rank), ranks, "c10d");
+        return mesh;
+      },
+      py::arg("group"), py::arg("rank"), py::arg("world_size"), py::arg("ranks"),
+      py::arg("dim_names"));
 
   // Simulation mode: N ranks as threads of this process.
   m.def(

@@ -38,6 +38,24 @@ class DeviceMesh:
             _C.context_register_mesh(_c_mesh)
         self._mesh = _c_mesh
 
+    @staticmethod
+    def from_group(group, device_type="cpu", mesh=None, *, mesh_dim_names=None):
+        """A 1-D mesh over an existing ``torch.distributed`` process group (Gloo): the engine's
+        collectives on this mesh run through that group. ``mesh``, when given, must list the
+        group's ranks in order."""
+        import torch.distributed as dist
+
+        if isinstance(group, (list, tuple)):
+            if len(group) != 1:
+                raise NotImplementedError("DeviceMesh.from_group: only a 1-D mesh (one group)")
+            group = group[0]
+        ranks = dist.get_process_group_ranks(group)
+        if mesh is not None and torch.as_tensor(mesh).flatten().tolist() != list(ranks):
+            raise ValueError(f"DeviceMesh.from_group: mesh {mesh} is not the group's ranks {ranks}")
+        c_mesh = _C.mesh_from_process_group(group, dist.get_rank(), dist.get_world_size(),
+                                            list(ranks), list(mesh_dim_names or []))
+        return DeviceMesh._wrap(c_mesh, device_type)
+
     @classmethod
     def _wrap(cls, c_mesh, device_type="cpu"):
         return cls(device_type, None, _c_mesh=c_mesh)
