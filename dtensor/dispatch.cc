@@ -7,6 +7,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <stdexcept>
@@ -204,6 +205,10 @@ std::vector<Input> collect_inputs(const OpInfo& info, const c10::FunctionSchema&
                             TensorMeta::make(t.sizes().vec(), t.scalar_type()));
       inputs.push_back({arg, element, spec, t});
     }
+    // Rules read their inputs in argument order.
+    std::sort(inputs.begin(), inputs.end(), [](const Input& a, const Input& b) {
+      return std::make_pair(a.arg, a.element) < std::make_pair(b.arg, b.element);
+    });
   }
   return inputs;
 }

@@ -106,6 +106,13 @@ TEST(Dispatch, MixingWithPlainTensors) {
       expect_same(at::mm(da, p.view({4, 1})), at::mm(a, p.view({4, 1})));
     }
     expect_error([&] { (void)(da + p); }, "plain tensor");  // the scope ended
+    {
+      // A plain tensor before a distributed one keeps its argument position.
+      api::ReplicatePlainTensorsGuard replicate;
+      expect_same(at::sub(p.view({1, 4}).expand({8, 4}).contiguous(), da),
+                  p.view({1, 4}).expand({8, 4}) - a);
+      expect_same(at::where(a.gt(0), p, da), at::where(a.gt(0), p, a));
+    }
   });
 }
 

@@ -225,10 +225,6 @@ def test_embedding_rowwise_linear_colwise_loss_parallel_dtensor_target(n):
     _embedding_loss_parallel("dtensor", n)
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
-    "engine bug: under ReplicatePlainTensorsGuard, collect_inputs (dtensor/dispatch.cc) appends "
-    "plain tensors after the distributed ones, so nll_loss_backward's rule sees total_weight "
-    "as 'target' and fails: 'expects self [N, C] or [C], target [N] or [] and weight [C]'"))
 def test_embedding_rowwise_linear_colwise_loss_parallel_plain_target():
     _embedding_loss_parallel("plain", 2)
 
