@@ -157,6 +157,8 @@ def test_debug_counts_visualize_strict_and_cache(capsys):
             (a @ b).redistribute(mesh, [Replicate()])
         counts = comm.get_comm_counts()
         assert comm.get_total_counts() == sum(counts.values()) >= 1
+        a.redistribute(mesh, [Replicate()])  # after the block: not counted
+        assert comm.get_comm_counts() == counts
         assert set(counts) <= {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
                                "all_to_all_single"}
         with dtensor.strict_mode():

@@ -31,34 +31,43 @@ class CommDebugMode:
 
     def __init__(self):
         self._counter = None
-        self._last = None
+        self._result = None
 
     def __enter__(self):
         self._counter = _C.CommCounter()
+        self._result = None
         return self
 
     def __exit__(self, *exc):
-        self._last = self._counter
+        # Stop counting: later collectives belong to no block.
+        self._result = self._snapshot()
         self._counter = None
         return False
 
-    def _current(self):
-        c = self._counter or self._last
+    def _snapshot(self):
+        c = self._counter
         if c is None:
-            raise RuntimeError("CommDebugMode: use it as a context manager first")
-        return c
+            if self._result is None:
+                raise RuntimeError("CommDebugMode: use it as a context manager first")
+            return self._result
+        return {
+            "total": c.total(),
+            "kinds": {_NAMES.get(k, k): n for k, n in c.kinds().items()},
+            "by_op": dict(c.counts_by_cause()),
+            "text": str(c),
+        }
 
     def get_total_counts(self):
-        return self._current().total()
+        return self._snapshot()["total"]
 
     def get_comm_counts(self):
-        return {_NAMES.get(k, k): n for k, n in self._current().kinds().items()}
+        return dict(self._snapshot()["kinds"])
 
     def get_comm_counts_by_op(self):
-        return dict(self._current().counts_by_cause())
+        return dict(self._snapshot()["by_op"])
 
     def __str__(self):
-        return str(self._current())
+        return self._snapshot()["text"]
 
 
 def visualize_sharding(dtensor, header=""):
