@@ -214,6 +214,12 @@ def test_functional_collectives_in_simulation():
         torch.testing.assert_close(out, torch.tensor([0., 10.]) + rank)
         b = funcol.broadcast(t, 0, mesh, async_op=True)
         torch.testing.assert_close(funcol.wait_tensor(b), torch.full((2,), 1.))
+        # An async result waits on first use.
+        s = funcol.all_reduce(torch.full((1000,), float(rank + 1)), "sum", mesh, async_op=True)
+        assert isinstance(s, funcol.AsyncCollectiveTensor)
+        total = s * 2
+        assert type(total) is torch.Tensor
+        torch.testing.assert_close(total, torch.full((1000,), 6.))
         return True
 
     assert all(dtensor.run_threads(2, fn))

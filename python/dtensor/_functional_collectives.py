@@ -22,6 +22,7 @@ __all__ = [
     "all_to_all_single",
     "broadcast",
     "wait_tensor",
+    "AsyncCollectiveTensor",
 ]
 
 WORLD = "world"
@@ -68,10 +69,34 @@ def _size(group):
     return _C.group_size(group)
 
 
+class AsyncCollectiveTensor(torch.Tensor):
+    """The output of a collective issued with ``async_op=True``: it waits for the collective the
+    first time it is used by any torch op (as PyTorch's AsyncCollectiveTensor does), or at
+    ``wait_tensor``. Ops on it return plain tensors."""
+
+    @staticmethod
+    def _wrap(t):
+        return torch.Tensor._make_subclass(AsyncCollectiveTensor, t, t.requires_grad)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        def unwrap(x):
+            if isinstance(x, AsyncCollectiveTensor):
+                return torch.ops.dtensor_c10d.wait_tensor(x.as_subclass(torch.Tensor))
+            if isinstance(x, (list, tuple)):
+                return type(x)(unwrap(y) for y in x)
+            return x
+
+        with torch._C.DisableTorchFunction():
+            return func(*unwrap(args), **{k: unwrap(v) for k, v in (kwargs or {}).items()})
+
+
 def _done(t, async_op):
     # The operators issue asynchronously (as PyTorch's _c10d_functional ones do); the output is
-    # valid after wait_tensor. With async_op=True the caller waits.
-    return t if async_op else torch.ops.dtensor_c10d.wait_tensor(t)
+    # valid after wait_tensor. With async_op=True the caller gets an AsyncCollectiveTensor.
+    if async_op:
+        return AsyncCollectiveTensor._wrap(t)
+    return torch.ops.dtensor_c10d.wait_tensor(t)
 
 
 def all_reduce(t, op="sum", group=WORLD, async_op=False):
@@ -110,5 +135,8 @@ def all_gather_tensor(t, gather_dim=0, group=WORLD, async_op=False):
 
 
 def wait_tensor(t):
-    """Blocks until ``t`` (an output of a call with async_op=True) is valid; returns it."""
+    """Blocks until ``t`` (an output of a call with async_op=True) is valid; returns it as a
+    plain tensor."""
+    if isinstance(t, AsyncCollectiveTensor):
+        t = t.as_subclass(torch.Tensor)
     return torch.ops.dtensor_c10d.wait_tensor(t)
