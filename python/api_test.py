@@ -225,6 +225,20 @@ def test_functional_collectives_in_simulation():
     assert all(dtensor.run_threads(2, fn))
 
 
+def test_default_backend(monkeypatch):
+    from dtensor.device_mesh import default_backend
+
+    monkeypatch.delenv("DTENSOR_BACKEND", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert default_backend("cpu") == "shm"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert default_backend("cpu") == "c10d"
+    assert default_backend("cuda") == "nccl"
+    monkeypatch.setenv("DTENSOR_BACKEND", "threads")
+    assert default_backend("cpu") == "threads"
+
+
 def test_public_names_only():
     public = set(dtensor.__all__)
     for name in ["DeviceMesh", "init_device_mesh", "Shard", "Replicate", "Partial", "Placement",

@@ -6,17 +6,31 @@ import torch
 
 from dtensor import _C
 
-__all__ = ["DeviceMesh", "init_device_mesh"]
+__all__ = ["DeviceMesh", "default_backend", "init_device_mesh"]
 
 
-def _ensure_context():
+def default_backend(device_type="cpu"):
+    """The collectives backend a launched job uses: $DTENSOR_BACKEND when set; else ``nccl``
+    for CUDA, ``c10d`` (Gloo) when the ranks span hosts (WORLD_SIZE > LOCAL_WORLD_SIZE), and
+    ``shm`` (shared memory) for CPU ranks on one host."""
+    if os.environ.get("DTENSOR_BACKEND"):
+        return os.environ["DTENSOR_BACKEND"]
+    if device_type == "cuda":
+        return "nccl"
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    if local is not None and int(local) < int(os.environ.get("WORLD_SIZE", local)):
+        return "c10d"
+    return "shm"
+
+
+def _ensure_context(device_type="cpu"):
     """Joins the job described by torchrun's variables when this thread has no rank context."""
     if _C.has_context():
         return
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         from dtensor import _functional_collectives as funcol
 
-        funcol.init_from_env()
+        funcol.init_from_env(default_backend(device_type))
         return
     raise RuntimeError(
         "dtensor: no ranks to place a mesh on; start N ranks with `./x run -n N script.py` or "
@@ -34,7 +48,7 @@ class DeviceMesh:
             ranks = torch.as_tensor(mesh, dtype=torch.long)
             names = list(mesh_dim_names or [])
             _c_mesh = _C.DeviceMesh(list(ranks.shape), ranks.flatten().tolist(), names)
-            _ensure_context()
+            _ensure_context(device_type)
             _C.context_register_mesh(_c_mesh)
         self._mesh = _c_mesh
 
@@ -100,6 +114,6 @@ class DeviceMesh:
 
 def init_device_mesh(device_type, mesh_shape, *, mesh_dim_names=None):
     """A mesh of ``mesh_shape`` over ranks 0..N-1 of the job (N must be the world size)."""
-    _ensure_context()
+    _ensure_context(device_type)
     c_mesh = _C.init_device_mesh(list(mesh_shape), list(mesh_dim_names or []))
     return DeviceMesh._wrap(c_mesh, device_type)
