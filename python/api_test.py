@@ -201,6 +201,41 @@ def test_errors_carry_the_engine_message():
     assert all(dtensor.run_threads(2, fn))
 
 
+def test_submesh_by_name():
+    a = torch.arange(24.0).reshape(4, 6)
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        tp = mesh["tp"]
+        assert tp.ndim == 1 and tp.size() == 2 and tp.mesh_dim_names == ("tp",)
+        assert rank in tp.mesh.tolist()
+        assert tp.mesh.tolist() == [rank - rank % 2, rank - rank % 2 + 1]
+        da = distribute_tensor(a, tp, [Shard(1)])
+        torch.testing.assert_close((da * 2).full_tensor(), a * 2)
+        assert mesh["dp", "tp"].shape == (2, 2)
+        with pytest.raises(KeyError, match="pp"):
+            mesh["pp"]
+        return True
+
+    assert all(dtensor.run_threads(4, fn))
+
+
+def test_src_data_rank_is_a_rank_of_the_mesh():
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        tp = mesh["tp"]  # ranks [0,1] or [2,3]
+        mine = torch.full((4, 2), float(rank))
+        got = distribute_tensor(mine, tp, [Shard(0)], src_data_rank=1).full_tensor()
+        torch.testing.assert_close(got, torch.full((4, 2), float(tp.mesh.tolist()[1])))
+        default = distribute_tensor(mine, tp, [Replicate()]).full_tensor()
+        torch.testing.assert_close(default, torch.full((4, 2), float(tp.mesh.tolist()[0])))
+        with pytest.raises(ValueError, match="src_data_rank 2"):
+            distribute_tensor(mine, tp, [Shard(0)], src_data_rank=2)
+        return True
+
+    assert all(dtensor.run_threads(4, fn))
+
+
 def test_functional_collectives_in_simulation():
     def fn(rank):
         mesh = init_device_mesh("cpu", (2,))

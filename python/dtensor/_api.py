@@ -128,11 +128,20 @@ torch.Tensor.__repr__ = _repr
 
 def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_rank=0):
     """Lays ``tensor`` out on ``device_mesh``. ``src_data_rank=None``: every rank passes the same
-    data and keeps its piece (no communication); a rank: that rank's data is scattered."""
+    data and keeps its piece (no communication); k: the data of the mesh's k-th rank (row-major
+    order; 0 by default, as PyTorch) is scattered to the others."""
     if device_mesh is None:
         raise ValueError("distribute_tensor: device_mesh must be given")
     c_pl = _check_mesh(device_mesh, placements, tensor.dim())
-    return _C.distribute_tensor(tensor, device_mesh._mesh, c_pl, src_data_rank)
+    src = None
+    if src_data_rank is not None:
+        # As in PyTorch, a rank of the mesh (0: the mesh's first rank), not a global rank.
+        ranks = device_mesh._mesh.ranks
+        if not 0 <= src_data_rank < len(ranks):
+            raise ValueError(f"distribute_tensor: src_data_rank {src_data_rank} is not a rank of "
+                             f"the {len(ranks)}-rank mesh {device_mesh}")
+        src = ranks[src_data_rank]
+    return _C.distribute_tensor(tensor, device_mesh._mesh, c_pl, src)
 
 
 def distribute_module(module, device_mesh=None, partition_fn=None, input_fn=None,

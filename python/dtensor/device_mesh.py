@@ -96,6 +96,20 @@ class DeviceMesh:
             return len(self._mesh.ranks)
         return self._mesh.shape[mesh_dim]
 
+    def __getitem__(self, names):
+        """The sub-mesh over the named dim(s) that holds this rank (``mesh["tp"]``,
+        ``mesh["dp", "tp"]``), as PyTorch's DeviceMesh slicing."""
+        if isinstance(names, str):
+            names = (names,)
+        if not self.mesh_dim_names:
+            raise KeyError("DeviceMesh: this mesh has no dim names; pass mesh_dim_names")
+        for n in names:
+            if n not in self.mesh_dim_names:
+                raise KeyError(f"DeviceMesh: no dim named {n!r} in {self.mesh_dim_names}")
+        sub = self._mesh.submesh(list(names), _C.rank())
+        _C.context_register_mesh(sub)
+        return DeviceMesh._wrap(sub, self.device_type)
+
     def get_rank(self):
         return _C.rank()
 
