@@ -135,26 +135,28 @@ struct Input {
   at::Tensor local;
 };
 
+// This rank's coordinate in `mesh`, from a small per-thread cache (a few meshes per thread).
+// The reference is valid until the next call on this thread.
 const std::vector<int64_t>& my_coordinate(const DeviceMesh& mesh) {
-  thread_local const DeviceMesh* last_mesh = nullptr;
-  thread_local int64_t last_rank = -1;
-  thread_local std::vector<int64_t> coord;
+  struct Entry {
+    DeviceMesh mesh;
+    int64_t rank;
+    std::vector<int64_t> coord;
+  };
+  thread_local std::vector<Entry> cache;
   const int64_t rank = collectives::current_context().rank();
-  if (last_mesh == nullptr || *last_mesh != mesh || last_rank != rank) {
-    const auto c = mesh.coordinate(rank);
-    if (!c) {
-      throw std::invalid_argument("DTensor op: rank " + std::to_string(rank) + " is not in " +
-                                  mesh.to_string());
-    }
-    coord = *c;
-    static std::mutex mu;
-    static auto* meshes = new std::vector<std::unique_ptr<DeviceMesh>>();
-    std::lock_guard<std::mutex> lock(mu);
-    meshes->push_back(std::make_unique<DeviceMesh>(mesh));  // stable address for the check
-    last_mesh = meshes->back().get();
-    last_rank = rank;
+  for (const Entry& e : cache) {
+    if (e.rank == rank && e.mesh == mesh) return e.coord;
   }
-  return coord;
+  const auto c = mesh.coordinate(rank);
+  if (!c) {
+    throw std::invalid_argument("DTensor op: rank " + std::to_string(rank) + " is not in " +
+                                mesh.to_string());
+  }
+  constexpr size_t kEntries = 8;
+  if (cache.size() == kEntries) cache.erase(cache.begin());
+  cache.push_back({mesh, rank, *c});
+  return cache.back().coord;
 }
 
 std::string plain_error(const OpInfo& info, const c10::FunctionSchema& schema, int arg,
