@@ -372,3 +372,21 @@ def test_bad_mesh_dim_raises():
         parallelize_module(MLP(), mesh, {"w1": ColwiseParallel()}, tp_mesh_dim="cp")
     with pytest.raises(ValueError, match="cp"):
         dtensor.run_threads(2, fn)
+
+
+@pytest.mark.parametrize("src", [0, 1, None])
+def test_src_data_rank_decides_whose_parameters_count(src):
+    base = nn.Linear(4, 6)
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (2,))
+        m = copy.deepcopy(base)
+        with torch.no_grad():
+            m.weight.add_(rank)  # every rank holds different values
+        expected = base.weight.detach() + (rank if src is None else src)
+        parallelize_module(m, mesh, ColwiseParallel(), src_data_rank=src)
+        got = m.weight.to_local()
+        torch.testing.assert_close(got, expected.chunk(2, 0)[rank])
+        return True
+
+    assert all(dtensor.run_threads(2, rank_fn))

@@ -147,7 +147,8 @@ def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_ran
 def distribute_module(module, device_mesh=None, partition_fn=None, input_fn=None,
                       output_fn=None):
     """Distributes ``module``'s parameters with ``partition_fn(name, module, mesh)`` (default:
-    replicate every parameter) and installs input/output hooks, as PyTorch does."""
+    replicate every parameter, broadcast from the mesh's first rank) and installs input/output
+    hooks, as PyTorch does."""
     if device_mesh is None:
         raise ValueError("distribute_module: device_mesh must be given")
 
@@ -155,8 +156,8 @@ def distribute_module(module, device_mesh=None, partition_fn=None, input_fn=None
         for key, p in list(mod._parameters.items()):
             if p is not None and not isinstance(p, DTensor):
                 mod.register_parameter(key, torch.nn.Parameter(
-                    distribute_tensor(p.detach(), mesh, [Replicate()] * mesh.ndim,
-                                      src_data_rank=None), p.requires_grad))
+                    distribute_tensor(p.detach(), mesh, [Replicate()] * mesh.ndim),
+                    p.requires_grad))
 
     fn = partition_fn or replicate
     for name, sub in module.named_modules():

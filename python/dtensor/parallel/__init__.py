@@ -6,11 +6,12 @@ built afterwards update the shards) and installs forward hooks that lay inputs a
 
 Differences from PyTorch:
 
-* Our ``DeviceMesh`` has no ``mesh["tp"]`` sub-mesh. Pass a 1-D mesh, or an N-D mesh with
-  ``tp_mesh_dim`` (an index or a dim name; default the last dim). Parameters, annotated inputs and
-  outputs are Replicate on the other mesh dims.
-* ``src_data_rank`` defaults to ``None``: every rank holds the same module (same seed or a copy)
-  and keeps its own piece, with no communication.
+* Pass a 1-D mesh (``mesh["tp"]``, as in PyTorch), or an N-D mesh with ``tp_mesh_dim`` (an index
+  or a dim name; default the last dim). Parameters, annotated inputs and outputs are Replicate on
+  the other mesh dims.
+* ``src_data_rank`` defaults to 0, as in PyTorch: the mesh's first rank's parameter values are
+  scattered to the others; ``None`` keeps each rank's own copy (every rank must hold the same
+  module), with no communication.
 * ``RowwiseParallel`` on ``nn.Embedding`` reads a plain input as Replicate by default.
 * ``loss_parallel`` computes the exact loss but does not do the sharded-class-dim optimisation.
 """
@@ -69,15 +70,15 @@ def _matches(module, path):
 
 
 def parallelize_module(module, device_mesh=None, parallelize_plan=None, *, tp_mesh_dim=None,
-                       src_data_rank=None):
+                       src_data_rank=0):
     """Parallelizes ``module`` in place by ``parallelize_plan`` and returns it.
 
     ``parallelize_plan`` is a ``ParallelStyle`` (applied to ``module`` itself) or a dict from a
     submodule's fully-qualified name (each dotted part may be an fnmatch pattern: ``"layers.*.w1"``)
     to a style. A name that matches no submodule raises ValueError. ``device_mesh`` is 1-D, or N-D
     with ``tp_mesh_dim`` (index or name, default the last dim) naming the tensor-parallel dim.
-    ``src_data_rank``: None (default) keeps each rank's own copy of the parameters; a rank
-    scatters that rank's values."""
+    ``src_data_rank``: k (default 0) scatters the parameter values of the mesh's k-th rank;
+    None keeps each rank's own copy of the parameters (no communication)."""
     if device_mesh is None:
         raise ValueError("parallelize_module: device_mesh must be given")
     tp = _tp_dim(device_mesh, tp_mesh_dim)
