@@ -196,6 +196,9 @@ def test_errors_carry_the_engine_message():
             distribute_tensor(torch.ones(4), mesh, ["S(0)"])
         with pytest.raises(ValueError, match="plain tensor"):
             torch.ones(2).to_local()
+        assert not hasattr(torch.ones(2), "placements")
+        assert not hasattr(torch.ones(2), "device_mesh")
+        assert not isinstance(torch.ones(2), DTensor)
         return True
 
     assert all(dtensor.run_threads(2, fn))

@@ -29,7 +29,15 @@ __all__ = [
 _meshes = {}
 
 
+def _need_dtensor(t, name):
+    # AttributeError, so hasattr(t, "placements") is False for a plain tensor.
+    if not _C.is_dtensor(t):
+        raise AttributeError(f"'{name}' is defined only for distributed tensors; this is a plain "
+                             f"torch.Tensor (see dtensor.distribute_tensor)")
+
+
 def _mesh_of(t):
+    _need_dtensor(t, "device_mesh")
     c_mesh = _C.mesh(t)
     mesh = _meshes.get(c_mesh)
     if mesh is None:
@@ -94,6 +102,7 @@ def _redistribute(self, device_mesh=None, placements=None, *, async_op=False):
 
 
 def _placements(self):
+    _need_dtensor(self, "placements")
     return tuple(_from_c(p) for p in _C.placements(self))
 
 
