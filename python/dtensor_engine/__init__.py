@@ -1,7 +1,7 @@
-"""Native DTensor sharding engine (Python face).
+"""The first name of the package: the layout core and the functional collectives.
 
-For now this re-exports the layout core from the C++ extension; the
-torch.distributed.tensor-compatible API arrives with a later issue.
+New code imports ``dtensor`` (torch.distributed.tensor's API); this alias keeps older imports
+working and re-exports the layout core from ``dtensor._C``.
 """
 
 import torch  # noqa: F401  (loads libtorch before the extension)
