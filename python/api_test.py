@@ -2,10 +2,6 @@
 (simulation mode) and as real processes (shm), errors as Python exceptions carrying the C++
 message, and the public names."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -29,6 +25,7 @@ from dtensor import (
 )
 from dtensor import _functional_collectives as funcol
 from dtensor.debug import CommDebugMode, visualize_sharding
+from launch_ranks import run_on_ranks
 
 MESHES = [(4,), (2, 2)]
 
@@ -288,26 +285,11 @@ def test_public_names_only():
 
 @pytest.mark.parametrize("backend", ["shm"])
 def test_real_processes(backend, tmp_path):
-    worker = tmp_path / "worker.py"
-    worker.write_text(WORKER)
-    env = dict(os.environ, DTENSOR_BACKEND=backend, PYTHONSAFEPATH="1",
-               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    out = subprocess.run([sys.executable, os.environ["LAUNCH_PY"], "-n", "4", "--",
-                          sys.executable, str(worker)], env=env, capture_output=True, text=True,
-                         timeout=240)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count("ok") == 4, out.stdout
+    run_on_ranks(WORKER, 4, tmp_path, DTENSOR_BACKEND=backend)
 
 
 def test_from_group_wraps_a_torch_distributed_gloo_group(tmp_path):
-    worker = tmp_path / "worker.py"
-    worker.write_text(FROM_GROUP_WORKER)
-    env = dict(os.environ, PYTHONSAFEPATH="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    out = subprocess.run([sys.executable, os.environ["LAUNCH_PY"], "-n", "2", "--",
-                          sys.executable, str(worker)], env=env, capture_output=True, text=True,
-                         timeout=240)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count("ok") == 2, out.stdout
+    run_on_ranks(FROM_GROUP_WORKER, 2, tmp_path)
 
 
 FROM_GROUP_WORKER = r'''

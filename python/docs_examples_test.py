@@ -1,11 +1,8 @@
 """PyTorch's DTensor documentation examples run on this engine after changing only the import
 lines (torch.distributed.tensor -> dtensor). Each example runs on 4 real processes (shm)."""
 
-import os
-import subprocess
-import sys
-
 import pytest
+from launch_ranks import run_on_ranks
 
 IMPORTS = {
     "from torch.distributed.tensor.debug import": "from dtensor.debug import",
@@ -107,11 +104,4 @@ def ported(code):
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_docs_example_runs_after_changing_the_import(name, tmp_path):
-    script = tmp_path / f"{name}.py"
-    script.write_text(ported(EXAMPLES[name]) + '\nprint("ok")\n')
-    env = dict(os.environ, PYTHONSAFEPATH="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    out = subprocess.run([sys.executable, os.environ["LAUNCH_PY"], "-n", "4", "--",
-                          sys.executable, str(script)], env=env, capture_output=True, text=True,
-                         timeout=240)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count("ok") == 4, out.stdout
+    run_on_ranks(ported(EXAMPLES[name]) + '\nprint("ok")\n', 4, tmp_path, name)
