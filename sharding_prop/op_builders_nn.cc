@@ -1,0 +1,373 @@
+// The rule builders of the op table for indexing, embedding, norms, losses, attention,
+// factories, dropout and the backward ops of views and indexing (op_builders.cc has the
+// pointwise, reduction, view, matmul and cat families and the shared helpers).
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "sharding_prop/op_builders.h"
+
+namespace dtensor::sharding::builders {
+
+// index_select(self, dim, index): ints: dim. The output's dim follows the 1-D index.
+BuiltRule index_select_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 2, 2, "index_select");
+  const auto& s = m[0].shape;
+  if (m[1].shape.size() > 1) throw std::invalid_argument("index_select: index must be 1-D");
+  const int64_t d =
+      normalize_tensor_dim(arg(a, 0, "index_select", "dim"), s.size(), "index_select dim");
+  Rule r = select_rule(s, d);  // self's dim replicated, removed
+  const int64_t len = m[1].shape.empty() ? 1 : m[1].shape[0];
+  const DimFactors idx = len == 1 ? DimFactors{} : DimFactors{r.add_factor(len)};
+  r.outputs[0].insert(r.outputs[0].begin() + d, idx);
+  r.inputs.push_back(m[1].shape.empty() ? TensorFactors{} : TensorFactors{idx});
+  return {std::move(r), {m[0].dtype}};
+}
+
+// gather(self, dim, index): ints: dim. Output = index's shape; dims where self and index agree
+// shard together, the others (and `dim`) stay whole.
+BuiltRule gather_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 2, 2, "gather");
+  const auto &s = m[0].shape, &ix = m[1].shape;
+  if (s.size() != ix.size())
+    throw std::invalid_argument("gather: index and self need the same number of dims");
+  const int64_t d = normalize_tensor_dim(arg(a, 0, "gather", "dim"), s.size(), "gather dim");
+  Rule r;
+  TensorFactors ts, ti;
+  for (size_t k = 0; k < s.size(); ++k) {
+    if (static_cast<int64_t>(k) != d && s[k] == ix[k]) {
+      const DimFactors f = s[k] == 1 ? DimFactors{} : DimFactors{r.add_factor(s[k])};
+      ts.push_back(f);
+      ti.push_back(f);
+    } else {
+      ts.push_back({r.add_factor(s[k], FactorKind::kReplicate)});
+      ti.push_back({r.add_factor(
+          ix[k], static_cast<int64_t>(k) == d ? FactorKind::kPass : FactorKind::kReplicate)});
+    }
+  }
+  r.inputs = {ts, ti};
+  r.outputs = {ti};
+  return {std::move(r), {m[0].dtype}};
+}
+
+// embedding(weight [V, D], indices): a row-sharded weight gives a Partial(sum) output, computed
+// by a masked lookup (rows this rank does not hold contribute zeros: REFERENCE.md §1).
+BuiltRule embedding_of(const Metas& m, const LayoutArgs&) {
+  need_inputs(m, 2, 2, "embedding");
+  if (m[0].shape.size() != 2) throw std::invalid_argument("embedding: weight must be 2-D");
+  Rule r;
+  const int v = r.add_factor(m[0].shape[0], FactorKind::kContract);
+  const int dd = r.add_factor(m[0].shape[1]);
+  TensorFactors idx, out;
+  for (int64_t s : m[1].shape) {
+    const DimFactors f = s == 1 ? DimFactors{} : DimFactors{r.add_factor(s)};
+    idx.push_back(f);
+    out.push_back(f);
+  }
+  out.push_back({dd});
+  r.inputs = {{{v}, {dd}}, idx};
+  r.outputs = {out};
+  return {std::move(r), {m[0].dtype}};
+}
+
+// embedding_dense_backward(grad [..., D], indices [...]): ints: num_weights. Sharding the
+// lookups sums partial weight gradients.
+BuiltRule embedding_backward_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 2, 2, "embedding_dense_backward");
+  Rule r;
+  const auto& g = m[0].shape;
+  if (g.empty() || std::vector<int64_t>(g.begin(), g.end() - 1) != m[1].shape) {
+    throw std::invalid_argument("embedding_dense_backward: grad must be indices' shape + [D]");
+  }
+  TensorFactors tg, ti;
+  for (size_t k = 0; k + 1 < g.size(); ++k) {
+    const DimFactors f =
+        g[k] == 1 ? DimFactors{} : DimFactors{r.add_factor(g[k], FactorKind::kContract)};
+    tg.push_back(f);
+    ti.push_back(f);
+  }
+  const int dd = r.add_factor(g.back());
+  tg.push_back({dd});
+  const int v =
+      r.add_factor(arg(a, 0, "embedding_dense_backward", "num_weights"), FactorKind::kReplicate);
+  r.inputs = {tg, ti};
+  r.outputs = {{{v}, {dd}}};
+  return {std::move(r), {m[0].dtype}};
+}
+
+// native_layer_norm(input, weight?, bias?): ints: the number of normalised (trailing) dims.
+// Outputs: out, mean, rstd (mean/rstd keep the leading dims, size 1 in the normalised ones).
+BuiltRule layer_norm_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 3, "native_layer_norm");
+  const auto& s = m[0].shape;
+  const int64_t k = arg(a, 0, "native_layer_norm", "normalized dims");
+  if (k < 1 || k > static_cast<int64_t>(s.size()))
+    throw std::invalid_argument("native_layer_norm: bad normalized_shape");
+  Rule r;
+  TensorFactors in, stat;
+  const size_t lead = s.size() - k;
+  for (size_t d = 0; d < s.size(); ++d) {
+    const bool norm = d >= lead;
+    const DimFactors f =
+        s[d] == 1
+            ? DimFactors{}
+            : DimFactors{r.add_factor(s[d], norm ? FactorKind::kReplicate : FactorKind::kPass)};
+    in.push_back(f);
+    stat.push_back(norm ? DimFactors{} : f);
+  }
+  r.inputs.push_back(in);
+  for (size_t i = 1; i < m.size(); ++i)
+    r.inputs.push_back(TensorFactors(in.begin() + lead, in.end()));
+  r.outputs = {in, stat, stat};
+  return {std::move(r), {m[0].dtype, m[0].dtype, m[0].dtype}};
+}
+
+// native_layer_norm_backward(grad_out, input, mean, rstd, weight?, bias?): ints: the number of
+// normalised dims. Outputs grad_input, grad_weight, grad_bias: the last two sum over the leading
+// dims, so sharding those leaves them Partial(sum).
+BuiltRule layer_norm_backward_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 4, 6, "native_layer_norm_backward");
+  Metas fwd = {m[1]};
+  for (size_t i = 4; i < m.size(); ++i) fwd.push_back(m[i]);
+  BuiltRule f = layer_norm_of(fwd, a);
+  const TensorFactors in = f.rule.inputs[0], stat = f.rule.outputs[1];
+  const size_t lead = in.size() - a.ints[0];
+  Rule r = f.rule;
+  r.inputs = {in, in, stat, stat};
+  for (size_t i = 4; i < m.size(); ++i)
+    r.inputs.push_back(TensorFactors(in.begin() + lead, in.end()));
+  const TensorFactors wshape(in.begin() + lead, in.end());
+  r.outputs = {in, wshape, wshape};
+  std::vector<int> sums;
+  for (size_t d = 0; d < lead; ++d) sums.insert(sums.end(), in[d].begin(), in[d].end());
+  r.output_sums = {{}, sums, sums};
+  return {std::move(r), {m[0].dtype, m[0].dtype, m[0].dtype}};
+}
+
+void check_nll_shapes(const std::vector<int64_t>& self, const std::vector<int64_t>& target,
+                      const std::vector<int64_t>* weight, const char* op) {
+  const bool ok = (self.size() == 2 && target == std::vector<int64_t>{self[0]}) ||
+                  (self.size() == 1 && target.empty());
+  if (!ok || (weight != nullptr && *weight != std::vector<int64_t>{self.back()})) {
+    throw std::invalid_argument(
+        std::string(op) + ": expects self [N, C] or [C], target [N] or [] " + "and weight [C]");
+  }
+}
+
+// nll_loss_forward(self [N, C] or [C], target, weight?): ints: reduction (0 none, 1 mean,
+// 2 sum). Outputs output, total_weight. The class dim stays whole; the batch dim shards with
+// the targets: summed for reduction sum, kept for none, whole for mean (a mean over shards of
+// unequal ignored counts is not the mean).
+BuiltRule nll_loss_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 2, 3, "nll_loss_forward");
+  const int64_t reduction = arg(a, 0, "nll_loss_forward", "reduction");
+  Rule r;
+  const auto& s = m[0].shape;
+  check_nll_shapes(s, m[1].shape, m.size() == 3 ? &m[2].shape : nullptr, "nll_loss_forward");
+  const int c = r.add_factor(s.back(), FactorKind::kReplicate);
+  TensorFactors self, target, out;
+  if (s.size() == 2) {
+    const FactorKind kind = reduction == 0   ? FactorKind::kPass
+                            : reduction == 2 ? FactorKind::kContract
+                                             : FactorKind::kReplicate;
+    const DimFactors n = s[0] == 1 ? DimFactors{} : DimFactors{r.add_factor(s[0], kind)};
+    self.push_back(n);
+    target.push_back(n);
+    if (reduction == 0) out.push_back(n);
+    if (reduction == 0 && !n.empty()) r.output_sums = {{}, {n[0]}};
+  }
+  self.push_back({c});
+  r.inputs = {self, target};
+  if (m.size() == 3) r.inputs.push_back({{c}});
+  r.outputs = {out, {}};
+  return {std::move(r), {m[0].dtype, m[0].dtype}};
+}
+
+// nll_loss_backward(grad_output, self, target, weight?, total_weight): ints: reduction.
+BuiltRule nll_loss_backward_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 4, 5, "nll_loss_backward");
+  const int64_t reduction = arg(a, 0, "nll_loss_backward", "reduction");
+  Rule r;
+  const auto& s = m[1].shape;
+  check_nll_shapes(s, m[2].shape, m.size() == 5 ? &m[3].shape : nullptr, "nll_loss_backward");
+  const int c = r.add_factor(s.back(), FactorKind::kReplicate);
+  TensorFactors self, target, grad;
+  if (s.size() == 2) {
+    const DimFactors n = s[0] == 1 ? DimFactors{} : DimFactors{r.add_factor(s[0])};
+    self.push_back(n);
+    target.push_back(n);
+    if (reduction == 0) grad.push_back(n);
+  }
+  self.push_back({c});
+  r.inputs = {grad, self, target};
+  if (m.size() == 5) r.inputs.push_back({{c}});
+  r.inputs.push_back({});  // total_weight: a scalar
+  r.outputs = {self};
+  return {std::move(r), {m[1].dtype}};
+}
+
+// _scaled_dot_product_attention(q [.., s, d], k [.., t, d], v [.., t, e]) -> (out [.., s, e],
+// attn [.., s, t]): batch and head dims and the query rows shard; t (softmax) and d stay whole.
+BuiltRule sdpa_of(const Metas& m, const LayoutArgs&) {
+  need_inputs(m, 3, 3, "_scaled_dot_product_attention");
+  const auto &q = m[0].shape, &k = m[1].shape, &v = m[2].shape;
+  if (q.size() < 2 || k.size() != q.size() || v.size() != q.size()) {
+    throw std::invalid_argument("_scaled_dot_product_attention: q, k, v need equal ranks >= 2");
+  }
+  Rule r;
+  TensorFactors tq, tk, tv;
+  for (size_t d = 0; d + 2 < q.size(); ++d) {
+    if (q[d] != k[d] || q[d] != v[d])
+      throw std::invalid_argument("_scaled_dot_product_attention: batch dims differ");
+    const DimFactors f = q[d] == 1 ? DimFactors{} : DimFactors{r.add_factor(q[d])};
+    tq.push_back(f);
+    tk.push_back(f);
+    tv.push_back(f);
+  }
+  TensorFactors out = tq, attn = tq;
+  const int s = r.add_factor(q[q.size() - 2]);
+  const int t = r.add_factor(k[k.size() - 2], FactorKind::kReplicate);
+  const int d = r.add_factor(q.back(), FactorKind::kReplicate);
+  const int e = r.add_factor(v.back());
+  tq.insert(tq.end(), {{s}, {d}});
+  tk.insert(tk.end(), {{t}, {d}});
+  tv.insert(tv.end(), {{t}, {e}});
+  out.insert(out.end(), {{s}, {e}});
+  attn.insert(attn.end(), {{s}, {t}});
+  r.inputs = {tq, tk, tv};
+  r.outputs = {out, attn};
+  return {std::move(r), {m[0].dtype, m[0].dtype}};
+}
+
+// new_zeros/new_ones/new_empty/new_full(self, size): ints: the new sizes. Reads nothing of
+// self: self stays as it is and the new tensor is replicated.
+BuiltRule new_factory_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "new_*");
+  Rule r;
+  r.linearity = Linearity::kShapeOnly;
+  TensorFactors in, out;
+  for (int64_t s : m[0].shape)
+    in.push_back(s == 1 ? DimFactors{} : DimFactors{r.add_factor(s, FactorKind::kReplicate)});
+  for (int64_t s : a.ints) {
+    if (s < 0) throw std::invalid_argument("new_*: negative size " + std::to_string(s));
+    out.push_back(s == 1 ? DimFactors{} : DimFactors{r.add_factor(s, FactorKind::kReplicate)});
+  }
+  r.inputs = {in};
+  r.outputs = {out};
+  return {std::move(r), {m[0].dtype}};
+}
+
+// native_dropout(input) -> (out, mask): elementwise.
+BuiltRule dropout_of(const Metas& m, const LayoutArgs&) {
+  need_inputs(m, 1, 1, "native_dropout");
+  Rule r = pointwise_rule(shapes_of(m), Linearity::kNone);
+  r.outputs.push_back(r.outputs[0]);
+  return {std::move(r), {m[0].dtype, c10::kBool}};
+}
+
+// slice_backward(grad, input_sizes, dim, start, end, step): ints: dim, start, end, step,
+// input_sizes... The grad is the slice of a zero tensor of input_sizes: like slice, reversed.
+BuiltRule slice_backward_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "slice_backward");
+  if (a.ints.size() < 4)
+    throw std::invalid_argument("slice_backward: needs dim, start, end, step, sizes");
+  const std::vector<int64_t> sizes(a.ints.begin() + 4, a.ints.end());
+  Rule r = slice_rule(sizes, a.ints[0], a.ints[1], a.ints[2], a.ints[3]);
+  if (r.output_shape(0) != m[0].shape)
+    throw std::invalid_argument("slice_backward: grad does not fit the slice");
+  std::swap(r.inputs[0], r.outputs[0]);
+  return same_dtype(std::move(r), m);
+}
+
+// select_backward(grad, input_sizes, dim, index): ints: dim, input_sizes...
+BuiltRule select_backward_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "select_backward");
+  if (a.ints.empty()) throw std::invalid_argument("select_backward: needs dim, sizes");
+  const std::vector<int64_t> sizes(a.ints.begin() + 1, a.ints.end());
+  Rule r = select_rule(sizes, a.ints[0]);
+  if (r.output_shape(0) != m[0].shape)
+    throw std::invalid_argument("select_backward: grad does not fit the selection");
+  std::swap(r.inputs[0], r.outputs[0]);
+  return same_dtype(std::move(r), m);
+}
+
+// scatter_add / scatter.src (self, index, src) and index_add (self, index, source): ints: dim.
+// Along `dim` everything stays whole; other dims shard together where their sizes agree.
+BuiltRule scatter_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 3, 3, "scatter");
+  const auto &s = m[0].shape, &ix = m[1].shape, &src = m[2].shape;
+  if (ix.size() != s.size() || src.size() != s.size()) {
+    throw std::invalid_argument("scatter: self, index and src need the same number of dims");
+  }
+  const int64_t d = normalize_tensor_dim(arg(a, 0, "scatter", "dim"), s.size(), "scatter dim");
+  Rule r;
+  TensorFactors ts, ti, tsrc;
+  for (size_t k = 0; k < s.size(); ++k) {
+    if (static_cast<int64_t>(k) != d && s[k] == ix[k] && ix[k] == src[k]) {
+      const DimFactors f = s[k] == 1 ? DimFactors{} : DimFactors{r.add_factor(s[k])};
+      ts.push_back(f);
+      ti.push_back(f);
+      tsrc.push_back(f);
+    } else {
+      ts.push_back({r.add_factor(s[k], FactorKind::kReplicate)});
+      ti.push_back({r.add_factor(ix[k], FactorKind::kReplicate)});
+      tsrc.push_back({r.add_factor(src[k], FactorKind::kReplicate)});
+    }
+  }
+  r.inputs = {ts, ti, tsrc};
+  r.outputs = {ts};
+  return {std::move(r), {m[0].dtype}};
+}
+
+BuiltRule index_add_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 3, 3, "index_add");
+  const auto &s = m[0].shape, &src = m[2].shape;
+  const int64_t d = normalize_tensor_dim(arg(a, 0, "index_add", "dim"), s.size(), "index_add dim");
+  if (src.size() != s.size() || m[1].shape.size() > 1) {
+    throw std::invalid_argument("index_add: source must have self's dims and index must be 1-D");
+  }
+  Rule r;
+  TensorFactors ts, tsrc;
+  // The additions along `dim` land on the rows the index names: source rows and index entries
+  // shard together, which leaves self's rows Partial(sum).
+  const int64_t len = m[1].shape.empty() ? 1 : m[1].shape[0];
+  const DimFactors rows =
+      len == 1 ? DimFactors{} : DimFactors{r.add_factor(len, FactorKind::kContract)};
+  for (size_t k = 0; k < s.size(); ++k) {
+    if (static_cast<int64_t>(k) == d) {
+      ts.push_back({r.add_factor(s[k], FactorKind::kReplicate)});
+      tsrc.push_back(rows);
+    } else if (s[k] == src[k]) {
+      const DimFactors f = s[k] == 1 ? DimFactors{} : DimFactors{r.add_factor(s[k])};
+      ts.push_back(f);
+      tsrc.push_back(f);
+    } else {
+      throw std::invalid_argument("index_add: source and self differ outside dim");
+    }
+  }
+  r.inputs = {ts, m[1].shape.empty() ? TensorFactors{} : TensorFactors{rows}, tsrc};
+  r.outputs = {ts};
+  r.partial_with_contract = {true, false, false};  // self joins the Partial sum on one rank
+  return {std::move(r), {m[0].dtype}};
+}
+
+// value_selecting_reduction_backward(grad, dim, indices, sizes, keepdim): ints: dim, keepdim,
+// sizes... (max.dim's and min.dim's backward): a scatter of grad along dim into zeros(sizes).
+BuiltRule value_selecting_backward_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 2, 2, "value_selecting_reduction_backward");
+  if (a.ints.size() < 2)
+    throw std::invalid_argument("value_selecting_reduction_backward: needs dim, keepdim, sizes");
+  const std::vector<int64_t> sizes(a.ints.begin() + 2, a.ints.end());
+  Rule r =
+      reduction_rule(sizes, {a.ints[0]}, a.ints[1] != 0, ReduceOp::kMax, true, Linearity::kNone);
+  if (r.output_shape(0) != m[0].shape || m[1].shape != m[0].shape) {
+    throw std::invalid_argument(
+        "value_selecting_reduction_backward: grad/indices do not fit sizes");
+  }
+  Rule b = r;
+  b.inputs = {r.outputs[0], r.outputs[0]};
+  b.outputs = {r.inputs[0]};
+  return {std::move(b), {m[0].dtype}};
+}
+
+}  // namespace dtensor::sharding::builders
