@@ -18,24 +18,19 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The local piece of `grad` (a distributed gradient) laid out as `convention` wants: the
-// gradient convention of NOTE [DTensor autograd] for the forward spec.
-at::Tensor grad_piece(const at::Tensor& grad, const DTensorSpec& forward) {
-  if (!is_dtensor(grad)) return grad;
-  const DTensorSpec& g = spec_of(grad);
-  const DTensorSpec want =
-      DTensorSpec::make(g.mesh(), without_partial(forward).placements(), g.meta());
-  return redistribute_local(local_of(grad), g, want);
+// `t` laid out by `placements` (no autograd; `t` itself when it already is, or when it is
+// plain). Gradients use it to reach the layouts of NOTE [DTensor autograd].
+at::Tensor relaid(const at::Tensor& t, const Placements& placements) {
+  if (!is_dtensor(t)) return t;
+  const DTensorSpec& g = spec_of(t);
+  const DTensorSpec want = DTensorSpec::make(g.mesh(), placements, g.meta());
+  if (want == g) return t;
+  return make_dtensor(redistribute_local(local_of(t), g, want), want);
 }
 
-// A distributed gradient brought into the convention for `forward` (stays distributed).
+// A distributed gradient in the convention for the forward spec `forward`.
 at::Tensor grad_moved(const at::Tensor& grad, const DTensorSpec& forward) {
-  if (!is_dtensor(grad)) return grad;
-  const DTensorSpec& g = spec_of(grad);
-  const DTensorSpec want =
-      DTensorSpec::make(g.mesh(), without_partial(forward).placements(), g.meta());
-  if (want == g) return grad;
-  return make_dtensor(redistribute_local(local_of(grad), g, want), want);
+  return relaid(grad, without_partial(forward).placements());
 }
 
 struct FromLocalFn : torch::autograd::Function<FromLocalFn> {
@@ -44,7 +39,8 @@ struct FromLocalFn : torch::autograd::Function<FromLocalFn> {
     return make_dtensor(local.detach(), spec);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {grad_piece(grads[0], saved_specs(ctx).from), at::Tensor()};
+    const at::Tensor g = grad_moved(grads[0], saved_specs(ctx).from);
+    return {is_dtensor(g) ? local_of(g) : g, at::Tensor()};
   }
 };
 
@@ -131,12 +127,8 @@ void keep_grad_layout(at::Tensor& leaf_tensor) {
   at::Tensor& t = leaf_tensor;
   const DTensorSpec leaf = spec_of(t, "keep_grad_layout");
   t.register_hook([leaf](const at::Tensor& grad) -> at::Tensor {
-    if (!is_dtensor(grad)) return grad;
-    const DTensorSpec& g = spec_of(grad);
-    const DTensorSpec want = DTensorSpec::make(g.mesh(), leaf.placements(), g.meta());
-    if (want == g) return grad;
     collectives::CommCause cause("leaf gradient hook");
-    return make_dtensor(redistribute_local(local_of(grad), g, want), want);
+    return relaid(grad, leaf.placements());
   });
 }
 

@@ -215,6 +215,24 @@ std::vector<Input> collect_inputs(const OpInfo& info, const c10::FunctionSchema&
   return inputs;
 }
 
+// The propagator's answer for these inputs and arguments (the table entry is looked up once per
+// operator; the specs vector is reused, so a cache hit allocates nothing here).
+std::shared_ptr<const sharding::OpSharding> propagate_inputs(const OpInfo& info,
+                                                             const std::vector<Input>& inputs,
+                                                             const c10::IValue* args) {
+  thread_local std::vector<DTensorSpec> specs;
+  specs.clear();
+  for (const Input& in : inputs) specs.push_back(in.spec);
+  const sharding::LayoutArgs layout = info.args.layout(args);
+  const sharding::PropagateOptions options{t_strict};
+  const sharding::OpEntry* entry = info.entry.load(std::memory_order_acquire);
+  if (entry == nullptr && (entry = sharding::find_op(info.rule_name)) != nullptr) {
+    info.entry.store(entry, std::memory_order_release);
+  }
+  return entry != nullptr ? sharding::propagate(*entry, specs, layout, options)
+                          : sharding::propagate(info.rule_name, specs, layout, options);
+}
+
 void put(c10::IValue* args, const Input& in, const at::Tensor& local) {
   if (in.element < 0) {
     args[in.arg] = local;
@@ -228,21 +246,6 @@ void put(c10::IValue* args, const Input& in, const at::Tensor& local) {
 at::Tensor wrap(at::Tensor local, const DTensorSpec& spec) {
   if (local.scalar_type() != spec.meta().dtype) local = local.to(spec.meta().dtype);
   return make_dtensor(std::move(local), spec);
-}
-
-// The masked lookup of a row-sharded embedding weight: rows this rank does not hold contribute
-// zeros, so the Partial(sum) output adds up to the lookup.
-at::Tensor embedding_local(const at::Tensor& weight, const at::Tensor& idx,
-                           const DTensorSpec& weight_spec, const DTensorSpec& out_spec,
-                           const std::vector<int64_t>& coord) {
-  const LocalBox box = local_box(weight_spec, coord);
-  const int64_t rows = box.shape[0];
-  if (rows == weight_spec.shape()[0]) return at::embedding(weight, idx);
-  if (rows == 0) return at::zeros(local_box(out_spec, coord).shape, weight.options());
-  const int64_t lo = box.offset[0];
-  const at::Tensor hit = idx.ge(lo).logical_and(idx.lt(lo + rows));
-  const at::Tensor found = at::embedding(weight, (idx - lo).clamp(0, rows - 1));
-  return found * hit.unsqueeze(-1).to(weight.scalar_type());
 }
 
 // Runs a random op on a stand-in of the global tensor and keeps this rank's box.
@@ -314,18 +317,7 @@ void kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     return;
   }
 
-  thread_local std::vector<DTensorSpec> specs;  // reused: no allocation per call
-  specs.clear();
-  for (const Input& in : inputs) specs.push_back(in.spec);
-  const sharding::LayoutArgs layout = info.args.layout(args);
-  const sharding::PropagateOptions options{t_strict};
-  const sharding::OpEntry* entry = info.entry.load(std::memory_order_acquire);
-  if (entry == nullptr && (entry = sharding::find_op(info.rule_name)) != nullptr) {
-    info.entry.store(entry, std::memory_order_release);
-  }
-  const auto sharding = entry != nullptr
-                            ? sharding::propagate(*entry, specs, layout, options)
-                            : sharding::propagate(info.rule_name, specs, layout, options);
+  const auto sharding = propagate_inputs(info, inputs, args);
   const sharding::OpSharding& s = *sharding;
 
   for (size_t k = 0; k < inputs.size(); ++k) {
@@ -368,9 +360,10 @@ void kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       run_dropout(args, stack, n, inputs.at(0).local, s);
       return;
     case Special::kEmbedding: {
+      const auto& coord = my_coordinate(s.outputs[0].mesh());
       const at::Tensor out =
-          embedding_local(inputs.at(0).local, inputs.at(1).local, s.input_targets[0], s.outputs[0],
-                          my_coordinate(s.outputs[0].mesh()));
+          masked_embedding(inputs.at(0).local, inputs.at(1).local, s.input_targets[0], coord,
+                           local_box(s.outputs[0], coord).shape);
       torch::jit::drop(*stack, n);
       stack->push_back(wrap(out, s.outputs[0]));
       return;
@@ -472,11 +465,7 @@ std::string explain(const std::string& op, std::vector<c10::IValue> args) {
   }
   const OpInfo& info = info_for(*handle);
   const std::vector<Input> inputs = collect_inputs(info, schema, args.data(), args.size());
-  std::vector<DTensorSpec> specs;
-  for (const Input& in : inputs) specs.push_back(in.spec);
-  const auto s = sharding::propagate(info.rule_name, specs, info.args.layout(args.data()),
-                                     sharding::PropagateOptions{t_strict});
-  return s->to_string();
+  return propagate_inputs(info, inputs, args.data())->to_string();
 }
 
 }  // namespace dtensor

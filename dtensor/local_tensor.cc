@@ -45,4 +45,17 @@ at::Tensor partial_share(const at::Tensor& value, ReduceOp op, bool holder) {
   }
 }
 
+at::Tensor masked_embedding(const at::Tensor& weight_piece, const at::Tensor& idx,
+                            const DTensorSpec& weight_spec, const std::vector<int64_t>& coordinate,
+                            const std::vector<int64_t>& out_shape) {
+  const LocalBox box = local_box(weight_spec, coordinate);
+  const int64_t rows = box.shape[0];
+  if (rows == weight_spec.shape()[0]) return at::embedding(weight_piece, idx);
+  if (rows == 0) return at::zeros(out_shape, weight_piece.options());
+  const int64_t lo = box.offset[0];
+  const at::Tensor hit = idx.ge(lo).logical_and(idx.lt(lo + rows));
+  const at::Tensor found = at::embedding(weight_piece, (idx - lo).clamp(0, rows - 1));
+  return found * hit.unsqueeze(-1).to(weight_piece.scalar_type());
+}
+
 }  // namespace dtensor

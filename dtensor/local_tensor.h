@@ -26,4 +26,12 @@ at::Tensor local_tensor_for(const at::Tensor& global, const DTensorSpec& spec,
 // product (1), or `value` again for the idempotent ops (avg, min, max, band, bor). A fresh tensor.
 at::Tensor partial_share(const at::Tensor& value, ReduceOp op, bool holder);
 
+// The masked lookup of a row-sharded embedding (REFERENCE.md §1): `weight_piece` is this rank's
+// piece of a weight laid out by `weight_spec` (rows possibly sharded); rows this rank does not hold
+// contribute zeros, so the Partial(sum) of the ranks' results is at::embedding(weight, idx).
+// `out_shape` is this rank's output shape (used when it holds no rows).
+at::Tensor masked_embedding(const at::Tensor& weight_piece, const at::Tensor& idx,
+                            const DTensorSpec& weight_spec, const std::vector<int64_t>& coordinate,
+                            const std::vector<int64_t>& out_shape);
+
 }  // namespace dtensor

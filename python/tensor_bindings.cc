@@ -64,6 +64,15 @@ c10::IValue to_ivalue(const py::handle& a) {
   throw std::invalid_argument("explain: unsupported argument " + py::repr(a).cast<std::string>());
 }
 
+// TensorOptions from Python's dtype (None: the default dtype) and requires_grad.
+at::TensorOptions options_for(const py::object& dtype, bool requires_grad) {
+  return at::TensorOptions()
+      .requires_grad(requires_grad)
+      .dtype(dtype.is_none() ? at::get_default_dtype()
+                             : caffe2::TypeMeta::fromScalarType(
+                                   reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type));
+}
+
 }  // namespace
 
 void bind_tensors(py::module& m) {
@@ -100,10 +109,7 @@ void bind_tensors(py::module& m) {
         name,
         [f](const std::vector<int64_t>& size, const DeviceMesh& mesh, const Placements& pl,
             py::object dtype, bool requires_grad) {
-          at::TensorOptions o = at::TensorOptions().requires_grad(requires_grad);
-          o = o.dtype(dtype.is_none() ? at::get_default_dtype()
-                                      : caffe2::TypeMeta::fromScalarType(
-                                            reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type));
+          const at::TensorOptions o = options_for(dtype, requires_grad);
           py::gil_scoped_release release;
           return f(size, mesh, pl, o);
         },
@@ -119,10 +125,7 @@ void bind_tensors(py::module& m) {
       "full",
       [](const std::vector<int64_t>& size, double value, const DeviceMesh& mesh,
          const Placements& pl, py::object dtype, bool requires_grad) {
-        at::TensorOptions o = at::TensorOptions().requires_grad(requires_grad);
-        o = o.dtype(dtype.is_none() ? at::get_default_dtype()
-                                    : caffe2::TypeMeta::fromScalarType(
-                                          reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type));
+        const at::TensorOptions o = options_for(dtype, requires_grad);
         py::gil_scoped_release release;
         return api::full(size, value, mesh, pl, o);
       },

@@ -57,19 +57,11 @@ Fn many(F f) {
   };
 }
 
-// The masked lookup of a row-sharded embedding (REFERENCE.md §1): rows this rank does not hold
-// contribute zeros, so the Partial(sum) output reduces to the lookup.
+// The masked lookup of a row-sharded embedding, as the dispatcher runs it.
 at::Tensor embedding_local(const at::Tensor& weight, const at::Tensor& idx, const Local* local) {
   if (local == nullptr) return at::embedding(weight, idx);
-  const DTensorSpec& w = local->sharding->input_targets[0];
-  const LocalBox box = local_box(w, local->coord);
-  const int64_t lo = box.shape[0] == 0 ? 0 : box.offset[0], rows = box.shape[0];
-  if (rows == w.shape()[0]) return at::embedding(weight, idx);
-  const at::Tensor hit = idx.ge(lo).logical_and(idx.lt(lo + rows));
-  if (rows == 0)
-    return at::zeros(local_box(local->sharding->outputs[0], local->coord).shape, weight.options());
-  const at::Tensor found = at::embedding(weight, (idx - lo).clamp(0, rows - 1));
-  return found * hit.unsqueeze(-1).to(weight.scalar_type());
+  return masked_embedding(weight, idx, local->sharding->input_targets[0], local->coord,
+                          local_box(local->sharding->outputs[0], local->coord).shape);
 }
 
 at::Tensor make_input(const std::vector<int64_t>& shape, int64_t salt, Data kind) {

@@ -85,8 +85,11 @@ def _to_local(self, *, grad_placements=None):
 
 
 def _full_tensor(self, *, grad_placements=None):
-    """The global tensor on every rank."""
-    return _C.full_tensor(self)
+    """The global tensor on every rank; ``grad_placements`` as in ``to_local``."""
+    if grad_placements is None:
+        return _C.full_tensor(self)
+    replicated = self.redistribute(self.device_mesh, [Replicate()] * self.device_mesh.ndim)
+    return replicated.to_local(grad_placements=grad_placements)
 
 
 def _redistribute(self, device_mesh=None, placements=None, *, async_op=False):
