@@ -35,7 +35,7 @@
 #include "bench/bench_support.h"
 #include "collectives/functional.h"
 #include "collectives/launch_env.h"
-#include "tests/fork_ranks.h"
+#include "collectives/testing/fork_ranks.h"
 
 using namespace dtensor;
 using namespace dtensor::collectives;

@@ -42,7 +42,7 @@
 #include "collectives/functional.h"
 #include "collectives/rank_context.h"
 #include "dtensor/api.h"
-#include "dtensor/redistribute_plan.h"
+#include "sharding_prop/redistribute_plan.h"
 #include "examples/tp_model.h"
 #include "sharding_prop/propagator.h"
 #include "tools/cli_args.h"

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "bench/bench_support.h"
-#include "dtensor/dtensor_spec.h"
+#include "layout/dtensor_spec.h"
 #include "sharding_prop/propagator.h"
 
 using namespace dtensor;

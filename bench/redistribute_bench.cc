@@ -22,8 +22,8 @@
 #include "collectives/launch_env.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/redistribute.h"
-#include "dtensor/shard_layout.h"
-#include "tests/fork_ranks.h"
+#include "layout/shard_layout.h"
+#include "collectives/testing/fork_ranks.h"
 
 using namespace dtensor;
 using bench::Clock;

@@ -7,7 +7,8 @@
 // error, rethrown as CollectiveError naming the collective, group, ranks and elapsed time.
 
 #include "collectives/c10d_backend.h"
-#include "dtensor/strings.h"
+#include "base/error.h"
+#include "base/strings.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -81,7 +82,7 @@ class C10dCommunicator : public Communicator {
     }
     if (!pg_) {
       if (!o.store) {
-        throw std::invalid_argument(
+        throw Error(
             "c10d backend: group '" + o.group.name +
             "' has no rendezvous store (start ranks with ./x launch or torchrun and call "
             "init_from_env, or hand in a ProcessGroup with use_process_group)");
@@ -95,7 +96,7 @@ class C10dCommunicator : public Communicator {
                                                         static_cast<int>(size()), options);
     }
     if (pg_->getRank() != rank() || pg_->getSize() != size()) {
-      throw std::invalid_argument("c10d backend: process group for '" + o.group.name +
+      throw Error("c10d backend: process group for '" + o.group.name +
                                   "' has rank " + std::to_string(pg_->getRank()) + " of " +
                                   std::to_string(pg_->getSize()) + ", the group needs rank " +
                                   std::to_string(rank()) + " of " + std::to_string(size()));

@@ -4,6 +4,8 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "base/error.h"
+
 namespace dtensor::collectives {
 namespace {
 
@@ -42,14 +44,14 @@ int64_t group_rank_of(const CommunicatorOptions& options) {
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i] == options.global_rank) return static_cast<int64_t>(i);
   }
-  throw std::invalid_argument("rank " + std::to_string(options.global_rank) +
+  throw Error("rank " + std::to_string(options.global_rank) +
                               " is not a member of group '" + options.group.name + "'");
 }
 
 void register_backend(const std::string& name, BackendFactory factory) {
   std::lock_guard<std::mutex> lock(registry().mu);
   if (!registry().factories.emplace(name, std::move(factory)).second) {
-    throw std::invalid_argument("collectives backend '" + name + "' is registered twice");
+    throw Error("collectives backend '" + name + "' is registered twice");
   }
 }
 
@@ -75,7 +77,7 @@ std::unique_ptr<Communicator> make_communicator(const CommunicatorOptions& optio
   if (!factory) {
     std::string known;
     for (const auto& n : backend_names()) known += (known.empty() ? "" : ", ") + n;
-    throw std::invalid_argument("unknown collectives backend '" + options.group.backend +
+    throw Error("unknown collectives backend '" + options.group.backend +
                                 "' for group '" + options.group.name +
                                 "'; registered: " + (known.empty() ? "none" : known));
   }

@@ -13,7 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "dtensor/placement.h"
+#include "base/error.h"
+#include "layout/placement.h"
 
 namespace dtensor::collectives {
 
@@ -73,9 +74,9 @@ class Communicator {
 };
 
 // Raised for communication failures (timeouts, dead peers, mismatched calls across ranks).
-class CollectiveError : public std::runtime_error {
+class CollectiveError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  using Error::Error;
 };
 
 // What a backend factory gets: the group, this rank's global rank, the timeout, and the job name

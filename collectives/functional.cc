@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "base/error.h"
 #include "collectives/rank_context.h"
 #include "collectives/reduce.h"
 
@@ -90,14 +91,14 @@ int64_t my_group_rank(const std::string& group) {
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i] == me) return static_cast<int64_t>(i);
   }
-  throw std::invalid_argument("rank " + std::to_string(me) + " is not a member of group '" + group +
+  throw Error("rank " + std::to_string(me) + " is not a member of group '" + group +
                               "'");
 }
 
 int64_t norm_dim(int64_t dim, const at::Tensor& t, const char* what) {
   const int64_t n = t.dim();
   if (n == 0 || dim < -n || dim >= n) {
-    throw std::invalid_argument(std::string(what) + ": dim " + std::to_string(dim) +
+    throw Error(std::string(what) + ": dim " + std::to_string(dim) +
                                 " is out of range for a tensor of shape " + c10::str(t.sizes()));
   }
   return dim < 0 ? dim + n : dim;
@@ -230,7 +231,7 @@ at::Tensor all_gather_uneven(const at::Tensor& input, int64_t gather_dim,
   const int64_t n = group_size(group), me = my_group_rank(group);
   const int64_t d = norm_dim(gather_dim, input, "all_gather_uneven");
   if (static_cast<int64_t>(sizes.size()) != n || sizes[me] != input.size(d)) {
-    throw std::invalid_argument("all_gather_uneven on group '" + group +
+    throw Error("all_gather_uneven on group '" + group +
                                 "': sizes must give one entry per rank (" + std::to_string(n) +
                                 ") and this rank's entry must equal its input's size " +
                                 std::to_string(input.size(d)) + " along dim " + std::to_string(d));
@@ -240,7 +241,7 @@ at::Tensor all_gather_uneven(const at::Tensor& input, int64_t gather_dim,
   int64_t rows = 0;
   std::vector<int64_t> counts;
   for (int64_t s : sizes) {
-    if (s < 0) throw std::invalid_argument("all_gather_uneven: negative size in sizes");
+    if (s < 0) throw Error("all_gather_uneven: negative size in sizes");
     rows += s;
     counts.push_back(s * inner);
   }
@@ -278,7 +279,7 @@ std::vector<at::Tensor> reduce_scatter_tensor_coalesced(const std::vector<at::Te
     for (size_t i : idx) {
       const int64_t d = norm_dim(scatter_dim, inputs[i], "reduce_scatter_tensor");
       if (inputs[i].size(d) % n != 0) {
-        throw std::invalid_argument("reduce_scatter_tensor on group '" + group + "': size " +
+        throw Error("reduce_scatter_tensor on group '" + group + "': size " +
                                     std::to_string(inputs[i].size(d)) + " of dim " +
                                     std::to_string(d) + " of a tensor of shape " +
                                     c10::str(inputs[i].sizes()) +
@@ -322,12 +323,12 @@ at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>
                              const std::vector<int64_t>& input_splits, const std::string& group,
                              bool async_op) {
   const int64_t n = group_size(group);
-  if (input.dim() == 0) throw std::invalid_argument("all_to_all_single needs a tensor with dims");
+  if (input.dim() == 0) throw Error("all_to_all_single needs a tensor with dims");
   const int64_t rows = input.size(0);
   const int64_t inner = c10::multiply_integers(input.sizes().slice(1));
   auto equal_split = [&](const char* which) {
     if (rows % n != 0) {
-      throw std::invalid_argument("all_to_all_single on group '" + group + "': no " + which +
+      throw Error("all_to_all_single on group '" + group + "': no " + which +
                                   " given and dim 0 of size " + std::to_string(rows) +
                                   " does not split evenly over " + std::to_string(n) + " ranks");
     }
@@ -342,7 +343,7 @@ at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>
   for (int64_t s : out_s) out_rows += s;
   if (static_cast<int64_t>(in_s.size()) != n || static_cast<int64_t>(out_s.size()) != n ||
       in_rows != rows) {
-    throw std::invalid_argument(
+    throw Error(
         "all_to_all_single on group '" + group + "': need one split per rank (" +
         std::to_string(n) + ") and input splits summing to dim 0 (" + std::to_string(rows) + ")");
   }
@@ -364,7 +365,7 @@ at::Tensor all_to_all(const at::Tensor& input, int64_t split_dim, int64_t concat
   const int64_t sd = norm_dim(split_dim, input, "all_to_all");
   const int64_t cd = norm_dim(concat_dim, input, "all_to_all");
   if (input.size(sd) % n != 0) {
-    throw std::invalid_argument("all_to_all on group '" + group + "': split dim " +
+    throw Error("all_to_all on group '" + group + "': split dim " +
                                 std::to_string(sd) + " of size " + std::to_string(input.size(sd)) +
                                 " does not split evenly over " + std::to_string(n) + " ranks");
   }
@@ -395,7 +396,7 @@ at::Tensor broadcast(const at::Tensor& input, int64_t src, const std::string& gr
                      bool async_op) {
   const int64_t n = group_size(group);
   if (src < 0 || src >= n) {
-    throw std::invalid_argument("broadcast on group '" + group + "': source rank " +
+    throw Error("broadcast on group '" + group + "': source rank " +
                                 std::to_string(src) + " is not a group rank (group size " +
                                 std::to_string(n) + ")");
   }

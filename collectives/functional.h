@@ -14,7 +14,7 @@
 
 #include "collectives/communicator.h"
 #include "collectives/work.h"
-#include "dtensor/placement.h"
+#include "layout/placement.h"
 
 namespace dtensor::collectives {
 

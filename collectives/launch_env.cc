@@ -7,6 +7,8 @@
 
 #include <unistd.h>
 
+#include "base/error.h"
+
 namespace dtensor::collectives {
 namespace {
 
@@ -19,14 +21,14 @@ int64_t env_int(const char* name, std::optional<int64_t> fallback = std::nullopt
   const auto v = env(name);
   if (!v) {
     if (fallback) return *fallback;
-    throw std::invalid_argument(std::string("launch environment: ") + name +
+    throw Error(std::string("launch environment: ") + name +
                                 " is not set (start ranks with ./x launch -n N -- CMD, or "
                                 "python3 -m torch.distributed.run)");
   }
   char* end = nullptr;
   const long long x = std::strtoll(v->c_str(), &end, 10);
   if (v->empty() || *end != '\0' || x < 0) {
-    throw std::invalid_argument(std::string("launch environment: ") + name + "='" + *v +
+    throw Error(std::string("launch environment: ") + name + "='" + *v +
                                 "' is not a non-negative integer");
   }
   return x;
@@ -43,11 +45,11 @@ std::optional<LaunchEnv> launch_env_from_environ() {
   e.master_addr = env("MASTER_ADDR").value_or("127.0.0.1");
   e.port = static_cast<int>(env_int("MASTER_PORT", 29500));
   if (e.world_size < 1 || e.rank >= e.world_size) {
-    throw std::invalid_argument("launch environment: RANK=" + std::to_string(e.rank) +
+    throw Error("launch environment: RANK=" + std::to_string(e.rank) +
                                 " is not in a world of WORLD_SIZE=" + std::to_string(e.world_size));
   }
   if (e.port <= 0 || e.port > 65535) {
-    throw std::invalid_argument("launch environment: MASTER_PORT=" + std::to_string(e.port) +
+    throw Error("launch environment: MASTER_PORT=" + std::to_string(e.port) +
                                 " is not a TCP port");
   }
   return e;
@@ -57,7 +59,7 @@ std::shared_ptr<RankContext> init_from_env(const std::string& backend,
                                            std::chrono::milliseconds timeout) {
   const auto e = launch_env_from_environ();
   if (!e) {
-    throw std::invalid_argument(
+    throw Error(
         "launch environment: RANK and WORLD_SIZE are not set (start ranks with "
         "./x launch -n N -- CMD, or python3 -m torch.distributed.run)");
   }

@@ -21,7 +21,7 @@ struct LaunchEnv {
 };
 
 // Reads the torchrun variables; nullopt when RANK and WORLD_SIZE are both absent. Throws
-// std::invalid_argument naming the variable when one is present but malformed or missing.
+// dtensor::Error naming the variable when one is present but malformed or missing.
 std::optional<LaunchEnv> launch_env_from_environ();
 
 // Connects to the job's TCPStore, agrees on a job id (rank 0 makes one and publishes it), and

@@ -15,9 +15,10 @@
 #include <cstring>
 #include <thread>
 
+#include "base/error.h"
 #include "collectives/communicator.h"
 #include "collectives/reduce.h"
-#include "dtensor/strings.h"
+#include "base/strings.h"
 
 namespace dtensor::collectives {
 namespace {
@@ -44,7 +45,7 @@ ncclDataType_t nccl_dtype(c10::ScalarType t) {
     case c10::kBool:
       return ncclUint8;
     default:
-      throw std::invalid_argument(std::string("nccl backend: dtype ") + c10::toString(t) +
+      throw Error(std::string("nccl backend: dtype ") + c10::toString(t) +
                                   " is not supported");
   }
 }
@@ -62,7 +63,7 @@ ncclRedOp_t nccl_op(ReduceOp op, c10::ScalarType t) {
     case ReduceOp::kAvg:
       return ncclAvg;
     default:
-      throw std::invalid_argument(std::string("nccl backend: NCCL has no ") +
+      throw Error(std::string("nccl backend: NCCL has no ") +
                                   std::string(reduce_op_name(op)) + " reduction (dtype " +
                                   c10::toString(t) + ")");
   }
@@ -79,7 +80,7 @@ class NcclCommunicator : public Communicator {
   explicit NcclCommunicator(const CommunicatorOptions& o)
       : Communicator(o.group, group_rank_of(o), o.timeout) {
     if (!o.store) {
-      throw std::invalid_argument("nccl backend: group '" + o.group.name +
+      throw Error("nccl backend: group '" + o.group.name +
                                   "' has no rendezvous store (use init_from_env)");
     }
     const std::string key = "dtensor/" + o.job + "/" + o.group.name + "/nccl_id";
@@ -106,7 +107,7 @@ class NcclCommunicator : public Communicator {
   void run(CollectiveCall& call) override {
     const auto start = Clock::now();
     if (call.kind != CollectiveKind::kBarrier && !call.input.is_cuda()) {
-      throw std::invalid_argument("nccl backend: " + std::string(collective_name(call.kind)) +
+      throw Error("nccl backend: " + std::string(collective_name(call.kind)) +
                                   " on group '" + group().name + "' needs CUDA tensors, got " +
                                   call.input.device().str());
     }

@@ -1,5 +1,6 @@
 #include "collectives/rank_context.h"
-#include "dtensor/strings.h"
+#include "base/error.h"
+#include "base/strings.h"
 
 #include <atomic>
 #include <cstdlib>
@@ -22,7 +23,7 @@ std::chrono::milliseconds default_timeout() {
     char* end = nullptr;
     const long long ms = std::strtoll(env, &end, 10);
     if (end != env && *end == '\0' && ms > 0) return std::chrono::milliseconds(ms);
-    throw std::invalid_argument("DTENSOR_COLLECTIVE_TIMEOUT_MS='" + std::string(env) +
+    throw Error("DTENSOR_COLLECTIVE_TIMEOUT_MS='" + std::string(env) +
                                 "' is not a positive integer of milliseconds");
   }
   return std::chrono::milliseconds(300000);
@@ -36,7 +37,7 @@ RankContext::RankContext(int64_t rank, int64_t world_size, std::string backend, 
       job_(std::move(job)),
       timeout_(timeout) {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
-    throw std::invalid_argument("RankContext: rank " + std::to_string(rank) +
+    throw Error("RankContext: rank " + std::to_string(rank) +
                                 " is not in a world of size " + std::to_string(world_size));
   }
   std::vector<int64_t> all(world_size);
@@ -48,10 +49,10 @@ RankContext::~RankContext() = default;
 
 std::string RankContext::register_group(const std::string& name, const std::vector<int64_t>& ranks,
                                         const std::string& backend) {
-  if (ranks.empty()) throw std::invalid_argument("group '" + name + "' has no ranks");
+  if (ranks.empty()) throw Error("group '" + name + "' has no ranks");
   for (int64_t r : ranks) {
     if (r < 0 || r >= world_size_) {
-      throw std::invalid_argument("group '" + name + "' names rank " + std::to_string(r) +
+      throw Error("group '" + name + "' names rank " + std::to_string(r) +
                                   " outside the world of size " + std::to_string(world_size_) +
                                   " (ranks [" + join(ranks, ",") + "])");
     }
@@ -60,7 +61,7 @@ std::string RankContext::register_group(const std::string& name, const std::vect
   std::lock_guard<std::mutex> lock(mu_);
   auto [it, inserted] = groups_.emplace(name, info);
   if (!inserted && (it->second.ranks != ranks || it->second.backend != info.backend)) {
-    throw std::invalid_argument("group '" + name + "' is already registered with ranks [" +
+    throw Error("group '" + name + "' is already registered with ranks [" +
                                 join(it->second.ranks, ",") + "] on " + it->second.backend +
                                 "; cannot re-register it with [" + join(ranks, ",") + "] on " +
                                 info.backend);
@@ -75,7 +76,7 @@ std::string RankContext::new_group(const std::vector<int64_t>& ranks, const std:
 
 std::vector<std::string> RankContext::register_mesh(const DeviceMesh& mesh) {
   if (!mesh.contains(rank_)) {
-    throw std::invalid_argument("rank " + std::to_string(rank_) + " is not in " + mesh.to_string());
+    throw Error("rank " + std::to_string(rank_) + " is not in " + mesh.to_string());
   }
   std::vector<std::string> names;
   for (int64_t d = 0; d < mesh.ndim(); ++d) {
@@ -90,7 +91,7 @@ const GroupInfo& RankContext::group(const std::string& name) {
   if (it == groups_.end()) {
     std::string known;
     for (const auto& [n, g] : groups_) known += (known.empty() ? "" : ", ") + n;
-    throw std::invalid_argument("unknown group '" + name + "' on rank " + std::to_string(rank_) +
+    throw Error("unknown group '" + name + "' on rank " + std::to_string(rank_) +
                                 "; registered: " + known);
   }
   return it->second;
@@ -106,7 +107,7 @@ RankContext::Endpoint& RankContext::endpoint(const std::string& name) {
     if (info.ranks[i] == rank_) group_rank = static_cast<int64_t>(i);
   }
   if (group_rank < 0) {
-    throw std::invalid_argument("rank " + std::to_string(rank_) + " is not a member of group '" +
+    throw Error("rank " + std::to_string(rank_) + " is not a member of group '" +
                                 name + "' (ranks [" + join(info.ranks, ",") + "])");
   }
   CommunicatorOptions options{info, rank_, world_size_, timeout_};
@@ -129,7 +130,7 @@ RankContext& current_context() {
   if (t_context) return *t_context;
   std::lock_guard<std::mutex> lock(g_process_mu);
   if (!g_process_context) {
-    throw std::runtime_error(
+    throw Error(
         "no collectives context on this thread: initialise one (RankScope, run_threads, or "
         "set_process_context after rendezvous) before calling a collective");
   }

@@ -4,6 +4,8 @@
 
 #include <stdexcept>
 
+#include "base/error.h"
+
 namespace dtensor::collectives {
 
 void check_reduce_op(ReduceOp op, c10::ScalarType dtype, const std::string& what) {
@@ -21,7 +23,7 @@ void check_reduce_op(ReduceOp op, c10::ScalarType dtype, const std::string& what
     problem = "min/max of complex tensors is not defined";
   }
   if (problem) {
-    throw std::invalid_argument(what + ": reduce op " + std::string(reduce_op_name(op)) + " on " +
+    throw Error(what + ": reduce op " + std::string(reduce_op_name(op)) + " on " +
                                 c10::toString(dtype) + ": " + problem);
   }
 }

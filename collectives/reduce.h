@@ -6,11 +6,11 @@
 
 #include <string>
 
-#include "dtensor/placement.h"
+#include "layout/placement.h"
 
 namespace dtensor::collectives {
 
-// Throws std::invalid_argument naming `what` when `op` makes no sense for `dtype`:
+// throws dtensor::Error naming `what` when `op` makes no sense for `dtype`:
 // bitwise ops need integer or bool tensors; sum/avg need non-bool; avg needs floating point.
 void check_reduce_op(ReduceOp op, c10::ScalarType dtype, const std::string& what);
 

@@ -29,10 +29,11 @@
 #include <system_error>
 #include <thread>
 
+#include "base/error.h"
 #include "collectives/communicator.h"
 #include "collectives/reduce.h"
 #include "collectives/shm_segment.h"
-#include "dtensor/strings.h"
+#include "base/strings.h"
 
 namespace dtensor::collectives {
 namespace {
@@ -210,7 +211,7 @@ void check_call(const CollectiveCall& c, int64_t n, int64_t me, const std::strin
       break;
   }
   if (!ok) {
-    throw std::invalid_argument(where +
+    throw Error(where +
                                 ": needs flat contiguous CPU tensors of one dtype whose sizes "
                                 "match the split sizes (one per rank) and the source rank");
   }

@@ -15,7 +15,8 @@
 #include <system_error>
 #include <utility>
 
-#include "dtensor/hashing.h"
+#include "base/error.h"
+#include "base/stable_hash.h"
 
 namespace dtensor::collectives {
 namespace {
@@ -27,7 +28,7 @@ std::string hex16(uint64_t v) {
 }
 
 [[noreturn]] void throw_errno(int err, const std::string& what) {
-  throw std::system_error(err, std::generic_category(), what);
+  fail(what, ": ", std::generic_category().message(err));
 }
 
 // Closes `fd` when the scope ends (the mapping does not need it).
@@ -69,7 +70,7 @@ size_t half_buffer_bytes() {
     char* end = nullptr;
     const long long v = std::strtoll(env, &end, 10);
     if (end == env || *end != '\0' || v < 128) {
-      throw std::invalid_argument("DTENSOR_SHM_BUFFER_BYTES='" + std::string(env) +
+      throw Error("DTENSOR_SHM_BUFFER_BYTES='" + std::string(env) +
                                   "' is not a byte count of at least 128");
     }
     bytes = static_cast<size_t>(v);
@@ -102,7 +103,7 @@ bool cma_enabled() {
   const char* env = std::getenv("DTENSOR_SHM_CMA");
   if (env == nullptr || *env == '\0' || std::string(env) == "0") return false;
   if (std::string(env) == "1") return true;
-  throw std::invalid_argument("DTENSOR_SHM_CMA='" + std::string(env) + "' is not 0 or 1");
+  throw Error("DTENSOR_SHM_CMA='" + std::string(env) + "' is not 0 or 1");
 }
 
 }  // namespace shm

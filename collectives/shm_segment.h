@@ -81,7 +81,7 @@ int read_process(int64_t pid, uint64_t remote, void* local, size_t bytes);
 
 // Whether DTENSOR_SHM_CMA asks for cross memory attach ("1"; unset or "0": off, see NOTE [shm
 // cross memory attach] in shm_backend.cc).
-// Throws std::invalid_argument on another value.
+// throws dtensor::Error on another value.
 bool cma_enabled();
 
 struct Layout {
@@ -91,7 +91,7 @@ Layout layout_for(int64_t group_size, size_t half_bytes);
 
 // One data buffer's size: half of DTENSOR_SHM_BUFFER_BYTES (the data area of one rank; small
 // values make tests cross many chunk boundaries) or of 1 MiB, rounded down to 64 bytes so that
-// every element size divides it. Throws std::invalid_argument on a malformed value.
+// every element size divides it. throws dtensor::Error on a malformed value.
 size_t half_buffer_bytes();
 
 // Whether a process with this id exists (a segment whose creator is gone is a leftover).

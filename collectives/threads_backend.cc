@@ -13,7 +13,7 @@
 
 #include "collectives/communicator.h"
 #include "collectives/reduce.h"
-#include "dtensor/strings.h"
+#include "base/strings.h"
 
 namespace dtensor::collectives {
 namespace {

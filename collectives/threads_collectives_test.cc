@@ -9,7 +9,7 @@
 #include "collectives/functional.h"
 #include "collectives/rank_context.h"
 #include "collectives/reduce.h"
-#include "tests/collective_reference.h"
+#include "collectives/testing/collective_reference.h"
 
 namespace dtensor::collectives {
 namespace {
@@ -55,7 +55,7 @@ TEST_P(ThreadsCollectivesTest, InvalidReduceOpIsAClearError) {
     try {
       all_reduce(at::ones({2}), ReduceOp::kBxor, RankContext::kWorld);
       ADD_FAILURE() << "float bxor accepted";
-    } catch (const std::invalid_argument& e) {
+    } catch (const dtensor::Error& e) {
       EXPECT_NE(std::string(e.what()).find("bxor on Float"), std::string::npos) << e.what();
     }
   });
@@ -126,7 +126,7 @@ TEST_P(ThreadsCollectivesTest, ReduceScatterNeedsDivisibleDim) {
   if (n == 1) return;
   run_threads(n, [&](int64_t) {
     EXPECT_THROW(reduce_scatter_tensor(at::ones({n + 1}), ReduceOp::kSum, 0, RankContext::kWorld),
-                 std::invalid_argument);
+                 dtensor::Error);
   });
 }
 
@@ -285,18 +285,18 @@ TEST(ThreadsFailureTest, AbsentPeerTimesOutNamingCollectiveGroupAndRanks) {
 
 TEST(ThreadsFailureTest, UnknownGroupAndNonMember) {
   run_threads(2, [](int64_t r) {
-    EXPECT_THROW(all_reduce(at::ones({1}), ReduceOp::kSum, "nope"), std::invalid_argument);
+    EXPECT_THROW(all_reduce(at::ones({1}), ReduceOp::kSum, "nope"), dtensor::Error);
     current_context().register_group("only0", {0});
     if (r == 1) {
       try {
         all_reduce(at::ones({1}), ReduceOp::kSum, "only0");
         ADD_FAILURE();
-      } catch (const std::invalid_argument& e) {
+      } catch (const dtensor::Error& e) {
         EXPECT_NE(std::string(e.what()).find("not a member of group 'only0'"), std::string::npos);
       }
     }
-    EXPECT_THROW(current_context().register_group("only0", {1}), std::invalid_argument);
-    EXPECT_THROW(current_context().register_group("bad", {5}), std::invalid_argument);
+    EXPECT_THROW(current_context().register_group("only0", {1}), dtensor::Error);
+    EXPECT_THROW(current_context().register_group("bad", {5}), dtensor::Error);
   });
 }
 
@@ -304,7 +304,7 @@ TEST(ThreadsFailureTest, NoContextIsAClearError) {
   try {
     all_reduce(at::ones({1}), ReduceOp::kSum, "world");
     ADD_FAILURE();
-  } catch (const std::runtime_error& e) {
+  } catch (const dtensor::Error& e) {
     EXPECT_NE(std::string(e.what()).find("no collectives context"), std::string::npos);
   }
 }
@@ -314,7 +314,7 @@ TEST(BackendRegistryTest, UnknownBackendListsRegisteredOnes) {
     run_threads(
         1, [](int64_t) { barrier(RankContext::kWorld); }, "no-such-backend");
     ADD_FAILURE();
-  } catch (const std::invalid_argument& e) {
+  } catch (const dtensor::Error& e) {
     EXPECT_NE(std::string(e.what()).find("unknown collectives backend 'no-such-backend'"),
               std::string::npos);
     EXPECT_NE(std::string(e.what()).find("threads"), std::string::npos) << e.what();

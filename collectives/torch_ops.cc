@@ -13,6 +13,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
+#include "base/error.h"
 #include "collectives/functional.h"
 #include "collectives/rank_context.h"
 
@@ -27,7 +28,7 @@ int64_t norm(int64_t dim, int64_t ndim) { return dim < 0 ? dim + ndim : dim; }
 void check_group_size(const std::string& group, int64_t group_size, const char* op) {
   const int64_t actual = static_cast<int64_t>(current_context().group(group).ranks.size());
   if (actual != group_size) {
-    throw std::invalid_argument(std::string(op) + ": group_size " + std::to_string(group_size) +
+    throw Error(std::string(op) + ": group_size " + std::to_string(group_size) +
                                 " but group '" + group + "' has " + std::to_string(actual) +
                                 " ranks");
   }

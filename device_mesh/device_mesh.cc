@@ -1,18 +1,21 @@
 #include "device_mesh/device_mesh.h"
-#include "dtensor/strings.h"
+
+#include <absl/hash/hash.h>
+#include "base/error.h"
+#include "base/strings.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <stdexcept>
 #include <unordered_set>
 
-#include "dtensor/hashing.h"
+#include "base/stable_hash.h"
 
 namespace dtensor {
 namespace {
 
 [[noreturn]] void fail(const std::string& what) {
-  throw std::invalid_argument("DeviceMesh: " + what);
+  throw Error("DeviceMesh: " + what);
 }
 
 }  // namespace
@@ -56,12 +59,7 @@ DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<int64_t> ranks,
   for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d) {
     impl->strides[d] = impl->strides[d + 1] * shape[d + 1];
   }
-  uint64_t h = kFnvOffset;
-  for (int64_t s : shape) h = fnv1a_int(s, h);
-  h = fnv1a_int(-1, h);
-  for (int64_t r : ranks) h = fnv1a_int(r, h);
-  for (const auto& n : dim_names) h = fnv1a(n, fnv1a_int(-2, h));
-  impl->hash = static_cast<size_t>(h);
+  impl->hash = absl::HashOf(shape, ranks, dim_names);  // in-process only (interning, maps)
   impl->shape = std::move(shape);
   impl->ranks = std::move(ranks);
   impl->dim_names = std::move(dim_names);
@@ -279,7 +277,7 @@ std::string DeviceMesh::group_name(int64_t dim, int64_t rank) const {
 
 std::string group_name_for_ranks(const std::vector<int64_t>& ranks) {
   if (ranks.size() <= 8) return "ranks:" + join(ranks, "-");
-  uint64_t h = kFnvOffset;
+  uint64_t h = kFnvOffset;  // equal in every process: peers find the group by this name
   for (int64_t r : ranks) h = fnv1a_int(r, h);
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "base/error.h"  // the error type its functions throw
+
 namespace dtensor {
 
 class DeviceMesh {
@@ -21,7 +23,7 @@ class DeviceMesh {
 
   // `ranks` lists global ranks in row-major order of `shape`. They must be distinct and
   // non-negative, and their count must equal the product of `shape`. `dim_names` is empty or
-  // has one unique, non-empty name per dim. Throws std::invalid_argument naming what is wrong.
+  // has one unique, non-empty name per dim. throws dtensor::Error naming what is wrong.
   DeviceMesh(std::vector<int64_t> shape, std::vector<int64_t> ranks,
              std::vector<std::string> dim_names = {});
 

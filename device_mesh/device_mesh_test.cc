@@ -1,5 +1,5 @@
 #include "device_mesh/device_mesh.h"
-#include "tests/expect_error.h"
+#include "base/testing/expect_error.h"
 
 #include <gtest/gtest.h>
 

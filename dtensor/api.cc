@@ -5,11 +5,12 @@
 
 #include <stdexcept>
 
+#include "base/error.h"
 #include "collectives/launch_env.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/local_tensor.h"
 #include "dtensor/redistribute.h"
-#include "dtensor/shard_layout.h"
+#include "layout/shard_layout.h"
 #include "dtensor/spec_capsule.h"
 
 namespace dtensor::api {
@@ -87,7 +88,7 @@ std::vector<int64_t> coordinate_in(const DeviceMesh& mesh, const char* what) {
   const int64_t rank = collectives::current_context().rank();
   const auto c = mesh.coordinate(rank);
   if (!c) {
-    throw std::invalid_argument(std::string(what) + ": rank " + std::to_string(rank) +
+    throw Error(std::string(what) + ": rank " + std::to_string(rank) +
                                 " is not in " + mesh.to_string());
   }
   return *c;
@@ -97,13 +98,13 @@ DTensorSpec factory_spec(const std::vector<int64_t>& size, const DeviceMesh& mes
                          const Placements& placements, const at::TensorOptions& options,
                          const char* what) {
   if (static_cast<int64_t>(placements.size()) != mesh.ndim()) {
-    throw std::invalid_argument(std::string(what) + ": " + std::to_string(placements.size()) +
+    throw Error(std::string(what) + ": " + std::to_string(placements.size()) +
                                 " placements for a " + std::to_string(mesh.ndim()) + "-D mesh " +
                                 mesh.to_string());
   }
   for (const Placement& p : placements) {
     if (p.is_partial()) {
-      throw std::invalid_argument(std::string(what) + ": Partial placements are not allowed");
+      throw Error(std::string(what) + ": Partial placements are not allowed");
     }
   }
   return DTensorSpec::make(mesh, placements,
@@ -139,7 +140,7 @@ std::shared_ptr<collectives::RankContext> init_from_env(const std::string& backe
 DeviceMesh init_device_mesh(const std::vector<int64_t>& shape,
                             const std::vector<std::string>& dim_names) {
   if (!collectives::has_current_context()) {
-    throw std::invalid_argument(
+    throw Error(
         "init_device_mesh: this thread has no rank context; call init_from_env() in a launched "
         "process or run ranks with collectives::run_threads");
   }
@@ -147,7 +148,7 @@ DeviceMesh init_device_mesh(const std::vector<int64_t>& shape,
   int64_t n = 1;
   for (int64_t s : shape) n *= s;
   if (n != ctx.world_size()) {
-    throw std::invalid_argument("init_device_mesh: a mesh of " + std::to_string(n) +
+    throw Error("init_device_mesh: a mesh of " + std::to_string(n) +
                                 " ranks does not match the world of " +
                                 std::to_string(ctx.world_size()) + " ranks");
   }
@@ -159,7 +160,7 @@ DeviceMesh init_device_mesh(const std::vector<int64_t>& shape,
 at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
                              const Placements& placements, std::optional<int64_t> src_rank) {
   if (is_dtensor(tensor)) {
-    throw std::invalid_argument("distribute_tensor: the tensor is already distributed (" +
+    throw Error("distribute_tensor: the tensor is already distributed (" +
                                 to_string(tensor) + "); use redistribute");
   }
   const DTensor v = dtensor::distribute_tensor(tensor.detach(), mesh, placements, src_rank);
@@ -172,7 +173,7 @@ at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Pla
                       bool run_check, const std::optional<std::vector<int64_t>>& shape,
                       const std::optional<std::vector<int64_t>>& stride) {
   if (is_dtensor(local)) {
-    throw std::invalid_argument("from_local: the local tensor is already distributed (" +
+    throw Error("from_local: the local tensor is already distributed (" +
                                 to_string(local) + ")");
   }
   const DTensor v = dtensor::from_local(local.detach(), mesh, placements, run_check, shape, stride);
@@ -188,7 +189,7 @@ at::Tensor to_local(const at::Tensor& dtensor, const std::optional<Placements>& 
     grad = DTensorSpec::make(s.mesh(), *grad_placements, s.meta());
     const auto coord = coordinate_in(s.mesh(), "to_local");
     if (local_box(grad, coord).shape != local_box(s, coord).shape) {
-      throw std::invalid_argument("to_local: grad_placements " +
+      throw Error("to_local: grad_placements " +
                                   dtensor::to_string(*grad_placements) +
                                   " give this rank a different local shape than " + s.to_string());
     }

@@ -23,7 +23,7 @@
 #include "device_mesh/device_mesh.h"
 #include "dtensor/dispatch.h"
 #include "dtensor/dtensor_impl.h"
-#include "dtensor/placement.h"
+#include "layout/placement.h"
 #include "dtensor/random.h"
 
 namespace dtensor::api {

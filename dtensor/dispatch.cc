@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "base/error.h"
 #include "collectives/functional.h"
 #include "collectives/rank_context.h"
 #include "dtensor/dispatch_args.h"
@@ -20,8 +21,8 @@
 #include "dtensor/local_tensor.h"
 #include "dtensor/random.h"
 #include "dtensor/redistribute.h"
-#include "dtensor/shard_layout.h"
-#include "dtensor/strings.h"
+#include "layout/shard_layout.h"
+#include "base/strings.h"
 #include "sharding_prop/propagator.h"
 
 namespace dtensor {
@@ -150,7 +151,7 @@ const std::vector<int64_t>& my_coordinate(const DeviceMesh& mesh) {
   }
   const auto c = mesh.coordinate(rank);
   if (!c) {
-    throw std::invalid_argument("DTensor op: rank " + std::to_string(rank) + " is not in " +
+    throw Error("DTensor op: rank " + std::to_string(rank) + " is not in " +
                                 mesh.to_string());
   }
   constexpr size_t kEntries = 8;
@@ -178,7 +179,7 @@ std::vector<Input> collect_inputs(const OpInfo& info, const c10::FunctionSchema&
     if (DTensorImpl* impl = dtensor_impl(t)) {
       inputs.push_back({arg, element, impl->spec(), impl->ready_local()});
     } else if (t.dim() > 0) {
-      if (!t_replicate_plain) throw std::invalid_argument(plain_error(info, schema, arg, t));
+      if (!t_replicate_plain) throw Error(plain_error(info, schema, arg, t));
       plain.emplace_back(arg, element);
     }
   };
@@ -193,7 +194,7 @@ std::vector<Input> collect_inputs(const OpInfo& info, const c10::FunctionSchema&
     }
   }
   if (inputs.empty()) {
-    throw std::invalid_argument(info.name +
+    throw Error(info.name +
                                 ": only an out= argument is distributed; its inputs must be "
                                 "distributed tensors too");
   }
@@ -335,12 +336,12 @@ void kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const size_t k = std::min(o++, s.outputs.size() - 1);
     const std::string& arg_name = schema.arguments()[i].name();
     if (!is_dtensor(originals[i])) {
-      throw std::invalid_argument(info.name + ": out= argument '" + arg_name +
+      throw Error(info.name + ": out= argument '" + arg_name +
                                   "' is a plain tensor but the inputs are distributed; pass a "
                                   "distributed out tensor (e.g. api::empty on the same mesh)");
     }
     if (spec_of(originals[i]).mesh() != s.outputs[k].mesh()) {
-      throw std::invalid_argument(info.name + ": out= argument '" + arg_name + "' lives on " +
+      throw Error(info.name + ": out= argument '" + arg_name + "' lives on " +
                                   spec_of(originals[i]).mesh().to_string() + " but the inputs on " +
                                   s.outputs[k].mesh().to_string());
     }
@@ -450,16 +451,16 @@ std::string explain(const std::string& op, std::vector<c10::IValue> args) {
   const std::string base = op.substr(0, dot),
                     overload = dot == std::string::npos ? "" : op.substr(dot + 1);
   const auto handle = c10::Dispatcher::singleton().findSchema({base, overload});
-  if (!handle) throw std::invalid_argument("explain: no ATen operator named '" + op + "'");
+  if (!handle) throw Error("explain: no ATen operator named '" + op + "'");
   const c10::FunctionSchema& schema = handle->schema();
   const auto& formal = schema.arguments();
   if (args.size() > formal.size()) {
-    throw std::invalid_argument("explain: " + op + " takes " + std::to_string(formal.size()) +
+    throw Error("explain: " + op + " takes " + std::to_string(formal.size()) +
                                 " arguments, got " + std::to_string(args.size()));
   }
   for (size_t i = args.size(); i < formal.size(); ++i) {
     if (!formal[i].default_value()) {
-      throw std::invalid_argument("explain: " + op + " needs argument '" + formal[i].name() + "'");
+      throw Error("explain: " + op + " needs argument '" + formal[i].name() + "'");
     }
     args.push_back(*formal[i].default_value());
   }

@@ -16,6 +16,8 @@
 
 #include <algorithm>
 
+#include "base/error.h"
+
 namespace dtensor {
 namespace {
 
@@ -103,10 +105,8 @@ std::vector<std::string> split(const std::string& s, char sep) {
 
 int arg_index(const c10::FunctionSchema& schema, const std::string& name, std::string_view op) {
   const auto i = schema.argumentIndexWithName(name);
-  if (!i) {
-    throw std::logic_error("dispatch_args: " + std::string(op) + " has no argument '" + name +
-                           "' (schema " + c10::toString(schema) + ")");
-  }
+  TORCH_INTERNAL_ASSERT(i.has_value(), "dispatch_args: ", op, " has no argument '", name,
+                        "' (schema ", c10::toString(schema), ")");
   return *i;
 }
 
@@ -125,7 +125,7 @@ std::vector<int64_t> ivalue_ints(const c10::IValue& v) {
     }
     return out;
   }
-  throw std::invalid_argument("dispatch_args: expected an int or int list argument, got " +
+  throw Error("dispatch_args: expected an int or int list argument, got " +
                               v.tagKind());
 }
 
@@ -172,7 +172,7 @@ sharding::LayoutArgs OpArgs::layout(const c10::IValue* args) const {
     } else if (v.isNone() && r.has_default) {
       out.ints.push_back(r.fallback);
     } else if (v.isScalar() && !v.isInt() && !v.isBool() && !v.isSymInt()) {
-      throw std::invalid_argument("dispatch_args: non-integer layout argument");
+      throw Error("dispatch_args: non-integer layout argument");
     } else {
       const std::vector<int64_t> ints = ivalue_ints(v);
       out.ints.insert(out.ints.end(), ints.begin(), ints.end());

@@ -12,7 +12,7 @@
 #include <cstdio>
 
 #include "dtensor/api.h"
-#include "tests/fork_ranks.h"
+#include "collectives/testing/fork_ranks.h"
 
 namespace dtensor {
 namespace {

@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "collectives/rank_context.h"
-#include "tests/expect_error.h"
+#include "base/testing/expect_error.h"
 
 namespace dtensor {
 namespace {

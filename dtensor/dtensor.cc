@@ -5,13 +5,14 @@
 
 #include <stdexcept>
 
+#include "base/error.h"
 #include "collectives/functional.h"
 #include "collectives/rank_context.h"
 #include "dtensor/local_tensor.h"
 #include "dtensor/redistribute.h"
-#include "dtensor/shard_layout.h"
+#include "layout/shard_layout.h"
 #include "dtensor/spec_capsule.h"
-#include "dtensor/strings.h"
+#include "base/strings.h"
 
 namespace dtensor {
 namespace {
@@ -60,7 +61,7 @@ std::vector<int64_t> my_coordinate(const DeviceMesh& mesh, const char* what) {
   const int64_t rank = my_rank();
   auto coord = mesh.coordinate(rank);
   if (!coord) {
-    throw std::invalid_argument(std::string(what) + ": rank " + std::to_string(rank) +
+    throw Error(std::string(what) + ": rank " + std::to_string(rank) +
                                 " is not in " + mesh.to_string());
   }
   return *coord;
@@ -71,7 +72,7 @@ constexpr int64_t kMaxDims = 16;
 std::vector<std::vector<int64_t>> exchange_meta(const DeviceMesh& mesh, const at::Tensor& t,
                                                 const char* what) {
   if (t.dim() > kMaxDims) {
-    throw std::invalid_argument(std::string(what) + ": tensors of more than " +
+    throw Error(std::string(what) + ": tensors of more than " +
                                 std::to_string(kMaxDims) + " dims are not supported");
   }
   std::vector<int64_t> dims(mesh.ndim());
@@ -101,7 +102,7 @@ std::string meta_text(const std::vector<int64_t>& m) {
 void refuse_partial(const Placements& placements, const char* what) {
   for (size_t m = 0; m < placements.size(); ++m) {
     if (placements[m].is_partial()) {
-      throw std::invalid_argument(std::string(what) + ": Partial placements are not allowed (" +
+      throw Error(std::string(what) + ": Partial placements are not allowed (" +
                                   placements[m].to_string() + " on mesh dim " + std::to_string(m) +
                                   "); lay the tensor out with Shard/Replicate, or use from_local "
                                   "for partial values");
@@ -129,7 +130,7 @@ at::Tensor DTensor::to_local(const std::optional<Placements>& grad_placements) c
     grad = DTensorSpec::make(spec_.mesh(), *grad_placements, spec_.meta());
     const auto coord = my_coordinate(spec_.mesh(), "to_local");
     if (local_box(grad, coord).shape != local_box(spec_, coord).shape) {
-      throw std::invalid_argument(
+      throw Error(
           "to_local: grad_placements " + dtensor::to_string(*grad_placements) +
           " give this rank a different local shape than " + spec_.to_string());
     }
@@ -154,7 +155,7 @@ DTensor DTensor::redistribute(const Placements& placements, bool async_op) const
 DTensor DTensor::redistribute(const DeviceMesh& mesh, const Placements& placements,
                               bool async_op) const {
   if (mesh != spec_.mesh()) {
-    throw std::invalid_argument("redistribute: target mesh " + mesh.to_string() +
+    throw Error("redistribute: target mesh " + mesh.to_string() +
                                 " is not this tensor's mesh " + spec_.mesh().to_string() +
                                 " (redistribute stays on one mesh)");
   }
@@ -176,7 +177,7 @@ DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
   if (!src_rank) return DTensor(local_tensor_for(tensor.detach(), spec, coord), spec);
 
   if (!mesh.contains(*src_rank)) {
-    throw std::invalid_argument("distribute_tensor: src_rank " + std::to_string(*src_rank) +
+    throw Error("distribute_tensor: src_rank " + std::to_string(*src_rank) +
                                 " is not in " + mesh.to_string());
   }
   const auto metas = exchange_meta(mesh, tensor, "distribute_tensor");
@@ -186,7 +187,7 @@ DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
   }();
   for (size_t i = 0; i < metas.size(); ++i) {
     if (metas[i] != metas[src_index]) {
-      throw std::invalid_argument("distribute_tensor: rank " + std::to_string(mesh.ranks()[i]) +
+      throw Error("distribute_tensor: rank " + std::to_string(mesh.ranks()[i]) +
                                   " passed " + meta_text(metas[i]) + " but src_rank " +
                                   std::to_string(*src_rank) + " has " +
                                   meta_text(metas[src_index]) +
@@ -221,7 +222,7 @@ DTensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placem
                    bool run_check, const std::optional<std::vector<int64_t>>& shape,
                    const std::optional<std::vector<int64_t>>& stride) {
   if (static_cast<int64_t>(placements.size()) != mesh.ndim()) {
-    throw std::invalid_argument("from_local: " + std::to_string(placements.size()) +
+    throw Error("from_local: " + std::to_string(placements.size()) +
                                 " placements for a " + std::to_string(mesh.ndim()) + "-D mesh " +
                                 mesh.to_string());
   }
@@ -248,13 +249,13 @@ DTensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placem
       const auto box = local_box(spec, *mesh.coordinate(r));
       want.insert(want.end(), box.shape.begin(), box.shape.end());
       if (metas[i] != want) {
-        throw std::invalid_argument("from_local(run_check): rank " + std::to_string(r) + " holds " +
+        throw Error("from_local(run_check): rank " + std::to_string(r) + " holds " +
                                     meta_text(metas[i]) + " but " + spec.to_string() +
                                     " gives it " + meta_text(want));
       }
     }
   } else if (local.sizes().vec() != local_box(spec, coord).shape) {
-    throw std::invalid_argument("from_local: this rank's local tensor " + c10::str(local.sizes()) +
+    throw Error("from_local: this rank's local tensor " + c10::str(local.sizes()) +
                                 " does not match " + spec.to_string() + " (local shape [" +
                                 join(local_box(spec, coord).shape, ",") + "])" +
                                 (shape ? "" : "; pass shape= for uneven shards"));

@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "dtensor/redistribute_plan.h"
+#include "sharding_prop/redistribute_plan.h"
 
 namespace dtensor {
 

@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "base/error.h"
 #include "collectives/functional.h"
 #include "dtensor/dispatch.h"
 
@@ -60,7 +61,7 @@ c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::shallow_copy_and_detach(
 void DTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) {
   auto* other = dynamic_cast<DTensorImpl*>(impl.get());
   if (other == nullptr) {
-    throw std::invalid_argument(
+    throw Error(
         "DTensor: cannot assign a plain tensor's data to a distributed tensor (set .data to a "
         "distributed tensor)");
   }
@@ -81,7 +82,7 @@ namespace {
 DTensorImpl& checked(const at::Tensor& t, const char* what) {
   DTensorImpl* impl = dtensor_impl(t);
   if (impl == nullptr) {
-    throw std::invalid_argument(std::string(what) + ": expected a distributed tensor, got a " +
+    throw Error(std::string(what) + ": expected a distributed tensor, got a " +
                                 (t.defined() ? "plain tensor" : "undefined tensor"));
   }
   return *impl;

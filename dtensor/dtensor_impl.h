@@ -57,7 +57,7 @@ inline bool is_dtensor(const at::Tensor& t) {
 }
 // Null when `t` is not distributed.
 DTensorImpl* dtensor_impl(const at::Tensor& t);
-// Throw std::invalid_argument naming `what` when `t` is not distributed.
+// Throws dtensor::Error naming `what` when `t` is not distributed.
 const DTensorSpec& spec_of(const at::Tensor& t, const char* what = "spec");
 // The local piece (waits for a pending async redistribute).
 at::Tensor local_of(const at::Tensor& t, const char* what = "local");

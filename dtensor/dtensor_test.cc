@@ -13,8 +13,8 @@
 #include "collectives/functional.h"
 #include "collectives/rank_context.h"
 #include "dtensor/local_tensor.h"
-#include "tests/expect_error.h"
-#include "tests/layout_enumeration.h"
+#include "base/testing/expect_error.h"
+#include "layout/testing/layout_enumeration.h"
 
 namespace dtensor {
 namespace {

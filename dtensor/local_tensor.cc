@@ -4,11 +4,13 @@
 
 #include <stdexcept>
 
+#include "base/error.h"
+
 namespace dtensor {
 
 at::Tensor slice_box(const at::Tensor& global, const LocalBox& box) {
   if (global.dim() != static_cast<int64_t>(box.shape.size())) {
-    throw std::invalid_argument("slice_box: a " + std::to_string(box.shape.size()) +
+    throw Error("slice_box: a " + std::to_string(box.shape.size()) +
                                 "-D box does not fit a " + std::to_string(global.dim()) +
                                 "-D tensor");
   }
@@ -20,7 +22,7 @@ at::Tensor slice_box(const at::Tensor& global, const LocalBox& box) {
 at::Tensor local_tensor_for(const at::Tensor& global, const DTensorSpec& spec,
                             const std::vector<int64_t>& coordinate) {
   if (global.sizes().vec() != spec.shape()) {
-    throw std::invalid_argument("local_tensor_for: tensor of shape " + c10::str(global.sizes()) +
+    throw Error("local_tensor_for: tensor of shape " + c10::str(global.sizes()) +
                                 " does not match the spec " + spec.to_string());
   }
   at::Tensor local =

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "dtensor/shard_layout.h"
+#include "layout/shard_layout.h"
 
 namespace dtensor {
 

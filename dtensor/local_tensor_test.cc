@@ -12,7 +12,7 @@ TEST(LocalTensorTest, SliceBoxIsAViewOfTheGlobalTensor) {
   EXPECT_EQ(v.sizes(), at::IntArrayRef({5, 3}));
   EXPECT_EQ(v[0][0].item<float>(), g[5][4].item<float>());
   EXPECT_TRUE(v.is_alias_of(g));
-  EXPECT_THROW(slice_box(g, LocalBox{{5}, {0}}), std::invalid_argument);
+  EXPECT_THROW(slice_box(g, LocalBox{{5}, {0}}), dtensor::Error);
 }
 
 // For every reduce op and integer and float dtypes, reducing the local tensors of a Partial mesh
@@ -68,7 +68,7 @@ TEST(LocalTensorTest, PartialLocalsReduceToTheGlobalTensor) {
 
 TEST(LocalTensorTest, ShapeMismatchIsAnError) {
   const auto spec = DTensorSpec::make(DeviceMesh::arange({2}), {Shard(0)}, TensorMeta::make({4}));
-  EXPECT_THROW(local_tensor_for(at::zeros({5}), spec, {0}), std::invalid_argument);
+  EXPECT_THROW(local_tensor_for(at::zeros({5}), spec, {0}), dtensor::Error);
 }
 
 }  // namespace

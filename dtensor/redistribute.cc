@@ -4,11 +4,12 @@
 
 #include <stdexcept>
 
+#include "base/error.h"
 #include "collectives/functional.h"
 #include "collectives/rank_context.h"
 #include "dtensor/local_tensor.h"
-#include "dtensor/shard_layout.h"
-#include "dtensor/strings.h"
+#include "layout/shard_layout.h"
+#include "base/strings.h"
 
 namespace dtensor {
 namespace {
@@ -49,8 +50,7 @@ ShardStep step_of(const DTensorSpec& spec, int64_t m, const std::vector<int64_t>
   for (const ShardStep& s : shard_steps(spec, coord)) {
     if (s.mesh_dim == m) return s;
   }
-  throw std::logic_error("redistribute: mesh dim " + std::to_string(m) + " does not shard " +
-                         spec.to_string());
+  TORCH_INTERNAL_ASSERT(false, "redistribute: mesh dim ", m, " does not shard ", spec.to_string());
 }
 
 at::Tensor pad_dim(const at::Tensor& x, int64_t dim, int64_t size) {
@@ -173,7 +173,7 @@ at::Tensor run_step(Ctx& ctx, const PlanStep& s, const at::Tensor& x, bool async
       return fresh(at::cat(pieces, d).narrow(e, 0, to.size));
     }
     default:
-      throw std::logic_error("redistribute: unexpected step " + s.to_string());
+      TORCH_INTERNAL_ASSERT(false, "redistribute: unexpected step ", s.to_string());
   }
 }
 
@@ -184,7 +184,7 @@ std::string group_over_dims(const DeviceMesh& mesh, const std::vector<int64_t>& 
   c::RankContext& ranks = c::current_context();
   const auto coord = mesh.coordinate(ranks.rank());
   if (!coord) {
-    throw std::invalid_argument("rank " + std::to_string(ranks.rank()) + " is not in " +
+    throw Error("rank " + std::to_string(ranks.rank()) + " is not in " +
                                 mesh.to_string());
   }
   Ctx ctx{ranks, ranks.rank(), *coord};
@@ -198,12 +198,12 @@ at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& input, b
   const DeviceMesh& mesh = plan.src.mesh();
   const auto coord = mesh.coordinate(ranks.rank());
   if (!coord) {
-    throw std::invalid_argument("redistribute: rank " + std::to_string(ranks.rank()) +
+    throw Error("redistribute: rank " + std::to_string(ranks.rank()) +
                                 " is not in " + mesh.to_string());
   }
   const LocalBox box = local_box(plan.src, *coord);
   if (local.sizes().vec() != box.shape || local.scalar_type() != plan.src.meta().dtype) {
-    throw std::invalid_argument(
+    throw Error(
         "redistribute " + plan.to_string() + ": rank " + std::to_string(ranks.rank()) +
         " holds a local tensor " + std::string(c10::toString(local.scalar_type())) +
         c10::str(local.sizes()) + " but the source layout gives it " +

@@ -16,7 +16,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "dtensor/redistribute_plan.h"
+#include "sharding_prop/redistribute_plan.h"
 
 namespace dtensor {
 

@@ -14,7 +14,7 @@
 #include "dtensor/dtensor.h"
 #include "dtensor/local_tensor.h"
 #include "dtensor/redistribute.h"
-#include "tests/fork_ranks.h"
+#include "collectives/testing/fork_ranks.h"
 
 namespace dtensor {
 namespace {

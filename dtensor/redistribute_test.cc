@@ -19,7 +19,7 @@
 #include "dtensor/dtensor.h"
 #include "dtensor/local_tensor.h"
 #include "dtensor/redistribute.h"
-#include "tests/layout_enumeration.h"
+#include "layout/testing/layout_enumeration.h"
 
 namespace dtensor {
 namespace {
@@ -109,7 +109,7 @@ void run_all_pairs(const Case& c, bool async_op) {
         if (allowed(src, dst)) {
           pairs.emplace_back(src, dst);
         } else {
-          EXPECT_THROW(plan_redistribute(src, dst), std::invalid_argument)
+          EXPECT_THROW(plan_redistribute(src, dst), dtensor::Error)
               << src.to_string() << " -> " << dst.to_string();
           ++refused;
         }
@@ -218,7 +218,7 @@ TEST(RedistributeTest, WrongLocalShapeIsAClearError) {
     try {
       redistribute_local(at::ones({4}, at::kDouble), src, dst);
       ADD_FAILURE() << "no error";
-    } catch (const std::invalid_argument& e) {
+    } catch (const dtensor::Error& e) {
       EXPECT_NE(std::string(e.what()).find("holds a local tensor"), std::string::npos) << e.what();
     }
   });

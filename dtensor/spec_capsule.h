@@ -3,7 +3,7 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "dtensor/dtensor_spec.h"
+#include "layout/dtensor_spec.h"
 
 namespace dtensor {
 

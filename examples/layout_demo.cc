@@ -14,7 +14,7 @@
 #include <string>
 
 #include "dtensor/local_tensor.h"
-#include "dtensor/visualize.h"
+#include "layout/visualize.h"
 #include "tools/cli_args.h"
 
 namespace {
@@ -76,7 +76,7 @@ int run(int argc, char** argv) {
   // The demo prints every element of every rank: keep it to what a terminal can show.
   constexpr int64_t kMaxElements = 1 << 20, kMaxRanks = 1024;
   if (meta.numel() > kMaxElements || mesh.size() > kMaxRanks) {
-    throw std::invalid_argument("the demo prints every value: keep the tensor under " +
+    dtensor::fail("the demo prints every value: keep the tensor under " +
                                 std::to_string(kMaxElements) + " elements and the mesh under " +
                                 std::to_string(kMaxRanks) + " ranks");
   }

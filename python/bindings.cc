@@ -7,8 +7,8 @@
 
 #include "collectives/launch_env.h"
 #include "collectives/rank_context.h"
-#include "dtensor/shard_layout.h"
-#include "dtensor/visualize.h"
+#include "layout/shard_layout.h"
+#include "layout/visualize.h"
 
 namespace py = pybind11;
 using namespace dtensor;

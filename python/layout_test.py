@@ -46,12 +46,13 @@ def test_local_boxes_match_torch_chunk(mesh_shape, shape):
 
 
 def test_parse_errors_name_the_token():
-    with pytest.raises(ValueError, match="'Q\\(1\\)'"):
+    with pytest.raises(RuntimeError, match="'Q\\(1\\)'"):
         de.parse_placements("S(0),Q(1)")
 
 
-def test_mesh_errors_are_value_errors():
-    with pytest.raises(ValueError, match="holds 4 ranks but 3 were given"):
+def test_mesh_errors_are_runtime_errors():
+    # NOTE [error convention]: engine errors reach Python as RuntimeError.
+    with pytest.raises(RuntimeError, match="holds 4 ranks but 3 were given"):
         de.DeviceMesh([2, 2], [0, 1, 2])
     mesh = de.DeviceMesh.arange([2, 2], ["dp", "tp"])
     assert mesh.coordinate(3) == [1, 1]

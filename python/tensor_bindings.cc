@@ -17,10 +17,11 @@
 #include <atomic>
 #include <memory>
 
+#include "base/error.h"
 #include "collectives/c10d_backend.h"
 #include "collectives/rank_context.h"
 #include "dtensor/api.h"
-#include "dtensor/visualize.h"
+#include "layout/visualize.h"
 #include "sharding_prop/propagator.h"
 
 namespace py = pybind11;
@@ -61,7 +62,7 @@ c10::IValue to_ivalue(const py::handle& a) {
     }
     return a.cast<std::vector<int64_t>>();
   }
-  throw std::invalid_argument("explain: unsupported argument " + py::repr(a).cast<std::string>());
+  throw Error("explain: unsupported argument " + py::repr(a).cast<std::string>());
 }
 
 // TensorOptions from Python's dtype (None: the default dtype) and requires_grad.
@@ -142,7 +143,7 @@ void bind_tensors(py::module& m) {
         const auto& ctx = collectives::current_context();
         for (int64_t r : mesh.ranks()) {
           if (r >= ctx.world_size()) {
-            throw std::invalid_argument("DeviceMesh " + mesh.to_string() + " names rank " +
+            throw Error("DeviceMesh " + mesh.to_string() + " names rank " +
                                         std::to_string(r) + " but the world has " +
                                         std::to_string(ctx.world_size()) + " ranks");
           }
@@ -195,7 +196,8 @@ void bind_tensors(py::module& m) {
   m.def("propagation_cache_stats", []() {
     const auto s = sharding::propagation_cache_stats();
     return std::map<std::string, int64_t>{
-        {"hits", s.hits}, {"misses", s.misses}, {"size", s.size}, {"capacity", s.capacity}};
+        {"hits", s.hits},          {"misses", s.misses},     {"size", s.size},
+        {"capacity", s.capacity}, {"evictions", s.evictions}};
   });
   m.def("set_propagation_cache_capacity", &sharding::set_propagation_cache_capacity);
 
@@ -213,7 +215,7 @@ void bind_tensors(py::module& m) {
         }
         auto& ctx = collectives::current_context();
         if (ctx.rank() != rank || ctx.world_size() != world_size) {
-          throw std::invalid_argument(
+          throw Error(
               "DeviceMesh.from_group: this process already joined a job as rank " +
               std::to_string(ctx.rank()) + " of " + std::to_string(ctx.world_size()) +
               ", but torch.distributed says rank " + std::to_string(rank) + " of " +

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "base/error.h"
+
 namespace dtensor::sharding::builders {
 
 Shapes shapes_of(const Metas& m) {
@@ -25,7 +27,7 @@ c10::ScalarType promoted(const Metas& m) {
 
 void need_inputs(const Metas& m, size_t lo, size_t hi, const char* op) {
   if (m.size() < lo || m.size() > hi) {
-    throw std::invalid_argument(std::string(op) + ": expected " + std::to_string(lo) +
+    throw Error(std::string(op) + ": expected " + std::to_string(lo) +
                                 (lo == hi ? "" : "-" + std::to_string(hi)) +
                                 " tensor inputs, got " + std::to_string(m.size()));
   }
@@ -33,7 +35,7 @@ void need_inputs(const Metas& m, size_t lo, size_t hi, const char* op) {
 
 int64_t arg(const LayoutArgs& a, size_t i, const char* op, const char* what) {
   if (i >= a.ints.size()) {
-    throw std::invalid_argument(std::string(op) + ": layout argument '" + what + "' missing");
+    throw Error(std::string(op) + ": layout argument '" + what + "' missing");
   }
   return a.ints[i];
 }
@@ -166,7 +168,7 @@ BuiltRule transpose_rule(const Metas& m, const LayoutArgs& a) {
 
 BuiltRule t_rule(const Metas& m, const LayoutArgs&) {
   need_inputs(m, 1, 1, "t");
-  if (m[0].shape.size() > 2) throw std::invalid_argument("t: expects a tensor of at most 2 dims");
+  if (m[0].shape.size() > 2) throw Error("t: expects a tensor of at most 2 dims");
   return transpose_rule(m, LayoutArgs{{0, m[0].shape.size() == 2 ? 1 : 0}, ""});
 }
 
@@ -192,7 +194,7 @@ RuleBuilder concat(bool stack) {
 BuiltRule mm_rule(const Metas& m, const LayoutArgs&) {
   need_inputs(m, 2, 2, "mm");
   if (m[0].shape.size() != 2 || m[1].shape.size() != 2) {
-    throw std::invalid_argument("mm: both arguments must be 2-D");
+    throw Error("mm: both arguments must be 2-D");
   }
   return {matmul_rule(m[0].shape, m[1].shape), {promoted(m)}};
 }
@@ -200,7 +202,7 @@ BuiltRule mm_rule(const Metas& m, const LayoutArgs&) {
 BuiltRule bmm_rule(const Metas& m, const LayoutArgs&) {
   need_inputs(m, 2, 2, "bmm");
   if (m[0].shape.size() != 3 || m[1].shape.size() != 3 || m[0].shape[0] != m[1].shape[0]) {
-    throw std::invalid_argument("bmm: arguments must be 3-D with equal batch sizes");
+    throw Error("bmm: arguments must be 3-D with equal batch sizes");
   }
   return {matmul_rule(m[0].shape, m[1].shape), {promoted(m)}};
 }
@@ -260,7 +262,7 @@ BuiltRule split_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 1, 1, "split");
   const int64_t size = arg(a, 0, "split", "split_size");
   const int64_t d = normalize_tensor_dim(arg(a, 1, "split", "dim"), m[0].shape.size(), "split dim");
-  if (size <= 0) throw std::invalid_argument("split: split_size must be positive");
+  if (size <= 0) throw Error("split: split_size must be positive");
   std::vector<int64_t> sizes;
   for (int64_t left = m[0].shape[d]; left > 0; left -= size) sizes.push_back(std::min(size, left));
   if (sizes.empty()) sizes.push_back(0);
@@ -280,7 +282,7 @@ BuiltRule chunk_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 1, 1, "chunk");
   const int64_t chunks = arg(a, 0, "chunk", "chunks");
   const int64_t d = normalize_tensor_dim(arg(a, 1, "chunk", "dim"), m[0].shape.size(), "chunk dim");
-  if (chunks <= 0) throw std::invalid_argument("chunk: chunks must be positive");
+  if (chunks <= 0) throw Error("chunk: chunks must be positive");
   const int64_t n = m[0].shape[d], size = (n + chunks - 1) / chunks;
   return split_of(m, LayoutArgs{{std::max<int64_t>(size, 1), d}, ""});
 }

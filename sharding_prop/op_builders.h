@@ -1,6 +1,6 @@
 #pragma once
 // Rule builders for the op table, one per op family (see NOTE [op table] in op_registry.cc).
-// Each validates its inputs and arguments and throws std::invalid_argument naming the problem.
+// Each validates its inputs and arguments and throws dtensor::Error naming the problem.
 
 #include <c10/core/ScalarType.h>
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "base/error.h"
 #include "sharding_prop/op_builders.h"
 
 namespace dtensor::sharding::builders {
@@ -13,7 +14,7 @@ namespace dtensor::sharding::builders {
 BuiltRule index_select_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 2, 2, "index_select");
   const auto& s = m[0].shape;
-  if (m[1].shape.size() > 1) throw std::invalid_argument("index_select: index must be 1-D");
+  if (m[1].shape.size() > 1) throw Error("index_select: index must be 1-D");
   const int64_t d =
       normalize_tensor_dim(arg(a, 0, "index_select", "dim"), s.size(), "index_select dim");
   Rule r = select_rule(s, d);  // self's dim replicated, removed
@@ -30,7 +31,7 @@ BuiltRule gather_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 2, 2, "gather");
   const auto &s = m[0].shape, &ix = m[1].shape;
   if (s.size() != ix.size())
-    throw std::invalid_argument("gather: index and self need the same number of dims");
+    throw Error("gather: index and self need the same number of dims");
   const int64_t d = normalize_tensor_dim(arg(a, 0, "gather", "dim"), s.size(), "gather dim");
   Rule r;
   TensorFactors ts, ti;
@@ -54,7 +55,7 @@ BuiltRule gather_of(const Metas& m, const LayoutArgs& a) {
 // by a masked lookup (rows this rank does not hold contribute zeros: REFERENCE.md §1).
 BuiltRule embedding_of(const Metas& m, const LayoutArgs&) {
   need_inputs(m, 2, 2, "embedding");
-  if (m[0].shape.size() != 2) throw std::invalid_argument("embedding: weight must be 2-D");
+  if (m[0].shape.size() != 2) throw Error("embedding: weight must be 2-D");
   Rule r;
   const int v = r.add_factor(m[0].shape[0], FactorKind::kContract);
   const int dd = r.add_factor(m[0].shape[1]);
@@ -77,7 +78,7 @@ BuiltRule embedding_backward_of(const Metas& m, const LayoutArgs& a) {
   Rule r;
   const auto& g = m[0].shape;
   if (g.empty() || std::vector<int64_t>(g.begin(), g.end() - 1) != m[1].shape) {
-    throw std::invalid_argument("embedding_dense_backward: grad must be indices' shape + [D]");
+    throw Error("embedding_dense_backward: grad must be indices' shape + [D]");
   }
   TensorFactors tg, ti;
   for (size_t k = 0; k + 1 < g.size(); ++k) {
@@ -102,7 +103,7 @@ BuiltRule layer_norm_of(const Metas& m, const LayoutArgs& a) {
   const auto& s = m[0].shape;
   const int64_t k = arg(a, 0, "native_layer_norm", "normalized dims");
   if (k < 1 || k > static_cast<int64_t>(s.size()))
-    throw std::invalid_argument("native_layer_norm: bad normalized_shape");
+    throw Error("native_layer_norm: bad normalized_shape");
   Rule r;
   TensorFactors in, stat;
   const size_t lead = s.size() - k;
@@ -149,7 +150,7 @@ void check_nll_shapes(const std::vector<int64_t>& self, const std::vector<int64_
   const bool ok = (self.size() == 2 && target == std::vector<int64_t>{self[0]}) ||
                   (self.size() == 1 && target.empty());
   if (!ok || (weight != nullptr && *weight != std::vector<int64_t>{self.back()})) {
-    throw std::invalid_argument(
+    throw Error(
         std::string(op) + ": expects self [N, C] or [C], target [N] or [] " + "and weight [C]");
   }
 }
@@ -212,13 +213,13 @@ BuiltRule sdpa_of(const Metas& m, const LayoutArgs&) {
   need_inputs(m, 3, 3, "_scaled_dot_product_attention");
   const auto &q = m[0].shape, &k = m[1].shape, &v = m[2].shape;
   if (q.size() < 2 || k.size() != q.size() || v.size() != q.size()) {
-    throw std::invalid_argument("_scaled_dot_product_attention: q, k, v need equal ranks >= 2");
+    throw Error("_scaled_dot_product_attention: q, k, v need equal ranks >= 2");
   }
   Rule r;
   TensorFactors tq, tk, tv;
   for (size_t d = 0; d + 2 < q.size(); ++d) {
     if (q[d] != k[d] || q[d] != v[d])
-      throw std::invalid_argument("_scaled_dot_product_attention: batch dims differ");
+      throw Error("_scaled_dot_product_attention: batch dims differ");
     const DimFactors f = q[d] == 1 ? DimFactors{} : DimFactors{r.add_factor(q[d])};
     tq.push_back(f);
     tk.push_back(f);
@@ -249,7 +250,7 @@ BuiltRule new_factory_of(const Metas& m, const LayoutArgs& a) {
   for (int64_t s : m[0].shape)
     in.push_back(s == 1 ? DimFactors{} : DimFactors{r.add_factor(s, FactorKind::kReplicate)});
   for (int64_t s : a.ints) {
-    if (s < 0) throw std::invalid_argument("new_*: negative size " + std::to_string(s));
+    if (s < 0) throw Error("new_*: negative size " + std::to_string(s));
     out.push_back(s == 1 ? DimFactors{} : DimFactors{r.add_factor(s, FactorKind::kReplicate)});
   }
   r.inputs = {in};
@@ -270,11 +271,11 @@ BuiltRule dropout_of(const Metas& m, const LayoutArgs&) {
 BuiltRule slice_backward_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 1, 1, "slice_backward");
   if (a.ints.size() < 4)
-    throw std::invalid_argument("slice_backward: needs dim, start, end, step, sizes");
+    throw Error("slice_backward: needs dim, start, end, step, sizes");
   const std::vector<int64_t> sizes(a.ints.begin() + 4, a.ints.end());
   Rule r = slice_rule(sizes, a.ints[0], a.ints[1], a.ints[2], a.ints[3]);
   if (r.output_shape(0) != m[0].shape)
-    throw std::invalid_argument("slice_backward: grad does not fit the slice");
+    throw Error("slice_backward: grad does not fit the slice");
   std::swap(r.inputs[0], r.outputs[0]);
   return same_dtype(std::move(r), m);
 }
@@ -282,11 +283,11 @@ BuiltRule slice_backward_of(const Metas& m, const LayoutArgs& a) {
 // select_backward(grad, input_sizes, dim, index): ints: dim, input_sizes...
 BuiltRule select_backward_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 1, 1, "select_backward");
-  if (a.ints.empty()) throw std::invalid_argument("select_backward: needs dim, sizes");
+  if (a.ints.empty()) throw Error("select_backward: needs dim, sizes");
   const std::vector<int64_t> sizes(a.ints.begin() + 1, a.ints.end());
   Rule r = select_rule(sizes, a.ints[0]);
   if (r.output_shape(0) != m[0].shape)
-    throw std::invalid_argument("select_backward: grad does not fit the selection");
+    throw Error("select_backward: grad does not fit the selection");
   std::swap(r.inputs[0], r.outputs[0]);
   return same_dtype(std::move(r), m);
 }
@@ -297,7 +298,7 @@ BuiltRule scatter_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 3, 3, "scatter");
   const auto &s = m[0].shape, &ix = m[1].shape, &src = m[2].shape;
   if (ix.size() != s.size() || src.size() != s.size()) {
-    throw std::invalid_argument("scatter: self, index and src need the same number of dims");
+    throw Error("scatter: self, index and src need the same number of dims");
   }
   const int64_t d = normalize_tensor_dim(arg(a, 0, "scatter", "dim"), s.size(), "scatter dim");
   Rule r;
@@ -324,7 +325,7 @@ BuiltRule index_add_of(const Metas& m, const LayoutArgs& a) {
   const auto &s = m[0].shape, &src = m[2].shape;
   const int64_t d = normalize_tensor_dim(arg(a, 0, "index_add", "dim"), s.size(), "index_add dim");
   if (src.size() != s.size() || m[1].shape.size() > 1) {
-    throw std::invalid_argument("index_add: source must have self's dims and index must be 1-D");
+    throw Error("index_add: source must have self's dims and index must be 1-D");
   }
   Rule r;
   TensorFactors ts, tsrc;
@@ -342,7 +343,7 @@ BuiltRule index_add_of(const Metas& m, const LayoutArgs& a) {
       ts.push_back(f);
       tsrc.push_back(f);
     } else {
-      throw std::invalid_argument("index_add: source and self differ outside dim");
+      throw Error("index_add: source and self differ outside dim");
     }
   }
   r.inputs = {ts, m[1].shape.empty() ? TensorFactors{} : TensorFactors{rows}, tsrc};
@@ -356,12 +357,12 @@ BuiltRule index_add_of(const Metas& m, const LayoutArgs& a) {
 BuiltRule value_selecting_backward_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 2, 2, "value_selecting_reduction_backward");
   if (a.ints.size() < 2)
-    throw std::invalid_argument("value_selecting_reduction_backward: needs dim, keepdim, sizes");
+    throw Error("value_selecting_reduction_backward: needs dim, keepdim, sizes");
   const std::vector<int64_t> sizes(a.ints.begin() + 2, a.ints.end());
   Rule r =
       reduction_rule(sizes, {a.ints[0]}, a.ints[1] != 0, ReduceOp::kMax, true, Linearity::kNone);
   if (r.output_shape(0) != m[0].shape || m[1].shape != m[0].shape) {
-    throw std::invalid_argument(
+    throw Error(
         "value_selecting_reduction_backward: grad/indices do not fit sizes");
   }
   Rule b = r;

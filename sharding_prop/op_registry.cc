@@ -6,6 +6,7 @@
 
 #include "sharding_prop/op_registry.h"
 
+#include "base/error.h"
 #include "sharding_prop/op_builders.h"
 
 #include <algorithm>
@@ -13,8 +14,8 @@
 #include <mutex>
 #include <stdexcept>
 
-#include "dtensor/hashing.h"
-#include "dtensor/strings.h"
+#include <absl/hash/hash.h>
+#include "base/strings.h"
 
 namespace dtensor::sharding {
 namespace {
@@ -238,9 +239,7 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 }  // namespace
 
 size_t LayoutArgs::hash() const {
-  size_t h = std::hash<std::string>()(text);
-  for (int64_t v : ints) h = h * 1000003u ^ std::hash<int64_t>()(v);
-  return h;
+  return absl::HashOf(ints, text);
 }
 
 std::string LayoutArgs::to_string() const {
@@ -287,7 +286,7 @@ void register_rule(const std::string& name, const std::string& rule_text, Linear
   Table& t = table();
   std::lock_guard<std::mutex> lock(t.mu);
   if (!t.ops.emplace(name, std::move(e)).second) {
-    throw std::invalid_argument("register_rule: '" + name + "' already has a rule");
+    throw Error("register_rule: '" + name + "' already has a rule");
   }
 }
 

@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "dtensor/tensor_meta.h"
+#include "layout/tensor_meta.h"
 #include "sharding_prop/rule.h"
 
 namespace dtensor::sharding {

@@ -26,7 +26,7 @@
 #include <string_view>
 #include <vector>
 
-#include "dtensor/redistribute_plan.h"
+#include "sharding_prop/redistribute_plan.h"
 #include "sharding_prop/op_registry.h"
 
 namespace dtensor::sharding {
@@ -48,7 +48,7 @@ struct PropagateOptions {
   bool strict = false;  // refuse implicit redistributes (NOTE above)
 };
 
-// Throws std::invalid_argument, before any work, when the op has no rule (naming it, its input
+// throws dtensor::Error, before any work, when the op has no rule (naming it, its input
 // placements and the nearest supported ops), the inputs live on different meshes, the arguments
 // do not fit the op, strict mode would need a redistribute, or an in-place op cannot keep self.
 std::shared_ptr<const OpSharding> propagate(std::string_view op,
@@ -62,10 +62,8 @@ std::shared_ptr<const OpSharding> propagate(const OpEntry& op,
                                             const LayoutArgs& args = {},
                                             PropagateOptions options = {});
 
-struct PropagationCacheStats {
-  int64_t hits = 0, misses = 0, size = 0, capacity = 0;
-};
-PropagationCacheStats propagation_cache_stats();
+// The propagation cache's counters (NOTE [caches]; hits include the per-thread front layer).
+CacheStats propagation_cache_stats();
 // Bounds the cache (least recently used entries go first); clears it.
 void set_propagation_cache_capacity(size_t capacity);
 

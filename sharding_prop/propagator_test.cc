@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/expect_error.h"
+#include "base/testing/expect_error.h"
 
 namespace dtensor::sharding {
 namespace {

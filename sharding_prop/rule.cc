@@ -4,12 +4,13 @@
 #include <map>
 #include <stdexcept>
 
-#include "dtensor/strings.h"
+#include "base/error.h"
+#include "base/strings.h"
 
 namespace dtensor::sharding {
 namespace {
 
-[[noreturn]] void fail(const std::string& what) { throw std::invalid_argument(what); }
+[[noreturn]] void fail(const std::string& what) { throw Error(what); }
 
 std::string shape_text(const std::vector<int64_t>& s) { return "[" + join(s, ",") + "]"; }
 

@@ -25,8 +25,8 @@
 #include <string_view>
 #include <vector>
 
-#include "dtensor/placement.h"
-#include "dtensor/tensor_meta.h"
+#include "layout/placement.h"
+#include "layout/tensor_meta.h"
 
 namespace dtensor::sharding {
 
@@ -74,12 +74,12 @@ struct Rule {
 
 // Parses "mk,kn->mn" (optionally "| k:max, d:replicate") against the input shapes: a letter's
 // size comes from the first input dim that carries it and must agree everywhere; letters absent
-// from the output contract with sum unless annotated. Throws std::invalid_argument naming the
+// from the output contract with sum unless annotated. throws dtensor::Error naming the
 // problem.
 Rule parse_rule(std::string_view text, const std::vector<std::vector<int64_t>>& input_shapes,
                 Linearity linearity = Linearity::kMultilinear);
 
-// ---- builders for op families (each validates its arguments and throws std::invalid_argument) --
+// ---- builders for op families (each validates its arguments and throws dtensor::Error) --
 
 // Elementwise with broadcasting over any number of inputs (0-dim inputs broadcast everywhere).
 Rule pointwise_rule(const std::vector<std::vector<int64_t>>& shapes, Linearity linearity,

@@ -10,8 +10,8 @@
 
 #include "collectives/functional.h"
 #include "collectives/launch_env.h"
-#include "tests/collective_reference.h"
-#include "tests/fork_ranks.h"
+#include "collectives/testing/collective_reference.h"
+#include "collectives/testing/fork_ranks.h"
 
 namespace dtensor::collectives {
 namespace {
@@ -138,7 +138,7 @@ TEST(C10dFailureTest, MissingStoreIsAClearError) {
     run_threads(
         1, [](int64_t) { barrier(RankContext::kWorld); }, "c10d");
     ADD_FAILURE();
-  } catch (const std::invalid_argument& e) {
+  } catch (const dtensor::Error& e) {
     EXPECT_NE(std::string(e.what()).find("has no rendezvous store"), std::string::npos);
   }
 }
@@ -146,12 +146,12 @@ TEST(C10dFailureTest, MissingStoreIsAClearError) {
 TEST(LaunchEnvTest, MalformedVariablesAreNamed) {
   ::setenv("RANK", "x", 1);
   ::setenv("WORLD_SIZE", "2", 1);
-  EXPECT_THROW(launch_env_from_environ(), std::invalid_argument);
+  EXPECT_THROW(launch_env_from_environ(), dtensor::Error);
   ::setenv("RANK", "2", 1);
   try {
     launch_env_from_environ();
     ADD_FAILURE();
-  } catch (const std::invalid_argument& e) {
+  } catch (const dtensor::Error& e) {
     EXPECT_NE(std::string(e.what()).find("RANK=2 is not in a world of WORLD_SIZE=2"),
               std::string::npos);
   }

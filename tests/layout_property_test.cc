@@ -7,8 +7,8 @@
 
 #include <set>
 
-#include "dtensor/shard_layout.h"
-#include "tests/layout_enumeration.h"
+#include "layout/shard_layout.h"
+#include "layout/testing/layout_enumeration.h"
 
 namespace dtensor {
 namespace {

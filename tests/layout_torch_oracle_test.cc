@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "dtensor/local_tensor.h"
-#include "tests/layout_enumeration.h"
+#include "layout/testing/layout_enumeration.h"
 
 namespace dtensor {
 namespace {

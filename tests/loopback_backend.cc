@@ -19,7 +19,7 @@ class LoopbackCommunicator : public collectives::Communicator {
   explicit LoopbackCommunicator(const collectives::CommunicatorOptions& o)
       : Communicator(o.group, 0, o.timeout) {
     if (o.group.ranks.size() != 1) {
-      throw std::invalid_argument("test_loopback serves single-rank groups only");
+      throw dtensor::Error("test_loopback serves single-rank groups only");
     }
   }
 

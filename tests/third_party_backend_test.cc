@@ -33,7 +33,7 @@ TEST(ThirdPartyBackendTest, RegisteredByNameAndSelectable) {
 }
 
 TEST(ThirdPartyBackendTest, SecondRegistrationOfANameIsRejected) {
-  EXPECT_THROW(register_backend("test_loopback", nullptr), std::invalid_argument);
+  EXPECT_THROW(register_backend("test_loopback", nullptr), dtensor::Error);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 #pragma once
 // Command-line parsing shared by the small programs behind ./x (demo, plan): integer lists,
-// name lists, shard orders, and --flag value pairs. Errors are std::invalid_argument naming the
+// name lists, shard orders, and --flag value pairs. Errors are dtensor::Error naming the
 // flag and the bad text.
 
 #include <cstdio>
@@ -10,13 +10,14 @@
 #include <string>
 #include <vector>
 
-#include "dtensor/dtensor_spec.h"
+#include "base/error.h"
+#include "layout/dtensor_spec.h"
 
 namespace dtensor::cli {
 
 inline std::vector<int64_t> parse_ints(const std::string& flag, const std::string& text) {
   if (text.empty() || text.back() == ',') {
-    throw std::invalid_argument(flag + ": expected comma-separated integers, got \"" + text + "\"");
+    throw Error(flag + ": expected comma-separated integers, got \"" + text + "\"");
   }
   std::vector<int64_t> out;
   std::stringstream ss(text);
@@ -25,9 +26,9 @@ inline std::vector<int64_t> parse_ints(const std::string& flag, const std::strin
     try {
       size_t used = 0;
       out.push_back(std::stoll(item, &used));
-      if (used != item.size()) throw std::invalid_argument(item);
+      if (used != item.size()) throw Error(item);
     } catch (const std::exception&) {
-      throw std::invalid_argument(flag + ": '" + item + "' is not an integer in \"" + text + "\"");
+      throw Error(flag + ": '" + item + "' is not an integer in \"" + text + "\"");
     }
   }
   return out;
@@ -51,12 +52,12 @@ inline ShardOrder parse_order(const std::string& flag, const std::string& text,
   while (std::getline(ss, entry, ';')) {
     const size_t colon = entry.find(':');
     if (colon == std::string::npos) {
-      throw std::invalid_argument(flag + ": expected <tensor dim>:<mesh dims>, got '" + entry +
+      throw Error(flag + ": expected <tensor dim>:<mesh dims>, got '" + entry +
                                   "'");
     }
     const auto dims = parse_ints(flag, entry.substr(0, colon));
     if (dims.size() != 1 || dims[0] < 0 || dims[0] >= spec.ndim()) {
-      throw std::invalid_argument(flag + ": '" + entry.substr(0, colon) +
+      throw Error(flag + ": '" + entry.substr(0, colon) +
                                   "' is not one tensor dim in [0, " +
                                   std::to_string(spec.ndim() - 1) + "]");
     }
@@ -76,9 +77,9 @@ inline std::map<std::string, std::string> parse_flags(int argc, char** argv,
       continue;
     }
     if (arg.rfind("--", 0) != 0 || defaults.count(arg.substr(2)) == 0) {
-      throw std::invalid_argument("unknown argument '" + arg + "' (try --help)");
+      throw Error("unknown argument '" + arg + "' (try --help)");
     }
-    if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
+    if (i + 1 >= argc) throw Error(arg + " needs a value");
     defaults[arg.substr(2)] = argv[++i];
   }
   return defaults;

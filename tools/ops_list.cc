@@ -8,7 +8,7 @@
 // nll_loss, embedding, baddbmm, linear), else the first of a few input sets (float32 metas, most
 // inputs first: [8,4]x3, [6],[8,4],[4,6], [8,4],[4],[4], [8,4]x2, [8,4],[4,6], [2,8,4],[2,4,6],
 // [8,4],[8], [8,4]) that the op's builder accepts, with example ints chosen by what the op's ints
-// hold (dim -> 1, keepdim + dims -> 0,1, sizes -> -1, ...). Builders throw std::invalid_argument
+// hold (dim -> 1, keepdim + dims -> 0,1, sizes -> -1, ...). Builders throw dtensor::Error
 // for inputs or arguments that do not fit; those are skipped.
 
 #include <cstdio>
@@ -19,8 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "dtensor/strings.h"
-#include "dtensor/tensor_meta.h"
+#include "base/error.h"
+#include "base/strings.h"
+#include "layout/tensor_meta.h"
 #include "sharding_prop/op_registry.h"
 #include "tools/cli_args.h"
 
@@ -93,7 +94,7 @@ std::optional<Example> build_example(const OpEntry& op) {
     for (const auto& s : shapes) metas.push_back(TensorMeta::make(s));
     try {
       return Example{shapes, args, op.build(metas, args).rule.to_string()};
-    } catch (const std::invalid_argument&) {
+    } catch (const Error&) {
     }
   }
   return std::nullopt;
@@ -142,7 +143,7 @@ int run(int argc, char** argv) {
   if (!f["family"].empty() && families.count(f["family"]) == 0) {
     std::vector<std::string> names;
     for (const auto& [name, n] : families) names.push_back(name);
-    throw std::invalid_argument("--family: no family '" + f["family"] +
+    throw Error("--family: no family '" + f["family"] +
                                 "' (families: " + join(names, ", ") + ")");
   }
 

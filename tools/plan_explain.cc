@@ -11,9 +11,10 @@
 #include <stdexcept>
 #include <string>
 
-#include "dtensor/redistribute_plan.h"
-#include "dtensor/shard_layout.h"
-#include "dtensor/strings.h"
+#include "base/error.h"
+#include "sharding_prop/redistribute_plan.h"
+#include "layout/shard_layout.h"
+#include "base/strings.h"
 #include "tools/cli_args.h"
 
 namespace {
@@ -28,7 +29,7 @@ c10::ScalarType parse_dtype(const std::string& text) {
   for (const auto& [name, type] : kNames) {
     if (text == name) return type;
   }
-  throw std::invalid_argument("--dtype: unknown dtype '" + text +
+  throw Error("--dtype: unknown dtype '" + text +
                               "' (float32, float64, bfloat16, float16, int32, int64, bool)");
 }
 

@@ -16,7 +16,7 @@ struct TensorMeta {
 
   // Contiguous (row-major) stride for `shape`.
   static std::vector<int64_t> contiguous_stride(const std::vector<int64_t>& shape);
-  // Builds a meta with a contiguous stride when `stride` is empty. Throws std::invalid_argument
+  // Builds a meta with a contiguous stride when `stride` is empty. throws dtensor::Error
   // on a negative size or a stride of the wrong rank.
   static TensorMeta make(std::vector<int64_t> shape, c10::ScalarType dtype = c10::ScalarType::Float,
                          std::vector<int64_t> stride = {});
@@ -33,7 +33,7 @@ struct TensorMeta {
   friend bool operator!=(const TensorMeta& a, const TensorMeta& b) { return !(a == b); }
 };
 
-// Normalises a possibly negative tensor dim against `ndim`; throws std::invalid_argument with
+// Normalises a possibly negative tensor dim against `ndim`; throws dtensor::Error with
 // `what` (e.g. "Shard dim") when out of range; a 0-D tensor has no dims at all.
 int64_t normalize_tensor_dim(int64_t dim, int64_t ndim, const char* what);
 

@@ -1,4 +1,4 @@
-#include "dtensor/placement.h"
+#include "layout/placement.h"
 
 #include <gtest/gtest.h>
 
@@ -90,7 +90,7 @@ TEST(PlacementTest, RejectsBadTextNamingTheToken) {
     try {
       parse_placements(c.text);
       ADD_FAILURE() << "accepted " << c.text;
-    } catch (const std::invalid_argument& e) {
+    } catch (const dtensor::Error& e) {
       EXPECT_NE(std::string(e.what()).find(c.token), std::string::npos)
           << c.text << " -> " << e.what();
     }
@@ -102,7 +102,7 @@ TEST(PlacementTest, ReduceOpNamesRoundTrip) {
                   ReduceOp::kProduct, ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor}) {
     EXPECT_EQ(parse_reduce_op(reduce_op_name(op)), op);
   }
-  EXPECT_THROW(parse_reduce_op("mean"), std::invalid_argument);
+  EXPECT_THROW(parse_reduce_op("mean"), dtensor::Error);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-#include "dtensor/shard_layout.h"
-#include "dtensor/strings.h"
+#include "layout/shard_layout.h"
+#include "base/error.h"
+#include "base/strings.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -14,7 +15,7 @@ void check_coordinate(const DTensorSpec& spec, const std::vector<int64_t>& coord
     ok = coordinate[d] >= 0 && coordinate[d] < shape[d];
   }
   if (!ok) {
-    throw std::invalid_argument("coordinate (" + join(coordinate) + ") is outside mesh shape (" +
+    throw Error("coordinate (" + join(coordinate) + ") is outside mesh shape (" +
                                 join(shape) + ")");
   }
 }
@@ -23,7 +24,7 @@ void check_coordinate(const DTensorSpec& spec, const std::vector<int64_t>& coord
 
 int64_t chunk_size(int64_t n, int64_t k) {
   if (n < 0 || k < 1) {
-    throw std::invalid_argument("chunk of " + std::to_string(n) + " elements into " +
+    throw Error("chunk of " + std::to_string(n) + " elements into " +
                                 std::to_string(k) + " pieces: need n >= 0 and k >= 1");
   }
   return (n + k - 1) / k;
@@ -111,7 +112,7 @@ bool is_evenly_sharded(const DTensorSpec& spec) {
 std::vector<std::vector<int64_t>> owner_coordinates(const DTensorSpec& spec,
                                                     const std::vector<int64_t>& index) {
   if (static_cast<int64_t>(index.size()) != spec.ndim()) {
-    throw std::invalid_argument("index (" + join(index) + ") has " + std::to_string(index.size()) +
+    throw Error("index (" + join(index) + ") has " + std::to_string(index.size()) +
                                 " entries for a " + std::to_string(spec.ndim()) + "-D tensor");
   }
   const auto& mesh_shape = spec.mesh().shape();
@@ -122,7 +123,7 @@ std::vector<std::vector<int64_t>> owner_coordinates(const DTensorSpec& spec,
   }
   for (int64_t d = 0; d < spec.ndim(); ++d) {
     if (index[d] < 0 || index[d] >= spec.shape()[d]) {
-      throw std::invalid_argument("index (" + join(index) + ") is out of bounds for shape [" +
+      throw Error("index (" + join(index) + ") is out of bounds for shape [" +
                                   join(spec.shape()) + "]");
     }
     int64_t piece = spec.shape()[d];

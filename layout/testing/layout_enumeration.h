@@ -7,7 +7,7 @@
 #include <functional>
 #include <vector>
 
-#include "dtensor/dtensor_spec.h"
+#include "layout/dtensor_spec.h"
 
 namespace dtensor::testing {
 

@@ -17,7 +17,7 @@
 #include "dtensor/dtensor.h"
 #include "dtensor/local_tensor.h"
 #include "dtensor/redistribute.h"
-#include "dtensor/shard_layout.h"
+#include "layout/shard_layout.h"
 #include "sharding_prop/propagator.h"
 
 namespace dtensor::sharding {

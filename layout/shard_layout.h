@@ -15,7 +15,7 @@
 #include <optional>
 #include <vector>
 
-#include "dtensor/dtensor_spec.h"
+#include "layout/dtensor_spec.h"
 
 namespace dtensor {
 
@@ -61,7 +61,7 @@ struct LocalBox {
 };
 
 // The shard steps of the rank at `coordinate`, grouped by tensor dim (ascending) and in split
-// order within a tensor dim. Throws std::invalid_argument when the coordinate is outside the mesh.
+// order within a tensor dim. throws dtensor::Error when the coordinate is outside the mesh.
 std::vector<ShardStep> shard_steps(const DTensorSpec& spec, const std::vector<int64_t>& coordinate);
 
 // Local shape and global offset of the rank at `coordinate` (PyTorch's
@@ -77,7 +77,7 @@ bool is_evenly_sharded(const DTensorSpec& spec);
 // The inverse: the mesh coordinates / global ranks holding global element `index` (one entry
 // per tensor dim). Shard mesh dims pin one coordinate each; Replicate and Partial mesh dims admit
 // every coordinate, so the count is the product of the non-Shard mesh dim sizes. Ranks come in
-// row-major coordinate order. Throws std::invalid_argument when `index` is out of bounds.
+// row-major coordinate order. throws dtensor::Error when `index` is out of bounds.
 std::vector<std::vector<int64_t>> owner_coordinates(const DTensorSpec& spec,
                                                     const std::vector<int64_t>& index);
 std::vector<int64_t> owner_ranks(const DTensorSpec& spec, const std::vector<int64_t>& index);

@@ -1,8 +1,10 @@
-#include "dtensor/placement.h"
+#include "layout/placement.h"
 
 #include <array>
 #include <charconv>
 #include <stdexcept>
+
+#include "base/error.h"
 
 namespace dtensor {
 namespace {
@@ -17,7 +19,7 @@ std::string_view trim(std::string_view s) {
 }
 
 [[noreturn]] void bad_token(std::string_view token, const std::string& why) {
-  throw std::invalid_argument("bad placement '" + std::string(token) + "': " + why +
+  throw Error("bad placement '" + std::string(token) + "': " + why +
                               " (expected S(<dim>), R or P(<op>), e.g. \"S(0),R,P(sum)\")");
 }
 
@@ -51,7 +53,7 @@ ReduceOp parse_reduce_op(std::string_view text) {
   for (size_t i = 0; i < kReduceOpNames.size(); ++i) {
     if (kReduceOpNames[i] == text) return static_cast<ReduceOp>(i);
   }
-  throw std::invalid_argument("unknown reduce op '" + std::string(text) +
+  throw Error("unknown reduce op '" + std::string(text) +
                               "' (expected one of sum, avg, min, max, product, band, bor, bxor)");
 }
 
@@ -102,7 +104,7 @@ Placement parse_placement(std::string_view text) {
     if (call.arg.empty()) return Placement::partial(ReduceOp::kSum);
     try {
       return Placement::partial(parse_reduce_op(call.arg));
-    } catch (const std::invalid_argument& e) {
+    } catch (const Error& e) {
       bad_token(token, e.what());
     }
   }
@@ -128,8 +130,8 @@ Placements parse_placements(std::string_view text) {
       const std::string_view token = body.substr(start, i - start);
       try {
         out.push_back(parse_placement(token));
-      } catch (const std::invalid_argument& e) {
-        throw std::invalid_argument(std::string(e.what()) + " at position " +
+      } catch (const Error& e) {
+        throw Error(std::string(e.what()) + " at position " +
                                     std::to_string(out.size()) + " of \"" + std::string(text) +
                                     "\"");
       }

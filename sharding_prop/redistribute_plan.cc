@@ -1,10 +1,11 @@
-#include "dtensor/redistribute_plan.h"
+#include "sharding_prop/redistribute_plan.h"
+
+#include <absl/strings/str_cat.h>
 
 #include <c10/core/ScalarType.h>
 
 #include <algorithm>
 #include <map>
-#include <mutex>
 #include <queue>
 #include <set>
 #include <stdexcept>
@@ -12,8 +13,10 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "dtensor/shard_layout.h"
-#include "dtensor/strings.h"
+#include "base/error.h"
+#include "base/lru_cache.h"
+#include "layout/shard_layout.h"
+#include "base/strings.h"
 
 namespace dtensor {
 namespace {
@@ -194,34 +197,40 @@ ExchangePrice price_exchange(const DTensorSpec& x, const ExchangeContext& ctx,
 
 std::string dims_text(const std::vector<int64_t>& dims) { return "[" + join(dims, ",") + "]"; }
 
-void validate(const DTensorSpec& src, const DTensorSpec& dst, const PlanOptions& options) {
+}  // namespace
+
+std::optional<std::string> plan_refusal(const DTensorSpec& src, const DTensorSpec& dst,
+                                        const PlanOptions& options) {
   const std::string head =
-      "redistribute " + to_string(src.placements()) + " -> " + to_string(dst.placements()) + ": ";
+      absl::StrCat("redistribute ", to_string(src.placements()), " -> ",
+                   to_string(dst.placements()), ": ");
   if (src.mesh() != dst.mesh()) {
-    throw std::invalid_argument(head + "source and target meshes differ (" +
-                                src.mesh().to_string() + " vs " + dst.mesh().to_string() +
-                                "); a redistribute stays on one mesh");
+    return absl::StrCat(head, "source and target meshes differ (", src.mesh().to_string(), " vs ",
+                        dst.mesh().to_string(), "); a redistribute stays on one mesh");
   }
   if (src.meta() != dst.meta()) {
-    throw std::invalid_argument(head + "source and target describe different tensors (" +
-                                src.meta().to_string() + " vs " + dst.meta().to_string() + ")");
+    return absl::StrCat(head, "source and target describe different tensors (",
+                        src.meta().to_string(), " vs ", dst.meta().to_string(), ")");
   }
   for (int64_t m = 0; m < src.mesh().ndim(); ++m) {
     const Placement a = src.placement(m), b = dst.placement(m);
     if (!b.is_partial() || a == b) continue;
     if (a.is_partial()) {
-      throw std::invalid_argument(head + "a Partial cannot change its reduce op (mesh dim " +
-                                  std::to_string(m) + ": " + a.to_string() + " -> " +
-                                  b.to_string() + "); redistribute to Replicate() first");
+      return absl::StrCat(head, "a Partial cannot change its reduce op (mesh dim ", m, ": ",
+                          a.to_string(), " -> ", b.to_string(),
+                          "); redistribute to Replicate() first");
     }
     if (!options.allow_partial) {
-      throw std::invalid_argument(
-          head + "redistribute cannot create a Partial (mesh dim " + std::to_string(m) + ": " +
-          a.to_string() + " -> " + b.to_string() +
+      return absl::StrCat(
+          head, "redistribute cannot create a Partial (mesh dim ", m, ": ", a.to_string(), " -> ",
+          b.to_string(),
           "); as in PyTorch, Partial comes only from operators, never from a redistribute");
     }
   }
+  return std::nullopt;
 }
+
+namespace {
 
 struct Node {
   DTensorSpec spec;
@@ -309,7 +318,7 @@ PlanStep price_step(const DTensorSpec& x, int64_t m, Placement to, const CostMod
   } else if (from.is_replicate() && to.is_partial()) {
     kind = CommKind::kPartition;
   } else {
-    throw std::invalid_argument("redistribute: no single step turns " + from.to_string() +
+    throw Error("redistribute: no single step turns " + from.to_string() +
                                 " into " + to.to_string() + " on mesh dim " + std::to_string(m));
   }
   PlanStep step{kind, {m}, from, to, x, with_placement(x, m, to)};
@@ -344,7 +353,7 @@ PlanStep price_step(const DTensorSpec& x, int64_t m, Placement to, const CostMod
 
 RedistributePlan compute_plan(DTensorSpec src, DTensorSpec dst, const PlanOptions& options,
                               const CostModel& model) {
-  validate(src, dst, options);
+  if (auto why = plan_refusal(src, dst, options)) fail(*why);
   RedistributePlan plan{src, dst, {}, 0.0};
   if (src == dst) return plan;
 
@@ -447,10 +456,9 @@ RedistributePlan compute_plan(DTensorSpec src, DTensorSpec dst, const PlanOption
     }
   }
   auto it = index.find(dst);
-  if (it == index.end() || !nodes[it->second].done) {
-    throw std::logic_error("redistribute planner found no plan from " + src.to_string() + " to " +
-                           dst.to_string() + " (a bug: every allowed move has one)");
-  }
+  TORCH_INTERNAL_ASSERT(it != index.end() && nodes[it->second].done,
+                        "redistribute planner found no plan from ", src.to_string(), " to ",
+                        dst.to_string(), " (every allowed move has one)");
   for (int64_t i = it->second; nodes[i].parent >= 0; i = nodes[i].parent) {
     plan.steps.push_back(nodes[i].via.at(0));
   }
@@ -467,43 +475,39 @@ struct CacheKey {
   friend bool operator==(const CacheKey& a, const CacheKey& b) {
     return a.src == b.src && a.dst == b.dst && a.allow_partial == b.allow_partial;
   }
-};
-struct CacheKeyHash {
-  size_t operator()(const CacheKey& k) const {
-    return k.src.hash() * 31 + k.dst.hash() * 7 + (k.allow_partial ? 1 : 0);
+  template <typename H>
+  friend H AbslHashValue(H h, const CacheKey& k) {
+    return H::combine(std::move(h), k.src.hash(), k.dst.hash(), k.allow_partial);
   }
 };
 
-std::mutex g_cache_mu;
-std::unordered_map<CacheKey, std::shared_ptr<const RedistributePlan>, CacheKeyHash> g_cache;
-PlanCacheStats g_stats;
+// Plans are pure functions of their key (NOTE [caches]); 16384 covers every pair of the layouts
+// a model uses many times over.
+constexpr size_t kPlanCacheCapacity = 16384;
+
+LruCache<CacheKey, RedistributePlan>& plan_cache() {
+  static auto* cache = new LruCache<CacheKey, RedistributePlan>(kPlanCacheCapacity);
+  return *cache;
+}
 
 }  // namespace
 
-std::shared_ptr<const RedistributePlan> plan_redistribute(DTensorSpec src, DTensorSpec dst,
-                                                          PlanOptions options) {
+std::shared_ptr<const RedistributePlan> try_plan_redistribute(const DTensorSpec& src,
+                                                              const DTensorSpec& dst,
+                                                              PlanOptions options) {
   const CacheKey key{src, dst, options.allow_partial};
-  {
-    std::lock_guard<std::mutex> lock(g_cache_mu);
-    auto it = g_cache.find(key);
-    if (it != g_cache.end()) {
-      ++g_stats.hits;
-      return it->second;
-    }
-    ++g_stats.misses;
-  }
-  // Planned outside the lock (it may take a while; a rare duplicate computation is harmless).
-  auto plan = std::make_shared<const RedistributePlan>(
-      compute_plan(src, dst, options, default_cost_model()));
-  std::lock_guard<std::mutex> lock(g_cache_mu);
-  return g_cache.emplace(key, std::move(plan)).first->second;
+  if (auto hit = plan_cache().find(key)) return hit;
+  if (plan_refusal(src, dst, options)) return nullptr;
+  return plan_cache().insert(key, std::make_shared<const RedistributePlan>(compute_plan(
+                                      src, dst, options, default_cost_model())));
 }
 
-PlanCacheStats plan_cache_stats() {
-  std::lock_guard<std::mutex> lock(g_cache_mu);
-  PlanCacheStats s = g_stats;
-  s.size = static_cast<int64_t>(g_cache.size());
-  return s;
+std::shared_ptr<const RedistributePlan> plan_redistribute(DTensorSpec src, DTensorSpec dst,
+                                                          PlanOptions options) {
+  if (auto plan = try_plan_redistribute(src, dst, options)) return plan;
+  fail(*plan_refusal(src, dst, options));
 }
+
+CacheStats plan_cache_stats() { return plan_cache().stats(); }
 
 }  // namespace dtensor

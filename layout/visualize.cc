@@ -1,10 +1,10 @@
-#include "dtensor/visualize.h"
+#include "layout/visualize.h"
 
 #include <algorithm>
 #include <map>
 #include <set>
 
-#include "dtensor/shard_layout.h"
+#include "layout/shard_layout.h"
 
 namespace dtensor {
 namespace {

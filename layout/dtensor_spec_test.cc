@@ -1,5 +1,5 @@
-#include "dtensor/dtensor_spec.h"
-#include "tests/expect_error.h"
+#include "layout/dtensor_spec.h"
+#include "base/testing/expect_error.h"
 
 #include <gtest/gtest.h>
 

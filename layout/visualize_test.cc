@@ -1,4 +1,4 @@
-#include "dtensor/visualize.h"
+#include "layout/visualize.h"
 
 #include <gtest/gtest.h>
 

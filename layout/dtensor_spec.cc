@@ -1,4 +1,6 @@
-#include "dtensor/dtensor_spec.h"
+#include "layout/dtensor_spec.h"
+
+#include <absl/hash/hash.h>
 
 #include <absl/container/flat_hash_map.h>
 #include <absl/synchronization/mutex.h>
@@ -8,7 +10,7 @@
 #include <memory>
 #include <stdexcept>
 
-#include "dtensor/hashing.h"
+#include "base/error.h"
 
 namespace dtensor {
 namespace {
@@ -33,17 +35,13 @@ bool same_layout(const Data& a, const Data& b) {
 }
 
 size_t hash_of(const Data& d) {
-  size_t h = hash_combine(d.mesh.hash(), d.meta.hash());
-  for (const Placement& p : d.placements) h = hash_combine(h, p.hash());
-  for (const auto& order : d.shard_order) {
-    h = hash_combine(h, 0x5bd1e995);
-    for (int64_t m : order) h = hash_combine(h, static_cast<size_t>(m));
-  }
+  size_t h = absl::HashOf(d.mesh.hash(), d.meta.hash(), d.shard_order);
+  for (const Placement& p : d.placements) h = absl::HashOf(h, p.hash());
   return h;
 }
 
 [[noreturn]] void fail(const std::string& what) {
-  throw std::invalid_argument("DTensorSpec: " + what);
+  throw Error("DTensorSpec: " + what);
 }
 
 // Fills `data.shard_order` from the placements, checking a user-given order against them.

@@ -1,5 +1,5 @@
-#include "dtensor/tensor_meta.h"
-#include "tests/expect_error.h"
+#include "layout/tensor_meta.h"
+#include "base/testing/expect_error.h"
 
 #include <gtest/gtest.h>
 

@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "base/error.h"  // the error type its functions throw
+
 namespace dtensor {
 
 // Reduction that turns per-rank partial values into the logical value (Partial) or that a
@@ -16,7 +18,7 @@ enum class ReduceOp : uint8_t { kSum, kAvg, kMin, kMax, kProduct, kBand, kBor, k
 
 // "sum", "avg", ...; the names PyTorch's c10d and DTensor use.
 std::string_view reduce_op_name(ReduceOp op);
-// Inverse of reduce_op_name; throws std::invalid_argument naming the bad text.
+// Inverse of reduce_op_name; throws dtensor::Error naming the bad text.
 ReduceOp parse_reduce_op(std::string_view text);
 bool is_bitwise(ReduceOp op);
 
@@ -80,7 +82,7 @@ std::string to_string(const Placements& placements);
 // "Partial(max)". Whitespace around tokens is ignored.
 Placement parse_placement(std::string_view text);
 // Parses a comma-separated list, with or without surrounding brackets: "S(0),R,P(avg)" or
-// "[S(0), R]". Throws std::invalid_argument naming the bad token and its position.
+// "[S(0), R]". throws dtensor::Error naming the bad token and its position.
 Placements parse_placements(std::string_view text);
 
 }  // namespace dtensor

@@ -1,9 +1,11 @@
-#include "dtensor/tensor_meta.h"
-#include "dtensor/strings.h"
+#include "layout/tensor_meta.h"
+
+#include <absl/hash/hash.h>
+#include "base/error.h"
+#include "base/strings.h"
 
 #include <stdexcept>
 
-#include "dtensor/hashing.h"
 
 namespace dtensor {
 
@@ -20,18 +22,18 @@ TensorMeta TensorMeta::make(std::vector<int64_t> shape, c10::ScalarType dtype,
   int64_t numel = 1;
   for (int64_t s : shape) {
     if (s < 0) {
-      throw std::invalid_argument("TensorMeta: shape [" + join(shape) + "] has a negative size " +
+      throw Error("TensorMeta: shape [" + join(shape) + "] has a negative size " +
                                   std::to_string(s));
     }
     if (__builtin_mul_overflow(numel, s, &numel)) {
-      throw std::invalid_argument("TensorMeta: shape [" + join(shape) +
+      throw Error("TensorMeta: shape [" + join(shape) +
                                   "] has more elements than int64 can count");
     }
   }
   if (stride.empty()) {
     stride = contiguous_stride(shape);
   } else if (stride.size() != shape.size()) {
-    throw std::invalid_argument("TensorMeta: stride [" + join(stride) + "] has " +
+    throw Error("TensorMeta: stride [" + join(stride) + "] has " +
                                 std::to_string(stride.size()) + " entries for shape [" +
                                 join(shape) + "]");
   }
@@ -51,16 +53,12 @@ std::string TensorMeta::to_string() const {
 }
 
 size_t TensorMeta::hash() const {
-  uint64_t h = fnv1a_int(static_cast<int64_t>(dtype));
-  for (int64_t s : shape) h = fnv1a_int(s, h);
-  h = fnv1a_int(-1, h);
-  for (int64_t s : stride) h = fnv1a_int(s, h);
-  return static_cast<size_t>(h);
+  return absl::HashOf(static_cast<int>(dtype), shape, stride);
 }
 
 int64_t normalize_tensor_dim(int64_t dim, int64_t ndim, const char* what) {
   if (ndim == 0 || dim < -ndim || dim >= ndim) {
-    throw std::invalid_argument(std::string(what) + " " + std::to_string(dim) +
+    throw Error(std::string(what) + " " + std::to_string(dim) +
                                 " is out of range for a " + std::to_string(ndim) +
                                 "-D tensor (expected a dim in [" + std::to_string(-ndim) + ", " +
                                 std::to_string(ndim - 1) + "])");

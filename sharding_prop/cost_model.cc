@@ -1,4 +1,4 @@
-#include "dtensor/cost_model.h"
+#include "sharding_prop/cost_model.h"
 
 namespace dtensor {
 

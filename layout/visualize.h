@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "dtensor/dtensor_spec.h"
+#include "layout/dtensor_spec.h"
 
 namespace dtensor {
 

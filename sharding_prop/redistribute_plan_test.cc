@@ -3,12 +3,12 @@
 // of the enumeration, a plan that chains from source to target and costs no more than PyTorch's
 // per-mesh-dim greedy order priced by the same cost model.
 
-#include "dtensor/redistribute_plan.h"
+#include "sharding_prop/redistribute_plan.h"
 
 #include <gtest/gtest.h>
 
-#include "tests/expect_error.h"
-#include "tests/layout_enumeration.h"
+#include "base/testing/expect_error.h"
+#include "layout/testing/layout_enumeration.h"
 
 namespace dtensor {
 namespace {
@@ -138,7 +138,7 @@ TEST(RedistributePlanTest, EveryPairChainsAndBeatsTheGreedyOrder) {
         if (dst.placement(m).is_partial() && dst.placement(m) != src.placement(m)) allowed = false;
       }
       if (!allowed) {
-        EXPECT_THROW(plan_redistribute(src, dst), std::invalid_argument);
+        EXPECT_THROW(plan_redistribute(src, dst), dtensor::Error);
         continue;
       }
       const auto plan = plan_redistribute(src, dst);

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "base/error.h"
 #include "collectives/reduce.h"
 
 namespace dtensor::testing {
@@ -33,7 +34,7 @@ inline bool valid_reduce(ReduceOp op, c10::ScalarType dtype) {
   try {
     collectives::check_reduce_op(op, dtype, "");
     return true;
-  } catch (const std::invalid_argument&) {
+  } catch (const Error&) {
     return false;
   }
 }

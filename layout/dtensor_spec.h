@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "device_mesh/device_mesh.h"
-#include "dtensor/placement.h"
-#include "dtensor/tensor_meta.h"
+#include "layout/placement.h"
+#include "layout/tensor_meta.h"
 
 namespace dtensor {
 
@@ -29,7 +29,7 @@ using ShardOrder = std::vector<std::vector<int64_t>>;
 // backend runs every rank in one process).
 class DTensorSpec {
  public:
-  // Validates and interns. Throws std::invalid_argument when a placement count does not match the
+  // Validates and interns. throws dtensor::Error when a placement count does not match the
   // mesh, a shard dim is out of range, `shard_order` is not a permutation of the mesh dims that
   // shard each tensor dim, or the meta is invalid.
   static DTensorSpec make(const DeviceMesh& mesh, const Placements& placements,

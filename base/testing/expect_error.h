@@ -1,11 +1,13 @@
 #pragma once
-// Asserts that `f` throws std::invalid_argument whose message contains `needle`.
+// Asserts that `f` throws dtensor::Error (NOTE [error convention]) whose message contains
+// `needle`.
 
 #include <gtest/gtest.h>
 
 #include <functional>
-#include <stdexcept>
 #include <string>
+
+#include "base/error.h"
 
 namespace dtensor::testing {
 
@@ -13,7 +15,7 @@ inline void expect_error(const std::function<void()>& f, const std::string& need
   try {
     f();
     ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
-  } catch (const std::invalid_argument& e) {
+  } catch (const dtensor::Error& e) {
     EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
   }
 }

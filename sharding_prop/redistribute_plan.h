@@ -28,11 +28,13 @@
 // reduce op. Plans are cached by (source, target, options); every rank computes the same plan.
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "dtensor/cost_model.h"
-#include "dtensor/dtensor_spec.h"
+#include "sharding_prop/cost_model.h"
+#include "base/lru_cache.h"
+#include "layout/dtensor_spec.h"
 
 namespace dtensor {
 
@@ -67,10 +69,17 @@ struct PlanOptions {
   bool allow_partial = false;
 };
 
-// The cheapest plan under default_cost_model(), cached. Throws std::invalid_argument with a clear
+// The cheapest plan under default_cost_model(), cached. Throws dtensor::Error with a clear
 // message when the move is not allowed (see the NOTE above).
 std::shared_ptr<const RedistributePlan> plan_redistribute(DTensorSpec src, DTensorSpec dst,
                                                           PlanOptions options = {});
+// The same, or null when the move is not allowed (candidate searches: NOTE [error convention]).
+std::shared_ptr<const RedistributePlan> try_plan_redistribute(const DTensorSpec& src,
+                                                              const DTensorSpec& dst,
+                                                              PlanOptions options = {});
+// Why the move from `src` to `dst` is not allowed, or nullopt when it is.
+std::optional<std::string> plan_refusal(const DTensorSpec& src, const DTensorSpec& dst,
+                                        const PlanOptions& options);
 // Uncached, with any cost model (tests and the explain tool).
 RedistributePlan compute_plan(DTensorSpec src, DTensorSpec dst, const PlanOptions& options,
                               const CostModel& model);
@@ -88,9 +97,7 @@ PlanStep price_step(const DTensorSpec& x, int64_t mesh_dim, Placement to, const 
 double plan_cost_lower_bound(const DTensorSpec& src, const DTensorSpec& dst,
                              const CostModel& model);
 
-struct PlanCacheStats {
-  int64_t hits = 0, misses = 0, size = 0;
-};
-PlanCacheStats plan_cache_stats();
+// The plan cache's counters (NOTE [caches]: bounded LRU).
+CacheStats plan_cache_stats();
 
 }  // namespace dtensor
