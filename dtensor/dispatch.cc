@@ -31,26 +31,18 @@ namespace {
 thread_local bool t_strict = false;
 thread_local bool t_replicate_plain = false;
 
-// Ops whose local run is not "the same op on the pieces".
-enum class Special : uint8_t {
-  kNone,
-  kRandom,        // draws the global tensor, keeps the box (NOTE [DTensor random])
-  kDropout,       // native_dropout: the CPU kernel's mask drawn globally
-  kEmbedding,     // a row-sharded weight is looked up with a mask
-  kLocalScalar,   // _local_scalar_dense (item()): replicate first
-  kReshapeAlias,  // _reshape_alias: a view by the local shape
-  kNewEmptyStrided,
-};
+using sharding::Execution;
 
+// What the kernel keeps per operator: its table entry and what the schema says about its
+// arguments.
 struct OpInfo {
-  std::string name;       // "aten::add.Tensor"
-  std::string rule_name;  // the registry entry it propagates as
+  std::string name;  // "aten::add.Tensor"
   OpArgs args;
-  Special special = Special::kNone;
+  Execution execution = Execution::kPieces;
   std::vector<int> return_alias;  // per return: the argument it writes (in-place/out=), or -1
   std::vector<bool> is_out;       // per argument: an out= argument (not an input)
   int generator_arg = -1;
-  // The table entry of rule_name, looked up on first use (register_rule may add it later).
+  // The table entry, looked up on first use when it was missing (register_rule may add it later).
   mutable std::atomic<const sharding::OpEntry*> entry{nullptr};
 };
 
@@ -58,39 +50,14 @@ std::string op_name(const c10::OperatorName& n) {
   return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
 }
 
-Special special_of(const std::string& name) {
-  static const std::unordered_map<std::string, Special> table = {
-      {"aten::uniform_", Special::kRandom},
-      {"aten::normal_", Special::kRandom},
-      {"aten::bernoulli_.float", Special::kRandom},
-      {"aten::bernoulli.p", Special::kRandom},
-      {"aten::random_", Special::kRandom},
-      {"aten::random_.from", Special::kRandom},
-      {"aten::random_.to", Special::kRandom},
-      {"aten::exponential_", Special::kRandom},
-      {"aten::rand_like", Special::kRandom},
-      {"aten::randn_like", Special::kRandom},
-      {"aten::randint_like", Special::kRandom},
-      {"aten::randint_like.low_dtype", Special::kRandom},
-      {"aten::native_dropout", Special::kDropout},
-      {"aten::embedding", Special::kEmbedding},
-      {"aten::_local_scalar_dense", Special::kLocalScalar},
-      {"aten::_reshape_alias", Special::kReshapeAlias},
-      {"aten::new_empty_strided", Special::kNewEmptyStrided},
-  };
-  const auto it = table.find(name);
-  return it == table.end() ? Special::kNone : it->second;
-}
-
 std::unique_ptr<OpInfo> make_info(const c10::OperatorHandle& op) {
   auto info = std::make_unique<OpInfo>();
   const c10::FunctionSchema& schema = op.schema();
   info->name = op_name(schema.operator_name());
-  info->special = special_of(info->name);
-  info->rule_name = info->special == Special::kReshapeAlias      ? "aten::view"
-                    : info->special == Special::kNewEmptyStrided ? "aten::new_empty"
-                                                                 : info->name;
-  info->args = OpArgs(info->name, schema);
+  const sharding::OpEntry* entry = sharding::find_op(info->name);
+  info->entry.store(entry, std::memory_order_release);
+  info->args = OpArgs(entry, schema);
+  if (entry != nullptr) info->execution = entry->execution;
   const auto& args = schema.arguments();
   info->is_out.assign(args.size(), false);
   for (size_t i = 0; i < args.size(); ++i) {
@@ -227,11 +194,11 @@ std::shared_ptr<const sharding::OpSharding> propagate_inputs(const OpInfo& info,
   const sharding::LayoutArgs layout = info.args.layout(args);
   const sharding::PropagateOptions options{t_strict};
   const sharding::OpEntry* entry = info.entry.load(std::memory_order_acquire);
-  if (entry == nullptr && (entry = sharding::find_op(info.rule_name)) != nullptr) {
+  if (entry == nullptr && (entry = sharding::find_op(info.name)) != nullptr) {
     info.entry.store(entry, std::memory_order_release);
   }
   return entry != nullptr ? sharding::propagate(*entry, specs, layout, options)
-                          : sharding::propagate(info.rule_name, specs, layout, options);
+                          : sharding::propagate(info.name, specs, layout, options);
 }
 
 void put(c10::IValue* args, const Input& in, const at::Tensor& local) {
@@ -296,31 +263,19 @@ void run_dropout(const c10::IValue* args, torch::jit::Stack* stack, size_t n,
   stack->push_back(wrap(mask, mask_spec));
 }
 
-void kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const OpInfo& info = info_for(op);
-  const c10::FunctionSchema& schema = op.schema();
-  const size_t n = schema.arguments().size();
-  c10::IValue* args = &(*stack)[stack->size() - n];
-  // The distributed arguments as the caller passed them (in-place and out= return them).
-  c10::SmallVector<at::Tensor, 8> originals(n);
-  for (size_t i = 0; i < n; ++i) {
-    if (args[i].isTensor()) originals[i] = args[i].toTensor();
-  }
-  std::vector<Input> inputs = collect_inputs(info, schema, args, n);
+// item(): every rank reads the whole value.
+void run_replicated(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
+                    c10::IValue* args, const Input& in) {
+  const DTensorSpec r = DTensorSpec::make(
+      in.spec.mesh(), Placements(in.spec.mesh().ndim(), Replicate()), in.spec.meta());
+  collectives::CommCause cause(info.name.c_str());
+  put(args, in, redistribute_local(in.local, in.spec, r));
+  op.callBoxed(stack);
+}
 
-  if (info.special == Special::kLocalScalar) {  // item(): every rank reads the whole value
-    const Input& in = inputs.at(0);
-    const DTensorSpec r = DTensorSpec::make(
-        in.spec.mesh(), Placements(in.spec.mesh().ndim(), Replicate()), in.spec.meta());
-    collectives::CommCause cause(info.name.c_str());
-    put(args, in, redistribute_local(in.local, in.spec, r));
-    op.callBoxed(stack);
-    return;
-  }
-
-  const auto sharding = propagate_inputs(info, inputs, args);
-  const sharding::OpSharding& s = *sharding;
-
+// Moves every input to its propagated target and puts the pieces into the arguments.
+void redistribute_inputs(const OpInfo& info, const sharding::OpSharding& s,
+                         std::vector<Input>& inputs, c10::IValue* args) {
   for (size_t k = 0; k < inputs.size(); ++k) {
     Input& in = inputs[k];
     if (s.input_targets[k] != in.spec) {
@@ -329,65 +284,68 @@ void kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
     put(args, in, in.local);
   }
-  // out= arguments: their pieces are written (and resized) by the local op.
-  // A piece of the wrong shape is replaced (ATen would resize it with a warning).
+}
+
+// out= arguments: their pieces are written (and resized) by the local op. A piece of the wrong
+// shape is replaced (ATen would resize it with a warning).
+void prepare_out_args(const OpInfo& info, const c10::FunctionSchema& schema,
+                      const sharding::OpSharding& s, const c10::SmallVector<at::Tensor, 8>& originals,
+                      c10::IValue* args, size_t n) {
   for (size_t i = 0, o = 0; i < n; ++i) {
     if (!info.is_out[i] || !originals[i].defined()) continue;
     const size_t k = std::min(o++, s.outputs.size() - 1);
     const std::string& arg_name = schema.arguments()[i].name();
-    if (!is_dtensor(originals[i])) {
-      throw Error(info.name + ": out= argument '" + arg_name +
-                                  "' is a plain tensor but the inputs are distributed; pass a "
-                                  "distributed out tensor (e.g. api::empty on the same mesh)");
-    }
-    if (spec_of(originals[i]).mesh() != s.outputs[k].mesh()) {
-      throw Error(info.name + ": out= argument '" + arg_name + "' lives on " +
-                                  spec_of(originals[i]).mesh().to_string() + " but the inputs on " +
-                                  s.outputs[k].mesh().to_string());
-    }
+    DTENSOR_CHECK(is_dtensor(originals[i]), info.name, ": out= argument '", arg_name,
+                  "' is a plain tensor but the inputs are distributed; pass a distributed out "
+                  "tensor (e.g. api::empty on the same mesh)");
+    DTENSOR_CHECK(spec_of(originals[i]).mesh() == s.outputs[k].mesh(), info.name,
+                  ": out= argument '", arg_name, "' lives on ",
+                  spec_of(originals[i]).mesh().to_string(), " but the inputs on ",
+                  s.outputs[k].mesh().to_string());
     const at::Tensor piece = local_of(originals[i], "out=");
     const auto want = local_box(s.outputs[k], my_coordinate(s.outputs[k].mesh())).shape;
     args[i] = piece.sizes().vec() == want ? piece : at::empty({0}, piece.options());
   }
-  if (info.args.needs_local_shapes() && !s.outputs.empty()) {
-    info.args.localize(args, local_box(s.outputs[0], my_coordinate(s.outputs[0].mesh())).shape);
-  }
+}
 
-  switch (info.special) {
-    case Special::kRandom:
+// Runs an op whose execution is not "the same op on the pieces" (Execution); false for those
+// that are.
+bool run_special(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
+                 c10::IValue* args, size_t n, const std::vector<Input>& inputs,
+                 const sharding::OpSharding& s, const c10::SmallVector<at::Tensor, 8>& originals) {
+  at::Tensor out;  // the one output of the cases that compute it here
+  switch (info.execution) {
+    case Execution::kRandom:
       run_random(op, info, stack, args, inputs, s, originals[inputs.at(0).arg]);
-      return;
-    case Special::kDropout:
+      return true;
+    case Execution::kDropout:
       run_dropout(args, stack, n, inputs.at(0).local, s);
-      return;
-    case Special::kEmbedding: {
+      return true;
+    case Execution::kMaskedEmbedding: {
       const auto& coord = my_coordinate(s.outputs[0].mesh());
-      const at::Tensor out =
-          masked_embedding(inputs.at(0).local, inputs.at(1).local, s.input_targets[0], coord,
-                           local_box(s.outputs[0], coord).shape);
-      torch::jit::drop(*stack, n);
-      stack->push_back(wrap(out, s.outputs[0]));
-      return;
-    }
-    case Special::kReshapeAlias: {
-      const at::Tensor out = at::reshape(inputs.at(0).local, args[1].toIntVector());
-      torch::jit::drop(*stack, n);
-      stack->push_back(wrap(out, s.outputs[0]));
-      return;
-    }
-    case Special::kNewEmptyStrided: {
-      const at::Tensor out = at::empty(args[1].toIntVector(), inputs.at(0).local.options());
-      torch::jit::drop(*stack, n);
-      stack->push_back(wrap(out, s.outputs[0]));
-      return;
-    }
-    default:
+      out = masked_embedding(inputs.at(0).local, inputs.at(1).local, s.input_targets[0], coord,
+                             local_box(s.outputs[0], coord).shape);
       break;
+    }
+    case Execution::kReshapeByLocal:
+      out = at::reshape(inputs.at(0).local, args[1].toIntVector());
+      break;
+    case Execution::kEmptyByLocal:
+      out = at::empty(args[1].toIntVector(), inputs.at(0).local.options());
+      break;
+    default:
+      return false;
   }
+  torch::jit::drop(*stack, n);
+  stack->push_back(wrap(out, s.outputs[0]));
+  return true;
+}
 
-  op.callBoxed(stack);
-
-  // Wrap the returns: tensors and tensor-list elements take the propagated specs in order.
+// Wraps the returns: tensors and tensor-list elements take the propagated specs in order;
+// in-place and out= returns are the caller's distributed tensors.
+void wrap_returns(const OpInfo& info, const c10::FunctionSchema& schema,
+                  const sharding::OpSharding& s, const c10::SmallVector<at::Tensor, 8>& originals,
+                  torch::jit::Stack* stack) {
   const size_t returns = schema.returns().size();
   c10::IValue* rets = &(*stack)[stack->size() - returns];
   size_t next = 0;
@@ -411,6 +369,33 @@ void kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       r = std::move(wrapped);
     }
   }
+}
+
+void kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const OpInfo& info = info_for(op);
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  c10::IValue* args = &(*stack)[stack->size() - n];
+  // The distributed arguments as the caller passed them (in-place and out= return them).
+  c10::SmallVector<at::Tensor, 8> originals(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (args[i].isTensor()) originals[i] = args[i].toTensor();
+  }
+  std::vector<Input> inputs = collect_inputs(info, schema, args, n);
+  if (info.execution == Execution::kReplicateFirst) {
+    run_replicated(op, info, stack, args, inputs.at(0));
+    return;
+  }
+  const auto sharding = propagate_inputs(info, inputs, args);
+  const sharding::OpSharding& s = *sharding;
+  redistribute_inputs(info, s, inputs, args);
+  prepare_out_args(info, schema, s, originals, args, n);
+  if (info.args.needs_local_shapes() && !s.outputs.empty()) {
+    info.args.localize(args, local_box(s.outputs[0], my_coordinate(s.outputs[0].mesh())).shape);
+  }
+  if (run_special(op, info, stack, args, n, inputs, s, originals)) return;
+  op.callBoxed(stack);
+  wrap_returns(info, schema, s, originals, stack);
 }
 
 }  // namespace

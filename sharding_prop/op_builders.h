@@ -61,6 +61,8 @@ BuiltRule nll_loss_backward_of(const Metas& m, const LayoutArgs& a);
 BuiltRule sdpa_of(const Metas& m, const LayoutArgs&);
 BuiltRule new_factory_of(const Metas& m, const LayoutArgs& a);
 BuiltRule dropout_of(const Metas& m, const LayoutArgs&);
+// For entries the dispatcher runs without a rule (Execution::kReplicateFirst): fails naming why.
+RuleBuilder no_rule(const char* why);
 BuiltRule slice_backward_of(const Metas& m, const LayoutArgs& a);
 BuiltRule select_backward_of(const Metas& m, const LayoutArgs& a);
 BuiltRule scatter_of(const Metas& m, const LayoutArgs& a);

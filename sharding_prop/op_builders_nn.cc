@@ -259,6 +259,10 @@ BuiltRule new_factory_of(const Metas& m, const LayoutArgs& a) {
 }
 
 // native_dropout(input) -> (out, mask): elementwise.
+RuleBuilder no_rule(const char* why) {
+  return [why](const Metas&, const LayoutArgs&) -> BuiltRule { fail("no sharding rule: ", why); };
+}
+
 BuiltRule dropout_of(const Metas& m, const LayoutArgs&) {
   need_inputs(m, 1, 1, "native_dropout");
   Rule r = pointwise_rule(shapes_of(m), Linearity::kNone);

@@ -10,11 +10,14 @@
 #include "sharding_prop/op_builders.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <stdexcept>
 
 #include <absl/hash/hash.h>
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_join.h>
 #include "base/strings.h"
 
 namespace dtensor::sharding {
@@ -25,187 +28,206 @@ using namespace builders;  // NOLINT: the table names the family builders
 std::vector<OpEntry> build_table() {
   const auto lin = Linearity::kNone;
   std::vector<OpEntry> t;
-  auto add = [&](std::string name, std::string family, std::string args, RuleBuilder b) {
+  // add(name, family, layout args, rule builder[, the arg that is the local output shape]
+  //     [, how it executes]): one entry, everything about the overload (NOTE [one entry per op]).
+  auto add = [&](std::string name, std::string family, std::vector<LayoutArg> args, RuleBuilder b,
+                 LocalShapeArg shape = {}, Execution execution = Execution::kPieces) {
     const bool in_place =
         name.find("_.") != std::string::npos || (name.size() > 1 && name.back() == '_');
-    t.push_back({std::move(name), std::move(family), std::move(args), in_place, std::move(b)});
+    t.push_back({std::move(name), std::move(family), std::move(args), in_place, std::move(b),
+                 std::move(shape), execution});
   };
+  const LocalShapeArg same_shape;  // no shape argument
+  const auto random = Execution::kRandom;
   // Unary pointwise (functional, in-place, out).
   for (const char* op :
        {"abs",  "exp",    "log",         "sqrt",        "rsqrt", "tanh",  "sigmoid",
         "relu", "sin",    "cos",         "reciprocal",  "erf",   "log1p", "expm1",
         "sign", "square", "logical_not", "bitwise_not", "silu",  "gelu"}) {
-    add(std::string("aten::") + op, "pointwise", "", pointwise(1, lin));
-    add(std::string("aten::") + op + "_", "pointwise", "", pointwise(1, lin));
-    add(std::string("aten::") + op + ".out", "pointwise", "", pointwise(1, lin));
+    add(std::string("aten::") + op, "pointwise", {}, pointwise(1, lin));
+    add(std::string("aten::") + op + "_", "pointwise", {}, pointwise(1, lin));
+    add(std::string("aten::") + op + ".out", "pointwise", {}, pointwise(1, lin));
   }
-  add("aten::neg", "pointwise", "", pointwise(1, Linearity::kAdditive));
-  add("aten::neg_", "pointwise", "", pointwise(1, Linearity::kAdditive));
-  add("aten::gelu_backward", "pointwise", "", pointwise(2, lin));
-  add("aten::silu_backward", "pointwise", "", pointwise(2, lin));
-  add("aten::threshold_backward", "pointwise", "", pointwise(2, lin));
-  add("aten::sigmoid_backward", "pointwise", "", pointwise(2, lin));
-  add("aten::tanh_backward", "pointwise", "", pointwise(2, lin));
-  add("aten::clamp", "pointwise", "", pointwise(1, lin));
-  add("aten::clamp_", "pointwise", "", pointwise(1, lin));
-  add("aten::pow.Tensor_Scalar", "pointwise", "", pointwise(1, lin));
-  add("aten::pow_.Tensor_Scalar", "pointwise", "", pointwise(1, lin));
-  add("aten::pow.Tensor_Tensor", "pointwise", "", pointwise(2, lin));
-  add("aten::fill_.Scalar", "pointwise", "", pointwise(1, lin));
-  add("aten::zero_", "pointwise", "", pointwise(1, Linearity::kMove));
-  add("aten::clone", "pointwise", "", pointwise(1, Linearity::kMove));
-  add("aten::contiguous", "pointwise", "", pointwise(1, Linearity::kMove));
-  add("aten::detach", "pointwise", "", pointwise(1, Linearity::kMove));
-  add("aten::alias", "pointwise", "", pointwise(1, Linearity::kMove));
-  add("aten::copy_", "pointwise", "", pointwise(2, lin));
-  add("aten::_to_copy", "pointwise", "dtype (ScalarType, -1: keep)", cast_rule);
-  add("aten::masked_fill.Scalar", "pointwise", "", pointwise(2, lin));
-  add("aten::masked_fill_.Scalar", "pointwise", "", pointwise(2, lin));
-  add("aten::where.self", "pointwise", "", where_rule);
+  add("aten::neg", "pointwise", {}, pointwise(1, Linearity::kAdditive));
+  add("aten::neg_", "pointwise", {}, pointwise(1, Linearity::kAdditive));
+  add("aten::gelu_backward", "pointwise", {}, pointwise(2, lin));
+  add("aten::silu_backward", "pointwise", {}, pointwise(2, lin));
+  add("aten::threshold_backward", "pointwise", {}, pointwise(2, lin));
+  add("aten::sigmoid_backward", "pointwise", {}, pointwise(2, lin));
+  add("aten::tanh_backward", "pointwise", {}, pointwise(2, lin));
+  add("aten::clamp", "pointwise", {}, pointwise(1, lin));
+  add("aten::clamp_", "pointwise", {}, pointwise(1, lin));
+  add("aten::pow.Tensor_Scalar", "pointwise", {}, pointwise(1, lin));
+  add("aten::pow_.Tensor_Scalar", "pointwise", {}, pointwise(1, lin));
+  add("aten::pow.Tensor_Tensor", "pointwise", {}, pointwise(2, lin));
+  add("aten::fill_.Scalar", "pointwise", {}, pointwise(1, lin));
+  add("aten::zero_", "pointwise", {}, pointwise(1, Linearity::kMove));
+  add("aten::clone", "pointwise", {}, pointwise(1, Linearity::kMove));
+  add("aten::contiguous", "pointwise", {}, pointwise(1, Linearity::kMove));
+  add("aten::detach", "pointwise", {}, pointwise(1, Linearity::kMove));
+  add("aten::alias", "pointwise", {}, pointwise(1, Linearity::kMove));
+  add("aten::copy_", "pointwise", {}, pointwise(2, lin));
+  add("aten::_to_copy", "pointwise", {int_arg("dtype", -1)}, cast_rule);
+  add("aten::masked_fill.Scalar", "pointwise", {}, pointwise(2, lin));
+  add("aten::masked_fill_.Scalar", "pointwise", {}, pointwise(2, lin));
+  add("aten::where.self", "pointwise", {}, where_rule);
   // Binary pointwise.
   for (const char* op : {"add.Tensor", "sub.Tensor"}) {
     for (const char* v : {"", "_"}) {
       std::string name = std::string("aten::") + op;
       name.insert(name.find('.'), v);
-      add(name, "pointwise", "", pointwise(2, Linearity::kAdditive));
+      add(name, "pointwise", {}, pointwise(2, Linearity::kAdditive));
     }
   }
-  add("aten::add.out", "pointwise", "", pointwise(2, Linearity::kAdditive));
-  add("aten::mul.Tensor", "pointwise", "", pointwise(2, Linearity::kMultilinear));
-  add("aten::mul_.Tensor", "pointwise", "", pointwise(2, Linearity::kMultilinear));
-  add("aten::mul.out", "pointwise", "", pointwise(2, Linearity::kMultilinear));
-  add("aten::div.Tensor", "pointwise", "", pointwise(2, Linearity::kMultilinear, {true, false}));
-  add("aten::div_.Tensor", "pointwise", "", pointwise(2, Linearity::kMultilinear, {true, false}));
+  add("aten::add.out", "pointwise", {}, pointwise(2, Linearity::kAdditive));
+  add("aten::mul.Tensor", "pointwise", {}, pointwise(2, Linearity::kMultilinear));
+  add("aten::mul_.Tensor", "pointwise", {}, pointwise(2, Linearity::kMultilinear));
+  add("aten::mul.out", "pointwise", {}, pointwise(2, Linearity::kMultilinear));
+  add("aten::div.Tensor", "pointwise", {}, pointwise(2, Linearity::kMultilinear, {true, false}));
+  add("aten::div_.Tensor", "pointwise", {}, pointwise(2, Linearity::kMultilinear, {true, false}));
   for (const char* v : {"", "_"}) {
     const std::string base = "aten::";
-    add(base + "add" + v + ".Scalar", "pointwise", "", pointwise(1, lin));
-    add(base + "sub" + v + ".Scalar", "pointwise", "", pointwise(1, lin));
-    add(base + "mul" + v + ".Scalar", "pointwise", "", pointwise(1, Linearity::kAdditive));
-    add(base + "div" + v + ".Scalar", "pointwise", "", pointwise(1, Linearity::kAdditive));
-    add(base + "pow" + v + ".Scalar", "pointwise", "", pointwise(1, lin));
+    add(base + "add" + v + ".Scalar", "pointwise", {}, pointwise(1, lin));
+    add(base + "sub" + v + ".Scalar", "pointwise", {}, pointwise(1, lin));
+    add(base + "mul" + v + ".Scalar", "pointwise", {}, pointwise(1, Linearity::kAdditive));
+    add(base + "div" + v + ".Scalar", "pointwise", {}, pointwise(1, Linearity::kAdditive));
+    add(base + "pow" + v + ".Scalar", "pointwise", {}, pointwise(1, lin));
   }
-  add("aten::rsub.Scalar", "pointwise", "", pointwise(1, lin));
+  add("aten::rsub.Scalar", "pointwise", {}, pointwise(1, lin));
   for (const char* op : {"maximum", "minimum", "atan2", "logical_and", "logical_or",
                          "bitwise_and.Tensor", "bitwise_or.Tensor", "bitwise_xor.Tensor"}) {
-    add(std::string("aten::") + op, "pointwise", "", pointwise(2, lin));
+    add(std::string("aten::") + op, "pointwise", {}, pointwise(2, lin));
   }
   for (const char* op : {"eq", "ne", "lt", "le", "gt", "ge"}) {
-    add(std::string("aten::") + op + ".Tensor", "pointwise", "", pointwise(2, lin, {}, true));
-    add(std::string("aten::") + op + ".Scalar", "pointwise", "", pointwise(1, lin, {}, true));
+    add(std::string("aten::") + op + ".Tensor", "pointwise", {}, pointwise(2, lin, {}, true));
+    add(std::string("aten::") + op + ".Scalar", "pointwise", {}, pointwise(1, lin, {}, true));
   }
   for (const char* v : {"", "_"}) {  // optimizer steps (Adam) use the in-place forms
     const std::string base = "aten::";
-    add(base + "addcmul" + v, "pointwise", "", pointwise(3, lin));
-    add(base + "addcdiv" + v, "pointwise", "", pointwise(3, lin));
-    add(base + "lerp" + v + ".Scalar", "pointwise", "", pointwise(2, lin));
+    add(base + "addcmul" + v, "pointwise", {}, pointwise(3, lin));
+    add(base + "addcdiv" + v, "pointwise", {}, pointwise(3, lin));
+    add(base + "lerp" + v + ".Scalar", "pointwise", {}, pointwise(2, lin));
   }
-  // Reductions: ints = keepdim, dims... (no dims: every dim).
-  const std::string rd = "keepdim, dims... (none: all)";
-  add("aten::sum", "reduction", "", reduction(ReduceOp::kSum, false, Linearity::kAdditive));
-  add("aten::sum.dim_IntList", "reduction", rd,
+  // Reductions: keepdim, then the reduced dims (none: every dim).
+  const std::vector<LayoutArg> kReduceArgs = {int_arg("keepdim"), ints_arg("dim")};
+  
+  add("aten::sum", "reduction", {}, reduction(ReduceOp::kSum, false, Linearity::kAdditive));
+  add("aten::sum.dim_IntList", "reduction", kReduceArgs,
       reduction(ReduceOp::kSum, false, Linearity::kAdditive));
-  add("aten::mean", "reduction", "", reduction(ReduceOp::kAvg, false, Linearity::kAdditive));
-  add("aten::mean.dim", "reduction", rd, reduction(ReduceOp::kAvg, false, Linearity::kAdditive));
-  add("aten::prod", "reduction", "", reduction(ReduceOp::kProduct, false, lin));
-  add("aten::prod.dim_int", "reduction", rd, reduction(ReduceOp::kProduct, false, lin));
-  add("aten::amax", "reduction", rd, reduction(ReduceOp::kMax, false, lin));
-  add("aten::amin", "reduction", rd, reduction(ReduceOp::kMin, false, lin));
-  add("aten::max", "reduction", "", reduction(ReduceOp::kMax, false, lin));
-  add("aten::min", "reduction", "", reduction(ReduceOp::kMin, false, lin));
-  add("aten::max.dim", "reduction", rd, reduction(ReduceOp::kMax, true, lin, -1, 2));
-  add("aten::min.dim", "reduction", rd, reduction(ReduceOp::kMin, true, lin, -1, 2));
-  add("aten::argmax", "reduction", rd,
+  add("aten::mean", "reduction", {}, reduction(ReduceOp::kAvg, false, Linearity::kAdditive));
+  add("aten::mean.dim", "reduction", kReduceArgs, reduction(ReduceOp::kAvg, false, Linearity::kAdditive));
+  add("aten::prod", "reduction", {}, reduction(ReduceOp::kProduct, false, lin));
+  add("aten::prod.dim_int", "reduction", kReduceArgs, reduction(ReduceOp::kProduct, false, lin));
+  add("aten::amax", "reduction", kReduceArgs, reduction(ReduceOp::kMax, false, lin));
+  add("aten::amin", "reduction", kReduceArgs, reduction(ReduceOp::kMin, false, lin));
+  add("aten::max", "reduction", {}, reduction(ReduceOp::kMax, false, lin));
+  add("aten::min", "reduction", {}, reduction(ReduceOp::kMin, false, lin));
+  add("aten::max.dim", "reduction", kReduceArgs, reduction(ReduceOp::kMax, true, lin, -1, 2));
+  add("aten::min.dim", "reduction", kReduceArgs, reduction(ReduceOp::kMin, true, lin, -1, 2));
+  add("aten::argmax", "reduction", kReduceArgs,
       reduction(ReduceOp::kMax, true, lin, static_cast<int>(c10::kLong)));
-  add("aten::argmin", "reduction", rd,
+  add("aten::argmin", "reduction", kReduceArgs,
       reduction(ReduceOp::kMin, true, lin, static_cast<int>(c10::kLong)));
-  add("aten::var.correction", "reduction", rd, reduction(ReduceOp::kSum, true, lin));
-  add("aten::std.correction", "reduction", rd, reduction(ReduceOp::kSum, true, lin));
-  add("aten::linalg_vector_norm", "reduction", rd, reduction(ReduceOp::kSum, true, lin));
-  add("aten::any.dim", "reduction", rd,
+  add("aten::var.correction", "reduction", kReduceArgs, reduction(ReduceOp::kSum, true, lin));
+  add("aten::std.correction", "reduction", kReduceArgs, reduction(ReduceOp::kSum, true, lin));
+  add("aten::linalg_vector_norm", "reduction", kReduceArgs, reduction(ReduceOp::kSum, true, lin));
+  add("aten::any.dim", "reduction", kReduceArgs,
       reduction(ReduceOp::kMax, true, lin, static_cast<int>(c10::kBool)));
-  add("aten::all.dim", "reduction", rd,
+  add("aten::all.dim", "reduction", kReduceArgs,
       reduction(ReduceOp::kMin, true, lin, static_cast<int>(c10::kBool)));
-  add("aten::any", "reduction", "",
+  add("aten::any", "reduction", {},
       reduction(ReduceOp::kMax, true, lin, static_cast<int>(c10::kBool)));
-  add("aten::all", "reduction", "",
+  add("aten::all", "reduction", {},
       reduction(ReduceOp::kMin, true, lin, static_cast<int>(c10::kBool)));
   // Softmax: ints = dim.
-  add("aten::_softmax", "softmax", "dim", softmax(1));
-  add("aten::_log_softmax", "softmax", "dim", softmax(1));
-  add("aten::_softmax_backward_data", "softmax", "dim", softmax(2));
-  add("aten::_log_softmax_backward_data", "softmax", "dim", softmax(2));
+  add("aten::_softmax", "softmax", {int_arg("dim")}, softmax(1));
+  add("aten::_log_softmax", "softmax", {int_arg("dim")}, softmax(1));
+  add("aten::_softmax_backward_data", "softmax", {int_arg("dim")}, softmax(2));
+  add("aten::_log_softmax_backward_data", "softmax", {int_arg("dim")}, softmax(2));
   // Matmul family.
-  add("aten::mm", "matmul", "", mm_rule);
-  add("aten::bmm", "matmul", "", bmm_rule);
-  add("aten::matmul", "matmul", "", matmul_rule_of);
-  add("aten::addmm", "matmul", "", addmm_rule_of);
-  add("aten::baddbmm", "matmul", "", addmm_rule_of);
-  add("aten::linear", "matmul", "", linear_rule_of);
-  add("aten::einsum", "matmul", "text: the equation", einsum_rule);
-  add("aten::t", "view", "", t_rule);
+  add("aten::mm", "matmul", {}, mm_rule);
+  add("aten::bmm", "matmul", {}, bmm_rule);
+  add("aten::matmul", "matmul", {}, matmul_rule_of);
+  add("aten::addmm", "matmul", {}, addmm_rule_of);
+  add("aten::baddbmm", "matmul", {}, addmm_rule_of);
+  add("aten::linear", "matmul", {}, linear_rule_of);
+  add("aten::einsum", "matmul", {text_arg("equation")}, einsum_rule);
+  add("aten::t", "view", {}, t_rule);
   // Views and shape ops.
-  add("aten::view", "view", "sizes (one -1 allowed)", view_rule);
-  add("aten::reshape", "view", "sizes (one -1 allowed)", view_rule);
-  add("aten::_unsafe_view", "view", "sizes", view_rule);
-  add("aten::flatten.using_ints", "view", "start_dim, end_dim", flatten_rule);
-  add("aten::unflatten.int", "view", "dim, sizes...", unflatten_rule);
-  add("aten::squeeze", "view", "", squeeze_rule);
-  add("aten::squeeze.dim", "view", "dim", squeeze_rule);
-  add("aten::unsqueeze", "view", "dim", unsqueeze_rule);
-  add("aten::transpose.int", "view", "dim0, dim1", transpose_rule);
-  add("aten::permute", "view", "dims...", permute_rule_of);
-  add("aten::expand", "view", "sizes (-1 keeps a size)", expand_rule_of);
-  add("aten::slice.Tensor", "view", "dim, start, end, step", slice_of);
-  add("aten::narrow", "view", "dim, start, length", narrow_of);
-  add("aten::select.int", "view", "dim", select_of);
-  add("aten::split.Tensor", "view", "split_size, dim", split_of);
-  add("aten::split_with_sizes", "view", "dim, sizes...", split_sizes_of);
-  add("aten::chunk", "view", "chunks, dim", chunk_of);
-  add("aten::index_select", "index", "dim", index_select_of);
-  add("aten::slice_backward", "view", "dim, start, end, step, input_sizes...", slice_backward_of);
-  add("aten::select_backward", "view", "dim, input_sizes...", select_backward_of);
-  add("aten::scatter_add", "index", "dim", scatter_of);
-  add("aten::scatter.src", "index", "dim", scatter_of);
-  add("aten::index_add", "index", "dim", index_add_of);
-  add("aten::value_selecting_reduction_backward", "reduction", "dim, keepdim, sizes...",
-      value_selecting_backward_of);
-  add("aten::gather", "index", "dim", gather_of);
-  add("aten::embedding", "embedding", "", embedding_of);
-  add("aten::embedding_dense_backward", "embedding", "num_weights", embedding_backward_of);
-  add("aten::native_layer_norm", "norm", "number of normalized dims", layer_norm_of);
-  add("aten::native_layer_norm_backward", "norm", "number of normalized dims",
+  add("aten::view", "view", {ints_arg("size")}, view_rule, local_shape("size"));
+  add("aten::reshape", "view", {ints_arg("shape")}, view_rule, local_shape("shape"));
+  add("aten::_unsafe_view", "view", {ints_arg("size")}, view_rule, local_shape("size"));
+  add("aten::flatten.using_ints", "view", {int_arg("start_dim"), int_arg("end_dim")}, flatten_rule);
+  add("aten::unflatten.int", "view", {int_arg("dim"), ints_arg("sizes")}, unflatten_rule, local_shape("sizes", LocalShapeArg::Kind::kUnflatten));
+  add("aten::squeeze", "view", {}, squeeze_rule);
+  add("aten::squeeze.dim", "view", {int_arg("dim")}, squeeze_rule);
+  add("aten::unsqueeze", "view", {int_arg("dim")}, unsqueeze_rule);
+  add("aten::transpose.int", "view", {int_arg("dim0"), int_arg("dim1")}, transpose_rule);
+  add("aten::permute", "view", {ints_arg("dims")}, permute_rule_of);
+  add("aten::expand", "view", {ints_arg("size")}, expand_rule_of, local_shape("size"));
+  add("aten::slice.Tensor", "view", {int_arg("dim"), int_arg("start", 0), int_arg("end", std::numeric_limits<int64_t>::max()), int_arg("step")}, slice_of);
+  add("aten::narrow", "view", {int_arg("dim"), int_arg("start"), int_arg("length")}, narrow_of);
+  add("aten::select.int", "view", {int_arg("dim")}, select_of);
+  add("aten::split.Tensor", "view", {int_arg("split_size"), int_arg("dim")}, split_of);
+  add("aten::split_with_sizes", "view", {int_arg("dim"), ints_arg("split_sizes")}, split_sizes_of);
+  add("aten::chunk", "view", {int_arg("chunks"), int_arg("dim")}, chunk_of);
+  add("aten::index_select", "index", {int_arg("dim")}, index_select_of);
+  add("aten::slice_backward", "view", {int_arg("dim"), int_arg("start"), int_arg("end"), int_arg("step"), ints_arg("input_sizes")}, slice_backward_of, local_shape("input_sizes"));
+  add("aten::select_backward", "view", {int_arg("dim"), ints_arg("input_sizes")}, select_backward_of, local_shape("input_sizes"));
+  add("aten::scatter_add", "index", {int_arg("dim")}, scatter_of);
+  add("aten::scatter.src", "index", {int_arg("dim")}, scatter_of);
+  add("aten::index_add", "index", {int_arg("dim")}, index_add_of);
+  add("aten::value_selecting_reduction_backward", "reduction",
+      {int_arg("dim"), int_arg("keepdim"), ints_arg("sizes")}, value_selecting_backward_of,
+      local_shape("sizes"));
+  add("aten::gather", "index", {int_arg("dim")}, gather_of);
+  add("aten::embedding", "embedding", {}, embedding_of, same_shape, Execution::kMaskedEmbedding);
+  add("aten::embedding_dense_backward", "embedding", {int_arg("num_weights")}, embedding_backward_of, local_shape("num_weights", LocalShapeArg::Kind::kFirstSize));
+  add("aten::native_layer_norm", "norm", {count_arg("normalized_shape")}, layer_norm_of);
+  add("aten::native_layer_norm_backward", "norm", {count_arg("normalized_shape")},
       layer_norm_backward_of);
-  add("aten::nll_loss_forward", "loss", "reduction (0 none, 1 mean, 2 sum)", nll_loss_of);
-  add("aten::nll_loss_backward", "loss", "reduction (0 none, 1 mean, 2 sum)", nll_loss_backward_of);
-  add("aten::_scaled_dot_product_attention", "attention", "", sdpa_of);
-  add("aten::_scaled_dot_product_attention_math", "attention", "", sdpa_of);
-  add("aten::native_dropout", "pointwise", "", dropout_of);
-  add("aten::native_dropout_backward", "pointwise", "", pointwise(2, lin));
+  add("aten::nll_loss_forward", "loss", {int_arg("reduction")}, nll_loss_of);
+  add("aten::nll_loss_backward", "loss", {int_arg("reduction")}, nll_loss_backward_of);
+  add("aten::_scaled_dot_product_attention", "attention", {}, sdpa_of);
+  add("aten::_scaled_dot_product_attention_math", "attention", {}, sdpa_of);
+  add("aten::native_dropout", "pointwise", {}, dropout_of, same_shape, Execution::kDropout);
+  add("aten::native_dropout_backward", "pointwise", {}, pointwise(2, lin));
   for (const char* op :
-       {"empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like"}) {
-    add(std::string("aten::") + op, "factory", "", pointwise(1, Linearity::kShapeOnly));
+       {"empty_like", "zeros_like", "ones_like", "full_like"}) {
+    add(std::string("aten::") + op, "factory", {}, pointwise(1, Linearity::kShapeOnly));
   }
-  add("aten::randint_like", "factory", "", pointwise(1, Linearity::kShapeOnly));
-  add("aten::randint_like.low_dtype", "factory", "", pointwise(1, Linearity::kShapeOnly));
-  add("aten::bernoulli.p", "random", "", pointwise(1, Linearity::kShapeOnly));
+  for (const char* op :
+       {"rand_like", "randn_like", "randint_like", "randint_like.low_dtype"}) {
+    add(std::string("aten::") + op, "factory", {}, pointwise(1, Linearity::kShapeOnly),
+        same_shape, random);
+  }
+  add("aten::bernoulli.p", "random", {}, pointwise(1, Linearity::kShapeOnly), same_shape, random);
   // In-place random fills: self keeps its layout (a Partial self is refused).
   for (const char* op : {"uniform_", "normal_", "bernoulli_.float", "random_", "random_.from",
                          "random_.to", "exponential_"}) {
-    add(std::string("aten::") + op, "random", "", pointwise(1, lin));
+    add(std::string("aten::") + op, "random", {}, pointwise(1, lin), same_shape, random);
   }
   for (const char* op : {"new_zeros", "new_ones", "new_empty", "new_full"}) {
-    add(std::string("aten::") + op, "factory", "sizes", new_factory_of);
+    add(std::string("aten::") + op, "factory", {ints_arg("size")}, new_factory_of,
+        local_shape("size"));
   }
+  add("aten::new_empty_strided", "factory", {ints_arg("size")}, new_factory_of,
+      local_shape("size"), Execution::kEmptyByLocal);
+  add("aten::_reshape_alias", "view", {ints_arg("size")}, view_rule, local_shape("size"),
+      Execution::kReshapeByLocal);
+  // item(): every rank reads the whole value; there is no layout to propagate.
+  add("aten::_local_scalar_dense", "scalar", {}, no_rule("item() reads the whole value"),
+      same_shape, Execution::kReplicateFirst);
   // `.out` overloads of the common non-pointwise ops (the out tensor is not an input).
-  add("aten::mm.out", "matmul", "", mm_rule);
-  add("aten::bmm.out", "matmul", "", bmm_rule);
-  add("aten::addmm.out", "matmul", "", addmm_rule_of);
-  add("aten::sum.IntList_out", "reduction", rd,
+  add("aten::mm.out", "matmul", {}, mm_rule);
+  add("aten::bmm.out", "matmul", {}, bmm_rule);
+  add("aten::addmm.out", "matmul", {}, addmm_rule_of);
+  add("aten::sum.IntList_out", "reduction", kReduceArgs,
       reduction(ReduceOp::kSum, false, Linearity::kAdditive));
-  add("aten::mean.out", "reduction", rd, reduction(ReduceOp::kAvg, false, Linearity::kAdditive));
-  add("aten::cat.out", "cat", "dim", concat(false));
-  add("aten::cat", "cat", "dim", concat(false));
-  add("aten::stack", "cat", "dim", concat(true));
+  add("aten::mean.out", "reduction", kReduceArgs, reduction(ReduceOp::kAvg, false, Linearity::kAdditive));
+  add("aten::cat.out", "cat", {int_arg("dim")}, concat(false));
+  add("aten::cat", "cat", {int_arg("dim")}, concat(false));
+  add("aten::stack", "cat", {int_arg("dim")}, concat(true));
   std::sort(t.begin(), t.end(), [](const OpEntry& a, const OpEntry& b) { return a.name < b.name; });
   return t;
 }
@@ -237,6 +259,39 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 }
 
 }  // namespace
+
+LayoutArg int_arg(std::string name, std::optional<int64_t> if_none) {
+  return {std::move(name), LayoutArg::Kind::kInt, if_none};
+}
+LayoutArg ints_arg(std::string name) { return {std::move(name), LayoutArg::Kind::kInts, {}}; }
+LayoutArg count_arg(std::string name) { return {std::move(name), LayoutArg::Kind::kCount, {}}; }
+LayoutArg text_arg(std::string name) { return {std::move(name), LayoutArg::Kind::kText, {}}; }
+LocalShapeArg local_shape(std::string name, LocalShapeArg::Kind kind) {
+  return {kind, std::move(name)};
+}
+
+std::string LayoutArg::to_string() const {
+  switch (kind) {
+    case Kind::kInts:
+      return name + "...";
+    case Kind::kCount:
+      return "len(" + name + ")";
+    case Kind::kText:
+      return "\"" + name + "\"";
+    case Kind::kInt:
+      break;
+  }
+  if (!if_none) return name;
+  return absl::StrCat(name, "=None:",
+                      *if_none == std::numeric_limits<int64_t>::max() ? "max"
+                                                                     : std::to_string(*if_none));
+}
+
+std::string OpEntry::args_text() const {
+  return absl::StrJoin(layout_args, ", ", [](std::string* out, const LayoutArg& a) {
+    out->append(a.to_string());
+  });
+}
 
 size_t LayoutArgs::hash() const {
   return absl::HashOf(ints, text);
@@ -277,7 +332,7 @@ std::vector<std::string> nearest_ops(std::string_view name, size_t count) {
 }
 
 void register_rule(const std::string& name, const std::string& rule_text, Linearity linearity) {
-  OpEntry e{name, "custom", "rule \"" + rule_text + "\"", false,
+  OpEntry e{name, "custom", {}, false,
             [rule_text, linearity](const Metas& m, const LayoutArgs&) {
               std::vector<std::vector<int64_t>> shapes;
               for (const auto& x : m) shapes.push_back(x.shape);

@@ -1,12 +1,13 @@
 #pragma once
-// The table of operators the engine can shard: ATen op name (with overload) -> how to build its
-// Rule (rule.h) and output dtypes from the input metas and the op's layout arguments. Every
-// entry lives in op_registry.cc, one line per overload, so coverage is reviewable in one place;
-// `./x ops` prints it. Custom ops register a rule string ("mk,kn->mn") at run time.
+// The table of operators the engine can shard: ATen op name (with overload) -> everything about
+// it (NOTE [one entry per op]). Every entry lives in op_registry.cc, one line per overload, so
+// coverage is reviewable in one place; `./x ops` prints it. Custom ops register a rule string
+// ("mk,kn->mn") at run time.
 
 #include <c10/core/ScalarType.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,9 +17,39 @@
 
 namespace dtensor::sharding {
 
-// The arguments of a call that decide layouts, and nothing else (never runtime scalar values):
-// dims, keepdim flags, target shapes, an output dtype, an einsum equation. What `ints` holds is
-// documented per op in the table. Part of the propagation cache key.
+// NOTE [one entry per op]
+// An OpEntry is the single place that says everything about one ATen overload:
+//   - its rule builder (the factors of its inputs and outputs, and the output dtypes);
+//   - its layout arguments: which schema arguments decide layouts, typed (LayoutArg), in the
+//     order the builder reads them from LayoutArgs; the dispatcher reads them from the call by
+//     these names, so no other table describes the op's arguments;
+//   - which argument describes the output's shape and must be made local before the op runs on
+//     a rank's piece (LocalShapeArg);
+//   - how it executes when that is not "the same op on every piece" (Execution);
+//   - whether it is in-place (self keeps its layout), derived from its name.
+// Adding an op is one add(...) line in op_registry.cc (README: "Adding an op").
+
+// One layout argument: the schema argument `name`, read as `kind`.
+struct LayoutArg {
+  enum class Kind : uint8_t {
+    kInt,    // an int (a bool reads as 0/1, a dtype as its ScalarType number)
+    kInts,   // every element of an int list (an int reads as one element)
+    kCount,  // the length of a list (layer_norm's normalized_shape)
+    kText,   // a string (einsum's equation): LayoutArgs::text
+  };
+  std::string name;
+  Kind kind = Kind::kInt;
+  std::optional<int64_t> if_none;  // the value of a None argument (else None appends nothing)
+
+  std::string to_string() const;  // "dim", "dims...", "len(normalized_shape)", "end=None:max"
+};
+LayoutArg int_arg(std::string name, std::optional<int64_t> if_none = std::nullopt);
+LayoutArg ints_arg(std::string name);
+LayoutArg count_arg(std::string name);
+LayoutArg text_arg(std::string name);
+
+// The values of an op's layout arguments in one call, in the entry's order (never runtime scalar
+// values): part of the propagation cache key.
 struct LayoutArgs {
   std::vector<int64_t> ints;
   std::string text;
@@ -27,6 +58,31 @@ struct LayoutArgs {
   }
   size_t hash() const;
   std::string to_string() const;
+};
+
+// The argument that gives the output's shape (view's size, new_zeros's size): when the op runs
+// on a rank's piece it must be the local shape.
+struct LocalShapeArg {
+  enum class Kind : uint8_t {
+    kNone,
+    kSizes,      // the first output's local shape
+    kFirstSize,  // its first size (embedding_dense_backward's num_weights)
+    kUnflatten,  // the local sizes of the unflattened dims (unflatten's sizes, with its dim)
+  };
+  Kind kind = Kind::kNone;
+  std::string name;
+};
+LocalShapeArg local_shape(std::string name, LocalShapeArg::Kind kind = LocalShapeArg::Kind::kSizes);
+
+// How the dispatcher runs the op when it is not the same op on every rank's piece.
+enum class Execution : uint8_t {
+  kPieces,           // the op on each rank's pieces (almost every op)
+  kRandom,           // draws for the global tensor and keeps this rank's box (NOTE [DTensor random])
+  kDropout,          // native_dropout with its mask drawn for the global tensor
+  kMaskedEmbedding,  // a row-sharded weight is looked up with a mask -> Partial(sum)
+  kReplicateFirst,   // item(): every rank reads the whole value (no rule)
+  kReshapeByLocal,   // _reshape_alias: a reshape to the local shape (its strides are global)
+  kEmptyByLocal,     // new_empty_strided: an empty piece of the local shape
 };
 
 struct BuiltRule {
@@ -40,9 +96,14 @@ using RuleBuilder =
 struct OpEntry {
   std::string name;       // "aten::add.Tensor"
   std::string family;     // "pointwise", "matmul", ...
-  std::string args;       // what LayoutArgs::ints holds, for humans ("dims..., keepdim")
+  std::vector<LayoutArg> layout_args;
   bool in_place = false;  // self is the output: its layout may not change
   RuleBuilder build;
+  LocalShapeArg local_shape;
+  Execution execution = Execution::kPieces;
+
+  // The layout arguments for humans: "keepdim, dim..." (empty when none).
+  std::string args_text() const;
 };
 
 // The entry of `name`, or null.

@@ -8,6 +8,8 @@
 #include <unordered_map>
 
 #include <absl/container/flat_hash_set.h>
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_join.h>
 #include <absl/synchronization/mutex.h>
 
 #include "base/error.h"
@@ -195,32 +197,31 @@ bool needs_collective(const std::vector<DTensorSpec>& inputs,
   return false;
 }
 
-std::shared_ptr<const OpSharding> compute(const OpEntry& entry,
-                                          const std::vector<DTensorSpec>& inputs,
-                                          const LayoutArgs& args, const PropagateOptions& opt) {
+// The op's rule for these inputs, checked against them; builder errors name the op and inputs.
+BuiltRule checked_rule(const OpEntry& entry, const std::vector<DTensorSpec>& inputs,
+                       const std::vector<TensorMeta>& metas, const LayoutArgs& args) {
   const std::string& op = entry.name;
-  std::vector<TensorMeta> metas;
-  for (const auto& s : inputs) metas.push_back(s.meta());
   BuiltRule built = [&] {
-    try {
+    try {  // adds the op and its inputs to the builder's message, then rethrows
       return entry.build(metas, args);
     } catch (const Error& e) {
-      throw Error(op + " on " + specs_text(inputs) + ": " + e.what());
+      fail(op, " on ", specs_text(inputs), ": ", e.what());
     }
   }();
   const Rule& rule = built.rule;
-  if (rule.inputs.size() != inputs.size()) {
-    throw Error(op + ": its rule takes " + std::to_string(rule.inputs.size()) +
-                                " tensors but got " + std::to_string(inputs.size()));
-  }
+  DTENSOR_CHECK(rule.inputs.size() == inputs.size(), op, ": its rule takes ", rule.inputs.size(),
+                " tensors but got ", inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
-    if (rule.inputs[i].size() != metas[i].shape.size()) {
-      throw Error(
-          op + ": input " + std::to_string(i) + " has " + std::to_string(metas[i].shape.size()) +
-          " dims but the op expects " + std::to_string(rule.inputs[i].size()) + " there (rule " +
-          rule.to_string() + ")");
-    }
+    DTENSOR_CHECK(rule.inputs[i].size() == metas[i].shape.size(), op, ": input ", i, " has ",
+                  metas[i].shape.size(), " dims but the op expects ", rule.inputs[i].size(),
+                  " there (rule ", rule.to_string(), ")");
   }
+  return built;
+}
+
+// Per mesh dim, the choices to combine (their product is bounded by kMaxCandidates).
+std::vector<std::vector<Choice>> choices_per_dim(const Rule& rule,
+                                                 const std::vector<DTensorSpec>& inputs) {
   const DeviceMesh& mesh = inputs[0].mesh();
   std::vector<std::vector<Choice>> per_dim;
   size_t total = 1;
@@ -231,94 +232,130 @@ std::shared_ptr<const OpSharding> compute(const OpEntry& entry,
       per_dim.back().erase(per_dim.back().begin() + 1, per_dim.back().end() - 1);
     }
   }
-  std::vector<TensorMeta> out_metas;
-  for (size_t o = 0; o < rule.outputs.size(); ++o) {
-    out_metas.push_back(TensorMeta::make(rule.output_shape(o), built.out_dtypes.at(o)));
-  }
+  return per_dim;
+}
 
-  std::shared_ptr<OpSharding> best;
-  const double latency = default_cost_model().step_cost(CommKind::kAllReduce, 2, 0);
-  std::vector<size_t> pick(mesh.ndim(), 0);
+// One candidate: the placements of every input and output.
+struct Candidate {
+  std::vector<Placements> in, out;
+};
+
+Candidate candidate_at(const std::vector<std::vector<Choice>>& per_dim,
+                       const std::vector<size_t>& pick, size_t n_in, size_t n_out) {
+  const int64_t ndim = static_cast<int64_t>(per_dim.size());
+  Candidate c{std::vector<Placements>(n_in, Placements(ndim)),
+              std::vector<Placements>(n_out, Placements(ndim))};
+  for (int64_t m = 0; m < ndim; ++m) {
+    const Choice& choice = per_dim[m][pick[m]];
+    for (size_t i = 0; i < n_in; ++i) c.in[i][m] = choice.in[i];
+    for (size_t o = 0; o < n_out; ++o) c.out[o][m] = choice.out[o];
+  }
+  return c;
+}
+
+// Whether the candidate gives a layout at all (merged dims and contractions split evenly) and
+// keeps self for in-place ops.
+bool admissible(const OpEntry& entry, const Rule& rule, const Candidate& c,
+                const std::vector<DTensorSpec>& inputs) {
+  const DeviceMesh& mesh = inputs[0].mesh();
+  for (size_t i = 0; i < c.in.size(); ++i) {
+    if (!merged_dims_even(rule, rule.inputs[i], c.in[i], mesh)) return false;
+  }
+  for (size_t o = 0; o < c.out.size(); ++o) {
+    if (!merged_dims_even(rule, rule.outputs[o], c.out[o], mesh)) return false;
+  }
+  if (!contractions_even(rule, c.in, mesh)) return false;
+  return !entry.in_place ||
+         (c.in[0] == inputs[0].placements() && c.out[0] == inputs[0].placements());
+}
+
+// The candidate's input targets and plans, or null when a move is not allowed (a Partial(max)
+// bias cannot join a Partial(sum) product) or its cost cannot beat `best`.
+std::shared_ptr<OpSharding> priced(const std::string& op, const Candidate& c,
+                                   const std::vector<DTensorSpec>& inputs,
+                                   const std::vector<TensorMeta>& metas, const OpSharding* best) {
+  const DeviceMesh& mesh = inputs[0].mesh();
+  auto cand = std::make_shared<OpSharding>();
+  cand->op = op;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    cand->input_targets.push_back(DTensorSpec::make(mesh, c.in[i], metas[i]));
+  }
+  if (best) {  // a bound that cannot beat the best skips the plan searches
+    double bound = 0;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      bound += plan_cost_lower_bound(inputs[i], cand->input_targets[i], default_cost_model());
+    }
+    if (bound >= best->cost) return nullptr;
+  }
   PlanOptions internal;
   internal.allow_partial = true;  // a bias joins a Partial product by being partitioned
-  for (;;) {
-    std::vector<Placements> in(inputs.size(), Placements(mesh.ndim()));
-    std::vector<Placements> out(rule.outputs.size(), Placements(mesh.ndim()));
-    for (int64_t m = 0; m < mesh.ndim(); ++m) {
-      const Choice& c = per_dim[m][pick[m]];
-      for (size_t i = 0; i < in.size(); ++i) in[i][m] = c.in[i];
-      for (size_t o = 0; o < out.size(); ++o) out[o][m] = c.out[o];
-    }
-    bool ok = true;
-    for (size_t i = 0; ok && i < in.size(); ++i)
-      ok = merged_dims_even(rule, rule.inputs[i], in[i], mesh);
-    for (size_t o = 0; ok && o < out.size(); ++o)
-      ok = merged_dims_even(rule, rule.outputs[o], out[o], mesh);
-    ok = ok && contractions_even(rule, in, mesh);
-    if (ok && entry.in_place)
-      ok = in[0] == inputs[0].placements() && out[0] == inputs[0].placements();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    auto plan = try_plan_redistribute(inputs[i], cand->input_targets[i], internal);
+    if (!plan) return nullptr;
+    cand->cost += plan->cost;
+    cand->input_plans.push_back(std::move(plan));
+  }
+  return cand;
+}
+
+// Strict mode: names the redistributes the caller must write.
+void check_strict(const std::string& op, const OpSharding& best,
+                  const std::vector<DTensorSpec>& inputs) {
+  if (!best.needs_redistribute()) return;
+  std::vector<std::string> what;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (best.input_plans[i]->is_noop()) continue;
+    what.push_back(absl::StrCat("input ", i, ": ", to_string(inputs[i].placements()), " -> ",
+                                to_string(best.input_targets[i].placements())));
+  }
+  fail("strict mode: ", op, " on ", specs_text(inputs), " needs implicit redistributes (",
+       absl::StrJoin(what, "; "), "); call redistribute() on those inputs first");
+}
+
+// Advances the odometer `pick` over per_dim; false when every combination was visited.
+bool next_pick(std::vector<size_t>& pick, const std::vector<std::vector<Choice>>& per_dim) {
+  for (int64_t m = static_cast<int64_t>(pick.size()) - 1; m >= 0; --m) {
+    if (++pick[m] < per_dim[m].size()) return true;
+    pick[m] = 0;
+  }
+  return false;
+}
+
+std::shared_ptr<const OpSharding> compute(const OpEntry& entry,
+                                          const std::vector<DTensorSpec>& inputs,
+                                          const LayoutArgs& args, const PropagateOptions& opt) {
+  std::vector<TensorMeta> metas;
+  for (const auto& s : inputs) metas.push_back(s.meta());
+  const BuiltRule built = checked_rule(entry, inputs, metas, args);
+  const Rule& rule = built.rule;
+  const std::vector<std::vector<Choice>> per_dim = choices_per_dim(rule, inputs);
+  const double latency = default_cost_model().step_cost(CommKind::kAllReduce, 2, 0);
+  std::shared_ptr<OpSharding> best;
+  Candidate best_layout;
+  std::vector<size_t> pick(per_dim.size(), 0);
+  do {
+    Candidate c = candidate_at(per_dim, pick, inputs.size(), rule.outputs.size());
+    if (!admissible(entry, rule, c, inputs)) continue;
     // A candidate that needs a collective costs at least one latency: once a cheaper one is
     // known, it cannot win (ties go to the earlier), so its plans are never searched.
-    if (ok && best && needs_collective(inputs, in) && latency >= best->cost) ok = false;
-    if (ok) {
-      auto cand = std::make_shared<OpSharding>();
-      cand->op = op;
-      bool pruned = false;  // its cost bound cannot beat the best so far
-      for (size_t i = 0; i < inputs.size(); ++i) {
-        cand->input_targets.push_back(DTensorSpec::make(mesh, in[i], metas[i]));
-      }
-      if (best) {  // a bound that cannot beat the best skips the plan searches
-        double bound = 0;
-        for (size_t i = 0; i < inputs.size(); ++i) {
-          bound += plan_cost_lower_bound(inputs[i], cand->input_targets[i], default_cost_model());
-        }
-        pruned = bound >= best->cost;
-      }
-      for (size_t i = 0; !pruned && i < inputs.size(); ++i) {
-        // Null when the move is not allowed (a Partial(max) bias cannot join a Partial(sum)
-        // product): the candidate is dropped.
-        auto plan = try_plan_redistribute(inputs[i], cand->input_targets[i], internal);
-        if (!plan) {
-          pruned = true;
-          break;
-        }
-        cand->cost += plan->cost;
-        cand->input_plans.push_back(std::move(plan));
-      }
-      if (pruned) cand.reset();
-      if (cand && (!best || cand->cost < best->cost)) {
-        for (size_t o = 0; o < out.size(); ++o) {
-          cand->outputs.push_back(DTensorSpec::make(mesh, out[o], out_metas[o]));
-        }
-        best = std::move(cand);
-      }
+    if (best && needs_collective(inputs, c.in) && latency >= best->cost) continue;
+    auto cand = priced(entry.name, c, inputs, metas, best.get());
+    if (cand && (!best || cand->cost < best->cost)) {
+      best = std::move(cand);
+      best_layout = std::move(c);
     }
-    int64_t m = mesh.ndim() - 1;
-    for (; m >= 0; --m) {
-      if (++pick[m] < per_dim[m].size()) break;
-      pick[m] = 0;
-    }
-    if (m < 0) break;
-  }
-  if (!best) {
-    throw Error(op + (entry.in_place ? " (in-place)" : "") + " on " +
-                                specs_text(inputs) +
-                                ": no sharding keeps self's placements; redistribute self first "
-                                "or use the out-of-place op");
+  } while (next_pick(pick, per_dim));
+  DTENSOR_CHECK(best != nullptr, entry.name, entry.in_place ? " (in-place)" : "", " on ",
+                specs_text(inputs),
+                ": no sharding keeps self's placements; redistribute self first or use the "
+                "out-of-place op");
+  for (size_t o = 0; o < rule.outputs.size(); ++o) {
+    best->outputs.push_back(DTensorSpec::make(
+        inputs[0].mesh(), best_layout.out[o],
+        TensorMeta::make(rule.output_shape(o), built.out_dtypes.at(o))));
   }
   best->rule = rule.to_string();
-  if (opt.strict && best->needs_redistribute()) {
-    std::string what;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      if (best->input_plans[i]->is_noop()) continue;
-      what += (what.empty() ? "" : "; ") + std::string("input ") + std::to_string(i) + ": " +
-              to_string(inputs[i].placements()) + " -> " +
-              to_string(best->input_targets[i].placements());
-    }
-    throw Error("strict mode: " + op + " on " + specs_text(inputs) +
-                                " needs implicit redistributes (" + what +
-                                "); call redistribute() on those inputs first");
-  }
+  if (opt.strict) check_strict(entry.name, *best, inputs);
   return best;
 }
 
