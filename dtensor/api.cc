@@ -1,74 +1,19 @@
 #include "dtensor/api.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <stdexcept>
 
 #include "base/error.h"
 #include "collectives/launch_env.h"
+#include "dtensor/autograd.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/local_tensor.h"
 #include "dtensor/redistribute.h"
 #include "layout/shard_layout.h"
-#include "dtensor/spec_capsule.h"
 
 namespace dtensor::api {
 namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-// `t` laid out by `placements` (no autograd; `t` itself when it already is, or when it is
-// plain). Gradients use it to reach the layouts of NOTE [DTensor autograd].
-at::Tensor relaid(const at::Tensor& t, const Placements& placements) {
-  if (!is_dtensor(t)) return t;
-  const DTensorSpec& g = spec_of(t);
-  const DTensorSpec want = DTensorSpec::make(g.mesh(), placements, g.meta());
-  if (want == g) return t;
-  return make_dtensor(redistribute_local(local_of(t), g, want), want);
-}
-
-// A distributed gradient in the convention for the forward spec `forward`.
-at::Tensor grad_moved(const at::Tensor& grad, const DTensorSpec& forward) {
-  return relaid(grad, without_partial(forward).placements());
-}
-
-struct FromLocalFn : torch::autograd::Function<FromLocalFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, DTensorSpec spec) {
-    save_specs(ctx, spec, spec);
-    return make_dtensor(local.detach(), spec);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const at::Tensor g = grad_moved(grads[0], saved_specs(ctx).from);
-    return {is_dtensor(g) ? local_of(g) : g, at::Tensor()};
-  }
-};
-
-// Forward: the piece (an alias). Backward: the local gradient, read with `grad` placements,
-// moved into the convention.
-struct ToLocalFn : torch::autograd::Function<ToLocalFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& dt, DTensorSpec grad) {
-    save_specs(ctx, grad, spec_of(dt));
-    return local_of(dt).alias();
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const SpecPair& s = saved_specs(ctx);
-    if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
-    return {grad_moved(make_dtensor(grads[0], s.from), s.to), at::Tensor()};
-  }
-};
-
-struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& dt, DTensorSpec to) {
-    const DTensorSpec& from = spec_of(dt);
-    save_specs(ctx, from, to);
-    return make_dtensor(redistribute_local(local_of(dt), from, to), to);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {grad_moved(grads[0], saved_specs(ctx).from), at::Tensor()};
-  }
-};
 
 // NOTE [leaf gradients keep the parameter's placements]
 // A leaf made here with requires_grad (distribute_tensor, the factories) gets a hook that lays
@@ -83,16 +28,6 @@ void make_leaf(at::Tensor& t, bool requires_grad) {
 }
 
 bool records_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
-
-std::vector<int64_t> coordinate_in(const DeviceMesh& mesh, const char* what) {
-  const int64_t rank = collectives::current_context().rank();
-  const auto c = mesh.coordinate(rank);
-  if (!c) {
-    throw Error(std::string(what) + ": rank " + std::to_string(rank) +
-                                " is not in " + mesh.to_string());
-  }
-  return *c;
-}
 
 DTensorSpec factory_spec(const std::vector<int64_t>& size, const DeviceMesh& mesh,
                          const Placements& placements, const at::TensorOptions& options,
@@ -116,7 +51,7 @@ at::Tensor factory(const std::vector<int64_t>& size, const DeviceMesh& mesh,
                    const Placements& placements, const at::TensorOptions& options, const char* what,
                    Make make) {
   const DTensorSpec spec = factory_spec(size, mesh, placements, options, what);
-  const LocalBox box = local_box(spec, coordinate_in(mesh, what));
+  const LocalBox box = local_box(spec, my_coordinate(mesh, what));
   at::Tensor t = make_dtensor(make(spec, box, options.requires_grad(false)), spec);
   make_leaf(t, options.requires_grad());
   return t;
@@ -129,7 +64,7 @@ void keep_grad_layout(at::Tensor& leaf_tensor) {
   const DTensorSpec leaf = spec_of(t, "keep_grad_layout");
   t.register_hook([leaf](const at::Tensor& grad) -> at::Tensor {
     collectives::CommCause cause("leaf gradient hook");
-    return relaid(grad, leaf.placements());
+    return autograd::relaid(grad, leaf.placements());
   });
 }
 
@@ -177,24 +112,14 @@ at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Pla
                                 to_string(local) + ")");
   }
   const DTensor v = dtensor::from_local(local.detach(), mesh, placements, run_check, shape, stride);
-  if (records_grad(local)) return FromLocalFn::apply(local, v.spec());
+  if (records_grad(local)) return autograd::from_local(local, v.spec());
   return make_dtensor(v.to_local(), v.spec());
 }
 
 at::Tensor to_local(const at::Tensor& dtensor, const std::optional<Placements>& grad_placements) {
   const DTensorSpec& s = spec_of(dtensor, "to_local");
   if (!records_grad(dtensor)) return local_of(dtensor);
-  DTensorSpec grad = without_partial(s);
-  if (grad_placements) {
-    grad = DTensorSpec::make(s.mesh(), *grad_placements, s.meta());
-    const auto coord = coordinate_in(s.mesh(), "to_local");
-    if (local_box(grad, coord).shape != local_box(s, coord).shape) {
-      throw Error("to_local: grad_placements " +
-                                  dtensor::to_string(*grad_placements) +
-                                  " give this rank a different local shape than " + s.to_string());
-    }
-  }
-  return ToLocalFn::apply(dtensor, grad);
+  return autograd::to_local(dtensor, grad_spec(s, grad_placements));
 }
 
 at::Tensor redistribute(const at::Tensor& dtensor, const Placements& placements, bool async_op) {
@@ -202,7 +127,7 @@ at::Tensor redistribute(const at::Tensor& dtensor, const Placements& placements,
   const DTensorSpec dst = DTensorSpec::make(s.mesh(), placements, s.meta());
   if (dst == s) return dtensor;
   collectives::CommCause cause("redistribute");
-  if (records_grad(dtensor)) return RedistributeFn::apply(dtensor, dst);
+  if (records_grad(dtensor)) return autograd::redistribute(dtensor, dst);
   return make_dtensor(redistribute_local(local_of(dtensor), s, dst, async_op), dst, async_op);
 }
 

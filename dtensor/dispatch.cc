@@ -103,28 +103,8 @@ struct Input {
   at::Tensor local;
 };
 
-// This rank's coordinate in `mesh`, from a small per-thread cache (a few meshes per thread).
-// The reference is valid until the next call on this thread.
 const std::vector<int64_t>& my_coordinate(const DeviceMesh& mesh) {
-  struct Entry {
-    DeviceMesh mesh;
-    int64_t rank;
-    std::vector<int64_t> coord;
-  };
-  thread_local std::vector<Entry> cache;
-  const int64_t rank = collectives::current_context().rank();
-  for (const Entry& e : cache) {
-    if (e.rank == rank && e.mesh == mesh) return e.coord;
-  }
-  const auto c = mesh.coordinate(rank);
-  if (!c) {
-    throw Error("DTensor op: rank " + std::to_string(rank) + " is not in " +
-                                mesh.to_string());
-  }
-  constexpr size_t kEntries = 8;
-  if (cache.size() == kEntries) cache.erase(cache.begin());
-  cache.push_back({mesh, rank, *c});
-  return cache.back().coord;
+  return dtensor::my_coordinate(mesh, "DTensor op");
 }
 
 std::string plain_error(const OpInfo& info, const c10::FunctionSchema& schema, int arg,

@@ -1,7 +1,6 @@
 #include "dtensor/dtensor.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <stdexcept>
 
@@ -11,61 +10,19 @@
 #include "dtensor/local_tensor.h"
 #include "dtensor/redistribute.h"
 #include "layout/shard_layout.h"
-#include "dtensor/spec_capsule.h"
+#include "dtensor/autograd.h"
 #include "base/strings.h"
 
 namespace dtensor {
 namespace {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
 at::Tensor move(const at::Tensor& local, DTensorSpec from, DTensorSpec to, bool async_op) {
   return execute_plan(*plan_redistribute(from, to), local, async_op);
 }
 
-// Forward: the planned redistribute from -> to. Backward: the gradient from the normalised
-// target back to the normalised source.
-struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, DTensorSpec from,
-                            DTensorSpec to) {
-    save_specs(ctx, from, to);
-    return move(local, from, to, /*async_op=*/false);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const SpecPair& s = saved_specs(ctx);
-    return {move(grads[0], without_partial(s.to), without_partial(s.from), false), at::Tensor(),
-            at::Tensor()};
-  }
-};
-
-// Forward: identity. Backward: the gradient, read with `grad` placements, brought into the
-// convention (`spec` without Partial).
-struct ToLocalFn : torch::autograd::Function<ToLocalFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, DTensorSpec grad,
-                            DTensorSpec spec) {
-    save_specs(ctx, grad, spec);
-    return local.view_as(local);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const SpecPair& s = saved_specs(ctx);
-    return {move(grads[0], s.from, without_partial(s.to), false), at::Tensor(), at::Tensor()};
-  }
-};
-
 bool records_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
 
 int64_t my_rank() { return collectives::current_context().rank(); }
-
-std::vector<int64_t> my_coordinate(const DeviceMesh& mesh, const char* what) {
-  const int64_t rank = my_rank();
-  auto coord = mesh.coordinate(rank);
-  if (!coord) {
-    throw Error(std::string(what) + ": rank " + std::to_string(rank) +
-                                " is not in " + mesh.to_string());
-  }
-  return *coord;
-}
 
 // Exchanges (dtype, shape) over every rank of `mesh`; returns them in mesh order.
 constexpr int64_t kMaxDims = 16;
@@ -112,6 +69,16 @@ void refuse_partial(const Placements& placements, const char* what) {
 
 }  // namespace
 
+DTensorSpec grad_spec(const DTensorSpec& spec, const std::optional<Placements>& grad_placements) {
+  if (!grad_placements) return without_partial(spec);
+  const DTensorSpec grad = DTensorSpec::make(spec.mesh(), *grad_placements, spec.meta());
+  const auto coord = my_coordinate(spec.mesh(), "to_local");
+  DTENSOR_CHECK(local_box(grad, coord).shape == local_box(spec, coord).shape,
+                "to_local: grad_placements ", dtensor::to_string(*grad_placements),
+                " give this rank a different local shape than ", spec.to_string());
+  return grad;
+}
+
 DTensorSpec without_partial(const DTensorSpec& spec) {
   if (!spec.has_partial()) return spec;
   Placements p = spec.placements();
@@ -124,19 +91,10 @@ DTensorSpec without_partial(const DTensorSpec& spec) {
 at::Tensor DTensor::to_local(const std::optional<Placements>& grad_placements) const {
   const at::Tensor local = collectives::wait_tensor(local_);
   if (!records_grad(local)) return local;
-  const DTensorSpec convention = without_partial(spec_);
-  DTensorSpec grad = convention;
-  if (grad_placements) {
-    grad = DTensorSpec::make(spec_.mesh(), *grad_placements, spec_.meta());
-    const auto coord = my_coordinate(spec_.mesh(), "to_local");
-    if (local_box(grad, coord).shape != local_box(spec_, coord).shape) {
-      throw Error(
-          "to_local: grad_placements " + dtensor::to_string(*grad_placements) +
-          " give this rank a different local shape than " + spec_.to_string());
-    }
-  }
-  if (grad == convention) return local;
-  return ToLocalFn::apply(local, grad, spec_);
+  const DTensorSpec grad = grad_spec(spec_, grad_placements);
+  if (grad == without_partial(spec_)) return local;
+  // Through the one autograd stack (autograd.h): the piece as a distributed tensor, then back.
+  return autograd::to_local(autograd::from_local(local, spec_), grad);
 }
 
 at::Tensor DTensor::full_tensor() const {
@@ -146,8 +104,10 @@ at::Tensor DTensor::full_tensor() const {
 DTensor DTensor::redistribute(const Placements& placements, bool async_op) const {
   const DTensorSpec dst = DTensorSpec::make(spec_.mesh(), placements, spec_.meta());
   if (dst == spec_) return *this;
-  if (records_grad(local_)) {
-    return DTensor(RedistributeFn::apply(collectives::wait_tensor(local_), spec_, dst), dst);
+  if (records_grad(local_)) {  // the one autograd stack (autograd.h)
+    const at::Tensor moved =
+        autograd::redistribute(autograd::from_local(collectives::wait_tensor(local_), spec_), dst);
+    return DTensor(autograd::to_local(moved, without_partial(dst)), dst);
   }
   return DTensor(move(local_, spec_, dst, async_op), dst);
 }

@@ -1,12 +1,12 @@
 #pragma once
 // DTensor as a value: a local at::Tensor (this rank's piece) plus the interned spec of the global
 // tensor, with PyTorch's constructors and movements: distribute_tensor, from_local, to_local,
-// full_tensor, redistribute. Operator dispatch on DTensors comes later; this is the value and
-// its movement, differentiable.
+// full_tensor, redistribute: the value and its movement, differentiable through the one autograd
+// stack (autograd.h). Operators on distributed tensors go through api.h (at::Tensor).
 //
 // NOTE [DTensor autograd]
-// Autograd runs on the local tensors: redistribute, from_local, to_local and full_tensor record
-// nodes whose backward moves the local gradient with a planned redistribute. Gradients cross
+// redistribute, from_local, to_local and full_tensor record nodes (autograd.h) whose backward
+// moves the gradient with a planned redistribute. Gradients cross
 // these nodes in one convention: the layout of the forward tensor with every Partial(op) read as
 // Replicate (PyTorch's Redistribute.backward normalisation: the gradient of each share of a
 // Partial value is the gradient of the whole value). Hence:
@@ -86,5 +86,8 @@ DTensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placem
 
 // Partial(op) placements read as Replicate (the gradient convention of NOTE [DTensor autograd]).
 DTensorSpec without_partial(const DTensorSpec& spec);
+// The layout a local gradient is read in: `grad_placements` (checked to give this rank the same
+// local shape as `spec`), or the convention (`spec` without Partial).
+DTensorSpec grad_spec(const DTensorSpec& spec, const std::optional<Placements>& grad_placements);
 
 }  // namespace dtensor

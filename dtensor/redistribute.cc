@@ -179,15 +179,29 @@ at::Tensor run_step(Ctx& ctx, const PlanStep& s, const at::Tensor& x, bool async
 
 }  // namespace
 
+const std::vector<int64_t>& my_coordinate(const DeviceMesh& mesh, const char* what) {
+  struct Entry {
+    DeviceMesh mesh;
+    int64_t rank;
+    std::vector<int64_t> coord;
+  };
+  thread_local std::vector<Entry> cache;
+  const int64_t rank = c::current_context().rank();
+  for (const Entry& e : cache) {
+    if (e.rank == rank && e.mesh == mesh) return e.coord;
+  }
+  const auto coord = mesh.coordinate(rank);
+  DTENSOR_CHECK(coord.has_value(), what, ": rank ", rank, " is not in ", mesh.to_string());
+  constexpr size_t kEntries = 8;
+  if (cache.size() == kEntries) cache.erase(cache.begin());
+  cache.push_back({mesh, rank, *coord});
+  return cache.back().coord;
+}
+
 std::string group_over_dims(const DeviceMesh& mesh, const std::vector<int64_t>& dims,
                             int64_t* my_index) {
   c::RankContext& ranks = c::current_context();
-  const auto coord = mesh.coordinate(ranks.rank());
-  if (!coord) {
-    throw Error("rank " + std::to_string(ranks.rank()) + " is not in " +
-                                mesh.to_string());
-  }
-  Ctx ctx{ranks, ranks.rank(), *coord};
+  Ctx ctx{ranks, ranks.rank(), my_coordinate(mesh, "redistribute")};
   return group_over(ctx, mesh, dims, my_index);
 }
 
@@ -196,12 +210,8 @@ at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& input, b
   if (plan.is_noop()) return local;
   c::RankContext& ranks = c::current_context();
   const DeviceMesh& mesh = plan.src.mesh();
-  const auto coord = mesh.coordinate(ranks.rank());
-  if (!coord) {
-    throw Error("redistribute: rank " + std::to_string(ranks.rank()) +
-                                " is not in " + mesh.to_string());
-  }
-  const LocalBox box = local_box(plan.src, *coord);
+  const std::vector<int64_t> coord = my_coordinate(mesh, "redistribute");
+  const LocalBox box = local_box(plan.src, coord);
   if (local.sizes().vec() != box.shape || local.scalar_type() != plan.src.meta().dtype) {
     throw Error(
         "redistribute " + plan.to_string() + ": rank " + std::to_string(ranks.rank()) +
@@ -209,7 +219,7 @@ at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& input, b
         c10::str(local.sizes()) + " but the source layout gives it " +
         std::string(c10::toString(plan.src.meta().dtype)) + "[" + join(box.shape, ", ") + "]");
   }
-  Ctx ctx{ranks, ranks.rank(), *coord};
+  Ctx ctx{ranks, ranks.rank(), coord};
   at::Tensor x = local;
   for (size_t i = 0; i < plan.steps.size(); ++i) {
     x = run_step(ctx, plan.steps[i], x, async_op && i + 1 == plan.steps.size());

@@ -28,6 +28,11 @@ at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& local,
 // This rank's group over mesh dims `dims` (ascending) of `mesh`: the ranks that share its
 // coordinates on the other dims, in row-major order of `dims`; registered in the calling
 // thread's collectives context. `my_index` receives this rank's position in it.
+// This rank's coordinate in `mesh`, from a small per-thread cache (a few meshes per thread); the
+// reference is valid until the next call on this thread. Throws naming `what` when this rank is
+// not in the mesh.
+const std::vector<int64_t>& my_coordinate(const DeviceMesh& mesh, const char* what);
+
 std::string group_over_dims(const DeviceMesh& mesh, const std::vector<int64_t>& dims,
                             int64_t* my_index = nullptr);
 

@@ -1,0 +1,77 @@
+#include "dtensor/autograd.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "dtensor/dtensor.h"
+#include "dtensor/dtensor_impl.h"
+#include "dtensor/redistribute.h"
+#include "dtensor/spec_capsule.h"
+
+namespace dtensor::autograd {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// A distributed gradient in the convention for the forward spec `forward`.
+at::Tensor grad_moved(const at::Tensor& grad, const DTensorSpec& forward) {
+  return relaid(grad, without_partial(forward).placements());
+}
+
+struct FromLocalFn : torch::autograd::Function<FromLocalFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, DTensorSpec spec) {
+    save_specs(ctx, spec, spec);
+    return make_dtensor(local.detach(), spec);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor g = grad_moved(grads[0], saved_specs(ctx).from);
+    return {is_dtensor(g) ? local_of(g) : g, at::Tensor()};
+  }
+};
+
+struct ToLocalFn : torch::autograd::Function<ToLocalFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& dt, DTensorSpec grad) {
+    save_specs(ctx, grad, spec_of(dt));
+    return local_of(dt).alias();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const SpecPair& s = saved_specs(ctx);
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
+    return {grad_moved(make_dtensor(grads[0], s.from), s.to), at::Tensor()};
+  }
+};
+
+struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& dt, DTensorSpec to) {
+    const DTensorSpec& from = spec_of(dt);
+    save_specs(ctx, from, to);
+    return make_dtensor(redistribute_local(local_of(dt), from, to), to);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {grad_moved(grads[0], saved_specs(ctx).from), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor from_local(const at::Tensor& local, const DTensorSpec& spec) {
+  return FromLocalFn::apply(local, spec);
+}
+
+at::Tensor to_local(const at::Tensor& dtensor, const DTensorSpec& grad) {
+  return ToLocalFn::apply(dtensor, grad);
+}
+
+at::Tensor redistribute(const at::Tensor& dtensor, const DTensorSpec& to) {
+  return RedistributeFn::apply(dtensor, to);
+}
+
+at::Tensor relaid(const at::Tensor& t, const Placements& placements) {
+  if (!is_dtensor(t)) return t;
+  const DTensorSpec& g = spec_of(t);
+  const DTensorSpec want = DTensorSpec::make(g.mesh(), placements, g.meta());
+  if (want == g) return t;
+  return make_dtensor(redistribute_local(local_of(t), g, want), want);
+}
+
+}  // namespace dtensor::autograd
