@@ -7,8 +7,6 @@
 // error, rethrown as CollectiveError naming the collective, group, ranks and elapsed time.
 
 #include "collectives/c10d_backend.h"
-#include "base/error.h"
-#include "base/strings.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -16,8 +14,11 @@
 
 #include <cstdlib>
 #include <map>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "base/error.h"
 #include "collectives/communicator.h"
 #include "collectives/reduce.h"
 
@@ -26,8 +27,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::mutex g_user_pgs_mu;
-std::map<std::string, c10::intrusive_ptr<c10d::ProcessGroup>> g_user_pgs;
+ABSL_CONST_INIT absl::Mutex g_user_pgs_mu(absl::kConstInit);
+std::map<std::string, c10::intrusive_ptr<c10d::ProcessGroup>> g_user_pgs
+    ABSL_GUARDED_BY(g_user_pgs_mu);
 
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
@@ -76,7 +78,7 @@ class C10dCommunicator : public Communicator {
   explicit C10dCommunicator(const CommunicatorOptions& o)
       : Communicator(o.group, group_rank_of(o), o.timeout) {
     {
-      std::lock_guard<std::mutex> lock(g_user_pgs_mu);
+      absl::MutexLock lock(&g_user_pgs_mu);
       auto it = g_user_pgs.find(o.group.name);
       if (it != g_user_pgs.end()) pg_ = it->second;
     }
@@ -114,8 +116,8 @@ class C10dCommunicator : public Communicator {
       throw CollectiveError(
           std::string(call.label.empty() ? collective_name(call.kind) : call.label) +
           " on group '" + group().name + "' (c10d/" + pg_->getBackendName() + ", ranks [" +
-          join(group().ranks) + "]) failed after " + std::to_string(ms.count()) + " ms (timeout " +
-          std::to_string(timeout().count()) +
+          absl::StrJoin(group().ranks, ",") + "]) failed after " + std::to_string(ms.count()) +
+          " ms (timeout " + std::to_string(timeout().count()) +
           " ms); a peer may have died or called a different collective: " + first_line(e.what()));
     }
   }
@@ -227,7 +229,7 @@ BackendRegistration g_c10d("c10d", [](const CommunicatorOptions& o) {
 }  // namespace
 
 void use_process_group(const std::string& group_name, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
-  std::lock_guard<std::mutex> lock(g_user_pgs_mu);
+  absl::MutexLock lock(&g_user_pgs_mu);
   g_user_pgs[group_name] = std::move(pg);
 }
 

@@ -1,22 +1,77 @@
 #include "collectives/communicator.h"
 
 #include <map>
-#include <mutex>
 #include <stdexcept>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "base/error.h"
 
 namespace dtensor::collectives {
 namespace {
 
 struct Registry {
-  std::mutex mu;
-  std::map<std::string, BackendFactory> factories;
+  absl::Mutex mu;
+  std::map<std::string, BackendFactory> factories ABSL_GUARDED_BY(mu);
 };
 
 Registry& registry() {
   static Registry* r = new Registry();  // outlives static destructors of backend libraries
   return *r;
+}
+
+std::string dtype_name(c10::ScalarType dtype) {
+  return dtype == c10::ScalarType::Undefined ? "none" : c10::toString(dtype);
+}
+
+// How group rank r's call disagrees with rank 0's on what every rank passes alike, or "".
+std::string pair_mismatch(const CallSignature& a, const CallSignature& b, size_t r) {
+  auto diff = [&](const char* what, const std::string& x, const std::string& y) {
+    return absl::StrCat(what, " differs: rank 0 has ", x, ", group rank ", r, " has ", y);
+  };
+  if (a.kind != b.kind) {
+    return diff("collective", collective_name(a.kind), collective_name(b.kind));
+  }
+  if (a.kind == CollectiveKind::kBarrier) return "";
+  if (a.dtype != b.dtype) return diff("dtype", dtype_name(a.dtype), dtype_name(b.dtype));
+  if (a.op != b.op) {
+    return diff("reduce op", std::string(reduce_op_name(a.op)), std::string(reduce_op_name(b.op)));
+  }
+  if (a.src != b.src) return diff("broadcast source", absl::StrCat(a.src), absl::StrCat(b.src));
+  const bool same_numel = a.kind == CollectiveKind::kAllReduce ||
+                          a.kind == CollectiveKind::kBroadcast ||
+                          a.kind == CollectiveKind::kReduceScatter;
+  if (same_numel && a.numel != b.numel) {
+    return diff("number of elements", absl::StrCat(a.numel), absl::StrCat(b.numel));
+  }
+  if ((a.kind == CollectiveKind::kAllGather || a.kind == CollectiveKind::kReduceScatter) &&
+      a.output_splits != b.output_splits) {
+    return diff("split sizes", absl::StrCat("[", absl::StrJoin(a.output_splits, ","), "]"),
+                absl::StrCat("[", absl::StrJoin(b.output_splits, ","), "]"));
+  }
+  return "";
+}
+
+// Whether what each rank sends matches what its peers expect to receive, or "".
+std::string split_mismatch(const std::vector<CallSignature>& calls) {
+  const int64_t n = static_cast<int64_t>(calls.size());
+  for (int64_t r = 0; r < n; ++r) {
+    const CallSignature& c = calls[r];
+    if (c.kind == CollectiveKind::kAllGather && c.output_splits[r] != c.numel) {
+      return absl::StrCat("group rank ", r, " sends ", c.numel,
+                          " elements but the split sizes say ", c.output_splits[r]);
+    }
+    if (c.kind != CollectiveKind::kAllToAll) continue;
+    for (int64_t s = 0; s < n; ++s) {
+      if (calls[s].input_splits[r] != c.output_splits[s]) {
+        return absl::StrCat("group rank ", s, " sends ", calls[s].input_splits[r],
+                            " elements to group rank ", r, ", which expects ", c.output_splits[s]);
+      }
+    }
+  }
+  return "";
 }
 
 }  // namespace
@@ -39,6 +94,28 @@ const char* collective_name(CollectiveKind kind) {
   return "?";
 }
 
+CallSignature signature_of(const CollectiveCall& call) {
+  CallSignature s;
+  s.kind = call.kind;
+  s.op = call.op;
+  if (call.input.defined()) {
+    s.dtype = call.input.scalar_type();
+    s.numel = call.input.numel();
+  }
+  s.src = call.src;
+  s.input_splits = call.input_splits;
+  s.output_splits = call.output_splits;
+  return s;
+}
+
+std::string mismatch(const std::vector<CallSignature>& calls) {
+  for (size_t r = 1; r < calls.size(); ++r) {
+    std::string bad = pair_mismatch(calls[0], calls[r], r);
+    if (!bad.empty()) return bad;
+  }
+  return split_mismatch(calls);
+}
+
 int64_t group_rank_of(const CommunicatorOptions& options) {
   const auto& ranks = options.group.ranks;
   for (size_t i = 0; i < ranks.size(); ++i) {
@@ -49,34 +126,37 @@ int64_t group_rank_of(const CommunicatorOptions& options) {
 }
 
 void register_backend(const std::string& name, BackendFactory factory) {
-  std::lock_guard<std::mutex> lock(registry().mu);
-  if (!registry().factories.emplace(name, std::move(factory)).second) {
+  Registry& reg = registry();
+  absl::MutexLock lock(&reg.mu);
+  if (!reg.factories.emplace(name, std::move(factory)).second) {
     throw Error("collectives backend '" + name + "' is registered twice");
   }
 }
 
 bool has_backend(const std::string& name) {
-  std::lock_guard<std::mutex> lock(registry().mu);
-  return registry().factories.count(name) > 0;
+  Registry& reg = registry();
+  absl::MutexLock lock(&reg.mu);
+  return reg.factories.count(name) > 0;
 }
 
 std::vector<std::string> backend_names() {
-  std::lock_guard<std::mutex> lock(registry().mu);
+  Registry& reg = registry();
+  absl::MutexLock lock(&reg.mu);
   std::vector<std::string> names;
-  for (const auto& [name, f] : registry().factories) names.push_back(name);
+  for (const auto& [name, f] : reg.factories) names.push_back(name);
   return names;
 }
 
 std::unique_ptr<Communicator> make_communicator(const CommunicatorOptions& options) {
   BackendFactory factory;
   {
-    std::lock_guard<std::mutex> lock(registry().mu);
-    auto it = registry().factories.find(options.group.backend);
-    if (it != registry().factories.end()) factory = it->second;
+    Registry& reg = registry();
+    absl::MutexLock lock(&reg.mu);
+    auto it = reg.factories.find(options.group.backend);
+    if (it != reg.factories.end()) factory = it->second;
   }
   if (!factory) {
-    std::string known;
-    for (const auto& n : backend_names()) known += (known.empty() ? "" : ", ") + n;
+    const std::string known = absl::StrJoin(backend_names(), ", ");
     throw Error("unknown collectives backend '" + options.group.backend +
                                 "' for group '" + options.group.name +
                                 "'; registered: " + (known.empty() ? "none" : known));

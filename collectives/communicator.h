@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "base/error.h"
 #include "layout/placement.h"
 
@@ -41,6 +42,23 @@ struct CollectiveCall {
   int64_t src = 0;                     // broadcast: group rank of the source
   std::string label;                   // what the user called (for errors): "all_reduce"
 };
+
+// What the ranks of a group must agree on about one call: a view of a CollectiveCall (threads)
+// or of a descriptor read from shared memory (shm). The splits are views that must outlive it.
+struct CallSignature {
+  CollectiveKind kind = CollectiveKind::kBarrier;
+  ReduceOp op = ReduceOp::kSum;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;  // Undefined: no tensors (barrier)
+  int64_t numel = 0;                                   // of the input
+  int64_t src = 0;
+  absl::Span<const int64_t> input_splits, output_splits;
+};
+CallSignature signature_of(const CollectiveCall& call);
+
+// Describes how the ranks' calls (by group rank) disagree, e.g. "dtype differs: rank 0 has
+// Float, group rank 1 has Int", or returns "" when they agree. Backends report it as
+// "<label> on group '<name>' (<backend>): ranks disagree: <this>".
+std::string mismatch(const std::vector<CallSignature>& calls);
 
 // A group as plain data: a name, the global ranks in group-rank order, and the backend.
 struct GroupInfo {

@@ -4,10 +4,11 @@
 
 #include <algorithm>
 #include <map>
-#include <mutex>
 #include <stdexcept>
-#include <unordered_map>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 #include "base/error.h"
 #include "collectives/rank_context.h"
 #include "collectives/reduce.h"
@@ -22,11 +23,72 @@ struct Job {
   std::function<void()> epilogue;
 };
 
-std::mutex g_pending_mu;
-std::unordered_map<const c10::StorageImpl*, WorkPtr> g_pending;  // async outputs -> their Work
+// NOTE [async work registry]
+// The outputs of async collectives -> their Work, for wait_tensor and work_of (PyTorch's
+// WorkRegistry). An entry is found by its output's StorageImpl address and holds a weak reference
+// to that storage: once the storage is freed the entry is expired and counts as absent, so a new
+// tensor cannot inherit an old, unrelated Work (or its error). The weak reference also keeps the
+// StorageImpl's memory (not its data) from being reused while the entry exists, so a live entry
+// always refers to the storage at its address. add() prunes expired entries and those whose work
+// finished fine; failed work stays until its output is waited on or freed.
+class PendingWork {
+ public:
+  void add(const std::vector<at::Tensor>& outputs, const WorkPtr& work) {
+    absl::MutexLock lock(&mu_);
+    absl::erase_if(entries_, [](const auto& kv) {
+      const Entry& e = kv.second;
+      return e.storage.expired() || (e.work->is_completed() && !e.work->failed());
+    });
+    for (const at::Tensor& t : outputs) {
+      if (const c10::StorageImpl* key = key_of(t)) {
+        entries_.insert_or_assign(key, Entry{t.storage().getWeakStorageImpl(), work});
+      }
+    }
+  }
 
-const c10::StorageImpl* storage_key(const at::Tensor& t) {
-  return t.defined() && t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
+  // The Work pending on t's storage, or null.
+  WorkPtr find(const at::Tensor& t) {
+    absl::MutexLock lock(&mu_);
+    const Entry* e = live_entry(t);
+    return e ? e->work : nullptr;
+  }
+
+  // Drops t's entry if it still belongs to `work`.
+  void forget(const at::Tensor& t, const WorkPtr& work) {
+    absl::MutexLock lock(&mu_);
+    const Entry* e = live_entry(t);
+    if (e != nullptr && e->work == work) entries_.erase(key_of(t));
+  }
+
+ private:
+  struct Entry {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+    WorkPtr work;
+  };
+
+  static const c10::StorageImpl* key_of(const at::Tensor& t) {
+    return t.defined() && t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
+  }
+
+  // t's entry when it is live and refers to t's storage; else null (expired: the storage it was
+  // made for is gone, whatever now lives at that address).
+  const Entry* live_entry(const at::Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const c10::StorageImpl* key = key_of(t);
+    if (key == nullptr) return nullptr;
+    auto it = entries_.find(key);
+    if (it == entries_.end()) return nullptr;
+    const Entry& e = it->second;
+    const bool live = !e.storage.expired() && e.storage._unsafe_get_target() == key;
+    return live ? &e : nullptr;
+  }
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<const c10::StorageImpl*, Entry> entries_ ABSL_GUARDED_BY(mu_);
+};
+
+PendingWork& pending_work() {
+  static auto* registry = new PendingWork();  // outlives workers still running at exit
+  return *registry;
 }
 
 thread_local std::vector<CommCounter*> t_counters;
@@ -65,14 +127,7 @@ std::vector<at::Tensor> submit(const std::string& group, std::shared_ptr<Job> jo
     }
     return results;
   }
-  WorkPtr work = ep.worker->submit(run);
-  std::lock_guard<std::mutex> lock(g_pending_mu);
-  // Forget work that finished fine but was never waited; keep failures for wait_tensor to raise.
-  for (auto it = g_pending.begin(); it != g_pending.end();) {
-    const bool forget = it->second->is_completed() && !it->second->failed();
-    it = forget ? g_pending.erase(it) : std::next(it);
-  }
-  for (const at::Tensor& r : results) g_pending[storage_key(r)] = work;
+  pending_work().add(results, ep.worker->submit(run));
   return results;
 }
 
@@ -417,11 +472,7 @@ void barrier(const std::string& group) {
   submit(group, job, {}, false);
 }
 
-WorkPtr work_of(const at::Tensor& t) {
-  std::lock_guard<std::mutex> lock(g_pending_mu);
-  auto it = g_pending.find(storage_key(t));
-  return it == g_pending.end() ? nullptr : it->second;
-}
+WorkPtr work_of(const at::Tensor& t) { return pending_work().find(t); }
 
 CommCounter::CommCounter() { t_counters.push_back(this); }
 
@@ -456,9 +507,7 @@ at::Tensor wait_tensor(const at::Tensor& t) {
   WorkPtr work = work_of(t);
   if (work) {
     work->wait();
-    std::lock_guard<std::mutex> lock(g_pending_mu);
-    auto it = g_pending.find(storage_key(t));
-    if (it != g_pending.end() && it->second == work) g_pending.erase(it);
+    pending_work().forget(t, work);
   }
   return t;
 }

@@ -15,10 +15,10 @@
 #include <cstring>
 #include <thread>
 
+#include "absl/strings/str_join.h"
 #include "base/error.h"
 #include "collectives/communicator.h"
 #include "collectives/reduce.h"
-#include "base/strings.h"
 
 namespace dtensor::collectives {
 namespace {
@@ -203,7 +203,8 @@ class NcclCommunicator : public Communicator {
         const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(elapsed);
         throw CollectiveError(
             std::string(call.label.empty() ? collective_name(call.kind) : call.label) +
-            " on group '" + group().name + "' (nccl, ranks [" + join(group().ranks) + "]) " +
+            " on group '" + group().name + "' (nccl, ranks [" + absl::StrJoin(group().ranks, ",") +
+            "]) " +
             (async != ncclSuccess ? std::string("failed: ") + ncclGetErrorString(async)
                                   : "did not finish within the timeout of " +
                                         std::to_string(timeout().count()) + " ms") +

@@ -1,20 +1,21 @@
 #include "collectives/rank_context.h"
-#include "base/error.h"
-#include "base/strings.h"
+
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <stdexcept>
 #include <thread>
 
-#include <unistd.h>
+#include "absl/strings/str_join.h"
+#include "base/error.h"
 
 namespace dtensor::collectives {
 namespace {
 
 thread_local std::shared_ptr<RankContext> t_context;
-std::mutex g_process_mu;
-std::shared_ptr<RankContext> g_process_context;
+ABSL_CONST_INIT absl::Mutex g_process_mu(absl::kConstInit);
+std::shared_ptr<RankContext> g_process_context ABSL_GUARDED_BY(g_process_mu);
 
 }  // namespace
 
@@ -53,18 +54,18 @@ std::string RankContext::register_group(const std::string& name, const std::vect
   for (int64_t r : ranks) {
     if (r < 0 || r >= world_size_) {
       throw Error("group '" + name + "' names rank " + std::to_string(r) +
-                                  " outside the world of size " + std::to_string(world_size_) +
-                                  " (ranks [" + join(ranks, ",") + "])");
+                  " outside the world of size " + std::to_string(world_size_) + " (ranks [" +
+                  absl::StrJoin(ranks, ",") + "])");
     }
   }
   GroupInfo info{name, ranks, backend.empty() ? backend_ : backend};
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto [it, inserted] = groups_.emplace(name, info);
   if (!inserted && (it->second.ranks != ranks || it->second.backend != info.backend)) {
     throw Error("group '" + name + "' is already registered with ranks [" +
-                                join(it->second.ranks, ",") + "] on " + it->second.backend +
-                                "; cannot re-register it with [" + join(ranks, ",") + "] on " +
-                                info.backend);
+                absl::StrJoin(it->second.ranks, ",") + "] on " + it->second.backend +
+                "; cannot re-register it with [" + absl::StrJoin(ranks, ",") + "] on " +
+                info.backend);
   }
   return name;
 }
@@ -86,11 +87,11 @@ std::vector<std::string> RankContext::register_mesh(const DeviceMesh& mesh) {
 }
 
 const GroupInfo& RankContext::group(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = groups_.find(name);
   if (it == groups_.end()) {
-    std::string known;
-    for (const auto& [n, g] : groups_) known += (known.empty() ? "" : ", ") + n;
+    const std::string known = absl::StrJoin(
+        groups_, ", ", [](std::string* out, const auto& entry) { out->append(entry.first); });
     throw Error("unknown group '" + name + "' on rank " + std::to_string(rank_) +
                                 "; registered: " + known);
   }
@@ -99,7 +100,7 @@ const GroupInfo& RankContext::group(const std::string& name) {
 
 RankContext::Endpoint& RankContext::endpoint(const std::string& name) {
   const GroupInfo info = group(name);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = endpoints_.find(name);
   if (it != endpoints_.end()) return *it->second;
   int64_t group_rank = -1;
@@ -107,8 +108,8 @@ RankContext::Endpoint& RankContext::endpoint(const std::string& name) {
     if (info.ranks[i] == rank_) group_rank = static_cast<int64_t>(i);
   }
   if (group_rank < 0) {
-    throw Error("rank " + std::to_string(rank_) + " is not a member of group '" +
-                                name + "' (ranks [" + join(info.ranks, ",") + "])");
+    throw Error("rank " + std::to_string(rank_) + " is not a member of group '" + name +
+                "' (ranks [" + absl::StrJoin(info.ranks, ",") + "])");
   }
   CommunicatorOptions options{info, rank_, world_size_, timeout_};
   options.job = job_;
@@ -122,13 +123,13 @@ RankContext::Endpoint& RankContext::endpoint(const std::string& name) {
 
 bool has_current_context() {
   if (t_context) return true;
-  std::lock_guard<std::mutex> lock(g_process_mu);
+  absl::MutexLock lock(&g_process_mu);
   return g_process_context != nullptr;
 }
 
 RankContext& current_context() {
   if (t_context) return *t_context;
-  std::lock_guard<std::mutex> lock(g_process_mu);
+  absl::MutexLock lock(&g_process_mu);
   if (!g_process_context) {
     throw Error(
         "no collectives context on this thread: initialise one (RankScope, run_threads, or "
@@ -138,7 +139,7 @@ RankContext& current_context() {
 }
 
 void set_process_context(std::shared_ptr<RankContext> context) {
-  std::lock_guard<std::mutex> lock(g_process_mu);
+  absl::MutexLock lock(&g_process_mu);
   g_process_context = std::move(context);
 }
 

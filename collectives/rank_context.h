@@ -8,10 +8,11 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "collectives/communicator.h"
 #include "collectives/work.h"
 #include "device_mesh/device_mesh.h"
@@ -75,9 +76,10 @@ class RankContext {
   std::string job_;
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Store> store_;
-  std::mutex mu_;
-  std::map<std::string, GroupInfo> groups_;
-  std::map<std::string, std::unique_ptr<Endpoint>> endpoints_;
+  absl::Mutex mu_;
+  // std::map: group() and endpoint() hand out references that must survive later insertions.
+  std::map<std::string, GroupInfo> groups_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<Endpoint>> endpoints_ ABSL_GUARDED_BY(mu_);
 };
 
 // The calling thread's context. Throws when none is set (no RankScope and no process context).

@@ -28,35 +28,39 @@ void check_reduce_op(ReduceOp op, c10::ScalarType dtype, const std::string& what
   }
 }
 
-void reduce_into(at::Tensor& acc, const at::Tensor& other, ReduceOp op) {
+void combine(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg:
-      acc.add_(other);
+      at::add_out(out, a, b);
       break;
     case ReduceOp::kProduct:
-      if (acc.scalar_type() == c10::kBool) {
-        acc.logical_and_(other);
+      if (out.scalar_type() == c10::kBool) {
+        at::logical_and_out(out, a, b);
       } else {
-        acc.mul_(other);
+        at::mul_out(out, a, b);
       }
       break;
     case ReduceOp::kMin:
-      at::minimum_out(acc, acc, other);
+      at::minimum_out(out, a, b);
       break;
     case ReduceOp::kMax:
-      at::maximum_out(acc, acc, other);
+      at::maximum_out(out, a, b);
       break;
     case ReduceOp::kBand:
-      acc.bitwise_and_(other);
+      at::bitwise_and_out(out, a, b);
       break;
     case ReduceOp::kBor:
-      acc.bitwise_or_(other);
+      at::bitwise_or_out(out, a, b);
       break;
     case ReduceOp::kBxor:
-      acc.bitwise_xor_(other);
+      at::bitwise_xor_out(out, a, b);
       break;
   }
+}
+
+void reduce_into(at::Tensor& acc, const at::Tensor& other, ReduceOp op) {
+  combine(acc, acc, other, op);
 }
 
 void finish_reduce(at::Tensor& acc, ReduceOp op, int64_t group_size) {

@@ -14,7 +14,11 @@ namespace dtensor::collectives {
 // bitwise ops need integer or bool tensors; sum/avg need non-bool; avg needs floating point.
 void check_reduce_op(ReduceOp op, c10::ScalarType dtype, const std::string& what);
 
-// acc = op(acc, other), elementwise, in place. avg accumulates as sum (the caller divides).
+// out = op(a, b), elementwise; `out` may be `a` (reduce_into). avg combines as sum (the caller
+// divides). Every CPU backend folds through it, so all of them produce the same bits.
+void combine(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, ReduceOp op);
+
+// acc = op(acc, other), elementwise, in place: combine(acc, acc, other, op).
 void reduce_into(at::Tensor& acc, const at::Tensor& other, ReduceOp op);
 
 // Finishes a reduction over `group_size` ranks: divides by it for avg, else does nothing.

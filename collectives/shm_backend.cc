@@ -24,16 +24,17 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <mutex>
 #include <new>
 #include <system_error>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "base/error.h"
 #include "collectives/communicator.h"
 #include "collectives/reduce.h"
 #include "collectives/shm_segment.h"
-#include "base/strings.h"
 
 namespace dtensor::collectives {
 namespace {
@@ -79,92 +80,25 @@ int64_t payload_of(const Desc& d, int64_t r) {
   }
 }
 
-std::string dtype_name(int32_t dtype) {
-  return dtype < 0 ? "none" : c10::toString(static_cast<c10::ScalarType>(dtype));
+// What the ranks must agree on, read from a snapshot (see mismatch() in communicator.h).
+CallSignature signature_of(const Snap& s) {
+  CallSignature sig;
+  sig.kind = static_cast<CollectiveKind>(s.d.kind);
+  sig.op = static_cast<ReduceOp>(s.d.op);
+  sig.dtype = s.d.dtype < 0 ? c10::ScalarType::Undefined : static_cast<c10::ScalarType>(s.d.dtype);
+  sig.numel = s.d.numel;
+  sig.src = s.d.src;
+  sig.input_splits = s.in;
+  sig.output_splits = s.out;
+  return sig;
 }
 
-// Describes how the ranks' calls disagree, or returns "" when they agree. The same checks and
-// wording as the threads backend's mismatch().
-std::string mismatch(const std::vector<Snap>& calls) {
-  const Snap& a = calls[0];
-  const auto kind_of = [](const Snap& s) { return static_cast<CollectiveKind>(s.d.kind); };
-  for (size_t r = 1; r < calls.size(); ++r) {
-    const Snap& b = calls[r];
-    auto diff = [&](const std::string& what, const std::string& x, const std::string& y) {
-      return what + " differs: rank 0 has " + x + ", group rank " + std::to_string(r) + " has " + y;
-    };
-    if (a.d.kind != b.d.kind)
-      return diff("collective", collective_name(kind_of(a)), collective_name(kind_of(b)));
-    if (kind_of(a) == CollectiveKind::kBarrier) continue;
-    if (a.d.dtype != b.d.dtype) return diff("dtype", dtype_name(a.d.dtype), dtype_name(b.d.dtype));
-    if (a.d.op != b.d.op) {
-      return diff("reduce op", std::string(reduce_op_name(static_cast<ReduceOp>(a.d.op))),
-                  std::string(reduce_op_name(static_cast<ReduceOp>(b.d.op))));
-    }
-    if (a.d.src != b.d.src)
-      return diff("broadcast source", std::to_string(a.d.src), std::to_string(b.d.src));
-    const bool same_numel = kind_of(a) == CollectiveKind::kAllReduce ||
-                            kind_of(a) == CollectiveKind::kBroadcast ||
-                            kind_of(a) == CollectiveKind::kReduceScatter;
-    if (same_numel && a.d.numel != b.d.numel) {
-      return diff("number of elements", std::to_string(a.d.numel), std::to_string(b.d.numel));
-    }
-    if ((kind_of(a) == CollectiveKind::kAllGather ||
-         kind_of(a) == CollectiveKind::kReduceScatter) &&
-        a.out != b.out) {
-      return diff("split sizes", "[" + join(a.out) + "]", "[" + join(b.out) + "]");
-    }
-  }
-  const int64_t n = static_cast<int64_t>(calls.size());
-  for (int64_t r = 0; r < n; ++r) {
-    const Snap& c = calls[r];
-    if (kind_of(c) == CollectiveKind::kAllGather && c.out[r] != c.d.numel) {
-      return "group rank " + std::to_string(r) + " sends " + std::to_string(c.d.numel) +
-             " elements but the split sizes say " + std::to_string(c.out[r]);
-    }
-    if (kind_of(c) == CollectiveKind::kAllToAll) {
-      for (int64_t s = 0; s < n; ++s) {
-        if (calls[s].in[r] != c.out[s]) {
-          return "group rank " + std::to_string(s) + " sends " + std::to_string(calls[s].in[r]) +
-                 " elements to group rank " + std::to_string(r) + ", which expects " +
-                 std::to_string(c.out[s]);
-        }
-      }
-    }
-  }
-  return "";
-}
-
-// out = a op b: the same bits as copying a to out and then reduce_into(out, b, op).
-void combine(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-      at::add_out(out, a, b);
-      break;
-    case ReduceOp::kProduct:
-      if (out.scalar_type() == at::kBool) {
-        at::logical_and_out(out, a, b);
-      } else {
-        at::mul_out(out, a, b);
-      }
-      break;
-    case ReduceOp::kMin:
-      at::minimum_out(out, a, b);
-      break;
-    case ReduceOp::kMax:
-      at::maximum_out(out, a, b);
-      break;
-    case ReduceOp::kBand:
-      at::bitwise_and_out(out, a, b);
-      break;
-    case ReduceOp::kBor:
-      at::bitwise_or_out(out, a, b);
-      break;
-    case ReduceOp::kBxor:
-      at::bitwise_xor_out(out, a, b);
-      break;
-  }
+// How the ranks' calls disagree, or "": the same checks and wording as the threads backend.
+std::string snap_mismatch(const std::vector<Snap>& calls) {
+  std::vector<CallSignature> sigs;
+  sigs.reserve(calls.size());
+  for (const Snap& s : calls) sigs.push_back(signature_of(s));
+  return mismatch(sigs);
 }
 
 std::string label_of(const CollectiveCall& call) {
@@ -264,6 +198,7 @@ class ShmCommunicator : public Communicator {
   enum class Cma { kUnknown, kYes, kNo };
 
   void exchange(const Op& op, CollectiveCall& call);
+  int64_t rounds_of(const CollectiveCall& call, int64_t per_round) const;
   void post(const CollectiveCall& call, const Desc& mine, uint64_t t, int64_t c, int64_t per_round);
   void await(const Op& op, std::atomic<uint64_t> Ctrl::*field, uint64_t step, const char* what);
   void write_desc(const CollectiveCall& call, uint64_t t, bool cma);
@@ -275,6 +210,7 @@ class ShmCommunicator : public Communicator {
   void fold(CollectiveCall& call, int64_t out_at, int64_t len, Piece&& piece);
 
   [[noreturn]] void fail(const Op& op, const std::vector<int64_t>& missing, const char* what);
+  [[noreturn]] void fail_read(const Op& op, int64_t r, int64_t pid, int err);
   [[noreturn]] void break_group(const std::string& msg);
   [[noreturn]] void throw_peer_broken();
 
@@ -311,7 +247,9 @@ class ShmCommunicator : public Communicator {
     return size() > 1 ? per_round / (size() - 1) : per_round;
   }
   static int64_t slot(int64_t d, int64_t r) { return d < r ? d : d - 1; }
-  std::mutex mu_;  // one call at a time (the caller's thread or the group's worker)
+  // One call at a time (the caller's thread or the group's worker): held for a whole run(), it
+  // guards every member below that a call changes.
+  absl::Mutex mu_;
   std::string name_;
   ShmSegment seg_;
   Header* hdr_ = nullptr;
@@ -347,7 +285,7 @@ ShmCommunicator::~ShmCommunicator() {
 }
 
 void ShmCommunicator::run(CollectiveCall& call) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const auto start = Clock::now();
   const Op op{call, start, start + timeout()};
   if (!broken_.empty()) throw CollectiveError(broken_);
@@ -481,7 +419,7 @@ void ShmCommunicator::exchange(const Op& op, CollectiveCall& call) {
   }
   await(op, &Ctrl::posted, t, "did not arrive");
   snapshot(t);
-  const std::string bad = mismatch(snaps_);
+  const std::string bad = snap_mismatch(snaps_);
   if (!bad.empty()) {
     ctrl(rank())->consumed.store(t, std::memory_order_release);
     step_ = t;
@@ -497,19 +435,7 @@ void ShmCommunicator::exchange(const Op& op, CollectiveCall& call) {
   } else {
     bool fresh = readable > 0;  // some ranks posted no data: start the rounds in the next step
     if (fresh) ctrl(rank())->consumed.store(t++, std::memory_order_release);
-    int64_t rounds = 1;
-    if (scatters(call)) {  // NOTE [shm scatter rounds]
-      int64_t most = 0;
-      for (int64_t r = 0; r < size(); ++r) {
-        const auto& splits = call.kind == CollectiveKind::kAllToAll ? snaps_[r].in : snaps_[r].out;
-        for (int64_t x : splits) most = std::max(most, x);
-      }
-      rounds = std::max(rounds, (most + share_step(per_round) - 1) / share_step(per_round));
-    } else {
-      int64_t most = 0;
-      for (int64_t r = 0; r < size(); ++r) most = std::max(most, payload_of(snaps_[r].d, r));
-      rounds = std::max(rounds, (most + per_round - 1) / per_round);
-    }
+    const int64_t rounds = rounds_of(call, per_round);
     for (int64_t c = 0; c < rounds; ++c, ++t) {
       if (c > 0 || fresh) {
         await(op, &Ctrl::consumed, t - 2, "did not finish");
@@ -524,6 +450,20 @@ void ShmCommunicator::exchange(const Op& op, CollectiveCall& call) {
   if (call.kind == CollectiveKind::kAllReduce || call.kind == CollectiveKind::kReduceScatter) {
     finish_reduce(call.output, call.op, size());
   }
+}
+
+// How many steps of `per_round` elements the largest share of any rank takes (at least one).
+int64_t ShmCommunicator::rounds_of(const CollectiveCall& call, int64_t per_round) const {
+  int64_t most = 0;
+  if (scatters(call)) {  // NOTE [shm scatter rounds]
+    for (int64_t r = 0; r < size(); ++r) {
+      const auto& splits = call.kind == CollectiveKind::kAllToAll ? snaps_[r].in : snaps_[r].out;
+      for (int64_t x : splits) most = std::max(most, x);
+    }
+    return std::max<int64_t>(1, (most + share_step(per_round) - 1) / share_step(per_round));
+  }
+  for (int64_t r = 0; r < size(); ++r) most = std::max(most, payload_of(snaps_[r].d, r));
+  return std::max<int64_t>(1, (most + per_round - 1) / per_round);
 }
 
 // Copies this rank's data of round c into its buffer of step t and publishes the step.
@@ -687,11 +627,7 @@ void ShmCommunicator::read_peers(const Op& op, CollectiveCall& call, uint64_t t)
     const int64_t pid = ctrl(r)->pid;
     if (const int err = shm::read_process(pid, snaps_[r].d.input + at * isz, dst, len * isz);
         err != 0) {
-      break_group(label_of(op.call) + " on group '" + group().name + "' (shm, ranks [" +
-                  join(group().ranks) + "]): reading the input of rank " +
-                  std::to_string(group().ranks[r]) + " (process " + std::to_string(pid) +
-                  ") by cross memory attach failed: " + std::strerror(err) +
-                  (err == ESRCH ? " (the process is gone)" : ""));
+      fail_read(op, r, pid, err);
     }
   };
   // Folds elements [at, at + len) of every rank's input into output[out_at, out_at + len).
@@ -766,12 +702,20 @@ void ShmCommunicator::fold(CollectiveCall& call, int64_t out_at, int64_t len, Pi
 // ranks that are missing, worded as the threads backend words it.
 void ShmCommunicator::fail(const Op& op, const std::vector<int64_t>& missing, const char* what) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - op.start);
-  const std::string msg = label_of(op.call) + " on group '" + group().name + "' (shm, ranks [" +
-                          join(group().ranks) + "]): ranks [" + join(missing) + "] " + what +
-                          " within the timeout of " + std::to_string(timeout().count()) +
-                          " ms (global rank " + std::to_string(group().ranks[rank()]) + " waited " +
-                          std::to_string(ms.count()) + " ms)";
-  break_group(msg);
+  break_group(absl::StrCat(label_of(op.call), " on group '", group().name, "' (shm, ranks [",
+                           absl::StrJoin(group().ranks, ","), "]): ranks [",
+                           absl::StrJoin(missing, ","), "] ", what, " within the timeout of ",
+                           timeout().count(), " ms (global rank ", group().ranks[rank()],
+                           " waited ", ms.count(), " ms)"));
+}
+
+// Reading rank r's input (in process `pid`) by cross memory attach failed with `err`: breaks the
+// group with a message naming the rank.
+void ShmCommunicator::fail_read(const Op& op, int64_t r, int64_t pid, int err) {
+  break_group(absl::StrCat(label_of(op.call), " on group '", group().name, "' (shm, ranks [",
+                           absl::StrJoin(group().ranks, ","), "]): reading the input of rank ",
+                           group().ranks[r], " (process ", pid, ") by cross memory attach failed: ",
+                           std::strerror(err), err == ESRCH ? " (the process is gone)" : ""));
 }
 
 // Marks the group broken with `msg` (so that peers stop waiting and fail with it too) and throws.

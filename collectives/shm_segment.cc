@@ -9,23 +9,17 @@
 #include <signal.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 #include <system_error>
 #include <utility>
 
+#include "absl/strings/str_format.h"
 #include "base/error.h"
 #include "base/stable_hash.h"
 
 namespace dtensor::collectives {
 namespace {
-
-std::string hex16(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 [[noreturn]] void throw_errno(int err, const std::string& what) {
   fail(what, ": ", std::generic_category().message(err));
@@ -108,10 +102,11 @@ bool cma_enabled() {
 
 }  // namespace shm
 
-std::string shm_job_tag(const std::string& job) { return hex16(fnv1a(job)); }
+// FNV-1a, not absl::Hash: the names must agree across processes (and runs).
+std::string shm_job_tag(const std::string& job) { return absl::StrFormat("%016x", fnv1a(job)); }
 
 std::string shm_segment_name(const std::string& job, const std::string& group) {
-  return "/dtensor-" + shm_job_tag(job) + "-" + hex16(fnv1a(group));
+  return absl::StrFormat("/dtensor-%s-%016x", shm_job_tag(job), fnv1a(group));
 }
 
 ShmSegment::~ShmSegment() { reset(); }

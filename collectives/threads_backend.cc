@@ -8,19 +8,23 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <map>
 #include <mutex>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "collectives/communicator.h"
 #include "collectives/reduce.h"
-#include "base/strings.h"
 
 namespace dtensor::collectives {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// State shared by the ranks of one group of one job.
+// State shared by the ranks of one group of one job. A rendezvous on a condition variable with
+// steady-clock deadlines (std:: rather than absl::, whose deadlines are wall-clock times).
 struct SharedGroup {
   std::mutex mu;
   std::condition_variable cv;
@@ -32,11 +36,12 @@ struct SharedGroup {
   std::string broken;  // set when a round failed for good (timeout): later calls fail at once
 };
 
-std::mutex g_groups_mu;
-std::map<std::string, std::weak_ptr<SharedGroup>> g_groups;  // key: job + '\0' + group name
+ABSL_CONST_INIT absl::Mutex g_groups_mu(absl::kConstInit);
+// key: job + '\0' + group name
+absl::flat_hash_map<std::string, std::weak_ptr<SharedGroup>> g_groups ABSL_GUARDED_BY(g_groups_mu);
 
 std::shared_ptr<SharedGroup> shared_group(const std::string& key, int64_t size) {
-  std::lock_guard<std::mutex> lock(g_groups_mu);
+  absl::MutexLock lock(&g_groups_mu);
   auto& weak = g_groups[key];
   auto group = weak.lock();
   if (!group) {
@@ -45,63 +50,16 @@ std::shared_ptr<SharedGroup> shared_group(const std::string& key, int64_t size) 
     group->left.assign(size, 0);
     weak = group;
   }
-  for (auto it = g_groups.begin(); it != g_groups.end();) {  // drop dead jobs' entries
-    it = it->second.expired() ? g_groups.erase(it) : std::next(it);
-  }
+  absl::erase_if(g_groups, [](const auto& entry) { return entry.second.expired(); });  // dead jobs
   return group;
 }
 
-// Describes how the ranks' calls disagree, or returns "" when they agree.
-std::string mismatch(const std::vector<CollectiveCall*>& calls) {
-  const CollectiveCall& a = *calls[0];
-  for (size_t r = 1; r < calls.size(); ++r) {
-    const CollectiveCall& b = *calls[r];
-    auto diff = [&](const std::string& what, const std::string& x, const std::string& y) {
-      return what + " differs: rank 0 has " + x + ", group rank " + std::to_string(r) + " has " + y;
-    };
-    if (a.kind != b.kind)
-      return diff("collective", collective_name(a.kind), collective_name(b.kind));
-    if (a.kind == CollectiveKind::kBarrier) continue;
-    if (a.input.scalar_type() != b.input.scalar_type()) {
-      return diff("dtype", c10::toString(a.input.scalar_type()),
-                  c10::toString(b.input.scalar_type()));
-    }
-    if (a.op != b.op)
-      return diff("reduce op", std::string(reduce_op_name(a.op)),
-                  std::string(reduce_op_name(b.op)));
-    if (a.src != b.src)
-      return diff("broadcast source", std::to_string(a.src), std::to_string(b.src));
-    const bool same_numel = a.kind == CollectiveKind::kAllReduce ||
-                            a.kind == CollectiveKind::kBroadcast ||
-                            a.kind == CollectiveKind::kReduceScatter;
-    if (same_numel && a.input.numel() != b.input.numel()) {
-      return diff("number of elements", std::to_string(a.input.numel()),
-                  std::to_string(b.input.numel()));
-    }
-    if ((a.kind == CollectiveKind::kAllGather || a.kind == CollectiveKind::kReduceScatter) &&
-        a.output_splits != b.output_splits) {
-      return diff("split sizes", "[" + join(a.output_splits) + "]",
-                  "[" + join(b.output_splits) + "]");
-    }
-  }
-  const int64_t n = static_cast<int64_t>(calls.size());
-  for (int64_t r = 0; r < n; ++r) {
-    const CollectiveCall& c = *calls[r];
-    if (c.kind == CollectiveKind::kAllGather && c.output_splits[r] != c.input.numel()) {
-      return "group rank " + std::to_string(r) + " sends " + std::to_string(c.input.numel()) +
-             " elements but the split sizes say " + std::to_string(c.output_splits[r]);
-    }
-    if (c.kind == CollectiveKind::kAllToAll) {
-      for (int64_t s = 0; s < n; ++s) {
-        if (calls[s]->input_splits[r] != c.output_splits[s]) {
-          return "group rank " + std::to_string(s) + " sends " +
-                 std::to_string(calls[s]->input_splits[r]) + " elements to group rank " +
-                 std::to_string(r) + ", which expects " + std::to_string(c.output_splits[s]);
-        }
-      }
-    }
-  }
-  return "";
+// How the ranks' posted calls disagree, or "" (see mismatch() in communicator.h).
+std::string posted_mismatch(const std::vector<CollectiveCall*>& calls) {
+  std::vector<CallSignature> sigs;
+  sigs.reserve(calls.size());
+  for (const CollectiveCall* c : calls) sigs.push_back(signature_of(*c));
+  return mismatch(sigs);
 }
 
 int64_t offset_of(const std::vector<int64_t>& splits, int64_t r) {
@@ -172,7 +130,7 @@ class ThreadsCommunicator : public Communicator {
       fail(g, call, "did not arrive", start);
     }
     if (!g.broken.empty()) throw CollectiveError(g.broken);
-    const std::string bad = mismatch(g.posted);
+    const std::string bad = posted_mismatch(g.posted);
     lock.unlock();
     if (bad.empty()) compute(g.posted, rank());
     lock.lock();
@@ -207,12 +165,11 @@ class ThreadsCommunicator : public Communicator {
       if (all_arrived ? !g.left[r] : g.posted[r] == nullptr) missing.push_back(group().ranks[r]);
     }
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
-    const std::string msg =
-        std::string(call.label.empty() ? collective_name(call.kind) : call.label) + " on group '" +
-        group().name + "' (threads, ranks [" + join(group().ranks) + "]): ranks [" + join(missing) +
-        "] " + what + " within the timeout of " + std::to_string(timeout().count()) +
-        " ms (global rank " + std::to_string(group().ranks[rank()]) + " waited " +
-        std::to_string(ms.count()) + " ms)";
+    const std::string msg = absl::StrCat(
+        call.label.empty() ? collective_name(call.kind) : call.label, " on group '", group().name,
+        "' (threads, ranks [", absl::StrJoin(group().ranks, ","), "]): ranks [",
+        absl::StrJoin(missing, ","), "] ", what, " within the timeout of ", timeout().count(),
+        " ms (global rank ", group().ranks[rank()], " waited ", ms.count(), " ms)");
     g.broken = msg;
     g.cv.notify_all();
     throw CollectiveError(msg);

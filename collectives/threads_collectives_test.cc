@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <thread>
 
 #include "collectives/functional.h"
 #include "collectives/rank_context.h"
@@ -283,6 +284,51 @@ TEST(ThreadsFailureTest, AbsentPeerTimesOutNamingCollectiveGroupAndRanks) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
 }
 
+// NOTE [async work registry]: an async collective fails, its output is freed without a wait, and
+// a new tensor whose storage lands at the freed StorageImpl's address must not inherit the old
+// Work and its error. Keyed by the raw address alone (as before the fix), it did.
+TEST(ThreadsFailureTest, FreedFailedAsyncOutputDoesNotPassItsErrorToANewTensor) {
+  bool reused = false;
+  run_threads(2, [&](int64_t r) {
+    const std::string solo = current_context().register_group("solo" + std::to_string(r), {r});
+    barrier(solo);  // creates the endpoint now, so that its allocations come before the search
+    const c10::StorageImpl* old_storage = nullptr;
+    {
+      const at::Tensor x =
+          all_reduce(at::ones({r == 0 ? 3 : 4}), ReduceOp::kSum, RankContext::kWorld, true);
+      const WorkPtr work = work_of(x);
+      ASSERT_NE(work, nullptr);
+      EXPECT_THROW(work->wait(), CollectiveError);  // ranks disagree; wait_tensor never called
+      // An idle worker has dropped the job, so x holds the last reference to its storage.
+      while (!current_context().endpoint(RankContext::kWorld).worker->idle()) {
+        std::this_thread::yield();
+      }
+      old_storage = x.storage().unsafeGetStorageImpl();
+    }
+    if (r != 0) return;
+    std::vector<at::Tensor> held;  // kept alive, so each allocation takes a fresh address
+    const auto find_reuse = [&] {
+      for (int i = 0; i < 1000; ++i) {
+        held.push_back(at::empty({3}));
+        if (held.back().storage().unsafeGetStorageImpl() == old_storage) return held.back();
+      }
+      return at::Tensor();
+    };
+    at::Tensor t = find_reuse();
+    if (!t.defined()) {
+      // The registry's weak reference keeps the old StorageImpl's memory until the next async
+      // submit prunes the expired entry.
+      wait_tensor(all_reduce(at::ones({1}), ReduceOp::kSum, solo, true));
+      t = find_reuse();
+    }
+    if (!t.defined()) return;
+    reused = true;
+    EXPECT_EQ(work_of(t), nullptr);
+    EXPECT_NO_THROW(wait_tensor(t));
+  });
+  if (!reused) GTEST_SKIP() << "the allocator never reused the freed StorageImpl's address";
+}
+
 TEST(ThreadsFailureTest, UnknownGroupAndNonMember) {
   run_threads(2, [](int64_t r) {
     EXPECT_THROW(all_reduce(at::ones({1}), ReduceOp::kSum, "nope"), dtensor::Error);
@@ -307,6 +353,34 @@ TEST(ThreadsFailureTest, NoContextIsAClearError) {
   } catch (const dtensor::Error& e) {
     EXPECT_NE(std::string(e.what()).find("no collectives context"), std::string::npos);
   }
+}
+
+// The agreement check both CPU backends (threads, shm) report through.
+TEST(CallMismatchTest, NamesTheFirstDisagreement) {
+  const std::vector<int64_t> a = {1, 2}, b = {2, 1}, c = {2, 3};
+  CallSignature r0, r1;
+  r0.kind = r1.kind = CollectiveKind::kAllGather;
+  r0.dtype = r1.dtype = at::kFloat;
+  r0.numel = 1;
+  r1.numel = 3;
+  r0.output_splits = a;
+  r1.output_splits = b;
+  EXPECT_EQ(mismatch({r0, r1}), "split sizes differs: rank 0 has [1,2], group rank 1 has [2,1]");
+  r1.output_splits = a;
+  EXPECT_EQ(mismatch({r0, r1}), "group rank 1 sends 3 elements but the split sizes say 2");
+  r1.numel = 2;
+  EXPECT_EQ(mismatch({r0, r1}), "");
+  r1.dtype = at::kInt;
+  EXPECT_EQ(mismatch({r0, r1}), "dtype differs: rank 0 has Float, group rank 1 has Int");
+  r0.kind = r1.kind = CollectiveKind::kAllToAll;
+  r1.dtype = at::kFloat;
+  r0.input_splits = r0.output_splits = a;
+  r1.input_splits = c;
+  r1.output_splits = a;
+  EXPECT_EQ(mismatch({r0, r1}), "group rank 0 sends 2 elements to group rank 1, which expects 1");
+  r0.kind = CollectiveKind::kBarrier;
+  EXPECT_EQ(mismatch({r0, r1}),
+            "collective differs: rank 0 has barrier, group rank 1 has all_to_all");
 }
 
 TEST(BackendRegistryTest, UnknownBackendListsRegisteredOnes) {

@@ -3,65 +3,61 @@
 namespace dtensor::collectives {
 
 void Work::wait() {
-  std::unique_lock<std::mutex> lock(mu_);
-  // Backends bound every blocking step by their timeout, so this wait ends.
-  cv_.wait(lock, [this] { return done_; });
-  if (error_) std::rethrow_exception(error_);
+  std::exception_ptr error;
+  {
+    // Backends bound every blocking step by their timeout, so this wait ends.
+    absl::MutexLock lock(&mu_, absl::Condition(&done_));
+    error = error_;
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 bool Work::is_completed() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return done_;
 }
 
 bool Work::failed() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return done_ && error_ != nullptr;
 }
 
 void Work::finish(std::exception_ptr error) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    done_ = true;
-    error_ = error;
-  }
-  cv_.notify_all();
+  absl::MutexLock lock(&mu_);  // waiters re-check done_ when it is released
+  done_ = true;
+  error_ = error;
 }
 
 Worker::~Worker() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
 
 WorkPtr Worker::submit(std::function<void()> job) {
   auto work = std::make_shared<Work>();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.emplace_back(std::move(job), work);
-    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
-  }
-  cv_.notify_all();
+  absl::MutexLock lock(&mu_);
+  queue_.emplace_back(std::move(job), work);
+  if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
   return work;
 }
 
 bool Worker::idle() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return queue_.empty() && !running_;
 }
 
 void Worker::loop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();  // held except while a job runs
   while (true) {
-    cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stopping and drained
+    mu_.Await(absl::Condition(this, &Worker::has_job_or_stop));
+    if (queue_.empty()) break;  // stopping and drained
     auto [job, work] = std::move(queue_.front());
     queue_.pop_front();
     running_ = true;
-    lock.unlock();
+    mu_.Unlock();
     std::exception_ptr error;
     try {
       job();
@@ -69,9 +65,10 @@ void Worker::loop() {
       error = std::current_exception();
     }
     work->finish(error);
-    lock.lock();
+    mu_.Lock();
     running_ = false;
   }
+  mu_.Unlock();
 }
 
 }  // namespace dtensor::collectives

@@ -2,13 +2,14 @@
 // Work: the handle of an asynchronous collective; Worker: the per-group thread that runs
 // asynchronous collectives in issue order.
 
-#include <condition_variable>
 #include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace dtensor::collectives {
 
@@ -22,10 +23,9 @@ class Work {
   void finish(std::exception_ptr error);
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::exception_ptr error_;
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  std::exception_ptr error_ ABSL_GUARDED_BY(mu_);
 };
 using WorkPtr = std::shared_ptr<Work>;
 
@@ -41,13 +41,15 @@ class Worker {
 
  private:
   void loop();
+  bool has_job_or_stop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_ || !queue_.empty();
+  }
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::pair<std::function<void()>, WorkPtr>> queue_;
-  bool running_ = false;  // a job is executing
-  bool stop_ = false;
-  std::thread thread_;
+  absl::Mutex mu_;
+  std::deque<std::pair<std::function<void()>, WorkPtr>> queue_ ABSL_GUARDED_BY(mu_);
+  bool running_ ABSL_GUARDED_BY(mu_) = false;  // a job is executing
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // started under mu_ by the first submit(); joined by the destructor
 };
 
 }  // namespace dtensor::collectives

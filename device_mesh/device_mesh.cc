@@ -1,8 +1,8 @@
 #include "device_mesh/device_mesh.h"
 
+#include <absl/strings/str_join.h>
 #include <absl/hash/hash.h>
 #include "base/error.h"
-#include "base/strings.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -25,33 +25,33 @@ DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<int64_t> ranks,
   auto impl = std::make_shared<Impl>();
   int64_t numel = 1;
   for (int64_t s : shape) {
-    if (s <= 0) fail("mesh shape (" + join(shape) + ") has a size <= 0; every dim needs a rank");
+    if (s <= 0) fail("mesh shape (" + absl::StrJoin(shape, ",") + ") has a size <= 0; every dim needs a rank");
     if (__builtin_mul_overflow(numel, s, &numel) || numel > kMaxRanks) {
-      fail("mesh shape (" + join(shape) + ") has more than " + std::to_string(kMaxRanks) +
+      fail("mesh shape (" + absl::StrJoin(shape, ",") + ") has more than " + std::to_string(kMaxRanks) +
            " ranks");
     }
   }
   if (numel != static_cast<int64_t>(ranks.size())) {
-    fail("mesh shape (" + join(shape) + ") holds " + std::to_string(numel) + " ranks but " +
-         std::to_string(ranks.size()) + " were given: [" + join(ranks) + "]");
+    fail("mesh shape (" + absl::StrJoin(shape, ",") + ") holds " + std::to_string(numel) + " ranks but " +
+         std::to_string(ranks.size()) + " were given: [" + absl::StrJoin(ranks, ",") + "]");
   }
   std::unordered_set<int64_t> seen;
   for (int64_t r : ranks) {
-    if (r < 0) fail("rank " + std::to_string(r) + " is negative in [" + join(ranks) + "]");
+    if (r < 0) fail("rank " + std::to_string(r) + " is negative in [" + absl::StrJoin(ranks, ",") + "]");
     if (!seen.insert(r).second) {
-      fail("rank " + std::to_string(r) + " appears twice in [" + join(ranks) + "]");
+      fail("rank " + std::to_string(r) + " appears twice in [" + absl::StrJoin(ranks, ",") + "]");
     }
   }
   if (!dim_names.empty()) {
     if (dim_names.size() != shape.size()) {
       fail("mesh has " + std::to_string(shape.size()) + " dims but " +
-           std::to_string(dim_names.size()) + " dim names were given: (" + join(dim_names) + ")");
+           std::to_string(dim_names.size()) + " dim names were given: (" + absl::StrJoin(dim_names, ",") + ")");
     }
     std::unordered_set<std::string> names;
     for (const auto& n : dim_names) {
-      if (n.empty()) fail("dim names must not be empty: (" + join(dim_names) + ")");
+      if (n.empty()) fail("dim names must not be empty: (" + absl::StrJoin(dim_names, ",") + ")");
       if (!names.insert(n).second) {
-        fail("dim name '" + n + "' appears twice in (" + join(dim_names) + ")");
+        fail("dim name '" + n + "' appears twice in (" + absl::StrJoin(dim_names, ",") + ")");
       }
     }
   }
@@ -82,7 +82,7 @@ int64_t DeviceMesh::normalize_dim(int64_t dim) const {
   const int64_t n = ndim();
   if (dim < -n || dim >= n) {
     fail("dim " + std::to_string(dim) + " is out of range for a " + std::to_string(n) +
-         "-D mesh (" + join(shape()) + ")");
+         "-D mesh (" + absl::StrJoin(shape(), ",") + ")");
   }
   return dim < 0 ? dim + n : dim;
 }
@@ -94,7 +94,7 @@ int64_t DeviceMesh::dim_index(const std::string& name) const {
   const auto it = std::find(names.begin(), names.end(), name);
   if (it == names.end()) {
     fail("no dim named '" + name + "'; the mesh has " +
-         (names.empty() ? std::string("no dim names") : "dims (" + join(names) + ")"));
+         (names.empty() ? std::string("no dim names") : "dims (" + absl::StrJoin(names, ",") + ")"));
   }
   return it - names.begin();
 }
@@ -114,13 +114,13 @@ std::optional<std::vector<int64_t>> DeviceMesh::coordinate(int64_t rank) const {
 
 int64_t DeviceMesh::rank_at(const std::vector<int64_t>& coordinate) const {
   if (coordinate.size() != impl_->shape.size()) {
-    fail("coordinate (" + join(coordinate) + ") has " + std::to_string(coordinate.size()) +
+    fail("coordinate (" + absl::StrJoin(coordinate, ",") + ") has " + std::to_string(coordinate.size()) +
          " entries for a " + std::to_string(ndim()) + "-D mesh");
   }
   int64_t flat = 0;
   for (size_t d = 0; d < coordinate.size(); ++d) {
     if (coordinate[d] < 0 || coordinate[d] >= impl_->shape[d]) {
-      fail("coordinate (" + join(coordinate) + ") is outside mesh shape (" + join(shape()) + ")");
+      fail("coordinate (" + absl::StrJoin(coordinate, ",") + ") is outside mesh shape (" + absl::StrJoin(shape(), ",") + ")");
     }
     flat += coordinate[d] * impl_->strides[d];
   }
@@ -171,7 +171,7 @@ DeviceMesh DeviceMesh::submesh_dims(const std::vector<int64_t>& dims_in, int64_t
 }
 
 DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& names, std::string name) const {
-  if (name.empty()) name = join(names, "_");
+  if (name.empty()) name = absl::StrJoin(names, "_");
   return flatten_dims(names_to_dims(names), std::move(name));
 }
 
@@ -202,7 +202,7 @@ DeviceMesh DeviceMesh::flatten_dims(const std::vector<int64_t>& dims_in, std::st
   if (name.empty() && has_dim_names()) {
     std::vector<std::string> parts;
     for (int64_t d : merged) parts.push_back(impl_->dim_names[d]);
-    name = join(parts, "_");
+    name = absl::StrJoin(parts, "_");
   }
   for (int64_t d = 0; d < ndim(); ++d) {
     if (d == first) {
@@ -276,7 +276,7 @@ std::string DeviceMesh::group_name(int64_t dim, int64_t rank) const {
 }
 
 std::string group_name_for_ranks(const std::vector<int64_t>& ranks) {
-  if (ranks.size() <= 8) return "ranks:" + join(ranks, "-");
+  if (ranks.size() <= 8) return "ranks:" + absl::StrJoin(ranks, "-");
   uint64_t h = kFnvOffset;  // equal in every process: peers find the group by this name
   for (int64_t r : ranks) h = fnv1a_int(r, h);
   char buf[32];
@@ -285,8 +285,8 @@ std::string group_name_for_ranks(const std::vector<int64_t>& ranks) {
 }
 
 std::string DeviceMesh::to_string() const {
-  std::string out = "DeviceMesh((" + join(shape()) + "), ranks=[" + join(ranks()) + "]";
-  if (has_dim_names()) out += ", names=(" + join(dim_names()) + ")";
+  std::string out = "DeviceMesh((" + absl::StrJoin(shape(), ",") + "), ranks=[" + absl::StrJoin(ranks(), ",") + "]";
+  if (has_dim_names()) out += ", names=(" + absl::StrJoin(dim_names(), ",") + ")";
   return out + ")";
 }
 

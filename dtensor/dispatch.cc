@@ -22,7 +22,6 @@
 #include "dtensor/random.h"
 #include "dtensor/redistribute.h"
 #include "layout/shard_layout.h"
-#include "base/strings.h"
 #include "sharding_prop/propagator.h"
 
 namespace dtensor {

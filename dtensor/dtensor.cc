@@ -1,5 +1,6 @@
 #include "dtensor/dtensor.h"
 
+#include <absl/strings/str_join.h>
 #include <ATen/ATen.h>
 
 #include <stdexcept>
@@ -11,7 +12,6 @@
 #include "dtensor/redistribute.h"
 #include "layout/shard_layout.h"
 #include "dtensor/autograd.h"
-#include "base/strings.h"
 
 namespace dtensor {
 namespace {
@@ -53,7 +53,7 @@ std::vector<std::vector<int64_t>> exchange_meta(const DeviceMesh& mesh, const at
 
 std::string meta_text(const std::vector<int64_t>& m) {
   return std::string(c10::toString(static_cast<c10::ScalarType>(m[0]))) + "[" +
-         join(std::vector<int64_t>(m.begin() + 2, m.end()), ",") + "]";
+         absl::StrJoin(std::vector<int64_t>(m.begin() + 2, m.end()), ",") + "]";
 }
 
 void refuse_partial(const Placements& placements, const char* what) {
@@ -124,7 +124,7 @@ DTensor DTensor::redistribute(const DeviceMesh& mesh, const Placements& placemen
 
 std::string DTensor::to_string() const {
   return "DTensor(" + spec_.to_string() + ", local " +
-         std::string(c10::toString(local_.scalar_type())) + "[" + join(local_.sizes().vec(), ",") +
+         std::string(c10::toString(local_.scalar_type())) + "[" + absl::StrJoin(local_.sizes().vec(), ",") +
          "])";
 }
 
@@ -217,7 +217,7 @@ DTensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placem
   } else if (local.sizes().vec() != local_box(spec, coord).shape) {
     throw Error("from_local: this rank's local tensor " + c10::str(local.sizes()) +
                                 " does not match " + spec.to_string() + " (local shape [" +
-                                join(local_box(spec, coord).shape, ",") + "])" +
+                                absl::StrJoin(local_box(spec, coord).shape, ",") + "])" +
                                 (shape ? "" : "; pass shape= for uneven shards"));
   }
   return DTensor(local, spec);

@@ -1,5 +1,6 @@
 #include "dtensor/redistribute.h"
 
+#include <absl/strings/str_join.h>
 #include <ATen/ATen.h>
 
 #include <stdexcept>
@@ -9,7 +10,6 @@
 #include "collectives/rank_context.h"
 #include "dtensor/local_tensor.h"
 #include "layout/shard_layout.h"
-#include "base/strings.h"
 
 namespace dtensor {
 namespace {
@@ -217,7 +217,7 @@ at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& input, b
         "redistribute " + plan.to_string() + ": rank " + std::to_string(ranks.rank()) +
         " holds a local tensor " + std::string(c10::toString(local.scalar_type())) +
         c10::str(local.sizes()) + " but the source layout gives it " +
-        std::string(c10::toString(plan.src.meta().dtype)) + "[" + join(box.shape, ", ") + "]");
+        std::string(c10::toString(plan.src.meta().dtype)) + "[" + absl::StrJoin(box.shape, ", ") + "]");
   }
   Ctx ctx{ranks, ranks.rank(), coord};
   at::Tensor x = local;

@@ -1,6 +1,8 @@
 #include "layout/shard_layout.h"
+
+#include <absl/strings/str_join.h>
+#include <ATen/ceil_div.h>
 #include "base/error.h"
-#include "base/strings.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -15,19 +17,17 @@ void check_coordinate(const DTensorSpec& spec, const std::vector<int64_t>& coord
     ok = coordinate[d] >= 0 && coordinate[d] < shape[d];
   }
   if (!ok) {
-    throw Error("coordinate (" + join(coordinate) + ") is outside mesh shape (" +
-                                join(shape) + ")");
+    throw Error("coordinate (" + absl::StrJoin(coordinate, ",") + ") is outside mesh shape (" +
+                                absl::StrJoin(shape, ",") + ")");
   }
 }
 
 }  // namespace
 
 int64_t chunk_size(int64_t n, int64_t k) {
-  if (n < 0 || k < 1) {
-    throw Error("chunk of " + std::to_string(n) + " elements into " +
-                                std::to_string(k) + " pieces: need n >= 0 and k >= 1");
-  }
-  return (n + k - 1) / k;
+  DTENSOR_CHECK(n >= 0 && k >= 1, "chunk of ", n, " elements into ", k,
+                " pieces: need n >= 0 and k >= 1");
+  return at::ceil_div(n, k);
 }
 
 ChunkSlice chunk_slice(int64_t n, int64_t k, int64_t i) {
@@ -112,7 +112,7 @@ bool is_evenly_sharded(const DTensorSpec& spec) {
 std::vector<std::vector<int64_t>> owner_coordinates(const DTensorSpec& spec,
                                                     const std::vector<int64_t>& index) {
   if (static_cast<int64_t>(index.size()) != spec.ndim()) {
-    throw Error("index (" + join(index) + ") has " + std::to_string(index.size()) +
+    throw Error("index (" + absl::StrJoin(index, ",") + ") has " + std::to_string(index.size()) +
                                 " entries for a " + std::to_string(spec.ndim()) + "-D tensor");
   }
   const auto& mesh_shape = spec.mesh().shape();
@@ -123,8 +123,8 @@ std::vector<std::vector<int64_t>> owner_coordinates(const DTensorSpec& spec,
   }
   for (int64_t d = 0; d < spec.ndim(); ++d) {
     if (index[d] < 0 || index[d] >= spec.shape()[d]) {
-      throw Error("index (" + join(index) + ") is out of bounds for shape [" +
-                                  join(spec.shape()) + "]");
+      throw Error("index (" + absl::StrJoin(index, ",") + ") is out of bounds for shape [" +
+                                  absl::StrJoin(spec.shape(), ",") + "]");
     }
     int64_t piece = spec.shape()[d];
     int64_t pos = index[d];  // position inside the current piece

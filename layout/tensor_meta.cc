@@ -1,8 +1,9 @@
 #include "layout/tensor_meta.h"
 
+#include <absl/strings/str_join.h>
 #include <absl/hash/hash.h>
+#include <c10/core/WrapDimMinimal.h>
 #include "base/error.h"
-#include "base/strings.h"
 
 #include <stdexcept>
 
@@ -22,20 +23,20 @@ TensorMeta TensorMeta::make(std::vector<int64_t> shape, c10::ScalarType dtype,
   int64_t numel = 1;
   for (int64_t s : shape) {
     if (s < 0) {
-      throw Error("TensorMeta: shape [" + join(shape) + "] has a negative size " +
+      throw Error("TensorMeta: shape [" + absl::StrJoin(shape, ",") + "] has a negative size " +
                                   std::to_string(s));
     }
     if (__builtin_mul_overflow(numel, s, &numel)) {
-      throw Error("TensorMeta: shape [" + join(shape) +
+      throw Error("TensorMeta: shape [" + absl::StrJoin(shape, ",") +
                                   "] has more elements than int64 can count");
     }
   }
   if (stride.empty()) {
     stride = contiguous_stride(shape);
   } else if (stride.size() != shape.size()) {
-    throw Error("TensorMeta: stride [" + join(stride) + "] has " +
+    throw Error("TensorMeta: stride [" + absl::StrJoin(stride, ",") + "] has " +
                                 std::to_string(stride.size()) + " entries for shape [" +
-                                join(shape) + "]");
+                                absl::StrJoin(shape, ",") + "]");
   }
   return TensorMeta{std::move(shape), std::move(stride), dtype};
 }
@@ -47,8 +48,8 @@ int64_t TensorMeta::numel() const {
 }
 
 std::string TensorMeta::to_string() const {
-  std::string out = std::string(c10::toString(dtype)) + "[" + join(shape) + "]";
-  if (stride != contiguous_stride(shape)) out += ":stride[" + join(stride) + "]";
+  std::string out = std::string(c10::toString(dtype)) + "[" + absl::StrJoin(shape, ",") + "]";
+  if (stride != contiguous_stride(shape)) out += ":stride[" + absl::StrJoin(stride, ",") + "]";
   return out;
 }
 
@@ -57,13 +58,11 @@ size_t TensorMeta::hash() const {
 }
 
 int64_t normalize_tensor_dim(int64_t dim, int64_t ndim, const char* what) {
-  if (ndim == 0 || dim < -ndim || dim >= ndim) {
-    throw Error(std::string(what) + " " + std::to_string(dim) +
-                                " is out of range for a " + std::to_string(ndim) +
-                                "-D tensor (expected a dim in [" + std::to_string(-ndim) + ", " +
-                                std::to_string(ndim - 1) + "])");
-  }
-  return dim < 0 ? dim + ndim : dim;
+  // c10's wrap, with a message that names what the dim is for (and a 0-dim tensor has none).
+  DTENSOR_CHECK(ndim > 0 && dim >= -ndim && dim < ndim, what, " ", dim,
+                " is out of range for a ", ndim, "-D tensor (expected a dim in [", -ndim, ", ",
+                ndim - 1, "])");
+  return c10::maybe_wrap_dim(dim, ndim, /*wrap_scalar=*/false);
 }
 
 }  // namespace dtensor

@@ -6,6 +6,8 @@
 
 #include "sharding_prop/op_builders.h"
 
+#include <ATen/ceil_div.h>
+
 #include <algorithm>
 #include <stdexcept>
 
@@ -283,7 +285,7 @@ BuiltRule chunk_of(const Metas& m, const LayoutArgs& a) {
   const int64_t chunks = arg(a, 0, "chunk", "chunks");
   const int64_t d = normalize_tensor_dim(arg(a, 1, "chunk", "dim"), m[0].shape.size(), "chunk dim");
   if (chunks <= 0) throw Error("chunk: chunks must be positive");
-  const int64_t n = m[0].shape[d], size = (n + chunks - 1) / chunks;
+  const int64_t n = m[0].shape[d], size = at::ceil_div(n, chunks);
   return split_of(m, LayoutArgs{{std::max<int64_t>(size, 1), d}, ""});
 }
 

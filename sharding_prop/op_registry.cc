@@ -18,7 +18,6 @@
 #include <absl/hash/hash.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
-#include "base/strings.h"
 
 namespace dtensor::sharding {
 namespace {
@@ -298,7 +297,7 @@ size_t LayoutArgs::hash() const {
 }
 
 std::string LayoutArgs::to_string() const {
-  std::string s = "(" + join(ints, ",");
+  std::string s = "(" + absl::StrJoin(ints, ",");
   if (!text.empty()) s += (ints.empty() ? "\"" : ", \"") + text + "\"";
   return s + ")";
 }

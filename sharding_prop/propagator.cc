@@ -14,7 +14,6 @@
 
 #include "base/error.h"
 #include "base/lru_cache.h"
-#include "base/strings.h"
 
 namespace dtensor::sharding {
 namespace {
@@ -28,7 +27,7 @@ std::string specs_text(const std::vector<DTensorSpec>& specs) {
   std::vector<std::string> parts;
   for (const auto& s : specs)
     parts.push_back(to_string(s.placements()) + " " + s.meta().to_string());
-  return join(parts, ", ");
+  return absl::StrJoin(parts, ", ");
 }
 
 // Where factor f stands in a tensor: the dim it is the major factor of, -1 when absent, -2 when
@@ -465,7 +464,7 @@ std::string OpSharding::to_string() const {
   for (const auto& s : outputs) outs.push_back(dtensor::to_string(s.placements()));
   char cost_text[32];
   std::snprintf(cost_text, sizeof(cost_text), "%.2f", cost);
-  std::string s = op + " " + join(ins, ",") + " -> " + join(outs, ",") + " (rule " + rule +
+  std::string s = op + " " + absl::StrJoin(ins, ",") + " -> " + absl::StrJoin(outs, ",") + " (rule " + rule +
                   ", cost " + cost_text + " us)";
   for (size_t i = 0; i < input_plans.size(); ++i) {
     if (!input_plans[i]->is_noop())
@@ -481,7 +480,7 @@ std::shared_ptr<const OpSharding> propagate(std::string_view op,
   if (entry == nullptr) {
     throw Error(
         std::string(op) + " has no sharding rule (inputs: " + specs_text(inputs) +
-        "); nearest supported: " + join(nearest_ops(op), ", ") + " (./x ops lists them all)");
+        "); nearest supported: " + absl::StrJoin(nearest_ops(op), ", ") + " (./x ops lists them all)");
   }
   return propagate(*entry, inputs, args, options);
 }

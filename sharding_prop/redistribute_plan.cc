@@ -1,5 +1,6 @@
 #include "sharding_prop/redistribute_plan.h"
 
+#include <absl/strings/str_join.h>
 #include <absl/strings/str_cat.h>
 
 #include <c10/core/ScalarType.h>
@@ -16,7 +17,6 @@
 #include "base/error.h"
 #include "base/lru_cache.h"
 #include "layout/shard_layout.h"
-#include "base/strings.h"
 
 namespace dtensor {
 namespace {
@@ -195,7 +195,7 @@ ExchangePrice price_exchange(const DTensorSpec& x, const ExchangeContext& ctx,
   return price;
 }
 
-std::string dims_text(const std::vector<int64_t>& dims) { return "[" + join(dims, ",") + "]"; }
+std::string dims_text(const std::vector<int64_t>& dims) { return "[" + absl::StrJoin(dims, ",") + "]"; }
 
 }  // namespace
 
@@ -264,8 +264,8 @@ int64_t RedistributePlan::num_collectives() const {
 std::string RedistributePlan::to_string() const {
   std::vector<int64_t> mesh_shape = src.mesh().shape();
   std::string s = dtensor::to_string(src.placements()) + " -> " +
-                  dtensor::to_string(dst.placements()) + " on mesh (" + join(mesh_shape, ",") +
-                  ") shape [" + join(src.shape(), ",") + "]";
+                  dtensor::to_string(dst.placements()) + " on mesh (" + absl::StrJoin(mesh_shape, ",") +
+                  ") shape [" + absl::StrJoin(src.shape(), ",") + "]";
   if (!src.has_default_shard_order() || !dst.has_default_shard_order()) {
     s += " (orders " + src.to_string() + " -> " + dst.to_string() + ")";
   }

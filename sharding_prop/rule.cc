@@ -1,24 +1,22 @@
 #include "sharding_prop/rule.h"
 
+#include <absl/strings/str_join.h>
+#include <ATen/ceil_div.h>
+
 #include <algorithm>
 #include <map>
 #include <stdexcept>
 
 #include "base/error.h"
-#include "base/strings.h"
 
 namespace dtensor::sharding {
 namespace {
 
 [[noreturn]] void fail(const std::string& what) { throw Error(what); }
 
-std::string shape_text(const std::vector<int64_t>& s) { return "[" + join(s, ",") + "]"; }
+std::string shape_text(const std::vector<int64_t>& s) { return "[" + absl::StrJoin(s, ",") + "]"; }
 
 char letter(int f) { return f < 26 ? static_cast<char>('a' + f) : static_cast<char>('A' + f - 26); }
-
-int64_t norm_dim(int64_t d, int64_t ndim, const char* what) {
-  return normalize_tensor_dim(d, ndim, what);
-}
 
 // Broadcast shape of `shapes` (right-aligned), or throws.
 std::vector<int64_t> broadcast(const std::vector<std::vector<int64_t>>& shapes) {
@@ -33,7 +31,7 @@ std::vector<int64_t> broadcast(const std::vector<std::vector<int64_t>>& shapes) 
       if (o != 1) {
         std::vector<std::string> texts;
         for (const auto& x : shapes) texts.push_back(shape_text(x));
-        fail("shapes " + join(texts, " and ") + " do not broadcast");
+        fail("shapes " + absl::StrJoin(texts, " and ") + " do not broadcast");
       }
       o = v;
     }
@@ -115,7 +113,7 @@ std::string Rule::to_string() const {
     }
   }
   std::sort(notes.begin(), notes.end());
-  if (!notes.empty()) s += " | " + join(notes, ", ");
+  if (!notes.empty()) s += " | " + absl::StrJoin(notes, ", ");
   return s;
 }
 
@@ -231,7 +229,7 @@ Rule reduction_rule(const std::vector<int64_t>& shape, std::vector<int64_t> dims
   const int64_t ndim = static_cast<int64_t>(shape.size());
   std::vector<bool> reduced(ndim, dims.empty());
   for (int64_t d : dims) {
-    if (ndim > 0) reduced[norm_dim(d, ndim, "reduction dim")] = true;
+    if (ndim > 0) reduced[normalize_tensor_dim(d, ndim, "reduction dim")] = true;
   }
   Rule rule;
   rule.linearity = linearity;
@@ -258,7 +256,7 @@ Rule replicate_dims_rule(const std::vector<std::vector<int64_t>>& shapes,
   Rule rule = pointwise_rule(shapes, Linearity::kNone);
   const int64_t ndim = static_cast<int64_t>(shapes.at(0).size());
   for (int64_t d : dims) {
-    const int64_t k = norm_dim(d, ndim, "dim");
+    const int64_t k = normalize_tensor_dim(d, ndim, "dim");
     for (int f : rule.inputs[0][k]) rule.factors[f].kind = FactorKind::kReplicate;
   }
   while (rule.outputs.size() < n_outputs) rule.outputs.push_back(rule.outputs[0]);
@@ -398,7 +396,7 @@ Rule permute_rule(const std::vector<int64_t>& shape, const std::vector<int64_t>&
   }
   std::vector<bool> seen(ndim, false);
   for (int64_t p : perm) {
-    const int64_t d = norm_dim(p, ndim, "permute dim");
+    const int64_t d = normalize_tensor_dim(p, ndim, "permute dim");
     if (seen[d]) fail("permute: dim " + std::to_string(d) + " repeats in " + shape_text(perm));
     seen[d] = true;
     out.push_back(in[d]);
@@ -412,7 +410,7 @@ Rule cat_rule(const std::vector<std::vector<int64_t>>& shapes, int64_t dim, bool
   if (shapes.empty()) fail(std::string(stack ? "stack" : "cat") + ": no tensors");
   const auto& first = shapes[0];
   const int64_t ndim = static_cast<int64_t>(first.size());
-  const int64_t d = norm_dim(dim, stack ? ndim + 1 : ndim, stack ? "stack dim" : "cat dim");
+  const int64_t d = normalize_tensor_dim(dim, stack ? ndim + 1 : ndim, stack ? "stack dim" : "cat dim");
   Rule rule;
   rule.linearity = Linearity::kMove;
   TensorFactors shared;
@@ -450,12 +448,12 @@ Rule cat_rule(const std::vector<std::vector<int64_t>>& shapes, int64_t dim, bool
 Rule slice_rule(const std::vector<int64_t>& shape, int64_t dim, int64_t start, int64_t end,
                 int64_t step) {
   const int64_t nd = static_cast<int64_t>(shape.size());
-  const int64_t d = norm_dim(dim, nd, "slice dim");
+  const int64_t d = normalize_tensor_dim(dim, nd, "slice dim");
   if (step < 1) fail("slice: step must be positive, got " + std::to_string(step));
   const int64_t n = shape[d];
   auto clampi = [n](int64_t v) { return std::clamp<int64_t>(v < 0 ? v + n : v, 0, n); };
   const int64_t lo = clampi(start), hi = std::max(clampi(end), clampi(start));
-  const int64_t size = (hi - lo + step - 1) / step;
+  const int64_t size = at::ceil_div(hi - lo, step);
   Rule rule = permute_rule(shape, [&] {
     std::vector<int64_t> p(nd);
     for (int64_t k = 0; k < nd; ++k) p[k] = k;
@@ -471,7 +469,7 @@ Rule slice_rule(const std::vector<int64_t>& shape, int64_t dim, int64_t start, i
 
 Rule select_rule(const std::vector<int64_t>& shape, int64_t dim) {
   const int64_t nd = static_cast<int64_t>(shape.size());
-  const int64_t d = norm_dim(dim, nd, "select dim");
+  const int64_t d = normalize_tensor_dim(dim, nd, "select dim");
   Rule rule = slice_rule(shape, d, 0, 1, 1);
   rule.outputs[0].erase(rule.outputs[0].begin() + d);
   if (shape[d] > 1) rule.factors[rule.inputs[0][d][0]].kind = FactorKind::kReplicate;
@@ -480,7 +478,7 @@ Rule select_rule(const std::vector<int64_t>& shape, int64_t dim) {
 
 Rule split_rule(const std::vector<int64_t>& shape, int64_t dim, const std::vector<int64_t>& sizes) {
   const int64_t nd = static_cast<int64_t>(shape.size());
-  const int64_t d = norm_dim(dim, nd, "split dim");
+  const int64_t d = normalize_tensor_dim(dim, nd, "split dim");
   int64_t total = 0;
   for (int64_t v : sizes) total += v;
   if (total != shape[d]) {
