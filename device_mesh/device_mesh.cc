@@ -14,8 +14,10 @@
 namespace dtensor {
 namespace {
 
-[[noreturn]] void fail(const std::string& what) {
-  throw Error("DeviceMesh: " + what);
+// dtensor::fail with the class name in front.
+template <typename... Args>
+[[noreturn]] void fail_mesh(const Args&... parts) {
+  fail("DeviceMesh: ", parts...);
 }
 
 }  // namespace
@@ -25,33 +27,33 @@ DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<int64_t> ranks,
   auto impl = std::make_shared<Impl>();
   int64_t numel = 1;
   for (int64_t s : shape) {
-    if (s <= 0) fail("mesh shape (" + absl::StrJoin(shape, ",") + ") has a size <= 0; every dim needs a rank");
+    if (s <= 0) fail_mesh("mesh shape (" + absl::StrJoin(shape, ",") + ") has a size <= 0; every dim needs a rank");
     if (__builtin_mul_overflow(numel, s, &numel) || numel > kMaxRanks) {
-      fail("mesh shape (" + absl::StrJoin(shape, ",") + ") has more than " + std::to_string(kMaxRanks) +
+      fail_mesh("mesh shape (" + absl::StrJoin(shape, ",") + ") has more than " + std::to_string(kMaxRanks) +
            " ranks");
     }
   }
   if (numel != static_cast<int64_t>(ranks.size())) {
-    fail("mesh shape (" + absl::StrJoin(shape, ",") + ") holds " + std::to_string(numel) + " ranks but " +
+    fail_mesh("mesh shape (" + absl::StrJoin(shape, ",") + ") holds " + std::to_string(numel) + " ranks but " +
          std::to_string(ranks.size()) + " were given: [" + absl::StrJoin(ranks, ",") + "]");
   }
   std::unordered_set<int64_t> seen;
   for (int64_t r : ranks) {
-    if (r < 0) fail("rank " + std::to_string(r) + " is negative in [" + absl::StrJoin(ranks, ",") + "]");
+    if (r < 0) fail_mesh("rank " + std::to_string(r) + " is negative in [" + absl::StrJoin(ranks, ",") + "]");
     if (!seen.insert(r).second) {
-      fail("rank " + std::to_string(r) + " appears twice in [" + absl::StrJoin(ranks, ",") + "]");
+      fail_mesh("rank " + std::to_string(r) + " appears twice in [" + absl::StrJoin(ranks, ",") + "]");
     }
   }
   if (!dim_names.empty()) {
     if (dim_names.size() != shape.size()) {
-      fail("mesh has " + std::to_string(shape.size()) + " dims but " +
+      fail_mesh("mesh has " + std::to_string(shape.size()) + " dims but " +
            std::to_string(dim_names.size()) + " dim names were given: (" + absl::StrJoin(dim_names, ",") + ")");
     }
     std::unordered_set<std::string> names;
     for (const auto& n : dim_names) {
-      if (n.empty()) fail("dim names must not be empty: (" + absl::StrJoin(dim_names, ",") + ")");
+      if (n.empty()) fail_mesh("dim names must not be empty: (" + absl::StrJoin(dim_names, ",") + ")");
       if (!names.insert(n).second) {
-        fail("dim name '" + n + "' appears twice in (" + absl::StrJoin(dim_names, ",") + ")");
+        fail_mesh("dim name '" + n + "' appears twice in (" + absl::StrJoin(dim_names, ",") + ")");
       }
     }
   }
@@ -81,7 +83,7 @@ DeviceMesh DeviceMesh::arange(std::vector<int64_t> shape, std::vector<std::strin
 int64_t DeviceMesh::normalize_dim(int64_t dim) const {
   const int64_t n = ndim();
   if (dim < -n || dim >= n) {
-    fail("dim " + std::to_string(dim) + " is out of range for a " + std::to_string(n) +
+    fail_mesh("dim " + std::to_string(dim) + " is out of range for a " + std::to_string(n) +
          "-D mesh (" + absl::StrJoin(shape(), ",") + ")");
   }
   return dim < 0 ? dim + n : dim;
@@ -93,7 +95,7 @@ int64_t DeviceMesh::dim_index(const std::string& name) const {
   const auto& names = impl_->dim_names;
   const auto it = std::find(names.begin(), names.end(), name);
   if (it == names.end()) {
-    fail("no dim named '" + name + "'; the mesh has " +
+    fail_mesh("no dim named '" + name + "'; the mesh has " +
          (names.empty() ? std::string("no dim names") : "dims (" + absl::StrJoin(names, ",") + ")"));
   }
   return it - names.begin();
@@ -114,13 +116,13 @@ std::optional<std::vector<int64_t>> DeviceMesh::coordinate(int64_t rank) const {
 
 int64_t DeviceMesh::rank_at(const std::vector<int64_t>& coordinate) const {
   if (coordinate.size() != impl_->shape.size()) {
-    fail("coordinate (" + absl::StrJoin(coordinate, ",") + ") has " + std::to_string(coordinate.size()) +
+    fail_mesh("coordinate (" + absl::StrJoin(coordinate, ",") + ") has " + std::to_string(coordinate.size()) +
          " entries for a " + std::to_string(ndim()) + "-D mesh");
   }
   int64_t flat = 0;
   for (size_t d = 0; d < coordinate.size(); ++d) {
     if (coordinate[d] < 0 || coordinate[d] >= impl_->shape[d]) {
-      fail("coordinate (" + absl::StrJoin(coordinate, ",") + ") is outside mesh shape (" + absl::StrJoin(shape(), ",") + ")");
+      fail_mesh("coordinate (" + absl::StrJoin(coordinate, ",") + ") is outside mesh shape (" + absl::StrJoin(shape(), ",") + ")");
     }
     flat += coordinate[d] * impl_->strides[d];
   }
@@ -143,12 +145,12 @@ DeviceMesh DeviceMesh::submesh_dims(const std::vector<int64_t>& dims_in, int64_t
   for (int64_t d : dims_in) {
     const int64_t nd = normalize_dim(d);
     if (std::find(dims.begin(), dims.end(), nd) != dims.end()) {
-      fail("sub-mesh names dim " + dim_label(nd) + " twice");
+      fail_mesh("sub-mesh names dim " + dim_label(nd) + " twice");
     }
     dims.push_back(nd);
   }
   auto coord = coordinate(rank);
-  if (!coord) fail("rank " + std::to_string(rank) + " is not in " + to_string());
+  if (!coord) fail_mesh("rank " + std::to_string(rank) + " is not in " + to_string());
   std::vector<int64_t> sub_shape, sub_ranks;
   std::vector<std::string> sub_names;
   for (int64_t d : dims) {
@@ -176,15 +178,15 @@ DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& names, std::strin
 }
 
 DeviceMesh DeviceMesh::flatten_dims(const std::vector<int64_t>& dims_in, std::string name) const {
-  if (dims_in.empty()) fail("flatten needs at least one dim");
+  if (dims_in.empty()) fail_mesh("flatten needs at least one dim");
   if (!name.empty() && !has_dim_names()) {
-    fail("cannot name the flattened dim '" + name + "': " + to_string() + " has no dim names");
+    fail_mesh("cannot name the flattened dim '" + name + "': " + to_string() + " has no dim names");
   }
   std::vector<int64_t> merged;
   for (int64_t d : dims_in) {
     const int64_t nd = normalize_dim(d);
     if (std::find(merged.begin(), merged.end(), nd) != merged.end()) {
-      fail("flatten names dim " + dim_label(nd) + " twice");
+      fail_mesh("flatten names dim " + dim_label(nd) + " twice");
     }
     merged.push_back(nd);
   }
@@ -211,7 +213,7 @@ DeviceMesh DeviceMesh::flatten_dims(const std::vector<int64_t>& dims_in, std::st
     } else if (std::find(merged.begin(), merged.end(), d) == merged.end()) {
       new_shape.push_back(impl_->shape[d]);
       if (has_dim_names()) {
-        if (impl_->dim_names[d] == name) fail("flattened dim name '" + name + "' already exists");
+        if (impl_->dim_names[d] == name) fail_mesh("flattened dim name '" + name + "' already exists");
         new_names.push_back(impl_->dim_names[d]);
       }
     }
@@ -236,7 +238,7 @@ DeviceMesh DeviceMesh::flatten_dims(const std::vector<int64_t>& dims_in, std::st
 std::vector<int64_t> DeviceMesh::group_ranks(int64_t dim, int64_t rank) const {
   const int64_t d = normalize_dim(dim);
   auto coord = coordinate(rank);
-  if (!coord) fail("rank " + std::to_string(rank) + " is not in " + to_string());
+  if (!coord) fail_mesh("rank " + std::to_string(rank) + " is not in " + to_string());
   std::vector<int64_t> out;
   out.reserve(impl_->shape[d]);
   for (int64_t i = 0; i < impl_->shape[d]; ++i) {

@@ -40,8 +40,10 @@ size_t hash_of(const Data& d) {
   return h;
 }
 
-[[noreturn]] void fail(const std::string& what) {
-  throw Error("DTensorSpec: " + what);
+// dtensor::fail with the class name in front.
+template <typename... Args>
+[[noreturn]] void fail_spec(const Args&... parts) {
+  fail("DTensorSpec: ", parts...);
 }
 
 // Fills `data.shard_order` from the placements, checking a user-given order against them.
@@ -54,14 +56,14 @@ void canonicalise_order(Data& data, const ShardOrder& given) {
   data.default_order = true;
   if (!given.empty()) {
     if (static_cast<int64_t>(given.size()) != ndim) {
-      fail("shard order has " + std::to_string(given.size()) + " entries for a " +
+      fail_spec("shard order has " + std::to_string(given.size()) + " entries for a " +
            std::to_string(ndim) + "-D tensor");
     }
     for (int64_t d = 0; d < ndim; ++d) {
       std::vector<int64_t> sorted = given[d];
       std::sort(sorted.begin(), sorted.end());
       if (sorted != order[d]) {
-        fail("shard order for tensor dim " + std::to_string(d) +
+        fail_spec("shard order for tensor dim " + std::to_string(d) +
              " must list exactly the mesh dims that shard it under " + to_string(data.placements));
       }
       if (given[d] != order[d]) data.default_order = false;
@@ -76,7 +78,7 @@ void canonicalise_order(Data& data, const ShardOrder& given) {
 DTensorSpec DTensorSpec::make(const DeviceMesh& mesh, const Placements& placements,
                               const TensorMeta& meta, const ShardOrder& shard_order) {
   if (static_cast<int64_t>(placements.size()) != mesh.ndim()) {
-    fail(std::to_string(placements.size()) + " placements " + dtensor::to_string(placements) +
+    fail_spec(std::to_string(placements.size()) + " placements " + dtensor::to_string(placements) +
          " for a " + std::to_string(mesh.ndim()) + "-D mesh; give one placement per mesh dim");
   }
   Data data{mesh, placements, TensorMeta::make(meta.shape, meta.dtype, meta.stride), {}, true,
@@ -84,7 +86,7 @@ DTensorSpec DTensorSpec::make(const DeviceMesh& mesh, const Placements& placemen
   for (Placement& p : data.placements) {
     if (p.is_partial() && is_bitwise(p.reduce_op()) &&
         !c10::isIntegralType(meta.dtype, /*includeBool=*/true)) {
-      fail(p.to_string() + " needs an integer or bool tensor, not " +
+      fail_spec(p.to_string() + " needs an integer or bool tensor, not " +
            std::string(c10::toString(meta.dtype)));
     }
     if (p.is_shard()) {

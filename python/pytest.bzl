@@ -2,7 +2,11 @@
 
 def pytest_test(name, test, srcs = [], data = [], launches_ranks = False, **kwargs):
     """`test` is the test file. launches_ranks: the test starts processes with ./x launch's
-    launcher (LAUNCH_PY) and must not share the machine with other tests (tag exclusive)."""
+    launcher (LAUNCH_PY) and must not share the machine with other tests (tag exclusive).
+
+    The test imports the package from its runfiles: :dtensor_engine's `imports = ["."]` puts
+    <runfiles>/<workspace>/python on sys.path, where dtensor/_C.so lies beside the .py files (the
+    layout `./x pythonpath` stages in out/python). Nothing looks into bazel-bin."""
     env = {}
     tags = kwargs.pop("tags", [])
     if launches_ranks:

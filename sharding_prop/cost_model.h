@@ -1,7 +1,7 @@
 #pragma once
 // NOTE [one cost model]
 // The one function that prices communication, used by the redistribute planner to choose among
-// plans and (later) by the sharding propagator to choose among strategies, so the two never
+// plans and by the sharding propagator to choose among strategies, so the two never
 // disagree (PyTorch's do: issues 157585, 169439). A step costs
 //     latency (once per collective over more than one rank) + bus bytes / bandwidth
 // where bus bytes follow nccl-tests' definitions for the data one rank moves:

@@ -24,20 +24,26 @@ namespace {
 
 using namespace builders;  // NOLINT: the table names the family builders
 
-std::vector<OpEntry> build_table() {
-  const auto lin = Linearity::kNone;
-  std::vector<OpEntry> t;
-  // add(name, family, layout args, rule builder[, the arg that is the local output shape]
-  //     [, how it executes]): one entry, everything about the overload (NOTE [one entry per op]).
-  auto add = [&](std::string name, std::string family, std::vector<LayoutArg> args, RuleBuilder b,
-                 LocalShapeArg shape = {}, Execution execution = Execution::kPieces) {
+// add(name, family, layout args, rule builder[, the arg that is the local output shape]
+//     [, how it executes]): one entry, everything about the overload (NOTE [one entry per op]).
+struct Adder {
+  std::vector<OpEntry> entries;
+  void operator()(std::string name, std::string family, std::vector<LayoutArg> args, RuleBuilder b,
+                  LocalShapeArg shape = {}, Execution execution = Execution::kPieces) {
     const bool in_place =
         name.find("_.") != std::string::npos || (name.size() > 1 && name.back() == '_');
-    t.push_back({std::move(name), std::move(family), std::move(args), in_place, std::move(b),
-                 std::move(shape), execution});
-  };
-  const LocalShapeArg same_shape;  // no shape argument
-  const auto random = Execution::kRandom;
+    entries.push_back({std::move(name), std::move(family), std::move(args), in_place,
+                       std::move(b), std::move(shape), execution});
+  }
+};
+
+constexpr Linearity lin = Linearity::kNone;
+const LocalShapeArg same_shape;  // no shape argument
+constexpr Execution random_draw = Execution::kRandom;
+// Reductions: keepdim, then the reduced dims (none: every dim).
+std::vector<LayoutArg> reduce_args() { return {int_arg("keepdim"), ints_arg("dim")}; }
+
+void add_unary_pointwise(Adder& add) {
   // Unary pointwise (functional, in-place, out).
   for (const char* op :
        {"abs",  "exp",    "log",         "sqrt",        "rsqrt", "tanh",  "sigmoid",
@@ -70,6 +76,9 @@ std::vector<OpEntry> build_table() {
   add("aten::masked_fill.Scalar", "pointwise", {}, pointwise(2, lin));
   add("aten::masked_fill_.Scalar", "pointwise", {}, pointwise(2, lin));
   add("aten::where.self", "pointwise", {}, where_rule);
+}
+
+void add_binary_pointwise(Adder& add) {
   // Binary pointwise.
   for (const char* op : {"add.Tensor", "sub.Tensor"}) {
     for (const char* v : {"", "_"}) {
@@ -107,32 +116,33 @@ std::vector<OpEntry> build_table() {
     add(base + "addcdiv" + v, "pointwise", {}, pointwise(3, lin));
     add(base + "lerp" + v + ".Scalar", "pointwise", {}, pointwise(2, lin));
   }
-  // Reductions: keepdim, then the reduced dims (none: every dim).
-  const std::vector<LayoutArg> kReduceArgs = {int_arg("keepdim"), ints_arg("dim")};
+}
+
+void add_reductions(Adder& add) {
   
   add("aten::sum", "reduction", {}, reduction(ReduceOp::kSum, false, Linearity::kAdditive));
-  add("aten::sum.dim_IntList", "reduction", kReduceArgs,
+  add("aten::sum.dim_IntList", "reduction", reduce_args(),
       reduction(ReduceOp::kSum, false, Linearity::kAdditive));
   add("aten::mean", "reduction", {}, reduction(ReduceOp::kAvg, false, Linearity::kAdditive));
-  add("aten::mean.dim", "reduction", kReduceArgs, reduction(ReduceOp::kAvg, false, Linearity::kAdditive));
+  add("aten::mean.dim", "reduction", reduce_args(), reduction(ReduceOp::kAvg, false, Linearity::kAdditive));
   add("aten::prod", "reduction", {}, reduction(ReduceOp::kProduct, false, lin));
-  add("aten::prod.dim_int", "reduction", kReduceArgs, reduction(ReduceOp::kProduct, false, lin));
-  add("aten::amax", "reduction", kReduceArgs, reduction(ReduceOp::kMax, false, lin));
-  add("aten::amin", "reduction", kReduceArgs, reduction(ReduceOp::kMin, false, lin));
+  add("aten::prod.dim_int", "reduction", reduce_args(), reduction(ReduceOp::kProduct, false, lin));
+  add("aten::amax", "reduction", reduce_args(), reduction(ReduceOp::kMax, false, lin));
+  add("aten::amin", "reduction", reduce_args(), reduction(ReduceOp::kMin, false, lin));
   add("aten::max", "reduction", {}, reduction(ReduceOp::kMax, false, lin));
   add("aten::min", "reduction", {}, reduction(ReduceOp::kMin, false, lin));
-  add("aten::max.dim", "reduction", kReduceArgs, reduction(ReduceOp::kMax, true, lin, -1, 2));
-  add("aten::min.dim", "reduction", kReduceArgs, reduction(ReduceOp::kMin, true, lin, -1, 2));
-  add("aten::argmax", "reduction", kReduceArgs,
+  add("aten::max.dim", "reduction", reduce_args(), reduction(ReduceOp::kMax, true, lin, -1, 2));
+  add("aten::min.dim", "reduction", reduce_args(), reduction(ReduceOp::kMin, true, lin, -1, 2));
+  add("aten::argmax", "reduction", reduce_args(),
       reduction(ReduceOp::kMax, true, lin, static_cast<int>(c10::kLong)));
-  add("aten::argmin", "reduction", kReduceArgs,
+  add("aten::argmin", "reduction", reduce_args(),
       reduction(ReduceOp::kMin, true, lin, static_cast<int>(c10::kLong)));
-  add("aten::var.correction", "reduction", kReduceArgs, reduction(ReduceOp::kSum, true, lin));
-  add("aten::std.correction", "reduction", kReduceArgs, reduction(ReduceOp::kSum, true, lin));
-  add("aten::linalg_vector_norm", "reduction", kReduceArgs, reduction(ReduceOp::kSum, true, lin));
-  add("aten::any.dim", "reduction", kReduceArgs,
+  add("aten::var.correction", "reduction", reduce_args(), reduction(ReduceOp::kSum, true, lin));
+  add("aten::std.correction", "reduction", reduce_args(), reduction(ReduceOp::kSum, true, lin));
+  add("aten::linalg_vector_norm", "reduction", reduce_args(), reduction(ReduceOp::kSum, true, lin));
+  add("aten::any.dim", "reduction", reduce_args(),
       reduction(ReduceOp::kMax, true, lin, static_cast<int>(c10::kBool)));
-  add("aten::all.dim", "reduction", kReduceArgs,
+  add("aten::all.dim", "reduction", reduce_args(),
       reduction(ReduceOp::kMin, true, lin, static_cast<int>(c10::kBool)));
   add("aten::any", "reduction", {},
       reduction(ReduceOp::kMax, true, lin, static_cast<int>(c10::kBool)));
@@ -143,6 +153,9 @@ std::vector<OpEntry> build_table() {
   add("aten::_log_softmax", "softmax", {int_arg("dim")}, softmax(1));
   add("aten::_softmax_backward_data", "softmax", {int_arg("dim")}, softmax(2));
   add("aten::_log_softmax_backward_data", "softmax", {int_arg("dim")}, softmax(2));
+}
+
+void add_matmul(Adder& add) {
   // Matmul family.
   add("aten::mm", "matmul", {}, mm_rule);
   add("aten::bmm", "matmul", {}, bmm_rule);
@@ -152,6 +165,9 @@ std::vector<OpEntry> build_table() {
   add("aten::linear", "matmul", {}, linear_rule_of);
   add("aten::einsum", "matmul", {text_arg("equation")}, einsum_rule);
   add("aten::t", "view", {}, t_rule);
+}
+
+void add_views(Adder& add) {
   // Views and shape ops.
   add("aten::view", "view", {ints_arg("size")}, view_rule, local_shape("size"));
   add("aten::reshape", "view", {ints_arg("shape")}, view_rule, local_shape("shape"));
@@ -180,6 +196,9 @@ std::vector<OpEntry> build_table() {
       {int_arg("dim"), int_arg("keepdim"), ints_arg("sizes")}, value_selecting_backward_of,
       local_shape("sizes"));
   add("aten::gather", "index", {int_arg("dim")}, gather_of);
+}
+
+void add_nn(Adder& add) {
   add("aten::embedding", "embedding", {}, embedding_of, same_shape, Execution::kMaskedEmbedding);
   add("aten::embedding_dense_backward", "embedding", {int_arg("num_weights")}, embedding_backward_of, local_shape("num_weights", LocalShapeArg::Kind::kFirstSize));
   add("aten::native_layer_norm", "norm", {count_arg("normalized_shape")}, layer_norm_of);
@@ -189,6 +208,9 @@ std::vector<OpEntry> build_table() {
   add("aten::nll_loss_backward", "loss", {int_arg("reduction")}, nll_loss_backward_of);
   add("aten::_scaled_dot_product_attention", "attention", {}, sdpa_of);
   add("aten::_scaled_dot_product_attention_math", "attention", {}, sdpa_of);
+}
+
+void add_random_and_factories(Adder& add) {
   add("aten::native_dropout", "pointwise", {}, dropout_of, same_shape, Execution::kDropout);
   add("aten::native_dropout_backward", "pointwise", {}, pointwise(2, lin));
   for (const char* op :
@@ -198,13 +220,13 @@ std::vector<OpEntry> build_table() {
   for (const char* op :
        {"rand_like", "randn_like", "randint_like", "randint_like.low_dtype"}) {
     add(std::string("aten::") + op, "factory", {}, pointwise(1, Linearity::kShapeOnly),
-        same_shape, random);
+        same_shape, random_draw);
   }
-  add("aten::bernoulli.p", "random", {}, pointwise(1, Linearity::kShapeOnly), same_shape, random);
+  add("aten::bernoulli.p", "random", {}, pointwise(1, Linearity::kShapeOnly), same_shape, random_draw);
   // In-place random fills: self keeps its layout (a Partial self is refused).
   for (const char* op : {"uniform_", "normal_", "bernoulli_.float", "random_", "random_.from",
                          "random_.to", "exponential_"}) {
-    add(std::string("aten::") + op, "random", {}, pointwise(1, lin), same_shape, random);
+    add(std::string("aten::") + op, "random", {}, pointwise(1, lin), same_shape, random_draw);
   }
   for (const char* op : {"new_zeros", "new_ones", "new_empty", "new_full"}) {
     add(std::string("aten::") + op, "factory", {ints_arg("size")}, new_factory_of,
@@ -217,18 +239,34 @@ std::vector<OpEntry> build_table() {
   // item(): every rank reads the whole value; there is no layout to propagate.
   add("aten::_local_scalar_dense", "scalar", {}, no_rule("item() reads the whole value"),
       same_shape, Execution::kReplicateFirst);
+}
+
+void add_out_overloads(Adder& add) {
   // `.out` overloads of the common non-pointwise ops (the out tensor is not an input).
   add("aten::mm.out", "matmul", {}, mm_rule);
   add("aten::bmm.out", "matmul", {}, bmm_rule);
   add("aten::addmm.out", "matmul", {}, addmm_rule_of);
-  add("aten::sum.IntList_out", "reduction", kReduceArgs,
+  add("aten::sum.IntList_out", "reduction", reduce_args(),
       reduction(ReduceOp::kSum, false, Linearity::kAdditive));
-  add("aten::mean.out", "reduction", kReduceArgs, reduction(ReduceOp::kAvg, false, Linearity::kAdditive));
+  add("aten::mean.out", "reduction", reduce_args(), reduction(ReduceOp::kAvg, false, Linearity::kAdditive));
   add("aten::cat.out", "cat", {int_arg("dim")}, concat(false));
   add("aten::cat", "cat", {int_arg("dim")}, concat(false));
   add("aten::stack", "cat", {int_arg("dim")}, concat(true));
+}
+
+std::vector<OpEntry> build_table() {
+  Adder add;
+  add_unary_pointwise(add);
+  add_binary_pointwise(add);
+  add_reductions(add);
+  add_matmul(add);
+  add_views(add);
+  add_nn(add);
+  add_random_and_factories(add);
+  add_out_overloads(add);
+  std::vector<OpEntry>& t = add.entries;
   std::sort(t.begin(), t.end(), [](const OpEntry& a, const OpEntry& b) { return a.name < b.name; });
-  return t;
+  return std::move(t);
 }
 
 struct Table {

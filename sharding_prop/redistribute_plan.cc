@@ -351,118 +351,163 @@ PlanStep price_step(const DTensorSpec& x, int64_t m, Placement to, const CostMod
   return step;
 }
 
+namespace {
+
+// The A* search of compute_plan over layouts (NOTE [redistribute planning]), one node a layout.
+class PlanSearch {
+ public:
+  PlanSearch(const DTensorSpec& src, const DTensorSpec& dst, const PlanOptions& options,
+             const CostModel& model)
+      : src_(src),
+        dst_(dst),
+        options_(options),
+        model_(model),
+        mesh_(src.mesh()),
+        latency_(model.step_cost(CommKind::kAllReduce, 2, 0)),
+        exchange_(exchange_context(dst)) {
+    // Tensor dims worth sharding along the way: those sharded at either end (a detour through
+    // another dim never moves less data).
+    for (const auto& x : {src, dst}) {
+      for (const Placement& p : x.placements()) {
+        if (p.is_shard()) dims_.insert(p.dim());
+      }
+    }
+  }
+
+  // The cheapest steps from src to dst, in order.
+  std::vector<PlanStep> run() {
+    nodes_.push_back(Node{src_, 0.0, -1, {}});
+    index_.emplace(src_, 0);
+    queue_.emplace(0.0, pushes_++, 0);
+    while (!queue_.empty()) {
+      const auto [priority, order, at] = queue_.top();
+      queue_.pop();
+      if (nodes_[at].done || priority > nodes_[at].cost + remaining(nodes_[at].spec)) continue;
+      nodes_[at].done = true;
+      const DTensorSpec x = nodes_[at].spec;
+      finished_.insert(layout_key(x, -1, Placement()));
+      if (x == dst_) break;
+      expand_single_dim_steps(at, x);
+      expand_exchange(at, x);
+    }
+    return path();
+  }
+
+ private:
+  // A consistent lower bound on the cost still to pay: each Partial that must go needs its own
+  // collective (all_reduce or reduce_scatter on its mesh dim), and a Shard that must change
+  // needs at least one collective; anything else may be free. Mesh dims of size 1 cost nothing.
+  // The search stays exact (the bound never exceeds a true remaining cost, and drops by at most
+  // one step's cost per step) and explores far fewer layouts.
+  double remaining(const DTensorSpec& x) const {
+    int64_t partials = 0;
+    bool shard_moves = false;
+    for (int64_t m = 0; m < mesh_.ndim(); ++m) {
+      const Placement p = x.placement(m);
+      if (mesh_.shape()[m] == 1 || p == dst_.placement(m)) continue;
+      if (p.is_partial()) ++partials;
+      if (p.is_shard()) shard_moves = true;
+    }
+    return latency_ * static_cast<double>(std::max<int64_t>(partials, shard_moves ? 1 : 0));
+  }
+
+  void relax(int64_t from, PlanStep step) {
+    const double cost = nodes_[from].cost + step.cost;
+    const DTensorSpec to = step.after;
+    auto it = index_.find(to);
+    if (it != index_.end()) {
+      Node& n = nodes_[it->second];
+      if (n.done || cost >= n.cost) return;
+      n.cost = cost;
+      n.parent = from;
+      n.via = {std::move(step)};
+      queue_.emplace(cost + remaining(to), pushes_++, it->second);
+      return;
+    }
+    index_.emplace(to, static_cast<int64_t>(nodes_.size()));
+    nodes_.push_back(Node{to, cost, from, {std::move(step)}});
+    queue_.emplace(cost + remaining(to), pushes_++, static_cast<int64_t>(nodes_.size()) - 1);
+  }
+
+  void edge(int64_t from, const DTensorSpec& x, int64_t m, Placement to) {
+    if (finished_.count(layout_key(x, m, to)) > 0) return;  // no cheaper way into a done node
+    relax(from, price_step(x, m, to, model_));
+  }
+
+  // Steps on one mesh dim (the table of NOTE [redistribute planning]).
+  void expand_single_dim_steps(int64_t at, const DTensorSpec& x) {
+    for (int64_t m = 0; m < mesh_.ndim(); ++m) {
+      const Placement p = x.placement(m);
+      if (p.is_shard()) {
+        if (!is_innermost(x, p.dim(), m)) continue;
+        edge(at, x, m, Replicate());
+        for (int64_t e : dims_) {
+          if (e != p.dim()) edge(at, x, m, Shard(e));
+        }
+      } else if (p.is_replicate()) {
+        for (int64_t e : dims_) edge(at, x, m, Shard(e));
+        if (options_.allow_partial && dst_.placement(m).is_partial()) {
+          edge(at, x, m, dst_.placement(m));
+        }
+      } else {  // Partial
+        edge(at, x, m, Replicate());
+        for (int64_t e : dims_) edge(at, x, m, Shard(e));
+      }
+    }
+  }
+
+  // The one multi-dim step: all_to_all_v straight to dst over the mesh dims that differ.
+  void expand_exchange(int64_t at, const DTensorSpec& x) {
+    const auto g = exchange_dims(x, dst_);
+    if (g.empty()) return;
+    const ExchangePrice price = price_exchange(x, exchange_, g);
+    if (!price.ok) return;
+    int64_t group = 1;
+    for (int64_t m : g) group *= mesh_.shape()[m];
+    PlanStep step{CommKind::kAllToAllV, g, x.placement(g[0]), dst_.placement(g[0]), x, dst_};
+    step.bytes = price.recv_bytes;
+    step.cost = model_.step_cost(CommKind::kAllToAllV, group, price.recv_bytes) +
+                model_.step_cost(CommKind::kLocalChunk, 1, price.copy_bytes);
+    relax(at, std::move(step));
+  }
+
+  std::vector<PlanStep> path() const {
+    auto it = index_.find(dst_);
+    TORCH_INTERNAL_ASSERT(it != index_.end() && nodes_[it->second].done,
+                          "redistribute planner found no plan from ", src_.to_string(), " to ",
+                          dst_.to_string(), " (every allowed move has one)");
+    std::vector<PlanStep> steps;
+    for (int64_t i = it->second; nodes_[i].parent >= 0; i = nodes_[i].parent) {
+      steps.push_back(nodes_[i].via.at(0));
+    }
+    std::reverse(steps.begin(), steps.end());
+    return steps;
+  }
+
+  using Item = std::tuple<double, int64_t, int64_t>;  // cost, push order, node
+  const DTensorSpec& src_;
+  const DTensorSpec& dst_;
+  const PlanOptions& options_;
+  const CostModel& model_;
+  const DeviceMesh& mesh_;
+  const double latency_;
+  const ExchangeContext exchange_;
+  std::set<int64_t> dims_;
+  std::vector<Node> nodes_;
+  std::unordered_map<DTensorSpec, int64_t> index_;
+  std::priority_queue<Item, std::vector<Item>, std::greater<Item>> queue_;
+  int64_t pushes_ = 0;
+  std::unordered_set<std::string> finished_;  // layout_key of every done node
+};
+
+}  // namespace
+
 RedistributePlan compute_plan(DTensorSpec src, DTensorSpec dst, const PlanOptions& options,
                               const CostModel& model) {
   if (auto why = plan_refusal(src, dst, options)) fail(*why);
   RedistributePlan plan{src, dst, {}, 0.0};
   if (src == dst) return plan;
-
-  // Tensor dims worth sharding along the way: those sharded at either end (a detour through
-  // another dim never moves less data).
-  std::set<int64_t> dims;
-  for (const auto& s : {src, dst}) {
-    for (const Placement& p : s.placements()) {
-      if (p.is_shard()) dims.insert(p.dim());
-    }
-  }
-  const DeviceMesh& mesh = src.mesh();
-
-  std::vector<Node> nodes;
-  std::unordered_map<DTensorSpec, int64_t> index;
-  using Item = std::tuple<double, int64_t, int64_t>;  // cost, push order, node
-  std::priority_queue<Item, std::vector<Item>, std::greater<Item>> queue;
-  int64_t pushes = 0;
-  // A* with a consistent lower bound on the cost still to pay: each Partial that must go needs
-  // its own collective (all_reduce or reduce_scatter on its mesh dim), and a Shard that must
-  // change needs at least one collective; anything else may be free. Mesh dims of size 1 cost
-  // nothing. The search stays exact (the bound never exceeds a true remaining cost, and drops by
-  // at most one step's cost per step) and explores far fewer layouts.
-  const double latency = model.step_cost(CommKind::kAllReduce, 2, 0);
-  auto remaining = [&](const DTensorSpec& x) {
-    int64_t partials = 0;
-    bool shard_moves = false;
-    for (int64_t m = 0; m < mesh.ndim(); ++m) {
-      const Placement p = x.placement(m);
-      if (mesh.shape()[m] == 1 || p == dst.placement(m)) continue;
-      if (p.is_partial()) ++partials;
-      if (p.is_shard()) shard_moves = true;
-    }
-    return latency * static_cast<double>(std::max<int64_t>(partials, shard_moves ? 1 : 0));
-  };
-  auto relax = [&](int64_t from, PlanStep step) {
-    const double cost = nodes[from].cost + step.cost;
-    const DTensorSpec to = step.after;
-    auto it = index.find(to);
-    if (it != index.end()) {
-      Node& n = nodes[it->second];
-      if (n.done || cost >= n.cost) return;
-      n.cost = cost;
-      n.parent = from;
-      n.via = {std::move(step)};
-      queue.emplace(cost + remaining(to), pushes++, it->second);
-      return;
-    }
-    index.emplace(to, static_cast<int64_t>(nodes.size()));
-    nodes.push_back(Node{to, cost, from, {std::move(step)}});
-    queue.emplace(cost + remaining(to), pushes++, static_cast<int64_t>(nodes.size()) - 1);
-  };
-  std::unordered_set<std::string> finished;  // layout_key of every done node
-  auto edge = [&](int64_t from, const DTensorSpec& x, int64_t m, Placement to) {
-    if (finished.count(layout_key(x, m, to)) > 0) return;  // no cheaper way into a done node
-    relax(from, price_step(x, m, to, model));
-  };
-  const ExchangeContext exchange = exchange_context(dst);
-  nodes.push_back(Node{src, 0.0, -1, {}});
-  index.emplace(src, 0);
-  queue.emplace(0.0, pushes++, 0);
-  while (!queue.empty()) {
-    const auto [priority, order, at] = queue.top();
-    queue.pop();
-    if (nodes[at].done || priority > nodes[at].cost + remaining(nodes[at].spec)) continue;
-    nodes[at].done = true;
-    const DTensorSpec x = nodes[at].spec;
-    finished.insert(layout_key(x, -1, Placement()));
-    if (x == dst) break;
-    for (int64_t m = 0; m < mesh.ndim(); ++m) {
-      const Placement p = x.placement(m);
-      if (p.is_shard()) {
-        if (!is_innermost(x, p.dim(), m)) continue;
-        edge(at, x, m, Replicate());
-        for (int64_t e : dims) {
-          if (e != p.dim()) edge(at, x, m, Shard(e));
-        }
-      } else if (p.is_replicate()) {
-        for (int64_t e : dims) edge(at, x, m, Shard(e));
-        if (options.allow_partial && dst.placement(m).is_partial()) {
-          edge(at, x, m, dst.placement(m));
-        }
-      } else {  // Partial
-        edge(at, x, m, Replicate());
-        for (int64_t e : dims) edge(at, x, m, Shard(e));
-      }
-    }
-    const auto g = exchange_dims(x, dst);
-    if (!g.empty()) {
-      const ExchangePrice price = price_exchange(x, exchange, g);
-      if (price.ok) {
-        int64_t group = 1;
-        for (int64_t m : g) group *= mesh.shape()[m];
-        PlanStep step{CommKind::kAllToAllV, g, x.placement(g[0]), dst.placement(g[0]), x, dst};
-        step.bytes = price.recv_bytes;
-        step.cost = model.step_cost(CommKind::kAllToAllV, group, price.recv_bytes) +
-                    model.step_cost(CommKind::kLocalChunk, 1, price.copy_bytes);
-        relax(at, std::move(step));
-      }
-    }
-  }
-  auto it = index.find(dst);
-  TORCH_INTERNAL_ASSERT(it != index.end() && nodes[it->second].done,
-                        "redistribute planner found no plan from ", src.to_string(), " to ",
-                        dst.to_string(), " (every allowed move has one)");
-  for (int64_t i = it->second; nodes[i].parent >= 0; i = nodes[i].parent) {
-    plan.steps.push_back(nodes[i].via.at(0));
-  }
-  std::reverse(plan.steps.begin(), plan.steps.end());
+  plan.steps = PlanSearch(src, dst, options, model).run();
   for (const PlanStep& s : plan.steps) plan.cost += s.cost;
   return plan;
 }

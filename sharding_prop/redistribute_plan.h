@@ -4,7 +4,7 @@
 // (redistribute.h) runs a plan with the functional collectives.
 //
 // NOTE [redistribute planning]
-// The planner searches the layouts between source and target (Dijkstra, deterministic) with one
+// The planner searches the layouts between source and target (A*, exact, deterministic) with one
 // step per edge, priced by the one cost model (cost_model.h). Steps on one mesh dim m:
 //   S(d) -> R     all_gather       m must be the last (innermost) mesh dim splitting d
 //   S(d) -> S(e)  all_to_all       same condition; m becomes the innermost splitter of e

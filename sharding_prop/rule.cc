@@ -1,6 +1,8 @@
 #include "sharding_prop/rule.h"
 
+#include <absl/strings/ascii.h>
 #include <absl/strings/str_join.h>
+#include <absl/strings/str_split.h>
 #include <ATen/ceil_div.h>
 
 #include <algorithm>
@@ -12,7 +14,6 @@
 namespace dtensor::sharding {
 namespace {
 
-[[noreturn]] void fail(const std::string& what) { throw Error(what); }
 
 std::string shape_text(const std::vector<int64_t>& s) { return "[" + absl::StrJoin(s, ",") + "]"; }
 
@@ -117,84 +118,44 @@ std::string Rule::to_string() const {
   return s;
 }
 
-Rule parse_rule(std::string_view text, const std::vector<std::vector<int64_t>>& shapes,
-                Linearity linearity) {
-  std::string body(text), notes;
-  if (const size_t bar = body.find('|'); bar != std::string::npos) {
-    notes = body.substr(bar + 1);
-    body = body.substr(0, bar);
+namespace {
+
+// The factors of one input of a text rule: a letter per dim, new letters become factors (pass
+// when the output has them, contract otherwise), known letters must keep their size.
+TensorFactors parse_input(std::string_view text, const std::string& letters, size_t i,
+                          const std::vector<int64_t>& shape, const std::string& out, Rule& rule,
+                          std::map<char, int>& factor_of) {
+  if (letters.size() != shape.size()) {
+    fail("rule '", text, "': input ", i, " '", letters, "' has ", letters.size(),
+         " dims but its tensor is ", shape_text(shape));
   }
-  body.erase(std::remove_if(body.begin(), body.end(), ::isspace), body.end());
-  const size_t arrow = body.find("->");
-  if (arrow == std::string::npos) fail("rule '" + std::string(text) + "' has no '->'");
-  std::vector<std::string> ins;
-  {
-    std::string cur;
-    for (char c : body.substr(0, arrow) + ",") {
-      if (c == ',') {
-        ins.push_back(cur);
-        cur.clear();
-      } else {
-        cur += c;
-      }
-    }
-  }
-  const std::string out = body.substr(arrow + 2);
-  if (ins.size() != shapes.size()) {
-    fail("rule '" + std::string(text) + "' names " + std::to_string(ins.size()) +
-         " inputs but the op has " + std::to_string(shapes.size()));
-  }
-  Rule rule;
-  rule.linearity = linearity;
-  std::map<char, int> factor_of;
-  for (size_t i = 0; i < ins.size(); ++i) {
-    if (ins[i].size() != shapes[i].size()) {
-      fail("rule '" + std::string(text) + "': input " + std::to_string(i) + " '" + ins[i] +
-           "' has " + std::to_string(ins[i].size()) + " dims but its tensor is " +
-           shape_text(shapes[i]));
-    }
-    TensorFactors t;
-    for (size_t k = 0; k < ins[i].size(); ++k) {
-      const char c = ins[i][k];
-      if (!std::isalpha(static_cast<unsigned char>(c)))
-        fail("rule letter '" + std::string(1, c) + "'");
-      auto it = factor_of.find(c);
-      if (it == factor_of.end()) {
-        const bool in_out = out.find(c) != std::string::npos;
-        it = factor_of
-                 .emplace(c, rule.add_factor(shapes[i][k],
-                                             in_out ? FactorKind::kPass : FactorKind::kContract))
-                 .first;
-      } else if (rule.factors[it->second].size != shapes[i][k]) {
-        fail("rule '" + std::string(text) + "': '" + std::string(1, c) + "' is " +
-             std::to_string(rule.factors[it->second].size) + " in one input and " +
-             std::to_string(shapes[i][k]) + " in input " + std::to_string(i));
-      }
-      t.push_back({it->second});
-    }
-    rule.inputs.push_back(std::move(t));
-  }
-  TensorFactors o;
-  for (char c : out) {
+  TensorFactors t;
+  for (size_t k = 0; k < letters.size(); ++k) {
+    const char c = letters[k];
+    if (!absl::ascii_isalpha(static_cast<unsigned char>(c))) fail("rule letter '", c, "'");
     auto it = factor_of.find(c);
     if (it == factor_of.end()) {
-      fail("rule '" + std::string(text) + "': output letter '" + std::string(1, c) +
-           "' is in no input");
+      const FactorKind kind =
+          out.find(c) != std::string::npos ? FactorKind::kPass : FactorKind::kContract;
+      it = factor_of.emplace(c, rule.add_factor(shape[k], kind)).first;
+    } else if (rule.factors[it->second].size != shape[k]) {
+      fail("rule '", text, "': '", c, "' is ", rule.factors[it->second].size,
+           " in one input and ", shape[k], " in input ", i);
     }
-    o.push_back({it->second});
+    t.push_back({it->second});
   }
-  rule.outputs.push_back(std::move(o));
-  // Notes: "k:max, d:replicate".
-  std::string note;
-  for (char c : notes + ",") {
-    if (c != ',') {
-      if (!std::isspace(static_cast<unsigned char>(c))) note += c;
-      continue;
-    }
-    if (note.empty()) continue;
+  return t;
+}
+
+// Notes after the '|': "k:max, d:replicate".
+void apply_notes(std::string_view notes, const std::map<char, int>& factor_of, Rule& rule) {
+  const absl::string_view all(notes.data(), notes.size());  // Debian's absl has its own string_view
+  for (absl::string_view raw : absl::StrSplit(all, ',', absl::SkipWhitespace())) {
+    std::string note(raw.data(), raw.size());
+    note.erase(std::remove_if(note.begin(), note.end(), ::isspace), note.end());
     const size_t colon = note.find(':');
     auto it = colon == 1 ? factor_of.find(note[0]) : factor_of.end();
-    if (it == factor_of.end()) fail("rule note '" + note + "' names no factor of the rule");
+    if (it == factor_of.end()) fail("rule note '", note, "' names no factor of the rule");
     const std::string what = note.substr(2);
     Factor& f = rule.factors[it->second];
     if (what == "replicate") {
@@ -202,10 +163,40 @@ Rule parse_rule(std::string_view text, const std::vector<std::vector<int64_t>>& 
     } else if (f.kind == FactorKind::kContract) {
       f.reduce = parse_reduce_op(what);
     } else {
-      fail("rule note '" + note + "': only a contracted factor takes a reduce op");
+      fail("rule note '", note, "': only a contracted factor takes a reduce op");
     }
-    note.clear();
   }
+}
+
+}  // namespace
+
+Rule parse_rule(std::string_view text, const std::vector<std::vector<int64_t>>& shapes,
+                Linearity linearity) {
+  const std::pair<std::string, std::string> parts =
+      absl::StrSplit(absl::string_view(text.data(), text.size()), absl::MaxSplits('|', 1));
+  std::string body = parts.first;
+  body.erase(std::remove_if(body.begin(), body.end(), ::isspace), body.end());
+  const size_t arrow = body.find("->");
+  if (arrow == std::string::npos) fail("rule '", text, "' has no '->'");
+  const std::vector<std::string> ins = absl::StrSplit(body.substr(0, arrow), ',');
+  const std::string out = body.substr(arrow + 2);
+  if (ins.size() != shapes.size()) {
+    fail("rule '", text, "' names ", ins.size(), " inputs but the op has ", shapes.size());
+  }
+  Rule rule;
+  rule.linearity = linearity;
+  std::map<char, int> factor_of;
+  for (size_t i = 0; i < ins.size(); ++i) {
+    rule.inputs.push_back(parse_input(text, ins[i], i, shapes[i], out, rule, factor_of));
+  }
+  TensorFactors o;
+  for (char c : out) {
+    auto it = factor_of.find(c);
+    if (it == factor_of.end()) fail("rule '", text, "': output letter '", c, "' is in no input");
+    o.push_back({it->second});
+  }
+  rule.outputs.push_back(std::move(o));
+  apply_notes(parts.second, factor_of, rule);
   return rule;
 }
 

@@ -3,6 +3,51 @@
 Change ``from torch.distributed.tensor import ...`` to ``from dtensor import ...``. Distributed
 tensors are torch.Tensors: torch ops on them run in the C++ engine (sharding propagation,
 planned redistributes, the local op) with no per-op Python.
+
+Where the package comes from
+----------------------------
+Only from its staged folder: ``eval "$(./x pythonpath)"`` (or ``./x run``) builds the extension
+and lays the package out in ``out/python`` (``out/python-opt`` with ``--opt``), the extension
+``dtensor/_C.so`` beside these files; Bazel's py_test targets get the same layout from their
+runfiles. The package never looks into Bazel's output folders (``bazel-bin``, ``bazel-out``).
+
+Global changes to torch made by importing ``dtensor``
+-----------------------------------------------------
+A distributed tensor is a plain ``torch.Tensor`` object (its C++ TensorImpl holds the local
+piece and the layout), not a Python subclass, so the DTensor API has to live on
+``torch.Tensor`` itself. Plain tensors behave as before: the added names raise on them, the
+wrapped ones fall through to torch's own. Removing any of these would change the API
+(torch.distributed.tensor's names), so they stay; all are set in ``dtensor/_api.py``:
+
+- ``torch.Tensor.to_local`` (method): ``DTensor.to_local``, this rank's piece, differentiable.
+  Reason: distributed tensors are of type ``torch.Tensor``; there is no subclass to carry it.
+- ``torch.Tensor.full_tensor`` (method): ``DTensor.full_tensor``, the global tensor on every
+  rank. Same reason.
+- ``torch.Tensor.redistribute`` (method): ``DTensor.redistribute``, a new layout on the same
+  mesh. Same reason.
+- ``torch.Tensor.placements`` (property): ``DTensor.placements``. Same reason. On a plain
+  tensor it raises AttributeError, so ``hasattr(t, "placements")`` stays False.
+- ``torch.Tensor.device_mesh`` (property): ``DTensor.device_mesh``. Same reason, and the same
+  AttributeError on a plain tensor.
+- ``torch.Tensor.__repr__``: a distributed tensor prints its layout and local piece
+  (``_C.to_string``); plain tensors go to torch's own ``__repr__`` unchanged. Reason: torch's
+  printer runs data ops on the tensor (e.g. ``masked_select``) that have no sharding rule, so
+  ``print(dtensor)`` would raise; PyTorch's DTensor prints its own repr too.
+- ``torch.nn.Parameter.__new__``: wraps torch's own; when the data is a distributed tensor with
+  ``requires_grad``, the new parameter keeps its gradient in the parameter's placements
+  (``_C.keep_grad_layout``: a replicated weight used with a batch-sharded input gets its Partial
+  gradient reduced before accumulation, as ``distribute_tensor``'s leaves do). Plain
+  parameters are built exactly as before. Reason: ``nn.Parameter(dtensor)`` is how modules and
+  ``dtensor.parallel`` make distributed parameters, and the gradient layout must be fixed when
+  the parameter is made.
+
+Loading the extension ``dtensor._C`` also registers, in torch's C++ dispatcher (not Python
+attributes, listed for completeness): a boxed fallback kernel on the ``PrivateUse1`` dispatch
+key plus explicit ``aten`` kernels at that key for the ops with CompositeExplicitAutograd
+kernels (only tensors made by this package carry that key; the engine's dispatch), and the
+operator namespace ``torch.ops.dtensor_c10d`` (the functional collectives). ``DTensor`` (an
+``isinstance`` check over ``torch.Tensor``) and ``AsyncCollectiveTensor`` are subclasses, not
+patches.
 """
 
 import os
@@ -10,14 +55,19 @@ import threading
 
 import torch  # noqa: F401  (loads libtorch before the extension)
 
-# From the source tree (PYTHONPATH=<repo>/python, what `./x pythonpath` prints) the extension is
-# Bazel's output, not a file beside this one: look for it there too.
-_built = os.path.join(os.path.dirname(__file__), "..", "..", "bazel-bin", "python", "dtensor")
-if not any(f.startswith("_C") for f in os.listdir(os.path.dirname(__file__))) and os.path.isdir(
-        _built):
-    __path__.append(os.path.realpath(_built))  # noqa: F821  (the package's own __path__)
+try:
+    from dtensor import _C
+except ImportError as e:
+    _dir = __path__[0]  # noqa: F821  (the package's own __path__)
+    _why = (f"{_dir} has no built extension _C.so"
+            if not any(f.startswith("_C") for f in os.listdir(_dir)) else f"{e}")
+    raise ImportError(
+        f"dtensor: cannot import the extension dtensor._C ({_why}). Import the package from its "
+        f"staged folder, where the built _C.so lies beside it, not from python/ in the source "
+        f"tree: run `eval \"$(./x pythonpath)\"` in the repository, or start the script with "
+        f"`./x run script.py`."
+    ) from e
 
-from dtensor import _C
 from dtensor import _functional_collectives  # noqa: F401
 from dtensor import debug  # noqa: F401
 from dtensor._api import (

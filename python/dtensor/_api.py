@@ -129,6 +129,8 @@ def _parameter(cls, data=None, requires_grad=True):
     return p
 
 
+# The package's only global patches of torch; each is listed with its reason in the docstring of
+# dtensor/__init__.py (keep that list in step with these lines).
 torch.nn.Parameter.__new__ = staticmethod(_parameter)
 torch.Tensor.to_local = _to_local
 torch.Tensor.full_tensor = _full_tensor
