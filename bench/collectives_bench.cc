@@ -27,15 +27,22 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "bench/bench_support.h"
 #include "collectives/functional.h"
 #include "collectives/launch_env.h"
 #include "collectives/testing/fork_ranks.h"
+#include "tools/cli_args.h"
+
+ABSL_FLAG(std::vector<std::string>, backends, (std::vector<std::string>{"threads", "shm", "c10d"}),
+          "backends to sweep: threads, shm, c10d");
+ABSL_FLAG(dtensor::cli::IntList, ranks, (dtensor::cli::IntList{{2, 4}}),
+          "rank counts to sweep, e.g. 2,4");
+ABSL_FLAG(int64_t, max_bytes, 64ll << 20, "largest buffer in bytes (also --max-bytes)");
 
 using namespace dtensor;
 using namespace dtensor::collectives;
@@ -43,10 +50,10 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-struct Options {
-  std::vector<std::string> backends = {"threads", "shm", "c10d"};
-  std::vector<int> ranks = {2, 4};
-  int64_t max_bytes = 64ll << 20;
+struct Options {  // from the flags (their defaults: the ABSL_FLAGs above)
+  std::vector<std::string> backends;
+  std::vector<int> ranks;
+  int64_t max_bytes = 0;
 };
 
 // Microseconds per 4 KiB page to first touch fresh memory (what a call pays when its output is
@@ -152,37 +159,25 @@ void wait_cost(const std::string& backend, int64_t rank, clockid_t clock) {
   std::fflush(stdout);
 }
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(item);
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
+  dtensor::cli::parse_command_line(
+      argc, argv,
+      "./x bench collectives: time, algbw and busbw of the collectives per backend, ranks and "
+      "size.\n  collectives_bench [--backends threads,shm,c10d] [--ranks 2,4] "
+      "[--max-bytes 67108864]");
   Options o;
-  if (argc == 2 && std::string(argv[1]) == "--help") {
-    std::printf("usage: %s [--backends threads,shm,c10d] [--ranks 2,4] [--max-bytes 67108864]\n",
-                argv[0]);
-    return 0;
-  }
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--backends")
-      o.backends = split(value);
-    else if (flag == "--ranks") {
-      o.ranks.clear();
-      for (const auto& r : split(value)) o.ranks.push_back(std::stoi(r));
-    } else if (flag == "--max-bytes")
-      o.max_bytes = std::stoll(value);
-    else {
-      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
+  o.backends = absl::GetFlag(FLAGS_backends);
+  for (int64_t r : absl::GetFlag(FLAGS_ranks).values) {
+    if (r < 1) {
+      std::fprintf(stderr, "collectives_bench: error: --ranks: %lld is not a rank count\n",
+                   static_cast<long long>(r));
       return 2;
     }
+    o.ranks.push_back(static_cast<int>(r));
   }
+  o.max_bytes = absl::GetFlag(FLAGS_max_bytes);
   const bool cache = bench::install_caching_allocator();
   at::set_num_threads(1);
   const double mc = bench::memcpy_gbs();

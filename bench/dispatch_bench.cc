@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -45,7 +46,19 @@
 #include "sharding_prop/redistribute_plan.h"
 #include "examples/tp_model.h"
 #include "sharding_prop/propagator.h"
+#include "absl/flags/flag.h"
 #include "tools/cli_args.h"
+
+ABSL_FLAG(int, reps, 5, "repetitions per figure (the median is reported; at least 1)");
+ABSL_FLAG(int64_t, calls, 20000, "calls per repetition of a hit loop (misses: calls / 10; >= 10)");
+ABSL_FLAG(bool, instructions, std::system("command -v valgrind >/dev/null 2>&1") == 0,
+          "count instructions per op under callgrind (--noinstructions or --no-instructions "
+          "skips; default: whether valgrind is installed)");
+ABSL_FLAG(int, profile, 0,
+          "print callgrind_annotate's top N inclusive functions of the dtensor add hit loop");
+ABSL_FLAG(std::string, rank1, "busy",
+          "busy: rank 1 runs the same loops as rank 0; idle: rank 1 waits");
+ABSL_FLAG(bool, child, false, "internal: the run under callgrind");
 
 using Body = std::function<void()>;
 
@@ -282,7 +295,7 @@ void count_instructions(std::vector<Row>& rows, int profile) {
       "valgrind --tool=callgrind --collect-atstart=no "
       "--toggle-collect=dispatch_bench_measured --callgrind-out-file=" +
       (dir / "cg.out").string() + " " + fs::read_symlink("/proc/self/exe").string() +
-      " --child 1 --rank1 idle > " + (dir / "log").string() + " 2>&1";
+      " --child --rank1 idle > " + (dir / "log").string() + " 2>&1";
   std::fprintf(stderr, "[dispatch] counting instructions under callgrind (~1 min)...\n");
   if (std::system(cmd.c_str()) != 0) {
     std::ifstream log(dir / "log");
@@ -354,38 +367,25 @@ std::string json(const Row& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  cli::parse_command_line(
+      argc, argv,
+      "./x bench dispatch: what an ATen op costs on distributed tensors against the same op on "
+      "the local pieces.\n  dispatch_bench [--reps 5] [--calls 20000] "
+      "[--instructions | --no-instructions] [--profile N] [--rank1 busy|idle]");
   return cli::guarded_main("dispatch_bench", [&] {
-    bool instructions = std::system("command -v valgrind >/dev/null 2>&1") == 0;
-    std::vector<char*> rest = {argv[0]};
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      if (a == "--instructions" || a == "--no-instructions") {
-        instructions = a == "--instructions";
-      } else {
-        rest.push_back(argv[i]);
-      }
-    }
-    const auto flags = cli::parse_flags(
-        static_cast<int>(rest.size()), rest.data(),
-        {{"reps", "5"}, {"calls", "20000"}, {"profile", "0"}, {"child", "0"}, {"rank1", "busy"}});
-    if (flags.count("help")) {
-      std::printf(
-          "usage: %s [--reps 5] [--calls 20000] [--instructions | --no-instructions] "
-          "[--profile N] [--rank1 busy|idle]\n",
-          argv[0]);
-      return 0;
-    }
     Config cfg;
-    cfg.reps = std::max(1, std::stoi(flags.at("reps")));
-    cfg.calls = std::max<int64_t>(10, std::stoll(flags.at("calls")));
-    cfg.child = flags.at("child") == "1";
-    cfg.rank1_idle = flags.at("rank1") == "idle";
-    if (!cfg.rank1_idle && flags.at("rank1") != "busy")
-      throw std::invalid_argument("--rank1 busy|idle");
+    cfg.reps = std::max(1, absl::GetFlag(FLAGS_reps));
+    cfg.calls = std::max<int64_t>(10, absl::GetFlag(FLAGS_calls));
+    cfg.child = absl::GetFlag(FLAGS_child);
+    const std::string rank1 = absl::GetFlag(FLAGS_rank1);
+    if (rank1 != "busy" && rank1 != "idle") {
+      throw std::invalid_argument("--rank1: expected busy or idle, got '" + rank1 + "'");
+    }
+    cfg.rank1_idle = rank1 == "idle";
     at::set_num_threads(1);
     std::vector<Row> rows = run_ops(cfg);
     if (cfg.child) return 0;
-    if (instructions) count_instructions(rows, std::stoi(flags.at("profile")));
+    if (absl::GetFlag(FLAGS_instructions)) count_instructions(rows, absl::GetFlag(FLAGS_profile));
     rows.push_back(run_block(cfg));
 
     std::printf(

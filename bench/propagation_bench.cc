@@ -23,9 +23,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "bench/bench_support.h"
 #include "layout/dtensor_spec.h"
 #include "sharding_prop/propagator.h"
+#include "tools/cli_args.h"
+
+ABSL_FLAG(int, reps, 5, "repetitions per figure (the median is reported; at least 1)");
 
 using namespace dtensor;
 using namespace dtensor::sharding;
@@ -89,20 +93,11 @@ std::string placements_text(const Case& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int reps = 5;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--help") {
-      std::printf("usage: %s [--reps 5]\n", argv[0]);
-      return 0;
-    }
-    if (flag == "--reps" && i + 1 < argc) {
-      reps = std::max(1, std::stoi(argv[++i]));
-    } else {
-      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
-      return 2;
-    }
-  }
+  dtensor::cli::parse_command_line(
+      argc, argv,
+      "./x bench propagation: what one sharding propagation costs, per op, on a (2,2) mesh.\n"
+      "  propagation_bench [--reps 5]");
+  const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
   const DeviceMesh mesh = DeviceMesh::arange({2, 2});
   const Placement S0 = Shard(0), S1 = Shard(1), R = Replicate();
   // Shapes grow by multiples of 4 per variant so every variant shards evenly alike.

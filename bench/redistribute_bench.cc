@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "bench/bench_support.h"
 #include "collectives/functional.h"
 #include "collectives/launch_env.h"
@@ -24,6 +25,12 @@
 #include "dtensor/redistribute.h"
 #include "layout/shard_layout.h"
 #include "collectives/testing/fork_ranks.h"
+#include "tools/cli_args.h"
+
+ABSL_FLAG(std::string, backend, "shm", "collectives backend: shm or c10d");
+ABSL_FLAG(int, ranks, 2, "ranks (processes)");
+ABSL_FLAG(int64_t, max_bytes, 64ll << 20,
+          "largest global tensor in bytes (also --max-bytes)");
 
 using namespace dtensor;
 using bench::Clock;
@@ -127,30 +134,17 @@ void sweep(int64_t rank, int64_t n, int64_t max_bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string backend = "shm";
-  int n = 2;
-  int64_t max_bytes = 64ll << 20;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--help") {
-      std::printf("usage: %s [--backend shm] [--ranks 2] [--max-bytes 67108864]\n", argv[0]);
-      return 0;
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "%s needs a value\n", flag.c_str());
-      return 2;
-    }
-    const std::string value = argv[++i];
-    if (flag == "--backend") {
-      backend = value;
-    } else if (flag == "--ranks") {
-      n = std::stoi(value);
-    } else if (flag == "--max-bytes") {
-      max_bytes = std::stoll(value);
-    } else {
-      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
-      return 2;
-    }
+  dtensor::cli::parse_command_line(
+      argc, argv,
+      "./x bench redistribute: the plan-cache cost, and redistribute time against the bare "
+      "collective it runs.\n  redistribute_bench [--backend shm] [--ranks 2] "
+      "[--max-bytes 67108864]");
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  const int n = absl::GetFlag(FLAGS_ranks);
+  const int64_t max_bytes = absl::GetFlag(FLAGS_max_bytes);
+  if (n < 1) {
+    std::fprintf(stderr, "redistribute_bench: error: --ranks: %d is not a rank count\n", n);
+    return 2;
   }
   const bool cache = bench::install_caching_allocator();
   at::set_num_threads(1);

@@ -1,4 +1,4 @@
-// A multi-process program: `./x launch -n 4 -- bazel-bin/examples/collectives_demo`.
+// A multi-process program: `./x launch -n 4 -- bazel-bin/examples/collectives_demo [--backend B]`.
 // Each rank joins the job through the torchrun variables, then runs a few collectives and prints
 // what it got next to what a single device would compute.
 
@@ -6,8 +6,13 @@
 
 #include <iostream>
 
+#include "absl/flags/flag.h"
 #include "collectives/functional.h"
 #include "collectives/launch_env.h"
+#include "tools/cli_args.h"
+
+ABSL_FLAG(std::string, backend, "",
+          "collectives backend: shm or c10d (default: $DTENSOR_BACKEND, else shm)");
 
 using namespace dtensor;
 using namespace dtensor::collectives;
@@ -21,9 +26,13 @@ static std::string values(const at::Tensor& t) {
   return out + "]";
 }
 
-int main() {
+int main(int argc, char** argv) {
+  dtensor::cli::parse_command_line(
+      argc, argv,
+      "a few collectives on every rank, next to what one device computes.\n"
+      "  ./x launch -n 4 -- bazel-bin/examples/collectives_demo [--backend shm|c10d]");
   try {
-    auto ctx = init_from_env();
+    auto ctx = init_from_env(absl::GetFlag(FLAGS_backend));
     const int64_t rank = ctx->rank(), n = ctx->world_size();
     const at::Tensor x = at::arange(4, at::kFloat) + 10 * rank;
     const at::Tensor sum = all_reduce(x, ReduceOp::kSum, RankContext::kWorld);

@@ -13,9 +13,22 @@
 #include <stdexcept>
 #include <string>
 
+#include "absl/flags/flag.h"
 #include "dtensor/local_tensor.h"
 #include "layout/visualize.h"
 #include "tools/cli_args.h"
+
+using dtensor::cli::IntList;
+using dtensor::cli::PlacementList;
+
+ABSL_FLAG(IntList, mesh, (IntList{{2, 2}}), "mesh shape, e.g. 2,3");
+ABSL_FLAG(IntList, shape, (IntList{{10, 7}}), "global tensor shape, e.g. 5,7");
+ABSL_FLAG(PlacementList, placements, (PlacementList{dtensor::parse_placements("S(0),S(1)")}),
+          "placements, one per mesh dim, e.g. \"S(0),S(1)\"");
+ABSL_FLAG(std::vector<std::string>, names, {}, "mesh dim names, e.g. dp,tp (default: none)");
+ABSL_FLAG(std::string, order, "",
+          "shard order: \"<tensor dim>:<mesh dims>;...\", e.g. \"0:1,0\" splits tensor dim 0 by "
+          "mesh dim 1 first, then mesh dim 0 (default: mesh dims left to right)");
 
 namespace {
 
@@ -48,30 +61,14 @@ void print_values(const at::Tensor& local) {
   }
 }
 
-int run(int argc, char** argv) {
-  auto flags = dtensor::cli::parse_flags(argc, argv,
-                                         {{"mesh", "2,2"},
-                                          {"shape", "10,7"},
-                                          {"placements", "S(0),S(1)"},
-                                          {"names", ""},
-                                          {"order", ""}});
-  if (flags.count("help")) {
-    std::cout << "usage: layout_demo --mesh 2,2 --shape 10,7 --placements \"S(0),S(1)\" "
-                 "[--names dp,tp] [--order \"0:1,0\"]\n";
-    return 0;
-  }
-  const std::string &mesh_text = flags["mesh"], &shape_text = flags["shape"];
-  const std::string &placements_text = flags["placements"], &names_text = flags["names"];
-  const std::string& order_text = flags["order"];
-  const DeviceMesh mesh = DeviceMesh::arange(
-      dtensor::cli::parse_ints("--mesh", mesh_text),
-      names_text.empty() ? std::vector<std::string>{} : dtensor::cli::parse_names(names_text));
-  const auto meta =
-      dtensor::TensorMeta::make(dtensor::cli::parse_ints("--shape", shape_text), at::kLong);
-  DTensorSpec spec = DTensorSpec::make(mesh, dtensor::parse_placements(placements_text), meta);
-  if (!order_text.empty()) {
+int run() {
+  const DeviceMesh mesh =
+      DeviceMesh::arange(absl::GetFlag(FLAGS_mesh).values, absl::GetFlag(FLAGS_names));
+  const auto meta = dtensor::TensorMeta::make(absl::GetFlag(FLAGS_shape).values, at::kLong);
+  DTensorSpec spec = DTensorSpec::make(mesh, absl::GetFlag(FLAGS_placements).values, meta);
+  if (const std::string order = absl::GetFlag(FLAGS_order); !order.empty()) {
     spec = DTensorSpec::make(mesh, spec.placements(), meta,
-                             dtensor::cli::parse_order("--order", order_text, spec));
+                             dtensor::cli::parse_order("--order", order, spec));
   }
   // The demo prints every element of every rank: keep it to what a terminal can show.
   constexpr int64_t kMaxElements = 1 << 20, kMaxRanks = 1024;
@@ -109,5 +106,10 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return dtensor::cli::guarded_main("layout_demo", [&] { return run(argc, argv); });
+  dtensor::cli::parse_command_line(
+      argc, argv,
+      "./x demo layout: lays arange(numel) out on a mesh and prints what every rank holds.\n"
+      "  layout_demo --mesh 2,2 --shape 10,7 --placements \"S(0),S(1)\" [--names dp,tp] "
+      "[--order \"0:1,0\"]");
+  return dtensor::cli::guarded_main("layout_demo", [] { return run(); });
 }

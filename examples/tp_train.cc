@@ -15,9 +15,17 @@
 #include <cmath>
 #include <cstdio>
 
+#include "absl/flags/flag.h"
 #include "dtensor/api.h"
 #include "examples/tp_model.h"
 #include "tools/cli_args.h"
+
+using dtensor::cli::IntList;
+
+ABSL_FLAG(IntList, mesh, (IntList{{4}}), "mesh shape, e.g. 4 or 2,2 (its size: the ranks)");
+ABSL_FLAG(int, steps, 5, "SGD steps");
+ABSL_FLAG(std::string, backend, "",
+          "collectives backend: shm or c10d (default: $DTENSOR_BACKEND, else shm)");
 
 namespace {
 
@@ -40,19 +48,12 @@ at::Tensor step(const at::Tensor& x, const at::Tensor& target, const at::Tensor&
   return loss.detach();
 }
 
-int run(int argc, char** argv) {
-  const auto flags =
-      dtensor::cli::parse_flags(argc, argv, {{"mesh", "4"}, {"steps", "5"}, {"backend", ""}});
-  if (flags.count("help")) {
-    std::printf(
-        "usage: tp_train [--mesh 4|2,2] [--steps 5] [--backend shm|c10d] (under ./x launch)\n");
-    return 0;
-  }
-  const std::vector<int64_t> mesh_shape = dtensor::cli::parse_ints("--mesh", flags.at("mesh"));
-  const int steps = std::stoi(flags.at("steps"));
+int run() {
+  const std::vector<int64_t> mesh_shape = absl::GetFlag(FLAGS_mesh).values;
+  const int steps = absl::GetFlag(FLAGS_steps);
   at::set_num_threads(1);
 
-  auto ctx = api::init_from_env(flags.at("backend"));
+  auto ctx = api::init_from_env(absl::GetFlag(FLAGS_backend));
   const int64_t rank = ctx->rank();
   const dtensor::DeviceMesh mesh = api::init_device_mesh(mesh_shape);
   const dtensor::Placements replicated(mesh.ndim(), dtensor::Replicate());
@@ -107,5 +108,9 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return dtensor::cli::guarded_main("tp_train", [&] { return run(argc, argv); });
+  dtensor::cli::parse_command_line(
+      argc, argv,
+      "./x demo cpp: tensor-parallel training of a transformer block (run under ./x launch).\n"
+      "  tp_train [--mesh 4|2,2] [--steps 5] [--backend shm|c10d]");
+  return dtensor::cli::guarded_main("tp_train", [] { return run(); });
 }

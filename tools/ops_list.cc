@@ -1,6 +1,7 @@
 // ./x ops: prints every ATen overload the sharding propagator supports (all_ops()): its name,
-// family, in-place flag, what its LayoutArgs::ints hold, and the rule built for a small example
-// input ("-" when none of the example inputs fits the op), then the count per family.
+// family, in-place flag, its layout arguments (OpEntry::args_text()), and the rule built for a
+// small example input ("-" when none of the example inputs fits the op), then the count per
+// family.
 //
 //   ops_list [--family NAME] [--json]
 //
@@ -8,7 +9,7 @@
 // nll_loss, embedding, baddbmm, linear), else the first of a few input sets (float32 metas, most
 // inputs first: [8,4]x3, [6],[8,4],[4,6], [8,4],[4],[4], [8,4]x2, [8,4],[4,6], [2,8,4],[2,4,6],
 // [8,4],[8], [8,4]) that the op's builder accepts, with example ints chosen by what the op's ints
-// hold (dim -> 1, keepdim + dims -> 0,1, sizes -> -1, ...). Builders throw dtensor::Error
+// hold (dim -> 1, keepdim + dims -> 0,1, view's sizes -> -1, ...). Builders throw dtensor::Error
 // for inputs or arguments that do not fit; those are skipped.
 
 #include <cstdio>
@@ -19,11 +20,16 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "base/error.h"
 #include "base/strings.h"
 #include "layout/tensor_meta.h"
 #include "sharding_prop/op_registry.h"
 #include "tools/cli_args.h"
+
+ABSL_FLAG(std::string, family, "", "list only the ops of this family (default: all)");
+ABSL_FLAG(bool, json, false,
+          "print one JSON object per op on stdout (the per-family summary goes to stderr)");
 
 namespace {
 
@@ -31,30 +37,40 @@ using namespace dtensor;
 using namespace dtensor::sharding;
 using Shapes = std::vector<std::vector<int64_t>>;
 
-// Example layout arguments, by what an op's ints hold (OpEntry::args).
-LayoutArgs example_args(const std::string& what) {
+// Example layout arguments, by the op's layout arguments (OpEntry::args_text()); an op whose
+// arguments read alike but take other values has its own entry.
+LayoutArgs example_args(const OpEntry& op) {
+  static const std::map<std::string, std::vector<int64_t>> kOpInts = {
+      {"aten::view", {-1}},
+      {"aten::reshape", {-1}},
+      {"aten::expand", {2, 8, 4}},
+  };
   static const std::map<std::string, std::vector<int64_t>> kInts = {
       {"dim", {1}},
-      {"keepdim, dims... (none: all)", {0, 1}},
-      {"sizes (one -1 allowed)", {-1}},
-      {"sizes", {32}},
-      {"sizes (-1 keeps a size)", {2, 8, 4}},
+      {"keepdim, dim...", {0, 1}},
+      {"size...", {32}},
       {"start_dim, end_dim", {0, 1}},
       {"dim, sizes...", {1, 2, 2}},
+      {"dim, split_sizes...", {1, 2, 2}},
       {"dim0, dim1", {0, 1}},
       {"dims...", {1, 0}},
-      {"dim, start, end, step", {0, 0, 4, 1}},
+      {"dim, start=None:0, end=None:max, step", {0, 0, 4, 1}},
       {"dim, start, length", {0, 0, 4}},
       {"split_size, dim", {4, 0}},
       {"chunks, dim", {2, 0}},
       {"num_weights", {8}},
-      {"number of normalized dims", {1}},
-      {"reduction (0 none, 1 mean, 2 sum)", {1}},
-      {"dtype (ScalarType, -1: keep)", {-1}},
+      {"len(normalized_shape)", {1}},
+      {"reduction", {1}},
+      {"dtype=None:-1", {-1}},
   };
+  const std::string what = op.args_text();
   LayoutArgs a;
-  if (auto it = kInts.find(what); it != kInts.end()) a.ints = it->second;
-  if (what == "text: the equation") a.text = "ij,jk->ik";
+  if (auto it = kOpInts.find(op.name); it != kOpInts.end()) {
+    a.ints = it->second;
+  } else if (auto it = kInts.find(what); it != kInts.end()) {
+    a.ints = it->second;
+  }
+  if (what == "\"equation\"") a.text = "ij,jk->ik";
   return a;
 }
 
@@ -83,7 +99,7 @@ std::optional<Example> build_example(const OpEntry& op) {
   static const std::vector<Shapes> kInputs = {
       {{8, 4}, {8, 4}, {8, 4}}, {{6}, {8, 4}, {4, 6}},  {{8, 4}, {4}, {4}}, {{8, 4}, {8, 4}},
       {{8, 4}, {4, 6}},         {{2, 8, 4}, {2, 4, 6}}, {{8, 4}, {8}},      {{8, 4}}};
-  const LayoutArgs args = example_args(op.args);
+  const LayoutArgs args = example_args(op);
   std::vector<Shapes> candidates;
   if (auto it = example_overrides().find(op.name); it != example_overrides().end()) {
     candidates.push_back(it->second);
@@ -123,27 +139,15 @@ std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
-int run(int argc, char** argv) {
-  std::vector<char*> rest = {argv[0]};
-  bool json = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--json") {
-      json = true;
-    } else {
-      rest.push_back(argv[i]);
-    }
-  }
-  auto f = cli::parse_flags(static_cast<int>(rest.size()), rest.data(), {{"family", ""}});
-  if (f.count("help")) {
-    std::cout << "usage: ./x ops [--family NAME] [--json]\n";
-    return 0;
-  }
+int run() {
+  const std::string only = absl::GetFlag(FLAGS_family);  // "" or a family name
+  const bool json = absl::GetFlag(FLAGS_json);
   std::map<std::string, int> families;  // over all ops, to validate --family
   for (const OpEntry* op : all_ops()) families[op->family];
-  if (!f["family"].empty() && families.count(f["family"]) == 0) {
+  if (!only.empty() && families.count(only) == 0) {
     std::vector<std::string> names;
     for (const auto& [name, n] : families) names.push_back(name);
-    throw Error("--family: no family '" + f["family"] +
+    throw Error("--family: no family '" + only +
                                 "' (families: " + join(names, ", ") + ")");
   }
 
@@ -154,7 +158,7 @@ int run(int argc, char** argv) {
                 "example inputs", "rule (example)");
   }
   for (const OpEntry* op : all_ops()) {
-    if (!f["family"].empty() && op->family != f["family"]) continue;
+    if (!only.empty() && op->family != only) continue;
     ++counts[op->family];
     ++total;
     const auto ex = build_example(*op);
@@ -162,7 +166,7 @@ int run(int argc, char** argv) {
       std::string line = "{\"op\":" + json_string(op->name) +
                          ",\"family\":" + json_string(op->family) +
                          ",\"in_place\":" + (op->in_place ? "true" : "false") +
-                         ",\"args\":" + json_string(op->args);
+                         ",\"args\":" + json_string(op->args_text());
       if (ex) {
         line += ",\"example_inputs\":[" + shapes_text(ex->inputs) + "],\"example_ints\":[" +
                 join(ex->args.ints, ",") + "]";
@@ -179,8 +183,9 @@ int run(int argc, char** argv) {
       example = shapes_text(ex->inputs);
       if (!ex->args.ints.empty() || !ex->args.text.empty()) example += " " + ex->args.to_string();
     }
+    const std::string args = op->args_text();
     std::printf("%-40s %-10s %-3s %-34s %-28s %s\n", op->name.c_str(), op->family.c_str(),
-                op->in_place ? "yes" : "", op->args.empty() ? "-" : op->args.c_str(),
+                op->in_place ? "yes" : "", args.empty() ? "-" : args.c_str(),
                 example.c_str(), ex ? ex->rule.c_str() : "-");
   }
   std::vector<std::string> parts;
@@ -199,5 +204,9 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return dtensor::cli::guarded_main("ops", [&] { return run(argc, argv); });
+  dtensor::cli::parse_command_line(
+      argc, argv,
+      "./x ops: the ATen overloads the sharding propagator supports, with example rules.\n"
+      "  ./x ops [--family NAME] [--json]");
+  return dtensor::cli::guarded_main("ops", [] { return run(); });
 }

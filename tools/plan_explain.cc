@@ -11,11 +11,29 @@
 #include <stdexcept>
 #include <string>
 
+#include "absl/flags/flag.h"
 #include "base/error.h"
 #include "sharding_prop/redistribute_plan.h"
 #include "layout/shard_layout.h"
 #include "base/strings.h"
 #include "tools/cli_args.h"
+
+using dtensor::cli::IntList;
+using dtensor::cli::PlacementList;
+
+ABSL_FLAG(IntList, mesh, (IntList{{2, 2}}), "mesh shape, e.g. 2,2");
+ABSL_FLAG(std::vector<std::string>, names, {}, "mesh dim names, e.g. dp,tp (default: none)");
+ABSL_FLAG(IntList, shape, (IntList{{8, 8}}), "global tensor shape, e.g. 8,8");
+ABSL_FLAG(PlacementList, from, (PlacementList{dtensor::parse_placements("S(0),S(1)")}),
+          "source placements, one per mesh dim, e.g. \"S(0),S(1)\"");
+ABSL_FLAG(PlacementList, to, (PlacementList{dtensor::parse_placements("S(1),S(0)")}),
+          "target placements, one per mesh dim");
+ABSL_FLAG(std::string, dtype, "float32",
+          "element type: float32, float64, bfloat16, float16, int32, int64, bool");
+ABSL_FLAG(std::string, from_order, "",
+          "shard order of the source (also --from-order): \"<tensor dim>:<mesh dims>;...\", e.g. "
+          "\"0:1,0\" splits tensor dim 0 by mesh dim 1 first, then mesh dim 0");
+ABSL_FLAG(std::string, to_order, "", "shard order of the target (also --to-order)");
 
 namespace {
 
@@ -35,34 +53,21 @@ c10::ScalarType parse_dtype(const std::string& text) {
 
 std::string shape_text(const std::vector<int64_t>& v) { return "[" + join(v, ",") + "]"; }
 
-int run(int argc, char** argv) {
-  auto f = cli::parse_flags(argc, argv,
-                            {{"mesh", "2,2"},
-                             {"shape", "8,8"},
-                             {"from", "S(0),S(1)"},
-                             {"to", "S(1),S(0)"},
-                             {"dtype", "float32"},
-                             {"from-order", ""},
-                             {"to-order", ""},
-                             {"names", ""}});
-  if (f.count("help")) {
-    std::cout << "usage: ./x plan --mesh 2,2 --shape 8,8 --from \"S(0),S(1)\" --to \"S(1),S(0)\" "
-                 "[--dtype float32] [--from-order \"0:1,0\"] [--to-order ...] [--names dp,tp]\n";
-    return 0;
-  }
-  const DeviceMesh mesh = DeviceMesh::arange(
-      cli::parse_ints("--mesh", f["mesh"]),
-      f["names"].empty() ? std::vector<std::string>{} : cli::parse_names(f["names"]));
+int run() {
+  const DeviceMesh mesh = DeviceMesh::arange(absl::GetFlag(FLAGS_mesh).values,
+                                             absl::GetFlag(FLAGS_names));
   const TensorMeta meta =
-      TensorMeta::make(cli::parse_ints("--shape", f["shape"]), parse_dtype(f["dtype"]));
-  auto make = [&](const std::string& placements, const std::string& order_flag) {
-    DTensorSpec s = DTensorSpec::make(mesh, parse_placements(placements), meta);
-    const std::string& order = f[order_flag];
+      TensorMeta::make(absl::GetFlag(FLAGS_shape).values, parse_dtype(absl::GetFlag(FLAGS_dtype)));
+  auto make = [&](const Placements& placements, const std::string& order,
+                  const std::string& order_flag) {
+    DTensorSpec s = DTensorSpec::make(mesh, placements, meta);
     if (order.empty()) return s;
-    return DTensorSpec::make(mesh, s.placements(), meta,
-                             cli::parse_order("--" + order_flag, order, s));
+    return DTensorSpec::make(mesh, s.placements(), meta, cli::parse_order(order_flag, order, s));
   };
-  const DTensorSpec src = make(f["from"], "from-order"), dst = make(f["to"], "to-order");
+  const DTensorSpec src = make(absl::GetFlag(FLAGS_from).values,
+                               absl::GetFlag(FLAGS_from_order), "--from-order");
+  const DTensorSpec dst =
+      make(absl::GetFlag(FLAGS_to).values, absl::GetFlag(FLAGS_to_order), "--to-order");
   const auto plan = plan_redistribute(src, dst);
   const CostModel& model = default_cost_model();
 
@@ -94,5 +99,10 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return dtensor::cli::guarded_main("plan", [&] { return run(argc, argv); });
+  dtensor::cli::parse_command_line(
+      argc, argv,
+      "./x plan: a redistribute plan, its cost and every rank's local shapes, without "
+      "communicating.\n  ./x plan --mesh 2,2 --shape 8,8 --from \"S(0),S(1)\" --to \"S(1),S(0)\" "
+      "[--dtype float32] [--from-order \"0:1,0\"] [--to-order ...] [--names dp,tp]");
+  return dtensor::cli::guarded_main("plan", [] { return run(); });
 }
