@@ -40,7 +40,7 @@ template <typename... Args>
 
 // Throws dtensor::Error(c10::str(parts...)) unless `cond` holds. The parts are evaluated only on
 // failure.
-#define DTENSOR_CHECK(cond, ...)                                \
-  do {                                                          \
+#define DTENSOR_CHECK(cond, ...)                             \
+  do {                                                       \
     if (C10_UNLIKELY(!(cond))) ::dtensor::fail(__VA_ARGS__); \
   } while (false)

@@ -39,14 +39,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "bench/bench_support.h"
 #include "collectives/functional.h"
 #include "collectives/rank_context.h"
 #include "dtensor/api.h"
-#include "sharding_prop/redistribute_plan.h"
 #include "examples/tp_model.h"
 #include "sharding_prop/propagator.h"
-#include "absl/flags/flag.h"
+#include "sharding_prop/redistribute_plan.h"
 #include "tools/cli_args.h"
 
 ABSL_FLAG(int, reps, 5, "repetitions per figure (the median is reported; at least 1)");

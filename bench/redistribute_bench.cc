@@ -21,16 +21,15 @@
 #include "bench/bench_support.h"
 #include "collectives/functional.h"
 #include "collectives/launch_env.h"
+#include "collectives/testing/fork_ranks.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/redistribute.h"
 #include "layout/shard_layout.h"
-#include "collectives/testing/fork_ranks.h"
 #include "tools/cli_args.h"
 
 ABSL_FLAG(std::string, backend, "shm", "collectives backend: shm or c10d");
 ABSL_FLAG(int, ranks, 2, "ranks (processes)");
-ABSL_FLAG(int64_t, max_bytes, 64ll << 20,
-          "largest global tensor in bytes (also --max-bytes)");
+ABSL_FLAG(int64_t, max_bytes, 64ll << 20, "largest global tensor in bytes (also --max-bytes)");
 
 using namespace dtensor;
 using bench::Clock;

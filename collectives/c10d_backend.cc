@@ -84,10 +84,9 @@ class C10dCommunicator : public Communicator {
     }
     if (!pg_) {
       if (!o.store) {
-        throw Error(
-            "c10d backend: group '" + o.group.name +
-            "' has no rendezvous store (start ranks with ./x launch or torchrun and call "
-            "init_from_env, or hand in a ProcessGroup with use_process_group)");
+        throw Error("c10d backend: group '" + o.group.name +
+                    "' has no rendezvous store (start ranks with ./x launch or torchrun and call "
+                    "init_from_env, or hand in a ProcessGroup with use_process_group)");
       }
       auto store =
           c10::make_intrusive<c10d::PrefixStore>("dtensor/" + o.job + "/" + o.group.name, o.store);
@@ -98,10 +97,10 @@ class C10dCommunicator : public Communicator {
                                                         static_cast<int>(size()), options);
     }
     if (pg_->getRank() != rank() || pg_->getSize() != size()) {
-      throw Error("c10d backend: process group for '" + o.group.name +
-                                  "' has rank " + std::to_string(pg_->getRank()) + " of " +
-                                  std::to_string(pg_->getSize()) + ", the group needs rank " +
-                                  std::to_string(rank()) + " of " + std::to_string(size()));
+      throw Error("c10d backend: process group for '" + o.group.name + "' has rank " +
+                  std::to_string(pg_->getRank()) + " of " + std::to_string(pg_->getSize()) +
+                  ", the group needs rank " + std::to_string(rank()) + " of " +
+                  std::to_string(size()));
     }
   }
 

@@ -121,8 +121,8 @@ int64_t group_rank_of(const CommunicatorOptions& options) {
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i] == options.global_rank) return static_cast<int64_t>(i);
   }
-  throw Error("rank " + std::to_string(options.global_rank) +
-                              " is not a member of group '" + options.group.name + "'");
+  throw Error("rank " + std::to_string(options.global_rank) + " is not a member of group '" +
+              options.group.name + "'");
 }
 
 void register_backend(const std::string& name, BackendFactory factory) {
@@ -157,9 +157,8 @@ std::unique_ptr<Communicator> make_communicator(const CommunicatorOptions& optio
   }
   if (!factory) {
     const std::string known = absl::StrJoin(backend_names(), ", ");
-    throw Error("unknown collectives backend '" + options.group.backend +
-                                "' for group '" + options.group.name +
-                                "'; registered: " + (known.empty() ? "none" : known));
+    throw Error("unknown collectives backend '" + options.group.backend + "' for group '" +
+                options.group.name + "'; registered: " + (known.empty() ? "none" : known));
   }
   return factory(options);
 }

@@ -146,15 +146,14 @@ int64_t my_group_rank(const std::string& group) {
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i] == me) return static_cast<int64_t>(i);
   }
-  throw Error("rank " + std::to_string(me) + " is not a member of group '" + group +
-                              "'");
+  throw Error("rank " + std::to_string(me) + " is not a member of group '" + group + "'");
 }
 
 int64_t norm_dim(int64_t dim, const at::Tensor& t, const char* what) {
   const int64_t n = t.dim();
   if (n == 0 || dim < -n || dim >= n) {
     throw Error(std::string(what) + ": dim " + std::to_string(dim) +
-                                " is out of range for a tensor of shape " + c10::str(t.sizes()));
+                " is out of range for a tensor of shape " + c10::str(t.sizes()));
   }
   return dim < 0 ? dim + n : dim;
 }
@@ -286,10 +285,9 @@ at::Tensor all_gather_uneven(const at::Tensor& input, int64_t gather_dim,
   const int64_t n = group_size(group), me = my_group_rank(group);
   const int64_t d = norm_dim(gather_dim, input, "all_gather_uneven");
   if (static_cast<int64_t>(sizes.size()) != n || sizes[me] != input.size(d)) {
-    throw Error("all_gather_uneven on group '" + group +
-                                "': sizes must give one entry per rank (" + std::to_string(n) +
-                                ") and this rank's entry must equal its input's size " +
-                                std::to_string(input.size(d)) + " along dim " + std::to_string(d));
+    throw Error("all_gather_uneven on group '" + group + "': sizes must give one entry per rank (" +
+                std::to_string(n) + ") and this rank's entry must equal its input's size " +
+                std::to_string(input.size(d)) + " along dim " + std::to_string(d));
   }
   const at::Tensor moved = input.movedim(d, 0);
   const int64_t inner = c10::multiply_integers(moved.sizes().slice(1));
@@ -335,10 +333,9 @@ std::vector<at::Tensor> reduce_scatter_tensor_coalesced(const std::vector<at::Te
       const int64_t d = norm_dim(scatter_dim, inputs[i], "reduce_scatter_tensor");
       if (inputs[i].size(d) % n != 0) {
         throw Error("reduce_scatter_tensor on group '" + group + "': size " +
-                                    std::to_string(inputs[i].size(d)) + " of dim " +
-                                    std::to_string(d) + " of a tensor of shape " +
-                                    c10::str(inputs[i].sizes()) +
-                                    " is not divisible by the group size " + std::to_string(n));
+                    std::to_string(inputs[i].size(d)) + " of dim " + std::to_string(d) +
+                    " of a tensor of shape " + c10::str(inputs[i].sizes()) +
+                    " is not divisible by the group size " + std::to_string(n));
       }
       const int64_t len = inputs[i].size(d) / n;
       for (int64_t r = 0; r < n; ++r) chunks[r].push_back(flat(inputs[i].narrow(d, r * len, len)));
@@ -384,8 +381,8 @@ at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>
   auto equal_split = [&](const char* which) {
     if (rows % n != 0) {
       throw Error("all_to_all_single on group '" + group + "': no " + which +
-                                  " given and dim 0 of size " + std::to_string(rows) +
-                                  " does not split evenly over " + std::to_string(n) + " ranks");
+                  " given and dim 0 of size " + std::to_string(rows) +
+                  " does not split evenly over " + std::to_string(n) + " ranks");
     }
     return std::vector<int64_t>(n, rows / n);
   };
@@ -398,9 +395,9 @@ at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>
   for (int64_t s : out_s) out_rows += s;
   if (static_cast<int64_t>(in_s.size()) != n || static_cast<int64_t>(out_s.size()) != n ||
       in_rows != rows) {
-    throw Error(
-        "all_to_all_single on group '" + group + "': need one split per rank (" +
-        std::to_string(n) + ") and input splits summing to dim 0 (" + std::to_string(rows) + ")");
+    throw Error("all_to_all_single on group '" + group + "': need one split per rank (" +
+                std::to_string(n) + ") and input splits summing to dim 0 (" + std::to_string(rows) +
+                ")");
   }
   CollectiveCall c =
       make_call(CollectiveKind::kAllToAll, "all_to_all_single", flat(input), out_rows * inner);
@@ -420,9 +417,9 @@ at::Tensor all_to_all(const at::Tensor& input, int64_t split_dim, int64_t concat
   const int64_t sd = norm_dim(split_dim, input, "all_to_all");
   const int64_t cd = norm_dim(concat_dim, input, "all_to_all");
   if (input.size(sd) % n != 0) {
-    throw Error("all_to_all on group '" + group + "': split dim " +
-                                std::to_string(sd) + " of size " + std::to_string(input.size(sd)) +
-                                " does not split evenly over " + std::to_string(n) + " ranks");
+    throw Error("all_to_all on group '" + group + "': split dim " + std::to_string(sd) +
+                " of size " + std::to_string(input.size(sd)) + " does not split evenly over " +
+                std::to_string(n) + " ranks");
   }
   const int64_t len = input.size(sd) / n;
   std::vector<at::Tensor> chunks;
@@ -451,9 +448,8 @@ at::Tensor broadcast(const at::Tensor& input, int64_t src, const std::string& gr
                      bool async_op) {
   const int64_t n = group_size(group);
   if (src < 0 || src >= n) {
-    throw Error("broadcast on group '" + group + "': source rank " +
-                                std::to_string(src) + " is not a group rank (group size " +
-                                std::to_string(n) + ")");
+    throw Error("broadcast on group '" + group + "': source rank " + std::to_string(src) +
+                " is not a group rank (group size " + std::to_string(n) + ")");
   }
   CollectiveCall c = make_call(CollectiveKind::kBroadcast, "broadcast", flat(input), input.numel());
   c.src = src;

@@ -22,14 +22,14 @@ int64_t env_int(const char* name, std::optional<int64_t> fallback = std::nullopt
   if (!v) {
     if (fallback) return *fallback;
     throw Error(std::string("launch environment: ") + name +
-                                " is not set (start ranks with ./x launch -n N -- CMD, or "
-                                "python3 -m torch.distributed.run)");
+                " is not set (start ranks with ./x launch -n N -- CMD, or "
+                "python3 -m torch.distributed.run)");
   }
   char* end = nullptr;
   const long long x = std::strtoll(v->c_str(), &end, 10);
   if (v->empty() || *end != '\0' || x < 0) {
     throw Error(std::string("launch environment: ") + name + "='" + *v +
-                                "' is not a non-negative integer");
+                "' is not a non-negative integer");
   }
   return x;
 }
@@ -46,11 +46,10 @@ std::optional<LaunchEnv> launch_env_from_environ() {
   e.port = static_cast<int>(env_int("MASTER_PORT", 29500));
   if (e.world_size < 1 || e.rank >= e.world_size) {
     throw Error("launch environment: RANK=" + std::to_string(e.rank) +
-                                " is not in a world of WORLD_SIZE=" + std::to_string(e.world_size));
+                " is not in a world of WORLD_SIZE=" + std::to_string(e.world_size));
   }
   if (e.port <= 0 || e.port > 65535) {
-    throw Error("launch environment: MASTER_PORT=" + std::to_string(e.port) +
-                                " is not a TCP port");
+    throw Error("launch environment: MASTER_PORT=" + std::to_string(e.port) + " is not a TCP port");
   }
   return e;
 }

@@ -45,8 +45,7 @@ ncclDataType_t nccl_dtype(c10::ScalarType t) {
     case c10::kBool:
       return ncclUint8;
     default:
-      throw Error(std::string("nccl backend: dtype ") + c10::toString(t) +
-                                  " is not supported");
+      throw Error(std::string("nccl backend: dtype ") + c10::toString(t) + " is not supported");
   }
 }
 
@@ -63,9 +62,8 @@ ncclRedOp_t nccl_op(ReduceOp op, c10::ScalarType t) {
     case ReduceOp::kAvg:
       return ncclAvg;
     default:
-      throw Error(std::string("nccl backend: NCCL has no ") +
-                                  std::string(reduce_op_name(op)) + " reduction (dtype " +
-                                  c10::toString(t) + ")");
+      throw Error(std::string("nccl backend: NCCL has no ") + std::string(reduce_op_name(op)) +
+                  " reduction (dtype " + c10::toString(t) + ")");
   }
 }
 
@@ -81,7 +79,7 @@ class NcclCommunicator : public Communicator {
       : Communicator(o.group, group_rank_of(o), o.timeout) {
     if (!o.store) {
       throw Error("nccl backend: group '" + o.group.name +
-                                  "' has no rendezvous store (use init_from_env)");
+                  "' has no rendezvous store (use init_from_env)");
     }
     const std::string key = "dtensor/" + o.job + "/" + o.group.name + "/nccl_id";
     ncclUniqueId id;
@@ -107,9 +105,8 @@ class NcclCommunicator : public Communicator {
   void run(CollectiveCall& call) override {
     const auto start = Clock::now();
     if (call.kind != CollectiveKind::kBarrier && !call.input.is_cuda()) {
-      throw Error("nccl backend: " + std::string(collective_name(call.kind)) +
-                                  " on group '" + group().name + "' needs CUDA tensors, got " +
-                                  call.input.device().str());
+      throw Error("nccl backend: " + std::string(collective_name(call.kind)) + " on group '" +
+                  group().name + "' needs CUDA tensors, got " + call.input.device().str());
     }
     enqueue(call);
     wait_stream(call, start);

@@ -25,7 +25,7 @@ std::chrono::milliseconds default_timeout() {
     const long long ms = std::strtoll(env, &end, 10);
     if (end != env && *end == '\0' && ms > 0) return std::chrono::milliseconds(ms);
     throw Error("DTENSOR_COLLECTIVE_TIMEOUT_MS='" + std::string(env) +
-                                "' is not a positive integer of milliseconds");
+                "' is not a positive integer of milliseconds");
   }
   return std::chrono::milliseconds(300000);
 }
@@ -38,8 +38,8 @@ RankContext::RankContext(int64_t rank, int64_t world_size, std::string backend, 
       job_(std::move(job)),
       timeout_(timeout) {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
-    throw Error("RankContext: rank " + std::to_string(rank) +
-                                " is not in a world of size " + std::to_string(world_size));
+    throw Error("RankContext: rank " + std::to_string(rank) + " is not in a world of size " +
+                std::to_string(world_size));
   }
   std::vector<int64_t> all(world_size);
   for (int64_t r = 0; r < world_size; ++r) all[r] = r;
@@ -93,7 +93,7 @@ const GroupInfo& RankContext::group(const std::string& name) {
     const std::string known = absl::StrJoin(
         groups_, ", ", [](std::string* out, const auto& entry) { out->append(entry.first); });
     throw Error("unknown group '" + name + "' on rank " + std::to_string(rank_) +
-                                "; registered: " + known);
+                "; registered: " + known);
   }
   return it->second;
 }

@@ -24,7 +24,7 @@ void check_reduce_op(ReduceOp op, c10::ScalarType dtype, const std::string& what
   }
   if (problem) {
     throw Error(what + ": reduce op " + std::string(reduce_op_name(op)) + " on " +
-                                c10::toString(dtype) + ": " + problem);
+                c10::toString(dtype) + ": " + problem);
   }
 }
 

@@ -146,8 +146,8 @@ void check_call(const CollectiveCall& c, int64_t n, int64_t me, const std::strin
   }
   if (!ok) {
     throw Error(where +
-                                ": needs flat contiguous CPU tensors of one dtype whose sizes "
-                                "match the split sizes (one per rank) and the source rank");
+                ": needs flat contiguous CPU tensors of one dtype whose sizes "
+                "match the split sizes (one per rank) and the source rank");
   }
 }
 

@@ -65,7 +65,7 @@ size_t half_buffer_bytes() {
     const long long v = std::strtoll(env, &end, 10);
     if (end == env || *end != '\0' || v < 128) {
       throw Error("DTENSOR_SHM_BUFFER_BYTES='" + std::string(env) +
-                                  "' is not a byte count of at least 128");
+                  "' is not a byte count of at least 128");
     }
     bytes = static_cast<size_t>(v);
   }

@@ -28,9 +28,8 @@ int64_t norm(int64_t dim, int64_t ndim) { return dim < 0 ? dim + ndim : dim; }
 void check_group_size(const std::string& group, int64_t group_size, const char* op) {
   const int64_t actual = static_cast<int64_t>(current_context().group(group).ranks.size());
   if (actual != group_size) {
-    throw Error(std::string(op) + ": group_size " + std::to_string(group_size) +
-                                " but group '" + group + "' has " + std::to_string(actual) +
-                                " ranks");
+    throw Error(std::string(op) + ": group_size " + std::to_string(group_size) + " but group '" +
+                group + "' has " + std::to_string(actual) + " ranks");
   }
 }
 

@@ -1,7 +1,7 @@
 #include "device_mesh/device_mesh.h"
 
-#include <absl/strings/str_join.h>
 #include <absl/hash/hash.h>
+#include <absl/strings/str_join.h>
 #include "base/error.h"
 
 #include <algorithm>
@@ -27,31 +27,39 @@ DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<int64_t> ranks,
   auto impl = std::make_shared<Impl>();
   int64_t numel = 1;
   for (int64_t s : shape) {
-    if (s <= 0) fail_mesh("mesh shape (" + absl::StrJoin(shape, ",") + ") has a size <= 0; every dim needs a rank");
+    if (s <= 0)
+      fail_mesh("mesh shape (" + absl::StrJoin(shape, ",") +
+                ") has a size <= 0; every dim needs a rank");
     if (__builtin_mul_overflow(numel, s, &numel) || numel > kMaxRanks) {
-      fail_mesh("mesh shape (" + absl::StrJoin(shape, ",") + ") has more than " + std::to_string(kMaxRanks) +
-           " ranks");
+      fail_mesh("mesh shape (" + absl::StrJoin(shape, ",") + ") has more than " +
+                std::to_string(kMaxRanks) + " ranks");
     }
   }
   if (numel != static_cast<int64_t>(ranks.size())) {
-    fail_mesh("mesh shape (" + absl::StrJoin(shape, ",") + ") holds " + std::to_string(numel) + " ranks but " +
-         std::to_string(ranks.size()) + " were given: [" + absl::StrJoin(ranks, ",") + "]");
+    fail_mesh("mesh shape (" + absl::StrJoin(shape, ",") + ") holds " + std::to_string(numel) +
+              " ranks but " + std::to_string(ranks.size()) + " were given: [" +
+              absl::StrJoin(ranks, ",") + "]");
   }
   std::unordered_set<int64_t> seen;
   for (int64_t r : ranks) {
-    if (r < 0) fail_mesh("rank " + std::to_string(r) + " is negative in [" + absl::StrJoin(ranks, ",") + "]");
+    if (r < 0)
+      fail_mesh("rank " + std::to_string(r) + " is negative in [" + absl::StrJoin(ranks, ",") +
+                "]");
     if (!seen.insert(r).second) {
-      fail_mesh("rank " + std::to_string(r) + " appears twice in [" + absl::StrJoin(ranks, ",") + "]");
+      fail_mesh("rank " + std::to_string(r) + " appears twice in [" + absl::StrJoin(ranks, ",") +
+                "]");
     }
   }
   if (!dim_names.empty()) {
     if (dim_names.size() != shape.size()) {
       fail_mesh("mesh has " + std::to_string(shape.size()) + " dims but " +
-           std::to_string(dim_names.size()) + " dim names were given: (" + absl::StrJoin(dim_names, ",") + ")");
+                std::to_string(dim_names.size()) + " dim names were given: (" +
+                absl::StrJoin(dim_names, ",") + ")");
     }
     std::unordered_set<std::string> names;
     for (const auto& n : dim_names) {
-      if (n.empty()) fail_mesh("dim names must not be empty: (" + absl::StrJoin(dim_names, ",") + ")");
+      if (n.empty())
+        fail_mesh("dim names must not be empty: (" + absl::StrJoin(dim_names, ",") + ")");
       if (!names.insert(n).second) {
         fail_mesh("dim name '" + n + "' appears twice in (" + absl::StrJoin(dim_names, ",") + ")");
       }
@@ -84,7 +92,7 @@ int64_t DeviceMesh::normalize_dim(int64_t dim) const {
   const int64_t n = ndim();
   if (dim < -n || dim >= n) {
     fail_mesh("dim " + std::to_string(dim) + " is out of range for a " + std::to_string(n) +
-         "-D mesh (" + absl::StrJoin(shape(), ",") + ")");
+              "-D mesh (" + absl::StrJoin(shape(), ",") + ")");
   }
   return dim < 0 ? dim + n : dim;
 }
@@ -95,8 +103,9 @@ int64_t DeviceMesh::dim_index(const std::string& name) const {
   const auto& names = impl_->dim_names;
   const auto it = std::find(names.begin(), names.end(), name);
   if (it == names.end()) {
-    fail_mesh("no dim named '" + name + "'; the mesh has " +
-         (names.empty() ? std::string("no dim names") : "dims (" + absl::StrJoin(names, ",") + ")"));
+    fail_mesh(
+        "no dim named '" + name + "'; the mesh has " +
+        (names.empty() ? std::string("no dim names") : "dims (" + absl::StrJoin(names, ",") + ")"));
   }
   return it - names.begin();
 }
@@ -116,13 +125,15 @@ std::optional<std::vector<int64_t>> DeviceMesh::coordinate(int64_t rank) const {
 
 int64_t DeviceMesh::rank_at(const std::vector<int64_t>& coordinate) const {
   if (coordinate.size() != impl_->shape.size()) {
-    fail_mesh("coordinate (" + absl::StrJoin(coordinate, ",") + ") has " + std::to_string(coordinate.size()) +
-         " entries for a " + std::to_string(ndim()) + "-D mesh");
+    fail_mesh("coordinate (" + absl::StrJoin(coordinate, ",") + ") has " +
+              std::to_string(coordinate.size()) + " entries for a " + std::to_string(ndim()) +
+              "-D mesh");
   }
   int64_t flat = 0;
   for (size_t d = 0; d < coordinate.size(); ++d) {
     if (coordinate[d] < 0 || coordinate[d] >= impl_->shape[d]) {
-      fail_mesh("coordinate (" + absl::StrJoin(coordinate, ",") + ") is outside mesh shape (" + absl::StrJoin(shape(), ",") + ")");
+      fail_mesh("coordinate (" + absl::StrJoin(coordinate, ",") + ") is outside mesh shape (" +
+                absl::StrJoin(shape(), ",") + ")");
     }
     flat += coordinate[d] * impl_->strides[d];
   }
@@ -213,7 +224,8 @@ DeviceMesh DeviceMesh::flatten_dims(const std::vector<int64_t>& dims_in, std::st
     } else if (std::find(merged.begin(), merged.end(), d) == merged.end()) {
       new_shape.push_back(impl_->shape[d]);
       if (has_dim_names()) {
-        if (impl_->dim_names[d] == name) fail_mesh("flattened dim name '" + name + "' already exists");
+        if (impl_->dim_names[d] == name)
+          fail_mesh("flattened dim name '" + name + "' already exists");
         new_names.push_back(impl_->dim_names[d]);
       }
     }
@@ -287,7 +299,8 @@ std::string group_name_for_ranks(const std::vector<int64_t>& ranks) {
 }
 
 std::string DeviceMesh::to_string() const {
-  std::string out = "DeviceMesh((" + absl::StrJoin(shape(), ",") + "), ranks=[" + absl::StrJoin(ranks(), ",") + "]";
+  std::string out = "DeviceMesh((" + absl::StrJoin(shape(), ",") + "), ranks=[" +
+                    absl::StrJoin(ranks(), ",") + "]";
   if (has_dim_names()) out += ", names=(" + absl::StrJoin(dim_names(), ",") + ")";
   return out + ")";
 }

@@ -34,8 +34,7 @@ DTensorSpec factory_spec(const std::vector<int64_t>& size, const DeviceMesh& mes
                          const char* what) {
   if (static_cast<int64_t>(placements.size()) != mesh.ndim()) {
     throw Error(std::string(what) + ": " + std::to_string(placements.size()) +
-                                " placements for a " + std::to_string(mesh.ndim()) + "-D mesh " +
-                                mesh.to_string());
+                " placements for a " + std::to_string(mesh.ndim()) + "-D mesh " + mesh.to_string());
   }
   for (const Placement& p : placements) {
     if (p.is_partial()) {
@@ -84,8 +83,8 @@ DeviceMesh init_device_mesh(const std::vector<int64_t>& shape,
   for (int64_t s : shape) n *= s;
   if (n != ctx.world_size()) {
     throw Error("init_device_mesh: a mesh of " + std::to_string(n) +
-                                " ranks does not match the world of " +
-                                std::to_string(ctx.world_size()) + " ranks");
+                " ranks does not match the world of " + std::to_string(ctx.world_size()) +
+                " ranks");
   }
   DeviceMesh mesh = DeviceMesh::arange(shape, dim_names);
   ctx.register_mesh(mesh);
@@ -95,8 +94,8 @@ DeviceMesh init_device_mesh(const std::vector<int64_t>& shape,
 at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
                              const Placements& placements, std::optional<int64_t> src_rank) {
   if (is_dtensor(tensor)) {
-    throw Error("distribute_tensor: the tensor is already distributed (" +
-                                to_string(tensor) + "); use redistribute");
+    throw Error("distribute_tensor: the tensor is already distributed (" + to_string(tensor) +
+                "); use redistribute");
   }
   const DTensor v = dtensor::distribute_tensor(tensor.detach(), mesh, placements, src_rank);
   at::Tensor t = make_dtensor(v.to_local(), v.spec());
@@ -108,8 +107,7 @@ at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Pla
                       bool run_check, const std::optional<std::vector<int64_t>>& shape,
                       const std::optional<std::vector<int64_t>>& stride) {
   if (is_dtensor(local)) {
-    throw Error("from_local: the local tensor is already distributed (" +
-                                to_string(local) + ")");
+    throw Error("from_local: the local tensor is already distributed (" + to_string(local) + ")");
   }
   const DTensor v = dtensor::from_local(local.detach(), mesh, placements, run_check, shape, stride);
   if (records_grad(local)) return autograd::from_local(local, v.spec());

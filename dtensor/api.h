@@ -23,8 +23,8 @@
 #include "device_mesh/device_mesh.h"
 #include "dtensor/dispatch.h"
 #include "dtensor/dtensor_impl.h"
-#include "layout/placement.h"
 #include "dtensor/random.h"
+#include "layout/placement.h"
 
 namespace dtensor::api {
 

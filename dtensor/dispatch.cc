@@ -141,8 +141,8 @@ std::vector<Input> collect_inputs(const OpInfo& info, const c10::FunctionSchema&
   }
   if (inputs.empty()) {
     throw Error(info.name +
-                                ": only an out= argument is distributed; its inputs must be "
-                                "distributed tensors too");
+                ": only an out= argument is distributed; its inputs must be "
+                "distributed tensors too");
   }
   if (!plain.empty()) {
     const DeviceMesh& mesh = inputs[0].spec.mesh();
@@ -268,8 +268,9 @@ void redistribute_inputs(const OpInfo& info, const sharding::OpSharding& s,
 // out= arguments: their pieces are written (and resized) by the local op. A piece of the wrong
 // shape is replaced (ATen would resize it with a warning).
 void prepare_out_args(const OpInfo& info, const c10::FunctionSchema& schema,
-                      const sharding::OpSharding& s, const c10::SmallVector<at::Tensor, 8>& originals,
-                      c10::IValue* args, size_t n) {
+                      const sharding::OpSharding& s,
+                      const c10::SmallVector<at::Tensor, 8>& originals, c10::IValue* args,
+                      size_t n) {
   for (size_t i = 0, o = 0; i < n; ++i) {
     if (!info.is_out[i] || !originals[i].defined()) continue;
     const size_t k = std::min(o++, s.outputs.size() - 1);
@@ -419,8 +420,8 @@ std::string explain(const std::string& op, std::vector<c10::IValue> args) {
   const c10::FunctionSchema& schema = handle->schema();
   const auto& formal = schema.arguments();
   if (args.size() > formal.size()) {
-    throw Error("explain: " + op + " takes " + std::to_string(formal.size()) +
-                                " arguments, got " + std::to_string(args.size()));
+    throw Error("explain: " + op + " takes " + std::to_string(formal.size()) + " arguments, got " +
+                std::to_string(args.size()));
   }
   for (size_t i = args.size(); i < formal.size(); ++i) {
     if (!formal[i].default_value()) {

@@ -31,8 +31,7 @@ std::vector<int64_t> ivalue_ints(const c10::IValue& v) {
     }
     return out;
   }
-  throw Error("dispatch_args: expected an int or int list argument, got " +
-                              v.tagKind());
+  throw Error("dispatch_args: expected an int or int list argument, got " + v.tagKind());
 }
 
 OpArgs::OpArgs(const sharding::OpEntry* entry, const c10::FunctionSchema& schema) {

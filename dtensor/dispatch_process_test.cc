@@ -11,8 +11,8 @@
 
 #include <cstdio>
 
-#include "dtensor/api.h"
 #include "collectives/testing/fork_ranks.h"
+#include "dtensor/api.h"
 
 namespace dtensor {
 namespace {

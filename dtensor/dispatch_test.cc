@@ -8,8 +8,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
-#include "collectives/rank_context.h"
 #include "base/testing/expect_error.h"
+#include "collectives/rank_context.h"
 
 namespace dtensor {
 namespace {

@@ -1,17 +1,17 @@
 #include "dtensor/dtensor.h"
 
-#include <absl/strings/str_join.h>
 #include <ATen/ATen.h>
+#include <absl/strings/str_join.h>
 
 #include <stdexcept>
 
 #include "base/error.h"
 #include "collectives/functional.h"
 #include "collectives/rank_context.h"
+#include "dtensor/autograd.h"
 #include "dtensor/local_tensor.h"
 #include "dtensor/redistribute.h"
 #include "layout/shard_layout.h"
-#include "dtensor/autograd.h"
 
 namespace dtensor {
 namespace {
@@ -29,8 +29,8 @@ constexpr int64_t kMaxDims = 16;
 std::vector<std::vector<int64_t>> exchange_meta(const DeviceMesh& mesh, const at::Tensor& t,
                                                 const char* what) {
   if (t.dim() > kMaxDims) {
-    throw Error(std::string(what) + ": tensors of more than " +
-                                std::to_string(kMaxDims) + " dims are not supported");
+    throw Error(std::string(what) + ": tensors of more than " + std::to_string(kMaxDims) +
+                " dims are not supported");
   }
   std::vector<int64_t> dims(mesh.ndim());
   for (int64_t m = 0; m < mesh.ndim(); ++m) dims[m] = m;
@@ -60,9 +60,9 @@ void refuse_partial(const Placements& placements, const char* what) {
   for (size_t m = 0; m < placements.size(); ++m) {
     if (placements[m].is_partial()) {
       throw Error(std::string(what) + ": Partial placements are not allowed (" +
-                                  placements[m].to_string() + " on mesh dim " + std::to_string(m) +
-                                  "); lay the tensor out with Shard/Replicate, or use from_local "
-                                  "for partial values");
+                  placements[m].to_string() + " on mesh dim " + std::to_string(m) +
+                  "); lay the tensor out with Shard/Replicate, or use from_local "
+                  "for partial values");
     }
   }
 }
@@ -115,17 +115,16 @@ DTensor DTensor::redistribute(const Placements& placements, bool async_op) const
 DTensor DTensor::redistribute(const DeviceMesh& mesh, const Placements& placements,
                               bool async_op) const {
   if (mesh != spec_.mesh()) {
-    throw Error("redistribute: target mesh " + mesh.to_string() +
-                                " is not this tensor's mesh " + spec_.mesh().to_string() +
-                                " (redistribute stays on one mesh)");
+    throw Error("redistribute: target mesh " + mesh.to_string() + " is not this tensor's mesh " +
+                spec_.mesh().to_string() + " (redistribute stays on one mesh)");
   }
   return redistribute(placements, async_op);
 }
 
 std::string DTensor::to_string() const {
   return "DTensor(" + spec_.to_string() + ", local " +
-         std::string(c10::toString(local_.scalar_type())) + "[" + absl::StrJoin(local_.sizes().vec(), ",") +
-         "])";
+         std::string(c10::toString(local_.scalar_type())) + "[" +
+         absl::StrJoin(local_.sizes().vec(), ",") + "])";
 }
 
 DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
@@ -137,8 +136,8 @@ DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
   if (!src_rank) return DTensor(local_tensor_for(tensor.detach(), spec, coord), spec);
 
   if (!mesh.contains(*src_rank)) {
-    throw Error("distribute_tensor: src_rank " + std::to_string(*src_rank) +
-                                " is not in " + mesh.to_string());
+    throw Error("distribute_tensor: src_rank " + std::to_string(*src_rank) + " is not in " +
+                mesh.to_string());
   }
   const auto metas = exchange_meta(mesh, tensor, "distribute_tensor");
   const int64_t src_index = [&] {
@@ -147,11 +146,10 @@ DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
   }();
   for (size_t i = 0; i < metas.size(); ++i) {
     if (metas[i] != metas[src_index]) {
-      throw Error("distribute_tensor: rank " + std::to_string(mesh.ranks()[i]) +
-                                  " passed " + meta_text(metas[i]) + " but src_rank " +
-                                  std::to_string(*src_rank) + " has " +
-                                  meta_text(metas[src_index]) +
-                                  "; every rank must pass a tensor of the same shape and dtype");
+      throw Error("distribute_tensor: rank " + std::to_string(mesh.ranks()[i]) + " passed " +
+                  meta_text(metas[i]) + " but src_rank " + std::to_string(*src_rank) + " has " +
+                  meta_text(metas[src_index]) +
+                  "; every rank must pass a tensor of the same shape and dtype");
     }
   }
   // A scatter as one all_to_all_single: the source sends every rank exactly its box.
@@ -182,9 +180,8 @@ DTensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placem
                    bool run_check, const std::optional<std::vector<int64_t>>& shape,
                    const std::optional<std::vector<int64_t>>& stride) {
   if (static_cast<int64_t>(placements.size()) != mesh.ndim()) {
-    throw Error("from_local: " + std::to_string(placements.size()) +
-                                " placements for a " + std::to_string(mesh.ndim()) + "-D mesh " +
-                                mesh.to_string());
+    throw Error("from_local: " + std::to_string(placements.size()) + " placements for a " +
+                std::to_string(mesh.ndim()) + "-D mesh " + mesh.to_string());
   }
   std::vector<int64_t> global = local.sizes().vec();
   if (shape) {
@@ -210,15 +207,15 @@ DTensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placem
       want.insert(want.end(), box.shape.begin(), box.shape.end());
       if (metas[i] != want) {
         throw Error("from_local(run_check): rank " + std::to_string(r) + " holds " +
-                                    meta_text(metas[i]) + " but " + spec.to_string() +
-                                    " gives it " + meta_text(want));
+                    meta_text(metas[i]) + " but " + spec.to_string() + " gives it " +
+                    meta_text(want));
       }
     }
   } else if (local.sizes().vec() != local_box(spec, coord).shape) {
     throw Error("from_local: this rank's local tensor " + c10::str(local.sizes()) +
-                                " does not match " + spec.to_string() + " (local shape [" +
-                                absl::StrJoin(local_box(spec, coord).shape, ",") + "])" +
-                                (shape ? "" : "; pass shape= for uneven shards"));
+                " does not match " + spec.to_string() + " (local shape [" +
+                absl::StrJoin(local_box(spec, coord).shape, ",") + "])" +
+                (shape ? "" : "; pass shape= for uneven shards"));
   }
   return DTensor(local, spec);
 }

@@ -83,7 +83,7 @@ DTensorImpl& checked(const at::Tensor& t, const char* what) {
   DTensorImpl* impl = dtensor_impl(t);
   if (impl == nullptr) {
     throw Error(std::string(what) + ": expected a distributed tensor, got a " +
-                                (t.defined() ? "plain tensor" : "undefined tensor"));
+                (t.defined() ? "plain tensor" : "undefined tensor"));
   }
   return *impl;
 }

@@ -10,10 +10,10 @@
 
 #include <mutex>
 
+#include "base/testing/expect_error.h"
 #include "collectives/functional.h"
 #include "collectives/rank_context.h"
 #include "dtensor/local_tensor.h"
-#include "base/testing/expect_error.h"
 #include "layout/testing/layout_enumeration.h"
 
 namespace dtensor {

@@ -10,9 +10,8 @@ namespace dtensor {
 
 at::Tensor slice_box(const at::Tensor& global, const LocalBox& box) {
   if (global.dim() != static_cast<int64_t>(box.shape.size())) {
-    throw Error("slice_box: a " + std::to_string(box.shape.size()) +
-                                "-D box does not fit a " + std::to_string(global.dim()) +
-                                "-D tensor");
+    throw Error("slice_box: a " + std::to_string(box.shape.size()) + "-D box does not fit a " +
+                std::to_string(global.dim()) + "-D tensor");
   }
   at::Tensor out = global;
   for (int64_t d = 0; d < global.dim(); ++d) out = out.narrow(d, box.offset[d], box.shape[d]);
@@ -23,7 +22,7 @@ at::Tensor local_tensor_for(const at::Tensor& global, const DTensorSpec& spec,
                             const std::vector<int64_t>& coordinate) {
   if (global.sizes().vec() != spec.shape()) {
     throw Error("local_tensor_for: tensor of shape " + c10::str(global.sizes()) +
-                                " does not match the spec " + spec.to_string());
+                " does not match the spec " + spec.to_string());
   }
   at::Tensor local =
       slice_box(global, local_box(spec, coordinate)).clone(at::MemoryFormat::Contiguous);

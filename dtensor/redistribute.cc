@@ -1,7 +1,7 @@
 #include "dtensor/redistribute.h"
 
-#include <absl/strings/str_join.h>
 #include <ATen/ATen.h>
+#include <absl/strings/str_join.h>
 
 #include <stdexcept>
 
@@ -213,11 +213,11 @@ at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& input, b
   const std::vector<int64_t> coord = my_coordinate(mesh, "redistribute");
   const LocalBox box = local_box(plan.src, coord);
   if (local.sizes().vec() != box.shape || local.scalar_type() != plan.src.meta().dtype) {
-    throw Error(
-        "redistribute " + plan.to_string() + ": rank " + std::to_string(ranks.rank()) +
-        " holds a local tensor " + std::string(c10::toString(local.scalar_type())) +
-        c10::str(local.sizes()) + " but the source layout gives it " +
-        std::string(c10::toString(plan.src.meta().dtype)) + "[" + absl::StrJoin(box.shape, ", ") + "]");
+    throw Error("redistribute " + plan.to_string() + ": rank " + std::to_string(ranks.rank()) +
+                " holds a local tensor " + std::string(c10::toString(local.scalar_type())) +
+                c10::str(local.sizes()) + " but the source layout gives it " +
+                std::string(c10::toString(plan.src.meta().dtype)) + "[" +
+                absl::StrJoin(box.shape, ", ") + "]");
   }
   Ctx ctx{ranks, ranks.rank(), coord};
   at::Tensor x = local;

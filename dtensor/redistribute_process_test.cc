@@ -11,10 +11,10 @@
 
 #include "collectives/launch_env.h"
 #include "collectives/rank_context.h"
+#include "collectives/testing/fork_ranks.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/local_tensor.h"
 #include "dtensor/redistribute.h"
-#include "collectives/testing/fork_ranks.h"
 
 namespace dtensor {
 namespace {

@@ -74,8 +74,8 @@ int run() {
   constexpr int64_t kMaxElements = 1 << 20, kMaxRanks = 1024;
   if (meta.numel() > kMaxElements || mesh.size() > kMaxRanks) {
     dtensor::fail("the demo prints every value: keep the tensor under " +
-                                std::to_string(kMaxElements) + " elements and the mesh under " +
-                                std::to_string(kMaxRanks) + " ranks");
+                  std::to_string(kMaxElements) + " elements and the mesh under " +
+                  std::to_string(kMaxRanks) + " ranks");
   }
   const at::Tensor global = at::arange(meta.numel(), at::kLong).reshape(meta.shape);
 

@@ -57,14 +57,15 @@ void canonicalise_order(Data& data, const ShardOrder& given) {
   if (!given.empty()) {
     if (static_cast<int64_t>(given.size()) != ndim) {
       fail_spec("shard order has " + std::to_string(given.size()) + " entries for a " +
-           std::to_string(ndim) + "-D tensor");
+                std::to_string(ndim) + "-D tensor");
     }
     for (int64_t d = 0; d < ndim; ++d) {
       std::vector<int64_t> sorted = given[d];
       std::sort(sorted.begin(), sorted.end());
       if (sorted != order[d]) {
         fail_spec("shard order for tensor dim " + std::to_string(d) +
-             " must list exactly the mesh dims that shard it under " + to_string(data.placements));
+                  " must list exactly the mesh dims that shard it under " +
+                  to_string(data.placements));
       }
       if (given[d] != order[d]) data.default_order = false;
     }
@@ -79,7 +80,7 @@ DTensorSpec DTensorSpec::make(const DeviceMesh& mesh, const Placements& placemen
                               const TensorMeta& meta, const ShardOrder& shard_order) {
   if (static_cast<int64_t>(placements.size()) != mesh.ndim()) {
     fail_spec(std::to_string(placements.size()) + " placements " + dtensor::to_string(placements) +
-         " for a " + std::to_string(mesh.ndim()) + "-D mesh; give one placement per mesh dim");
+              " for a " + std::to_string(mesh.ndim()) + "-D mesh; give one placement per mesh dim");
   }
   Data data{mesh, placements, TensorMeta::make(meta.shape, meta.dtype, meta.stride), {}, true,
             0,    0};
@@ -87,7 +88,7 @@ DTensorSpec DTensorSpec::make(const DeviceMesh& mesh, const Placements& placemen
     if (p.is_partial() && is_bitwise(p.reduce_op()) &&
         !c10::isIntegralType(meta.dtype, /*includeBool=*/true)) {
       fail_spec(p.to_string() + " needs an integer or bool tensor, not " +
-           std::string(c10::toString(meta.dtype)));
+                std::string(c10::toString(meta.dtype)));
     }
     if (p.is_shard()) {
       p = Shard(static_cast<int32_t>(normalize_tensor_dim(p.dim(), meta.ndim(), "Shard dim")));

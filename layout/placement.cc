@@ -20,7 +20,7 @@ std::string_view trim(std::string_view s) {
 
 [[noreturn]] void bad_token(std::string_view token, const std::string& why) {
   throw Error("bad placement '" + std::string(token) + "': " + why +
-                              " (expected S(<dim>), R or P(<op>), e.g. \"S(0),R,P(sum)\")");
+              " (expected S(<dim>), R or P(<op>), e.g. \"S(0),R,P(sum)\")");
 }
 
 // Splits "Name(arg)" into name and arg; arg is empty and has_parens false for "Name".
@@ -54,7 +54,7 @@ ReduceOp parse_reduce_op(std::string_view text) {
     if (kReduceOpNames[i] == text) return static_cast<ReduceOp>(i);
   }
   throw Error("unknown reduce op '" + std::string(text) +
-                              "' (expected one of sum, avg, min, max, product, band, bor, bxor)");
+              "' (expected one of sum, avg, min, max, product, band, bor, bxor)");
 }
 
 bool is_bitwise(ReduceOp op) {
@@ -131,9 +131,8 @@ Placements parse_placements(std::string_view text) {
       try {
         out.push_back(parse_placement(token));
       } catch (const Error& e) {
-        throw Error(std::string(e.what()) + " at position " +
-                                    std::to_string(out.size()) + " of \"" + std::string(text) +
-                                    "\"");
+        throw Error(std::string(e.what()) + " at position " + std::to_string(out.size()) +
+                    " of \"" + std::string(text) + "\"");
       }
       start = i + 1;
     }

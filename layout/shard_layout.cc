@@ -1,7 +1,7 @@
 #include "layout/shard_layout.h"
 
-#include <absl/strings/str_join.h>
 #include <ATen/ceil_div.h>
+#include <absl/strings/str_join.h>
 #include "base/error.h"
 
 #include <algorithm>
@@ -18,7 +18,7 @@ void check_coordinate(const DTensorSpec& spec, const std::vector<int64_t>& coord
   }
   if (!ok) {
     throw Error("coordinate (" + absl::StrJoin(coordinate, ",") + ") is outside mesh shape (" +
-                                absl::StrJoin(shape, ",") + ")");
+                absl::StrJoin(shape, ",") + ")");
   }
 }
 
@@ -113,7 +113,7 @@ std::vector<std::vector<int64_t>> owner_coordinates(const DTensorSpec& spec,
                                                     const std::vector<int64_t>& index) {
   if (static_cast<int64_t>(index.size()) != spec.ndim()) {
     throw Error("index (" + absl::StrJoin(index, ",") + ") has " + std::to_string(index.size()) +
-                                " entries for a " + std::to_string(spec.ndim()) + "-D tensor");
+                " entries for a " + std::to_string(spec.ndim()) + "-D tensor");
   }
   const auto& mesh_shape = spec.mesh().shape();
   // Coordinates allowed per mesh dim: one for Shard dims, all for the others.
@@ -124,7 +124,7 @@ std::vector<std::vector<int64_t>> owner_coordinates(const DTensorSpec& spec,
   for (int64_t d = 0; d < spec.ndim(); ++d) {
     if (index[d] < 0 || index[d] >= spec.shape()[d]) {
       throw Error("index (" + absl::StrJoin(index, ",") + ") is out of bounds for shape [" +
-                                  absl::StrJoin(spec.shape(), ",") + "]");
+                  absl::StrJoin(spec.shape(), ",") + "]");
     }
     int64_t piece = spec.shape()[d];
     int64_t pos = index[d];  // position inside the current piece

@@ -1,12 +1,11 @@
 #include "layout/tensor_meta.h"
 
-#include <absl/strings/str_join.h>
 #include <absl/hash/hash.h>
+#include <absl/strings/str_join.h>
 #include <c10/core/WrapDimMinimal.h>
 #include "base/error.h"
 
 #include <stdexcept>
-
 
 namespace dtensor {
 
@@ -24,19 +23,19 @@ TensorMeta TensorMeta::make(std::vector<int64_t> shape, c10::ScalarType dtype,
   for (int64_t s : shape) {
     if (s < 0) {
       throw Error("TensorMeta: shape [" + absl::StrJoin(shape, ",") + "] has a negative size " +
-                                  std::to_string(s));
+                  std::to_string(s));
     }
     if (__builtin_mul_overflow(numel, s, &numel)) {
       throw Error("TensorMeta: shape [" + absl::StrJoin(shape, ",") +
-                                  "] has more elements than int64 can count");
+                  "] has more elements than int64 can count");
     }
   }
   if (stride.empty()) {
     stride = contiguous_stride(shape);
   } else if (stride.size() != shape.size()) {
     throw Error("TensorMeta: stride [" + absl::StrJoin(stride, ",") + "] has " +
-                                std::to_string(stride.size()) + " entries for shape [" +
-                                absl::StrJoin(shape, ",") + "]");
+                std::to_string(stride.size()) + " entries for shape [" + absl::StrJoin(shape, ",") +
+                "]");
   }
   return TensorMeta{std::move(shape), std::move(stride), dtype};
 }
@@ -53,15 +52,12 @@ std::string TensorMeta::to_string() const {
   return out;
 }
 
-size_t TensorMeta::hash() const {
-  return absl::HashOf(static_cast<int>(dtype), shape, stride);
-}
+size_t TensorMeta::hash() const { return absl::HashOf(static_cast<int>(dtype), shape, stride); }
 
 int64_t normalize_tensor_dim(int64_t dim, int64_t ndim, const char* what) {
   // c10's wrap, with a message that names what the dim is for (and a 0-dim tensor has none).
-  DTENSOR_CHECK(ndim > 0 && dim >= -ndim && dim < ndim, what, " ", dim,
-                " is out of range for a ", ndim, "-D tensor (expected a dim in [", -ndim, ", ",
-                ndim - 1, "])");
+  DTENSOR_CHECK(ndim > 0 && dim >= -ndim && dim < ndim, what, " ", dim, " is out of range for a ",
+                ndim, "-D tensor (expected a dim in [", -ndim, ", ", ndim - 1, "])");
   return c10::maybe_wrap_dim(dim, ndim, /*wrap_scalar=*/false);
 }
 

@@ -143,9 +143,8 @@ void bind_tensors(py::module& m) {
         const auto& ctx = collectives::current_context();
         for (int64_t r : mesh.ranks()) {
           if (r >= ctx.world_size()) {
-            throw Error("DeviceMesh " + mesh.to_string() + " names rank " +
-                                        std::to_string(r) + " but the world has " +
-                                        std::to_string(ctx.world_size()) + " ranks");
+            throw Error("DeviceMesh " + mesh.to_string() + " names rank " + std::to_string(r) +
+                        " but the world has " + std::to_string(ctx.world_size()) + " ranks");
           }
         }
         if (mesh.contains(ctx.rank())) collectives::current_context().register_mesh(mesh);
@@ -195,9 +194,11 @@ void bind_tensors(py::module& m) {
   });
   m.def("propagation_cache_stats", []() {
     const auto s = sharding::propagation_cache_stats();
-    return std::map<std::string, int64_t>{
-        {"hits", s.hits},          {"misses", s.misses},     {"size", s.size},
-        {"capacity", s.capacity}, {"evictions", s.evictions}};
+    return std::map<std::string, int64_t>{{"hits", s.hits},
+                                          {"misses", s.misses},
+                                          {"size", s.size},
+                                          {"capacity", s.capacity},
+                                          {"evictions", s.evictions}};
   });
   m.def("set_propagation_cache_capacity", &sharding::set_propagation_cache_capacity);
 
@@ -215,11 +216,10 @@ void bind_tensors(py::module& m) {
         }
         auto& ctx = collectives::current_context();
         if (ctx.rank() != rank || ctx.world_size() != world_size) {
-          throw Error(
-              "DeviceMesh.from_group: this process already joined a job as rank " +
-              std::to_string(ctx.rank()) + " of " + std::to_string(ctx.world_size()) +
-              ", but torch.distributed says rank " + std::to_string(rank) + " of " +
-              std::to_string(world_size));
+          throw Error("DeviceMesh.from_group: this process already joined a job as rank " +
+                      std::to_string(ctx.rank()) + " of " + std::to_string(ctx.world_size()) +
+                      ", but torch.distributed says rank " + std::to_string(rank) + " of " +
+                      std::to_string(world_size));
         }
         DeviceMesh mesh({static_cast<int64_t>(ranks.size())}, ranks, dim_names);
         collectives::use_process_group(mesh.group_name(0, rank), pg);

@@ -30,8 +30,8 @@ c10::ScalarType promoted(const Metas& m) {
 void need_inputs(const Metas& m, size_t lo, size_t hi, const char* op) {
   if (m.size() < lo || m.size() > hi) {
     throw Error(std::string(op) + ": expected " + std::to_string(lo) +
-                                (lo == hi ? "" : "-" + std::to_string(hi)) +
-                                " tensor inputs, got " + std::to_string(m.size()));
+                (lo == hi ? "" : "-" + std::to_string(hi)) + " tensor inputs, got " +
+                std::to_string(m.size()));
   }
 }
 

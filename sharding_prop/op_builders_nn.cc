@@ -30,8 +30,7 @@ BuiltRule index_select_of(const Metas& m, const LayoutArgs& a) {
 BuiltRule gather_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 2, 2, "gather");
   const auto &s = m[0].shape, &ix = m[1].shape;
-  if (s.size() != ix.size())
-    throw Error("gather: index and self need the same number of dims");
+  if (s.size() != ix.size()) throw Error("gather: index and self need the same number of dims");
   const int64_t d = normalize_tensor_dim(arg(a, 0, "gather", "dim"), s.size(), "gather dim");
   Rule r;
   TensorFactors ts, ti;
@@ -150,8 +149,8 @@ void check_nll_shapes(const std::vector<int64_t>& self, const std::vector<int64_
   const bool ok = (self.size() == 2 && target == std::vector<int64_t>{self[0]}) ||
                   (self.size() == 1 && target.empty());
   if (!ok || (weight != nullptr && *weight != std::vector<int64_t>{self.back()})) {
-    throw Error(
-        std::string(op) + ": expects self [N, C] or [C], target [N] or [] " + "and weight [C]");
+    throw Error(std::string(op) + ": expects self [N, C] or [C], target [N] or [] " +
+                "and weight [C]");
   }
 }
 
@@ -274,12 +273,10 @@ BuiltRule dropout_of(const Metas& m, const LayoutArgs&) {
 // input_sizes... The grad is the slice of a zero tensor of input_sizes: like slice, reversed.
 BuiltRule slice_backward_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 1, 1, "slice_backward");
-  if (a.ints.size() < 4)
-    throw Error("slice_backward: needs dim, start, end, step, sizes");
+  if (a.ints.size() < 4) throw Error("slice_backward: needs dim, start, end, step, sizes");
   const std::vector<int64_t> sizes(a.ints.begin() + 4, a.ints.end());
   Rule r = slice_rule(sizes, a.ints[0], a.ints[1], a.ints[2], a.ints[3]);
-  if (r.output_shape(0) != m[0].shape)
-    throw Error("slice_backward: grad does not fit the slice");
+  if (r.output_shape(0) != m[0].shape) throw Error("slice_backward: grad does not fit the slice");
   std::swap(r.inputs[0], r.outputs[0]);
   return same_dtype(std::move(r), m);
 }
@@ -366,8 +363,7 @@ BuiltRule value_selecting_backward_of(const Metas& m, const LayoutArgs& a) {
   Rule r =
       reduction_rule(sizes, {a.ints[0]}, a.ints[1] != 0, ReduceOp::kMax, true, Linearity::kNone);
   if (r.output_shape(0) != m[0].shape || m[1].shape != m[0].shape) {
-    throw Error(
-        "value_selecting_reduction_backward: grad/indices do not fit sizes");
+    throw Error("value_selecting_reduction_backward: grad/indices do not fit sizes");
   }
   Rule b = r;
   b.inputs = {r.outputs[0], r.outputs[0]};

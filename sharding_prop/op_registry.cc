@@ -32,8 +32,8 @@ struct Adder {
                   LocalShapeArg shape = {}, Execution execution = Execution::kPieces) {
     const bool in_place =
         name.find("_.") != std::string::npos || (name.size() > 1 && name.back() == '_');
-    entries.push_back({std::move(name), std::move(family), std::move(args), in_place,
-                       std::move(b), std::move(shape), execution});
+    entries.push_back({std::move(name), std::move(family), std::move(args), in_place, std::move(b),
+                       std::move(shape), execution});
   }
 };
 
@@ -119,12 +119,12 @@ void add_binary_pointwise(Adder& add) {
 }
 
 void add_reductions(Adder& add) {
-  
   add("aten::sum", "reduction", {}, reduction(ReduceOp::kSum, false, Linearity::kAdditive));
   add("aten::sum.dim_IntList", "reduction", reduce_args(),
       reduction(ReduceOp::kSum, false, Linearity::kAdditive));
   add("aten::mean", "reduction", {}, reduction(ReduceOp::kAvg, false, Linearity::kAdditive));
-  add("aten::mean.dim", "reduction", reduce_args(), reduction(ReduceOp::kAvg, false, Linearity::kAdditive));
+  add("aten::mean.dim", "reduction", reduce_args(),
+      reduction(ReduceOp::kAvg, false, Linearity::kAdditive));
   add("aten::prod", "reduction", {}, reduction(ReduceOp::kProduct, false, lin));
   add("aten::prod.dim_int", "reduction", reduce_args(), reduction(ReduceOp::kProduct, false, lin));
   add("aten::amax", "reduction", reduce_args(), reduction(ReduceOp::kMax, false, lin));
@@ -173,22 +173,29 @@ void add_views(Adder& add) {
   add("aten::reshape", "view", {ints_arg("shape")}, view_rule, local_shape("shape"));
   add("aten::_unsafe_view", "view", {ints_arg("size")}, view_rule, local_shape("size"));
   add("aten::flatten.using_ints", "view", {int_arg("start_dim"), int_arg("end_dim")}, flatten_rule);
-  add("aten::unflatten.int", "view", {int_arg("dim"), ints_arg("sizes")}, unflatten_rule, local_shape("sizes", LocalShapeArg::Kind::kUnflatten));
+  add("aten::unflatten.int", "view", {int_arg("dim"), ints_arg("sizes")}, unflatten_rule,
+      local_shape("sizes", LocalShapeArg::Kind::kUnflatten));
   add("aten::squeeze", "view", {}, squeeze_rule);
   add("aten::squeeze.dim", "view", {int_arg("dim")}, squeeze_rule);
   add("aten::unsqueeze", "view", {int_arg("dim")}, unsqueeze_rule);
   add("aten::transpose.int", "view", {int_arg("dim0"), int_arg("dim1")}, transpose_rule);
   add("aten::permute", "view", {ints_arg("dims")}, permute_rule_of);
   add("aten::expand", "view", {ints_arg("size")}, expand_rule_of, local_shape("size"));
-  add("aten::slice.Tensor", "view", {int_arg("dim"), int_arg("start", 0), int_arg("end", std::numeric_limits<int64_t>::max()), int_arg("step")}, slice_of);
+  add("aten::slice.Tensor", "view",
+      {int_arg("dim"), int_arg("start", 0), int_arg("end", std::numeric_limits<int64_t>::max()),
+       int_arg("step")},
+      slice_of);
   add("aten::narrow", "view", {int_arg("dim"), int_arg("start"), int_arg("length")}, narrow_of);
   add("aten::select.int", "view", {int_arg("dim")}, select_of);
   add("aten::split.Tensor", "view", {int_arg("split_size"), int_arg("dim")}, split_of);
   add("aten::split_with_sizes", "view", {int_arg("dim"), ints_arg("split_sizes")}, split_sizes_of);
   add("aten::chunk", "view", {int_arg("chunks"), int_arg("dim")}, chunk_of);
   add("aten::index_select", "index", {int_arg("dim")}, index_select_of);
-  add("aten::slice_backward", "view", {int_arg("dim"), int_arg("start"), int_arg("end"), int_arg("step"), ints_arg("input_sizes")}, slice_backward_of, local_shape("input_sizes"));
-  add("aten::select_backward", "view", {int_arg("dim"), ints_arg("input_sizes")}, select_backward_of, local_shape("input_sizes"));
+  add("aten::slice_backward", "view",
+      {int_arg("dim"), int_arg("start"), int_arg("end"), int_arg("step"), ints_arg("input_sizes")},
+      slice_backward_of, local_shape("input_sizes"));
+  add("aten::select_backward", "view", {int_arg("dim"), ints_arg("input_sizes")},
+      select_backward_of, local_shape("input_sizes"));
   add("aten::scatter_add", "index", {int_arg("dim")}, scatter_of);
   add("aten::scatter.src", "index", {int_arg("dim")}, scatter_of);
   add("aten::index_add", "index", {int_arg("dim")}, index_add_of);
@@ -200,7 +207,8 @@ void add_views(Adder& add) {
 
 void add_nn(Adder& add) {
   add("aten::embedding", "embedding", {}, embedding_of, same_shape, Execution::kMaskedEmbedding);
-  add("aten::embedding_dense_backward", "embedding", {int_arg("num_weights")}, embedding_backward_of, local_shape("num_weights", LocalShapeArg::Kind::kFirstSize));
+  add("aten::embedding_dense_backward", "embedding", {int_arg("num_weights")},
+      embedding_backward_of, local_shape("num_weights", LocalShapeArg::Kind::kFirstSize));
   add("aten::native_layer_norm", "norm", {count_arg("normalized_shape")}, layer_norm_of);
   add("aten::native_layer_norm_backward", "norm", {count_arg("normalized_shape")},
       layer_norm_backward_of);
@@ -213,16 +221,15 @@ void add_nn(Adder& add) {
 void add_random_and_factories(Adder& add) {
   add("aten::native_dropout", "pointwise", {}, dropout_of, same_shape, Execution::kDropout);
   add("aten::native_dropout_backward", "pointwise", {}, pointwise(2, lin));
-  for (const char* op :
-       {"empty_like", "zeros_like", "ones_like", "full_like"}) {
+  for (const char* op : {"empty_like", "zeros_like", "ones_like", "full_like"}) {
     add(std::string("aten::") + op, "factory", {}, pointwise(1, Linearity::kShapeOnly));
   }
-  for (const char* op :
-       {"rand_like", "randn_like", "randint_like", "randint_like.low_dtype"}) {
-    add(std::string("aten::") + op, "factory", {}, pointwise(1, Linearity::kShapeOnly),
-        same_shape, random_draw);
+  for (const char* op : {"rand_like", "randn_like", "randint_like", "randint_like.low_dtype"}) {
+    add(std::string("aten::") + op, "factory", {}, pointwise(1, Linearity::kShapeOnly), same_shape,
+        random_draw);
   }
-  add("aten::bernoulli.p", "random", {}, pointwise(1, Linearity::kShapeOnly), same_shape, random_draw);
+  add("aten::bernoulli.p", "random", {}, pointwise(1, Linearity::kShapeOnly), same_shape,
+      random_draw);
   // In-place random fills: self keeps its layout (a Partial self is refused).
   for (const char* op : {"uniform_", "normal_", "bernoulli_.float", "random_", "random_.from",
                          "random_.to", "exponential_"}) {
@@ -232,8 +239,8 @@ void add_random_and_factories(Adder& add) {
     add(std::string("aten::") + op, "factory", {ints_arg("size")}, new_factory_of,
         local_shape("size"));
   }
-  add("aten::new_empty_strided", "factory", {ints_arg("size")}, new_factory_of,
-      local_shape("size"), Execution::kEmptyByLocal);
+  add("aten::new_empty_strided", "factory", {ints_arg("size")}, new_factory_of, local_shape("size"),
+      Execution::kEmptyByLocal);
   add("aten::_reshape_alias", "view", {ints_arg("size")}, view_rule, local_shape("size"),
       Execution::kReshapeByLocal);
   // item(): every rank reads the whole value; there is no layout to propagate.
@@ -248,7 +255,8 @@ void add_out_overloads(Adder& add) {
   add("aten::addmm.out", "matmul", {}, addmm_rule_of);
   add("aten::sum.IntList_out", "reduction", reduce_args(),
       reduction(ReduceOp::kSum, false, Linearity::kAdditive));
-  add("aten::mean.out", "reduction", reduce_args(), reduction(ReduceOp::kAvg, false, Linearity::kAdditive));
+  add("aten::mean.out", "reduction", reduce_args(),
+      reduction(ReduceOp::kAvg, false, Linearity::kAdditive));
   add("aten::cat.out", "cat", {int_arg("dim")}, concat(false));
   add("aten::cat", "cat", {int_arg("dim")}, concat(false));
   add("aten::stack", "cat", {int_arg("dim")}, concat(true));
@@ -319,20 +327,17 @@ std::string LayoutArg::to_string() const {
       break;
   }
   if (!if_none) return name;
-  return absl::StrCat(name, "=None:",
-                      *if_none == std::numeric_limits<int64_t>::max() ? "max"
-                                                                     : std::to_string(*if_none));
+  return absl::StrCat(
+      name,
+      "=None:", *if_none == std::numeric_limits<int64_t>::max() ? "max" : std::to_string(*if_none));
 }
 
 std::string OpEntry::args_text() const {
-  return absl::StrJoin(layout_args, ", ", [](std::string* out, const LayoutArg& a) {
-    out->append(a.to_string());
-  });
+  return absl::StrJoin(layout_args, ", ",
+                       [](std::string* out, const LayoutArg& a) { out->append(a.to_string()); });
 }
 
-size_t LayoutArgs::hash() const {
-  return absl::HashOf(ints, text);
-}
+size_t LayoutArgs::hash() const { return absl::HashOf(ints, text); }
 
 std::string LayoutArgs::to_string() const {
   std::string s = "(" + absl::StrJoin(ints, ",");
@@ -369,8 +374,7 @@ std::vector<std::string> nearest_ops(std::string_view name, size_t count) {
 }
 
 void register_rule(const std::string& name, const std::string& rule_text, Linearity linearity) {
-  OpEntry e{name, "custom", {}, false,
-            [rule_text, linearity](const Metas& m, const LayoutArgs&) {
+  OpEntry e{name, "custom", {}, false, [rule_text, linearity](const Metas& m, const LayoutArgs&) {
               std::vector<std::vector<int64_t>> shapes;
               for (const auto& x : m) shapes.push_back(x.shape);
               return BuiltRule{parse_rule(rule_text, shapes, linearity), {m.at(0).dtype}};

@@ -76,9 +76,9 @@ LocalShapeArg local_shape(std::string name, LocalShapeArg::Kind kind = LocalShap
 
 // How the dispatcher runs the op when it is not the same op on every rank's piece.
 enum class Execution : uint8_t {
-  kPieces,           // the op on each rank's pieces (almost every op)
-  kRandom,           // draws for the global tensor and keeps this rank's box (NOTE [DTensor random])
-  kDropout,          // native_dropout with its mask drawn for the global tensor
+  kPieces,   // the op on each rank's pieces (almost every op)
+  kRandom,   // draws for the global tensor and keeps this rank's box (NOTE [DTensor random])
+  kDropout,  // native_dropout with its mask drawn for the global tensor
   kMaskedEmbedding,  // a row-sharded weight is looked up with a mask -> Partial(sum)
   kReplicateFirst,   // item(): every rank reads the whole value (no rule)
   kReshapeByLocal,   // _reshape_alias: a reshape to the local shape (its strides are global)
@@ -94,8 +94,8 @@ using RuleBuilder =
     std::function<BuiltRule(const std::vector<TensorMeta>& inputs, const LayoutArgs& args)>;
 
 struct OpEntry {
-  std::string name;       // "aten::add.Tensor"
-  std::string family;     // "pointwise", "matmul", ...
+  std::string name;    // "aten::add.Tensor"
+  std::string family;  // "pointwise", "matmul", ...
   std::vector<LayoutArg> layout_args;
   bool in_place = false;  // self is the output: its layout may not change
   RuleBuilder build;

@@ -349,9 +349,9 @@ std::shared_ptr<const OpSharding> compute(const OpEntry& entry,
                 ": no sharding keeps self's placements; redistribute self first or use the "
                 "out-of-place op");
   for (size_t o = 0; o < rule.outputs.size(); ++o) {
-    best->outputs.push_back(DTensorSpec::make(
-        inputs[0].mesh(), best_layout.out[o],
-        TensorMeta::make(rule.output_shape(o), built.out_dtypes.at(o))));
+    best->outputs.push_back(
+        DTensorSpec::make(inputs[0].mesh(), best_layout.out[o],
+                          TensorMeta::make(rule.output_shape(o), built.out_dtypes.at(o))));
   }
   best->rule = rule.to_string();
   if (opt.strict) check_strict(entry.name, *best, inputs);
@@ -464,8 +464,8 @@ std::string OpSharding::to_string() const {
   for (const auto& s : outputs) outs.push_back(dtensor::to_string(s.placements()));
   char cost_text[32];
   std::snprintf(cost_text, sizeof(cost_text), "%.2f", cost);
-  std::string s = op + " " + absl::StrJoin(ins, ",") + " -> " + absl::StrJoin(outs, ",") + " (rule " + rule +
-                  ", cost " + cost_text + " us)";
+  std::string s = op + " " + absl::StrJoin(ins, ",") + " -> " + absl::StrJoin(outs, ",") +
+                  " (rule " + rule + ", cost " + cost_text + " us)";
   for (size_t i = 0; i < input_plans.size(); ++i) {
     if (!input_plans[i]->is_noop())
       s += "\n  input " + std::to_string(i) + ": " + input_plans[i]->to_string();
@@ -478,9 +478,9 @@ std::shared_ptr<const OpSharding> propagate(std::string_view op,
                                             const LayoutArgs& args, PropagateOptions options) {
   const OpEntry* entry = find_op(op);
   if (entry == nullptr) {
-    throw Error(
-        std::string(op) + " has no sharding rule (inputs: " + specs_text(inputs) +
-        "); nearest supported: " + absl::StrJoin(nearest_ops(op), ", ") + " (./x ops lists them all)");
+    throw Error(std::string(op) + " has no sharding rule (inputs: " + specs_text(inputs) +
+                "); nearest supported: " + absl::StrJoin(nearest_ops(op), ", ") +
+                " (./x ops lists them all)");
   }
   return propagate(*entry, inputs, args, options);
 }
@@ -503,9 +503,8 @@ std::shared_ptr<const OpSharding> propagate(const OpEntry& op,
   for (size_t i = 1; i < inputs.size(); ++i) {
     if (inputs[i].mesh() != inputs[0].mesh()) {
       throw Error(entry->name + ": inputs live on different meshes (input 0 on " +
-                                  inputs[0].mesh().to_string() + ", input " + std::to_string(i) +
-                                  " on " + inputs[i].mesh().to_string() +
-                                  "); redistribute cannot move between meshes");
+                  inputs[0].mesh().to_string() + ", input " + std::to_string(i) + " on " +
+                  inputs[i].mesh().to_string() + "); redistribute cannot move between meshes");
     }
   }
   Key key{entry, inputs, args, options.strict};

@@ -26,8 +26,8 @@
 #include <string_view>
 #include <vector>
 
-#include "sharding_prop/redistribute_plan.h"
 #include "sharding_prop/op_registry.h"
+#include "sharding_prop/redistribute_plan.h"
 
 namespace dtensor::sharding {
 

@@ -1,7 +1,7 @@
 #include "sharding_prop/redistribute_plan.h"
 
-#include <absl/strings/str_join.h>
 #include <absl/strings/str_cat.h>
+#include <absl/strings/str_join.h>
 
 #include <c10/core/ScalarType.h>
 
@@ -195,15 +195,16 @@ ExchangePrice price_exchange(const DTensorSpec& x, const ExchangeContext& ctx,
   return price;
 }
 
-std::string dims_text(const std::vector<int64_t>& dims) { return "[" + absl::StrJoin(dims, ",") + "]"; }
+std::string dims_text(const std::vector<int64_t>& dims) {
+  return "[" + absl::StrJoin(dims, ",") + "]";
+}
 
 }  // namespace
 
 std::optional<std::string> plan_refusal(const DTensorSpec& src, const DTensorSpec& dst,
                                         const PlanOptions& options) {
-  const std::string head =
-      absl::StrCat("redistribute ", to_string(src.placements()), " -> ",
-                   to_string(dst.placements()), ": ");
+  const std::string head = absl::StrCat("redistribute ", to_string(src.placements()), " -> ",
+                                        to_string(dst.placements()), ": ");
   if (src.mesh() != dst.mesh()) {
     return absl::StrCat(head, "source and target meshes differ (", src.mesh().to_string(), " vs ",
                         dst.mesh().to_string(), "); a redistribute stays on one mesh");
@@ -264,8 +265,9 @@ int64_t RedistributePlan::num_collectives() const {
 std::string RedistributePlan::to_string() const {
   std::vector<int64_t> mesh_shape = src.mesh().shape();
   std::string s = dtensor::to_string(src.placements()) + " -> " +
-                  dtensor::to_string(dst.placements()) + " on mesh (" + absl::StrJoin(mesh_shape, ",") +
-                  ") shape [" + absl::StrJoin(src.shape(), ",") + "]";
+                  dtensor::to_string(dst.placements()) + " on mesh (" +
+                  absl::StrJoin(mesh_shape, ",") + ") shape [" + absl::StrJoin(src.shape(), ",") +
+                  "]";
   if (!src.has_default_shard_order() || !dst.has_default_shard_order()) {
     s += " (orders " + src.to_string() + " -> " + dst.to_string() + ")";
   }
@@ -318,8 +320,8 @@ PlanStep price_step(const DTensorSpec& x, int64_t m, Placement to, const CostMod
   } else if (from.is_replicate() && to.is_partial()) {
     kind = CommKind::kPartition;
   } else {
-    throw Error("redistribute: no single step turns " + from.to_string() +
-                                " into " + to.to_string() + " on mesh dim " + std::to_string(m));
+    throw Error("redistribute: no single step turns " + from.to_string() + " into " +
+                to.to_string() + " on mesh dim " + std::to_string(m));
   }
   PlanStep step{kind, {m}, from, to, x, with_placement(x, m, to)};
   const int64_t n = x.mesh().shape()[m];
@@ -543,8 +545,8 @@ std::shared_ptr<const RedistributePlan> try_plan_redistribute(const DTensorSpec&
   const CacheKey key{src, dst, options.allow_partial};
   if (auto hit = plan_cache().find(key)) return hit;
   if (plan_refusal(src, dst, options)) return nullptr;
-  return plan_cache().insert(key, std::make_shared<const RedistributePlan>(compute_plan(
-                                      src, dst, options, default_cost_model())));
+  return plan_cache().insert(key, std::make_shared<const RedistributePlan>(
+                                      compute_plan(src, dst, options, default_cost_model())));
 }
 
 std::shared_ptr<const RedistributePlan> plan_redistribute(DTensorSpec src, DTensorSpec dst,

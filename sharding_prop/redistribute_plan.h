@@ -32,9 +32,9 @@
 #include <string>
 #include <vector>
 
-#include "sharding_prop/cost_model.h"
 #include "base/lru_cache.h"
 #include "layout/dtensor_spec.h"
+#include "sharding_prop/cost_model.h"
 
 namespace dtensor {
 

@@ -1,9 +1,9 @@
 #include "sharding_prop/rule.h"
 
+#include <ATen/ceil_div.h>
 #include <absl/strings/ascii.h>
 #include <absl/strings/str_join.h>
 #include <absl/strings/str_split.h>
-#include <ATen/ceil_div.h>
 
 #include <algorithm>
 #include <map>
@@ -13,7 +13,6 @@
 
 namespace dtensor::sharding {
 namespace {
-
 
 std::string shape_text(const std::vector<int64_t>& s) { return "[" + absl::StrJoin(s, ",") + "]"; }
 
@@ -139,8 +138,8 @@ TensorFactors parse_input(std::string_view text, const std::string& letters, siz
           out.find(c) != std::string::npos ? FactorKind::kPass : FactorKind::kContract;
       it = factor_of.emplace(c, rule.add_factor(shape[k], kind)).first;
     } else if (rule.factors[it->second].size != shape[k]) {
-      fail("rule '", text, "': '", c, "' is ", rule.factors[it->second].size,
-           " in one input and ", shape[k], " in input ", i);
+      fail("rule '", text, "': '", c, "' is ", rule.factors[it->second].size, " in one input and ",
+           shape[k], " in input ", i);
     }
     t.push_back({it->second});
   }
@@ -401,7 +400,8 @@ Rule cat_rule(const std::vector<std::vector<int64_t>>& shapes, int64_t dim, bool
   if (shapes.empty()) fail(std::string(stack ? "stack" : "cat") + ": no tensors");
   const auto& first = shapes[0];
   const int64_t ndim = static_cast<int64_t>(first.size());
-  const int64_t d = normalize_tensor_dim(dim, stack ? ndim + 1 : ndim, stack ? "stack dim" : "cat dim");
+  const int64_t d =
+      normalize_tensor_dim(dim, stack ? ndim + 1 : ndim, stack ? "stack dim" : "cat dim");
   Rule rule;
   rule.linearity = Linearity::kMove;
   TensorFactors shared;

@@ -124,9 +124,8 @@ inline void parse_command_line(int argc, char** argv, const std::string& usage) 
       } else if (a.size() > 1 && a[0] == '-') {
         const std::string dashes = a.rfind("--", 0) == 0 ? "--" : "-";
         const size_t eq = a.find('=');
-        const std::string name = a.substr(dashes.size(), eq == std::string::npos
-                                                              ? std::string::npos
-                                                              : eq - dashes.size());
+        const std::string name = a.substr(
+            dashes.size(), eq == std::string::npos ? std::string::npos : eq - dashes.size());
         const std::string rest = eq == std::string::npos ? "" : a.substr(eq);
         std::string underscored = name;
         for (char& c : underscored) c = c == '-' ? '_' : c;

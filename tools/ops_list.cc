@@ -147,8 +147,7 @@ int run() {
   if (!only.empty() && families.count(only) == 0) {
     std::vector<std::string> names;
     for (const auto& [name, n] : families) names.push_back(name);
-    throw Error("--family: no family '" + only +
-                                "' (families: " + join(names, ", ") + ")");
+    throw Error("--family: no family '" + only + "' (families: " + join(names, ", ") + ")");
   }
 
   std::map<std::string, int> counts;
@@ -185,8 +184,8 @@ int run() {
     }
     const std::string args = op->args_text();
     std::printf("%-40s %-10s %-3s %-34s %-28s %s\n", op->name.c_str(), op->family.c_str(),
-                op->in_place ? "yes" : "", args.empty() ? "-" : args.c_str(),
-                example.c_str(), ex ? ex->rule.c_str() : "-");
+                op->in_place ? "yes" : "", args.empty() ? "-" : args.c_str(), example.c_str(),
+                ex ? ex->rule.c_str() : "-");
   }
   std::vector<std::string> parts;
   for (const auto& [family, n] : counts) parts.push_back(family + " " + std::to_string(n));

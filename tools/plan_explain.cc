@@ -13,9 +13,9 @@
 
 #include "absl/flags/flag.h"
 #include "base/error.h"
-#include "sharding_prop/redistribute_plan.h"
-#include "layout/shard_layout.h"
 #include "base/strings.h"
+#include "layout/shard_layout.h"
+#include "sharding_prop/redistribute_plan.h"
 #include "tools/cli_args.h"
 
 using dtensor::cli::IntList;
@@ -48,14 +48,14 @@ c10::ScalarType parse_dtype(const std::string& text) {
     if (text == name) return type;
   }
   throw Error("--dtype: unknown dtype '" + text +
-                              "' (float32, float64, bfloat16, float16, int32, int64, bool)");
+              "' (float32, float64, bfloat16, float16, int32, int64, bool)");
 }
 
 std::string shape_text(const std::vector<int64_t>& v) { return "[" + join(v, ",") + "]"; }
 
 int run() {
-  const DeviceMesh mesh = DeviceMesh::arange(absl::GetFlag(FLAGS_mesh).values,
-                                             absl::GetFlag(FLAGS_names));
+  const DeviceMesh mesh =
+      DeviceMesh::arange(absl::GetFlag(FLAGS_mesh).values, absl::GetFlag(FLAGS_names));
   const TensorMeta meta =
       TensorMeta::make(absl::GetFlag(FLAGS_shape).values, parse_dtype(absl::GetFlag(FLAGS_dtype)));
   auto make = [&](const Placements& placements, const std::string& order,
@@ -64,8 +64,8 @@ int run() {
     if (order.empty()) return s;
     return DTensorSpec::make(mesh, s.placements(), meta, cli::parse_order(order_flag, order, s));
   };
-  const DTensorSpec src = make(absl::GetFlag(FLAGS_from).values,
-                               absl::GetFlag(FLAGS_from_order), "--from-order");
+  const DTensorSpec src =
+      make(absl::GetFlag(FLAGS_from).values, absl::GetFlag(FLAGS_from_order), "--from-order");
   const DTensorSpec dst =
       make(absl::GetFlag(FLAGS_to).values, absl::GetFlag(FLAGS_to_order), "--to-order");
   const auto plan = plan_redistribute(src, dst);
