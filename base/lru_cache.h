@@ -8,6 +8,9 @@
 // insert wins (the values are equal by construction: caches hold pure functions of their keys).
 // Hot paths that cannot afford the mutex keep a thread-private front layer over an LruCache
 // (NOTE [propagation cache layers]); the LruCache stays the bounded owner and the statistics.
+// Interning tables are not caches: interned specs (layout/dtensor_spec.h), the op table and the
+// dispatcher's per-operator info hand out plain pointers and live for the process; they grow
+// with the distinct layouts and operators a program uses, never with the number of calls.
 
 #include <absl/base/thread_annotations.h>
 #include <absl/container/flat_hash_map.h>

@@ -12,6 +12,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include <csignal>
 #include <cstdlib>
 #include <map>
 
@@ -73,10 +74,29 @@ std::shared_ptr<::gloo::transport::Device> gloo_device() {
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+// NOTE [SIGPIPE and dead peers]
+// Gloo writes to its peers' sockets; once a peer died, a write raises SIGPIPE, whose default
+// action kills this rank before Gloo can report the closed connection as an error (seen as
+// rank 0 exiting with -13 in the dead-peer test). Python ignores SIGPIPE at start-up; a C++
+// program does not. So the first c10d communicator ignores it when its disposition is still the
+// default, and a dead peer becomes a CollectiveError naming the collective, as on the other
+// backends. A handler the program installed itself is left alone.
+void ignore_default_sigpipe() {
+  static const bool done = [] {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      ::signal(SIGPIPE, SIG_IGN);
+    }
+    return true;
+  }();
+  (void)done;
+}
+
 class C10dCommunicator : public Communicator {
  public:
   explicit C10dCommunicator(const CommunicatorOptions& o)
       : Communicator(o.group, group_rank_of(o), o.timeout) {
+    ignore_default_sigpipe();
     {
       absl::MutexLock lock(&g_user_pgs_mu);
       auto it = g_user_pgs.find(o.group.name);

@@ -5,11 +5,13 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <absl/container/flat_hash_map.h>
+#include <absl/synchronization/mutex.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <atomic>
-#include <mutex>
+#include <mutex>  // std::once_flag
 #include <stdexcept>
 #include <unordered_map>
 
@@ -80,14 +82,17 @@ std::unique_ptr<OpInfo> make_info(const c10::OperatorHandle& op) {
   return info;
 }
 
+// Per-operator information, interned by schema for the process (an interning table, not a cache:
+// NOTE [caches]; one entry per operator ever called), with a per-thread front map that takes no
+// lock.
 const OpInfo& info_for(const c10::OperatorHandle& op) {
-  thread_local std::unordered_map<const void*, const OpInfo*> local_cache;
+  thread_local absl::flat_hash_map<const void*, const OpInfo*> local_cache;
   const void* key = &op.schema();
   const auto hit = local_cache.find(key);
   if (hit != local_cache.end()) return *hit->second;
-  static std::mutex mu;
-  static auto* shared = new std::unordered_map<const void*, std::unique_ptr<OpInfo>>();
-  std::lock_guard<std::mutex> lock(mu);
+  static absl::Mutex mu;
+  static auto* shared = new absl::flat_hash_map<const void*, std::unique_ptr<OpInfo>>();
+  absl::MutexLock lock(&mu);
   auto& slot = (*shared)[key];
   if (!slot) slot = make_info(op);
   local_cache.emplace(key, slot.get());

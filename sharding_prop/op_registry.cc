@@ -12,12 +12,12 @@
 #include <algorithm>
 #include <limits>
 #include <map>
-#include <mutex>
 #include <stdexcept>
 
 #include <absl/hash/hash.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
+#include <absl/synchronization/mutex.h>
 
 namespace dtensor::sharding {
 namespace {
@@ -277,9 +277,11 @@ std::vector<OpEntry> build_table() {
   return std::move(t);
 }
 
+// The op table: an interning table, not a cache (NOTE [caches]): entries are handed out by pointer
+// and live for the process.
 struct Table {
-  std::mutex mu;
-  std::map<std::string, OpEntry, std::less<>> ops;
+  absl::Mutex mu;
+  std::map<std::string, OpEntry, std::less<>> ops ABSL_GUARDED_BY(mu);  // sorted: all_ops()
   Table() {
     for (auto& e : build_table()) ops.emplace(e.name, std::move(e));
   }
@@ -347,14 +349,14 @@ std::string LayoutArgs::to_string() const {
 
 const OpEntry* find_op(std::string_view name) {
   Table& t = table();
-  std::lock_guard<std::mutex> lock(t.mu);
+  absl::MutexLock lock(&t.mu);
   auto it = t.ops.find(name);
   return it == t.ops.end() ? nullptr : &it->second;
 }
 
 std::vector<const OpEntry*> all_ops() {
   Table& t = table();
-  std::lock_guard<std::mutex> lock(t.mu);
+  absl::MutexLock lock(&t.mu);
   std::vector<const OpEntry*> out;
   for (const auto& [name, e] : t.ops) out.push_back(&e);
   return out;
@@ -380,7 +382,7 @@ void register_rule(const std::string& name, const std::string& rule_text, Linear
               return BuiltRule{parse_rule(rule_text, shapes, linearity), {m.at(0).dtype}};
             }};
   Table& t = table();
-  std::lock_guard<std::mutex> lock(t.mu);
+  absl::MutexLock lock(&t.mu);
   if (!t.ops.emplace(name, std::move(e)).second) {
     throw Error("register_rule: '" + name + "' already has a rule");
   }
