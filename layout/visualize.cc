@@ -38,6 +38,62 @@ std::vector<int64_t> cuts(const std::vector<LocalBox>& boxes, int64_t d, int64_t
 
 }  // namespace
 
+namespace {
+
+// Columns (and rows, for 2-D) cut at every box edge; each cell names its owners.
+std::string table_text(const DTensorSpec& spec, const std::vector<LocalBox>& boxes) {
+  const bool two_d = spec.ndim() == 2;
+  const std::vector<int64_t> rows =
+      two_d ? cuts(boxes, 0, spec.shape()[0]) : std::vector<int64_t>{0, 1};
+  const std::vector<int64_t> cols = cuts(boxes, two_d ? 1 : 0, spec.shape()[two_d ? 1 : 0]);
+  std::vector<std::vector<std::string>> cells(rows.size(), std::vector<std::string>(cols.size()));
+  for (size_t j = 0; j + 1 < cols.size(); ++j)
+    cells[0][j + 1] = "cols " + range(cols[j], cols[j + 1]);
+  for (size_t i = 0; i + 1 < rows.size(); ++i) {
+    cells[i + 1][0] = two_d ? "rows " + range(rows[i], rows[i + 1]) : "";
+    for (size_t j = 0; j + 1 < cols.size(); ++j) {
+      const std::vector<int64_t> index =
+          two_d ? std::vector<int64_t>{rows[i], cols[j]} : std::vector<int64_t>{cols[j]};
+      cells[i + 1][j + 1] = owners_text(spec, owner_ranks(spec, index));
+    }
+  }
+  std::vector<size_t> width(cols.size(), 0);
+  for (const auto& row : cells) {
+    for (size_t j = 0; j < row.size(); ++j) width[j] = std::max(width[j], row[j].size());
+  }
+  std::string out;
+  for (const auto& row : cells) {
+    std::string line = " ";
+    for (size_t j = 0; j < row.size(); ++j) line += " " + pad_right(row[j], width[j] + 2);
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + "\n";
+  }
+  return out;
+}
+
+// N-D: one line per distinct box.
+std::string boxes_text(const DTensorSpec& spec, const std::vector<LocalBox>& boxes) {
+  const DeviceMesh& mesh = spec.mesh();
+  std::map<std::vector<int64_t>, std::pair<LocalBox, std::vector<int64_t>>> by_offset;
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    if (boxes[i].numel() == 0) continue;
+    auto& entry = by_offset[boxes[i].offset];
+    entry.first = boxes[i];
+    entry.second.push_back(mesh.ranks()[i]);
+  }
+  std::string out;
+  for (const auto& [offset, entry] : by_offset) {
+    std::string line = "  [";
+    for (size_t d = 0; d < offset.size(); ++d) {
+      line += (d ? ", " : "") + range(offset[d], offset[d] + entry.first.shape[d]);
+    }
+    out += line + "]  " + owners_text(spec, entry.second) + "\n";
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string visualize_sharding(const DTensorSpec& spec) {
   const DeviceMesh& mesh = spec.mesh();
   std::string out = "Tensor " + spec.meta().to_string() + " as " + to_string(spec.placements()) +
@@ -58,50 +114,7 @@ std::string visualize_sharding(const DTensorSpec& spec) {
            "): " + owners_text(spec, mesh.ranks()) + "\n";
     return out;
   }
-  if (spec.ndim() <= 2) {
-    const bool two_d = spec.ndim() == 2;
-    const std::vector<int64_t> rows =
-        two_d ? cuts(boxes, 0, spec.shape()[0]) : std::vector<int64_t>{0, 1};
-    const std::vector<int64_t> cols = cuts(boxes, two_d ? 1 : 0, spec.shape()[two_d ? 1 : 0]);
-    std::vector<std::vector<std::string>> cells(rows.size(), std::vector<std::string>(cols.size()));
-    cells[0][0] = "";
-    for (size_t j = 0; j + 1 < cols.size(); ++j)
-      cells[0][j + 1] = "cols " + range(cols[j], cols[j + 1]);
-    for (size_t i = 0; i + 1 < rows.size(); ++i) {
-      cells[i + 1][0] = two_d ? "rows " + range(rows[i], rows[i + 1]) : "";
-      for (size_t j = 0; j + 1 < cols.size(); ++j) {
-        const std::vector<int64_t> index =
-            two_d ? std::vector<int64_t>{rows[i], cols[j]} : std::vector<int64_t>{cols[j]};
-        cells[i + 1][j + 1] = owners_text(spec, owner_ranks(spec, index));
-      }
-    }
-    std::vector<size_t> width(cols.size(), 0);
-    for (const auto& row : cells) {
-      for (size_t j = 0; j < row.size(); ++j) width[j] = std::max(width[j], row[j].size());
-    }
-    for (const auto& row : cells) {
-      std::string line = " ";
-      for (size_t j = 0; j < row.size(); ++j) line += " " + pad_right(row[j], width[j] + 2);
-      while (!line.empty() && line.back() == ' ') line.pop_back();
-      out += line + "\n";
-    }
-  } else {
-    // N-D: one line per distinct box.
-    std::map<std::vector<int64_t>, std::pair<LocalBox, std::vector<int64_t>>> by_offset;
-    for (size_t i = 0; i < boxes.size(); ++i) {
-      if (boxes[i].numel() == 0) continue;
-      auto& entry = by_offset[boxes[i].offset];
-      entry.first = boxes[i];
-      entry.second.push_back(mesh.ranks()[i]);
-    }
-    for (const auto& [offset, entry] : by_offset) {
-      std::string line = "  [";
-      for (size_t d = 0; d < offset.size(); ++d) {
-        line += (d ? ", " : "") + range(offset[d], offset[d] + entry.first.shape[d]);
-      }
-      out += line + "]  " + owners_text(spec, entry.second) + "\n";
-    }
-  }
+  out += spec.ndim() <= 2 ? table_text(spec, boxes) : boxes_text(spec, boxes);
   if (!empty_ranks.empty())
     out += "  empty (uneven shards): " + owners_text(spec, empty_ranks) + "\n";
   if (spec.has_partial()) out += "  * partial values: the tensor is their reduction\n";

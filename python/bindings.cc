@@ -25,6 +25,7 @@ DTensorSpec make_spec(const DeviceMesh& mesh, const std::string& placements,
 
 }  // namespace
 
+// One statement per Python name (the layout and collectives part of the extension).
 PYBIND11_MODULE(_C, m) {
   m.doc() = "Native DTensor sharding engine";
   bind_tensors(m);

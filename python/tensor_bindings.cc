@@ -76,6 +76,8 @@ at::TensorOptions options_for(const py::object& dtype, bool requires_grad) {
 
 }  // namespace
 
+// One statement per Python name; a long list of bindings by nature (splitting it would scatter the
+// Python surface over several places).
 void bind_tensors(py::module& m) {
   m.def("is_dtensor", [](const at::Tensor& t) { return is_dtensor(t); });
   m.def("placements", [](const at::Tensor& t) { return api::spec(t).placements(); });

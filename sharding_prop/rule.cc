@@ -284,31 +284,80 @@ bool common_refinement(const std::vector<int64_t>& from, const std::vector<size_
   return true;
 }
 
-Rule reshape_rule(const std::vector<int64_t>& from, std::vector<int64_t> to) {
+namespace {
+
+// `to` with its -1 resolved, checked to hold as many elements as `from`.
+std::vector<int64_t> resolved_view_shape(const std::vector<int64_t>& from,
+                                         std::vector<int64_t> to) {
   int64_t numel = 1, known = 1, infer = -1;
   for (int64_t s : from) numel *= s;
   for (size_t j = 0; j < to.size(); ++j) {
     if (to[j] == -1) {
-      if (infer >= 0) fail("view: only one dim can be -1 in " + shape_text(to));
+      if (infer >= 0) fail("view: only one dim can be -1 in ", shape_text(to));
       infer = static_cast<int64_t>(j);
     } else if (to[j] < 0) {
-      fail("view: invalid size in " + shape_text(to));
+      fail("view: invalid size in ", shape_text(to));
     } else {
       known *= to[j];
     }
   }
   if (infer >= 0) {
     if (known == 0 || numel % known != 0) {
-      fail("view: shape " + shape_text(to) + " is invalid for " + std::to_string(numel) +
-           " elements");
+      fail("view: shape ", shape_text(to), " is invalid for ", numel, " elements");
     }
     to[infer] = numel / known;
     known *= to[infer];
   }
   if (known != numel) {
-    fail("view: shape " + shape_text(to) + " is invalid for input of size " +
-         std::to_string(numel) + " " + shape_text(from));
+    fail("view: shape ", shape_text(to), " is invalid for input of size ", numel, " ",
+         shape_text(from));
   }
+  return to;
+}
+
+// The dims of group `g` that are not of size 1 (size-1 dims inside a group carry no factor).
+std::vector<size_t> sized_dims(const std::vector<size_t>& g, const std::vector<int64_t>& shape) {
+  std::vector<size_t> r;
+  for (size_t k : g) {
+    if (shape[k] != 1) r.push_back(k);
+  }
+  return r;
+}
+
+// Factors for one group of input dims `gi` that holds exactly the elements of output dims `gj`:
+// one dim to one dim, a split, a merge, or their common refinement (else all replicated).
+void relate_group(const std::vector<int64_t>& from, const std::vector<size_t>& gi,
+                  const std::vector<int64_t>& to, const std::vector<size_t>& gj, Rule& rule,
+                  TensorFactors& in, TensorFactors& out) {
+  if (gi.size() == 1 && gj.size() == 1) {
+    const int f = rule.add_factor(from[gi[0]]);
+    in[gi[0]] = {f};
+    out[gj[0]] = {f};
+  } else if (gi.size() == 1) {  // split
+    for (size_t k : gj) {
+      const int f = rule.add_factor(to[k]);
+      in[gi[0]].push_back(f);
+      out[k] = {f};
+    }
+  } else if (gj.size() == 1) {  // merge
+    for (size_t k : gi) {
+      const int f = rule.add_factor(from[k]);
+      in[k] = {f};
+      out[gj[0]].push_back(f);
+    }
+  } else if (!common_refinement(from, gi, to, gj, rule, in, out)) {
+    // No factors both sides share ([6,4] -> [4,6]): nothing can stay sharded through it.
+    for (size_t k : gi) in[k] = {rule.add_factor(from[k], FactorKind::kReplicate)};
+    for (size_t k : gj) out[k] = {rule.add_factor(to[k], FactorKind::kReplicate)};
+  }
+}
+
+}  // namespace
+
+Rule reshape_rule(const std::vector<int64_t>& from, std::vector<int64_t> to) {
+  to = resolved_view_shape(from, std::move(to));
+  int64_t numel = 1;
+  for (int64_t s : from) numel *= s;
   Rule rule;
   rule.linearity = Linearity::kMove;
   TensorFactors in(from.size()), out(to.size());
@@ -318,6 +367,7 @@ Rule reshape_rule(const std::vector<int64_t>& from, std::vector<int64_t> to) {
     for (size_t j = 0; j < to.size(); ++j)
       out[j] = {rule.add_factor(to[j], FactorKind::kReplicate)};
   } else {
+    // Walk both shapes, grouping dims until the groups hold the same number of elements.
     size_t i = 0, j = 0;
     for (;;) {
       while (i < from.size() && from[i] == 1) ++i;  // size-1 dims relate to nothing
@@ -334,37 +384,7 @@ Rule reshape_rule(const std::vector<int64_t>& from, std::vector<int64_t> to) {
           pj *= to[j++];
         }
       }
-      // Size-1 dims inside a group carry no factor.
-      auto real = [](const std::vector<size_t>& g, const std::vector<int64_t>& shape) {
-        std::vector<size_t> r;
-        for (size_t k : g) {
-          if (shape[k] != 1) r.push_back(k);
-        }
-        return r;
-      };
-      gi = real(gi, from);
-      gj = real(gj, to);
-      if (gi.size() == 1 && gj.size() == 1) {
-        const int f = rule.add_factor(from[gi[0]]);
-        in[gi[0]] = {f};
-        out[gj[0]] = {f};
-      } else if (gi.size() == 1) {  // split
-        for (size_t k : gj) {
-          const int f = rule.add_factor(to[k]);
-          in[gi[0]].push_back(f);
-          out[k] = {f};
-        }
-      } else if (gj.size() == 1) {  // merge
-        for (size_t k : gi) {
-          const int f = rule.add_factor(from[k]);
-          in[k] = {f};
-          out[gj[0]].push_back(f);
-        }
-      } else if (!common_refinement(from, gi, to, gj, rule, in, out)) {
-        // No factors both sides share ([6,4] -> [4,6]): nothing can stay sharded through it.
-        for (size_t k : gi) in[k] = {rule.add_factor(from[k], FactorKind::kReplicate)};
-        for (size_t k : gj) out[k] = {rule.add_factor(to[k], FactorKind::kReplicate)};
-      }
+      relate_group(from, sized_dims(gi, from), to, sized_dims(gj, to), rule, in, out);
     }
   }
   rule.inputs.push_back(std::move(in));
