@@ -126,6 +126,50 @@ double timed(const Config& cfg, int64_t rank, const Body& body, int64_t n, const
   return ns;
 }
 
+struct Op {
+  const char* name;
+  std::function<at::Tensor()> dt, local;
+};
+
+// One row: `op` timed on DTensors and on their local tensors, with the propagation cache on
+// ("hit") or off ("miss"); the cache counters say what each call did.
+Row measure_op(const Config& cfg, int64_t rank, const std::string& group, const Op& op,
+               const at::Tensor& out, const std::string& kase) {
+  const bool miss = kase == "miss";
+  const int64_t n =
+      cfg.child ? (miss ? kChildMissCalls : kChildHitCalls) : (miss ? cfg.calls / 10 : cfg.calls);
+  c::barrier(group);
+  if (rank == 0) sharding::set_propagation_cache_capacity(miss ? 0 : 8192);
+  c::barrier(group);
+  for (int64_t i = 0; i < std::max<int64_t>(n / 4, 50); ++i) op.dt(), op.local();
+  c::barrier(group);
+  const auto stats0 = sharding::propagation_cache_stats();
+  const auto plans0 = plan_cache_stats();
+  c::barrier(group);
+  Row row{op.name, kase, api::to_string(out)};
+  row.calls = n;
+  const Body dt_body = [&] { op.dt(); }, local_body = [&] { op.local(); };
+  const std::string label = std::string(op.name) + "/" + kase;
+  std::vector<double> dt, local;
+  for (int r = 0; r < (cfg.child ? 1 : cfg.reps); ++r) {
+    c::barrier(group);
+    dt.push_back(timed(cfg, rank, dt_body, n, label + "/dtensor", &row.comms));
+    c::barrier(group);
+    local.push_back(timed(cfg, rank, local_body, n, label + "/local", &row.comms));
+  }
+  c::barrier(group);
+  const auto stats1 = sharding::propagation_cache_stats();
+  const auto plans1 = plan_cache_stats();
+  const double calls = (cfg.rank1_idle ? 1.0 : 2.0) * n * dt.size();
+  row.hits = (stats1.hits - stats0.hits) / calls;
+  row.misses = (stats1.misses - stats0.misses) / calls;
+  row.plan_misses = (plans1.misses - plans0.misses) / calls;
+  row.dt_ns = median(dt);
+  row.local_ns = median(local);
+  if (row.comms != 0) throw std::runtime_error(label + ": the timed loop issued collectives");
+  return row;
+}
+
 std::vector<Row> run_ops(const Config& cfg) {
   std::vector<Row> rows;
   c::run_threads(2, [&](int64_t rank) {
@@ -138,10 +182,6 @@ std::vector<Row> run_ops(const Config& cfg) {
     const at::Tensor a = dist({8}, 1, Shard(0)), b = dist({8}, 2, Shard(0));
     const at::Tensor x = dist({16, 16}, 3, Shard(0)), w = dist({16, 16}, 4, Replicate());
     const at::Tensor la = api::local(a), lb = api::local(b), lx = api::local(x), lw = api::local(w);
-    struct Op {
-      const char* name;
-      std::function<at::Tensor()> dt, local;
-    };
     const std::vector<Op> ops = {
         {"add", [&] { return at::add(a, b); }, [&] { return at::add(la, lb); }},
         {"mm", [&] { return at::mm(x, w); }, [&] { return at::mm(lx, lw); }},
@@ -161,41 +201,8 @@ std::vector<Row> run_ops(const Config& cfg) {
         throw std::runtime_error(std::string(op.name) + ": dtensor and local results differ");
       }
       for (const char* kase : {"hit", "miss"}) {
-        const bool miss = std::string(kase) == "miss";
-        const int64_t n = cfg.child ? (miss ? kChildMissCalls : kChildHitCalls)
-                                    : (miss ? cfg.calls / 10 : cfg.calls);
-        c::barrier(group);
-        if (rank == 0) sharding::set_propagation_cache_capacity(miss ? 0 : 8192);
-        c::barrier(group);
-        for (int64_t i = 0; i < std::max<int64_t>(n / 4, 50); ++i) op.dt(), op.local();
-        c::barrier(group);
-        const auto stats0 = sharding::propagation_cache_stats();
-        const auto plans0 = plan_cache_stats();
-        c::barrier(group);
-        Row row{op.name, kase, api::to_string(out)};
-        row.calls = n;
-        const Body dt_body = [&] { op.dt(); }, local_body = [&] { op.local(); };
-        const std::string label = std::string(op.name) + "/" + kase;
-        std::vector<double> dt, local;
-        for (int r = 0; r < (cfg.child ? 1 : cfg.reps); ++r) {
-          c::barrier(group);
-          dt.push_back(timed(cfg, rank, dt_body, n, label + "/dtensor", &row.comms));
-          c::barrier(group);
-          local.push_back(timed(cfg, rank, local_body, n, label + "/local", &row.comms));
-        }
-        c::barrier(group);
-        const auto stats1 = sharding::propagation_cache_stats();
-        const auto plans1 = plan_cache_stats();
-        const double calls = (cfg.rank1_idle ? 1.0 : 2.0) * n * dt.size();
-        row.hits = (stats1.hits - stats0.hits) / calls;
-        row.misses = (stats1.misses - stats0.misses) / calls;
-        row.plan_misses = (plans1.misses - plans0.misses) / calls;
-        row.dt_ns = median(dt);
-        row.local_ns = median(local);
-        if (row.comms != 0) {
-          throw std::runtime_error(label + ": the timed loop issued collectives");
-        }
-        if (rank == 0) rows.push_back(row);
+        Row row = measure_op(cfg, rank, group, op, out, kase);
+        if (rank == 0) rows.push_back(std::move(row));
       }
     }
     c::barrier(group);

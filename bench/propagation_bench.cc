@@ -20,10 +20,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_format.h"
 #include "bench/bench_support.h"
 #include "layout/dtensor_spec.h"
 #include "sharding_prop/propagator.h"
@@ -90,18 +92,11 @@ std::string placements_text(const Case& c) {
   return s;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  dtensor::cli::parse_command_line(
-      argc, argv,
-      "./x bench propagation: what one sharding propagation costs, per op, on a (2,2) mesh.\n"
-      "  propagation_bench [--reps 5]");
-  const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
-  const DeviceMesh mesh = DeviceMesh::arange({2, 2});
+// The ops measured: one Case per op, shapes growing by multiples of 4 per variant so every
+// variant shards evenly alike.
+std::vector<Case> bench_cases() {
   const Placement S0 = Shard(0), S1 = Shard(1), R = Replicate();
-  // Shapes grow by multiples of 4 per variant so every variant shards evenly alike.
-  const std::vector<Case> cases = {
+  return {
       {"add",
        "aten::add.Tensor",
        {},
@@ -146,59 +141,88 @@ int main(int argc, char** argv) {
              {16 + 4 * i, 8}, {16 + 4 * i, 8}, {16 + 4 * i, 8}};
        }},
   };
-  const int hit_calls = 1000000, miss_calls = 2000, cold_calls = 400;
+}
 
+constexpr int kHitCalls = 1000000, kMissCalls = 2000, kColdCalls = 400;
+
+struct Measured {
+  double hit_ns, miss_ns, cold_ns, plan_misses_per_call;
+  std::shared_ptr<const OpSharding> chosen;
+};
+
+// Hit, miss (plans warm) and cold-miss medians for one case; the cache counters check that
+// hits hit and misses miss. `next_variant` hands out distinct shapes across cases.
+Measured measure(const DeviceMesh& mesh, const Case& c, int reps, int64_t& next_variant) {
+  const std::vector<std::vector<DTensorSpec>> same = {specs_for(mesh, c, 0)};
+  set_propagation_cache_capacity(8192);
+  Measured m;
+  m.chosen = propagate(c.op, same[0], c.args);
+  std::vector<double> hit, miss, cold;
+  auto before = propagation_cache_stats();
+  for (int r = 0; r < reps; ++r) hit.push_back(time_calls(c, same, kHitCalls));
+  check(propagation_cache_stats().hits - before.hits == int64_t{reps} * kHitCalls, "hits");
+  set_propagation_cache_capacity(0);  // every call misses; plans stay cached
+  before = propagation_cache_stats();
+  const auto plans_before = plan_cache_stats();
+  for (int r = 0; r < reps; ++r) miss.push_back(time_calls(c, same, kMissCalls));
+  check(propagation_cache_stats().misses - before.misses == int64_t{reps} * kMissCalls, "misses");
+  check(plan_cache_stats().misses == plans_before.misses, "warm plans");
+  const auto cold_before = plan_cache_stats();
+  for (int r = 0; r < reps; ++r) {
+    std::vector<std::vector<DTensorSpec>> distinct;  // interned outside the timed loop
+    for (int k = 0; k < kColdCalls; ++k) distinct.push_back(specs_for(mesh, c, next_variant++));
+    cold.push_back(time_calls(c, distinct, kColdCalls));
+  }
+  m.hit_ns = median(hit);
+  m.miss_ns = median(miss);
+  m.cold_ns = median(cold);
+  m.plan_misses_per_call =
+      static_cast<double>(plan_cache_stats().misses - cold_before.misses) / (reps * kColdCalls);
+  return m;
+}
+
+// One table row on stdout; returns the case's JSON line.
+std::string report(const Case& c, const Measured& m) {
+  std::string outs;
+  for (const auto& o : m.chosen->outputs)
+    outs += (outs.empty() ? "" : " ") + to_string(o.placements());
+  std::printf("%-8s %-27s %-24s %8.1f %8.2f %8.2f %8.3f %13.2f %12.2f\n", c.name,
+              placements_text(c).c_str(),
+              ("-> " + outs + (m.chosen->needs_redistribute() ? " (redist)" : "")).c_str(),
+              m.hit_ns, m.hit_ns / kHitTargetNs, m.miss_ns / 1e3, m.miss_ns / kMissTargetNs,
+              m.cold_ns / 1e3, m.plan_misses_per_call);
+  std::fflush(stdout);
+  return absl::StrFormat(
+      "{\"bench\":\"propagation\",\"op\":\"%s\",\"aten\":\"%s\",\"inputs\":\"%s\","
+      "\"hit_ns\":%.1f,\"miss_ns\":%.0f,\"miss_plans_cold_ns\":%.0f,"
+      "\"plan_misses_per_call\":%.2f,\"hit_target_ratio\":%.3f,\"miss_target_ratio\":%.3f}",
+      c.name, c.op, placements_text(c), m.hit_ns, m.miss_ns, m.cold_ns, m.plan_misses_per_call,
+      m.hit_ns / kHitTargetNs, m.miss_ns / kMissTargetNs);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dtensor::cli::parse_command_line(
+      argc, argv,
+      "./x bench propagation: what one sharding propagation costs, per op, on a (2,2) mesh.\n"
+      "  propagation_bench [--reps 5]");
+  const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
+  const DeviceMesh mesh = DeviceMesh::arange({2, 2});
   std::printf("propagate() on mesh (2,2); medians of %d repetitions of per-call averages\n", reps);
   std::printf(
       "hit: %d calls on the same inputs; miss: %d calls with the propagation cache off "
       "(plan cache warm, the typical miss);\nmiss, plans cold: %d calls on distinct "
       "shapes (propagation and redistribute plan caches both miss)\n\n",
-      hit_calls, miss_calls, cold_calls);
+      kHitCalls, kMissCalls, kColdCalls);
   std::printf("%-8s %-27s %-24s %8s %8s %8s %8s %13s %12s\n", "op", "inputs", "chosen", "hit_ns",
               "hit/300", "miss_us", "miss/50", "cold_miss_us", "plans/cold");
   std::vector<std::string> json, explain;
   int64_t next_variant = 1;
-  for (const Case& c : cases) {
-    const std::vector<std::vector<DTensorSpec>> same = {specs_for(mesh, c, 0)};
-    set_propagation_cache_capacity(8192);
-    const auto chosen = propagate(c.op, same[0], c.args);
-    std::vector<double> hit, miss, cold;
-    auto before = propagation_cache_stats();
-    for (int r = 0; r < reps; ++r) hit.push_back(time_calls(c, same, hit_calls));
-    check(propagation_cache_stats().hits - before.hits == int64_t{reps} * hit_calls, "hits");
-    set_propagation_cache_capacity(0);  // every call misses; plans stay cached
-    before = propagation_cache_stats();
-    const auto plans_before = plan_cache_stats();
-    for (int r = 0; r < reps; ++r) miss.push_back(time_calls(c, same, miss_calls));
-    check(propagation_cache_stats().misses - before.misses == int64_t{reps} * miss_calls, "misses");
-    check(plan_cache_stats().misses == plans_before.misses, "warm plans");
-    const auto cold_before = plan_cache_stats();
-    for (int r = 0; r < reps; ++r) {
-      std::vector<std::vector<DTensorSpec>> distinct;  // interned outside the timed loop
-      for (int k = 0; k < cold_calls; ++k) distinct.push_back(specs_for(mesh, c, next_variant++));
-      cold.push_back(time_calls(c, distinct, cold_calls));
-    }
-    const double h = median(hit), m = median(miss), mc = median(cold);
-    const double plan_misses =
-        static_cast<double>(plan_cache_stats().misses - cold_before.misses) / (reps * cold_calls);
-    std::string outs;
-    for (const auto& o : chosen->outputs)
-      outs += (outs.empty() ? "" : " ") + to_string(o.placements());
-    std::printf("%-8s %-27s %-24s %8.1f %8.2f %8.2f %8.3f %13.2f %12.2f\n", c.name,
-                placements_text(c).c_str(),
-                ("-> " + outs + (chosen->needs_redistribute() ? " (redist)" : "")).c_str(), h,
-                h / kHitTargetNs, m / 1e3, m / kMissTargetNs, mc / 1e3, plan_misses);
-    explain.push_back(chosen->to_string());
-    char line[512];
-    std::snprintf(line, sizeof(line),
-                  "{\"bench\":\"propagation\",\"op\":\"%s\",\"aten\":\"%s\",\"inputs\":\"%s\","
-                  "\"hit_ns\":%.1f,\"miss_ns\":%.0f,\"miss_plans_cold_ns\":%.0f,\"plan_misses_per_"
-                  "call\":%.2f,"
-                  "\"hit_target_ratio\":%.3f,\"miss_target_ratio\":%.3f}",
-                  c.name, c.op, placements_text(c).c_str(), h, m, mc, plan_misses, h / kHitTargetNs,
-                  m / kMissTargetNs);
-    json.push_back(line);
-    std::fflush(stdout);
+  for (const Case& c : bench_cases()) {
+    const Measured m = measure(mesh, c, reps, next_variant);
+    json.push_back(report(c, m));
+    explain.push_back(m.chosen->to_string());
   }
   set_propagation_cache_capacity(8192);
   std::printf("\ntargets: hit < 300 ns, miss < 50 us (plans warm); ratio = measured / target\n\n");

@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_join.h"
 #include "base/error.h"
-#include "base/strings.h"
 #include "layout/tensor_meta.h"
 #include "sharding_prop/op_registry.h"
 #include "tools/cli_args.h"
@@ -118,8 +118,8 @@ std::optional<Example> build_example(const OpEntry& op) {
 
 std::string shapes_text(const Shapes& shapes) {
   std::vector<std::string> parts;
-  for (const auto& s : shapes) parts.push_back("[" + join(s, ",") + "]");
-  return join(parts, ",");
+  for (const auto& s : shapes) parts.push_back("[" + absl::StrJoin(s, ",") + "]");
+  return absl::StrJoin(parts, ",");
 }
 
 std::string json_string(const std::string& s) {
@@ -139,6 +139,35 @@ std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
+// One JSON object per op (for scripts).
+std::string json_line(const OpEntry& op, const std::optional<Example>& ex) {
+  std::string line = "{\"op\":" + json_string(op.name) + ",\"family\":" + json_string(op.family) +
+                     ",\"in_place\":" + (op.in_place ? "true" : "false") +
+                     ",\"args\":" + json_string(op.args_text());
+  if (ex) {
+    line += ",\"example_inputs\":[" + shapes_text(ex->inputs) + "],\"example_ints\":[" +
+            absl::StrJoin(ex->args.ints, ",") + "]";
+    if (!ex->args.text.empty()) line += ",\"example_text\":" + json_string(ex->args.text);
+    line += ",\"rule\":" + json_string(ex->rule);
+  } else {
+    line += ",\"example_inputs\":null,\"example_ints\":null,\"rule\":null";
+  }
+  return line + "}";
+}
+
+// One table row per op (for people).
+void print_row(const OpEntry& op, const std::optional<Example>& ex) {
+  std::string example = "-";
+  if (ex) {
+    example = shapes_text(ex->inputs);
+    if (!ex->args.ints.empty() || !ex->args.text.empty()) example += " " + ex->args.to_string();
+  }
+  const std::string args = op.args_text();
+  std::printf("%-40s %-10s %-3s %-34s %-28s %s\n", op.name.c_str(), op.family.c_str(),
+              op.in_place ? "yes" : "", args.empty() ? "-" : args.c_str(), example.c_str(),
+              ex ? ex->rule.c_str() : "-");
+}
+
 int run() {
   const std::string only = absl::GetFlag(FLAGS_family);  // "" or a family name
   const bool json = absl::GetFlag(FLAGS_json);
@@ -147,7 +176,8 @@ int run() {
   if (!only.empty() && families.count(only) == 0) {
     std::vector<std::string> names;
     for (const auto& [name, n] : families) names.push_back(name);
-    throw Error("--family: no family '" + only + "' (families: " + join(names, ", ") + ")");
+    throw Error("--family: no family '" + only + "' (families: " + absl::StrJoin(names, ", ") +
+                ")");
   }
 
   std::map<std::string, int> counts;
@@ -162,35 +192,15 @@ int run() {
     ++total;
     const auto ex = build_example(*op);
     if (json) {
-      std::string line = "{\"op\":" + json_string(op->name) +
-                         ",\"family\":" + json_string(op->family) +
-                         ",\"in_place\":" + (op->in_place ? "true" : "false") +
-                         ",\"args\":" + json_string(op->args_text());
-      if (ex) {
-        line += ",\"example_inputs\":[" + shapes_text(ex->inputs) + "],\"example_ints\":[" +
-                join(ex->args.ints, ",") + "]";
-        if (!ex->args.text.empty()) line += ",\"example_text\":" + json_string(ex->args.text);
-        line += ",\"rule\":" + json_string(ex->rule);
-      } else {
-        line += ",\"example_inputs\":null,\"example_ints\":null,\"rule\":null";
-      }
-      std::printf("%s}\n", line.c_str());
-      continue;
+      std::printf("%s\n", json_line(*op, ex).c_str());
+    } else {
+      print_row(*op, ex);
     }
-    std::string example = "-";
-    if (ex) {
-      example = shapes_text(ex->inputs);
-      if (!ex->args.ints.empty() || !ex->args.text.empty()) example += " " + ex->args.to_string();
-    }
-    const std::string args = op->args_text();
-    std::printf("%-40s %-10s %-3s %-34s %-28s %s\n", op->name.c_str(), op->family.c_str(),
-                op->in_place ? "yes" : "", args.empty() ? "-" : args.c_str(), example.c_str(),
-                ex ? ex->rule.c_str() : "-");
   }
   std::vector<std::string> parts;
   for (const auto& [family, n] : counts) parts.push_back(family + " " + std::to_string(n));
-  const std::string summary = join(parts, ", ") + "; " + std::to_string(total) + " overloads in " +
-                              std::to_string(counts.size()) +
+  const std::string summary = absl::StrJoin(parts, ", ") + "; " + std::to_string(total) +
+                              " overloads in " + std::to_string(counts.size()) +
                               (counts.size() == 1 ? " family" : " families");
   if (json) {
     std::cerr << summary << "\n";  // stdout holds only JSON objects

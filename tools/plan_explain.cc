@@ -12,8 +12,8 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_join.h"
 #include "base/error.h"
-#include "base/strings.h"
 #include "layout/shard_layout.h"
 #include "sharding_prop/redistribute_plan.h"
 #include "tools/cli_args.h"
@@ -51,7 +51,7 @@ c10::ScalarType parse_dtype(const std::string& text) {
               "' (float32, float64, bfloat16, float16, int32, int64, bool)");
 }
 
-std::string shape_text(const std::vector<int64_t>& v) { return "[" + join(v, ",") + "]"; }
+std::string shape_text(const std::vector<int64_t>& v) { return "[" + absl::StrJoin(v, ",") + "]"; }
 
 int run() {
   const DeviceMesh mesh =
@@ -89,7 +89,7 @@ int run() {
   for (int64_t r : mesh.ranks()) {
     const auto coord = *mesh.coordinate(r);
     std::printf("%4lld  %-10s  %-14s  %-14s\n", static_cast<long long>(r),
-                ("(" + join(coord, ",") + ")").c_str(),
+                ("(" + absl::StrJoin(coord, ",") + ")").c_str(),
                 shape_text(local_box(src, coord).shape).c_str(),
                 shape_text(local_box(dst, coord).shape).c_str());
   }
