@@ -14,6 +14,7 @@
 #include <map>
 #include <stdexcept>
 
+#include <absl/container/node_hash_map.h>
 #include <absl/hash/hash.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
@@ -278,12 +279,22 @@ std::vector<OpEntry> build_table() {
 }
 
 // The op table: an interning table, not a cache (NOTE [caches]): entries are handed out by pointer
-// and live for the process.
+// and live for the process. The built-in entries never change after construction, so they are
+// read without a lock (find_op is on the propagation path of every op whose entry the caller has
+// not kept); entries registered at run time (register_rule) sit in their own map under a mutex.
 struct Table {
+  const absl::node_hash_map<std::string, OpEntry> builtin;
   absl::Mutex mu;
-  std::map<std::string, OpEntry, std::less<>> ops ABSL_GUARDED_BY(mu);  // sorted: all_ops()
-  Table() {
-    for (auto& e : build_table()) ops.emplace(e.name, std::move(e));
+  absl::node_hash_map<std::string, OpEntry> custom ABSL_GUARDED_BY(mu);
+  Table() : builtin(index(build_table())) {}
+
+  static absl::node_hash_map<std::string, OpEntry> index(std::vector<OpEntry> entries) {
+    absl::node_hash_map<std::string, OpEntry> out;
+    for (auto& e : entries) {
+      const std::string name = e.name;
+      TORCH_INTERNAL_ASSERT(out.emplace(name, std::move(e)).second, "two entries for ", name);
+    }
+    return out;
   }
 };
 
@@ -339,7 +350,9 @@ std::string OpEntry::args_text() const {
                        [](std::string* out, const LayoutArg& a) { out->append(a.to_string()); });
 }
 
-size_t LayoutArgs::hash() const { return absl::HashOf(ints, text); }
+size_t LayoutArgs::hash() const {
+  return ints.empty() && text.empty() ? 0 : absl::HashOf(ints, text);
+}
 
 std::string LayoutArgs::to_string() const {
   std::string s = "(" + absl::StrJoin(ints, ",");
@@ -349,16 +362,23 @@ std::string LayoutArgs::to_string() const {
 
 const OpEntry* find_op(std::string_view name) {
   Table& t = table();
+  const absl::string_view key(name.data(), name.size());  // Debian's Abseil has its own
+  if (auto it = t.builtin.find(key); it != t.builtin.end()) return &it->second;
   absl::MutexLock lock(&t.mu);
-  auto it = t.ops.find(name);
-  return it == t.ops.end() ? nullptr : &it->second;
+  auto it = t.custom.find(key);
+  return it == t.custom.end() ? nullptr : &it->second;
 }
 
 std::vector<const OpEntry*> all_ops() {
   Table& t = table();
-  absl::MutexLock lock(&t.mu);
   std::vector<const OpEntry*> out;
-  for (const auto& [name, e] : t.ops) out.push_back(&e);
+  for (const auto& [name, e] : t.builtin) out.push_back(&e);
+  {
+    absl::MutexLock lock(&t.mu);
+    for (const auto& [name, e] : t.custom) out.push_back(&e);
+  }
+  std::sort(out.begin(), out.end(),
+            [](const OpEntry* a, const OpEntry* b) { return a->name < b->name; });
   return out;
 }
 
@@ -383,7 +403,7 @@ void register_rule(const std::string& name, const std::string& rule_text, Linear
             }};
   Table& t = table();
   absl::MutexLock lock(&t.mu);
-  if (!t.ops.emplace(name, std::move(e)).second) {
+  if (t.builtin.count(name) != 0 || !t.custom.emplace(name, std::move(e)).second) {
     throw Error("register_rule: '" + name + "' already has a rule");
   }
 }
