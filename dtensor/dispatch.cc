@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <map>
 #include <mutex>  // std::once_flag
 #include <stdexcept>
 #include <unordered_map>
@@ -42,6 +44,7 @@ struct OpInfo {
   Execution execution = Execution::kPieces;
   std::vector<int> return_alias;  // per return: the argument it writes (in-place/out=), or -1
   std::vector<bool> is_out;       // per argument: an out= argument (not an input)
+  std::vector<bool> is_scalar;    // per argument: of schema type Scalar (only its kind matters)
   int generator_arg = -1;
   // The table entry, looked up on first use when it was missing (register_rule may add it later).
   mutable std::atomic<const sharding::OpEntry*> entry{nullptr};
@@ -61,7 +64,9 @@ std::unique_ptr<OpInfo> make_info(const c10::OperatorHandle& op) {
   if (entry != nullptr) info->execution = entry->execution;
   const auto& args = schema.arguments();
   info->is_out.assign(args.size(), false);
+  info->is_scalar.assign(args.size(), false);
   for (size_t i = 0; i < args.size(); ++i) {
+    info->is_scalar[i] = args[i].type()->kind() == c10::TypeKind::NumberType;
     const c10::AliasInfo* a = args[i].alias_info();
     info->is_out[i] = a != nullptr && a->isWrite() && args[i].kwarg_only();
     if (args[i].name() == "generator") info->generator_arg = static_cast<int>(i);
@@ -129,8 +134,10 @@ std::vector<Input> collect_inputs(const OpInfo& info, const c10::FunctionSchema&
     if (!t.defined()) return;
     if (DTensorImpl* impl = dtensor_impl(t)) {
       inputs.push_back({arg, element, impl->spec(), impl->ready_local()});
-    } else if (t.dim() > 0) {
-      if (!t_replicate_plain) throw Error(plain_error(info, schema, arg, t));
+    } else {
+      // 0-dim and one-element plain tensors are replicated scalars, as in PyTorch.
+      if (t.dim() > 0 && t.numel() != 1 && !t_replicate_plain)
+        throw Error(plain_error(info, schema, arg, t));
       plain.emplace_back(arg, element);
     }
   };
@@ -167,22 +174,13 @@ std::vector<Input> collect_inputs(const OpInfo& info, const c10::FunctionSchema&
   return inputs;
 }
 
-// The propagator's answer for these inputs and arguments (the table entry is looked up once per
-// operator; the specs vector is reused, so a cache hit allocates nothing here).
-std::shared_ptr<const sharding::OpSharding> propagate_inputs(const OpInfo& info,
-                                                             const std::vector<Input>& inputs,
-                                                             const c10::IValue* args) {
-  thread_local std::vector<DTensorSpec> specs;
-  specs.clear();
-  for (const Input& in : inputs) specs.push_back(in.spec);
-  const sharding::LayoutArgs layout = info.args.layout(args);
-  const sharding::PropagateOptions options{t_strict};
+// The op's table entry, or null (looked up again while missing: register_rule may add it).
+const sharding::OpEntry* entry_of(const OpInfo& info) {
   const sharding::OpEntry* entry = info.entry.load(std::memory_order_acquire);
   if (entry == nullptr && (entry = sharding::find_op(info.name)) != nullptr) {
     info.entry.store(entry, std::memory_order_release);
   }
-  return entry != nullptr ? sharding::propagate(*entry, specs, layout, options)
-                          : sharding::propagate(info.name, specs, layout, options);
+  return entry;
 }
 
 void put(c10::IValue* args, const Input& in, const at::Tensor& local) {
@@ -195,8 +193,116 @@ void put(c10::IValue* args, const Input& in, const at::Tensor& local) {
   args[in.arg] = std::move(list);
 }
 
-at::Tensor wrap(at::Tensor local, const DTensorSpec& spec) {
-  if (local.scalar_type() != spec.meta().dtype) local = local.to(spec.meta().dtype);
+// NOTE [output metadata from ATen] (propagator.h): the call's non-tensor arguments, encoded for
+// the cache key, one tag per argument: ints, bools, dtypes, strings and int lists by value;
+// floats, Scalars and generators by kind only (a Scalar's value never changes an output's dtype
+// or shape, its kind can); tensors by presence (their specs are in the key).
+void encode_call(const OpInfo& info, const c10::IValue* args, size_t n, std::vector<int64_t>& out) {
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = args[i];
+    if (v.isNone()) {
+      out.push_back(0);
+    } else if (v.isTensor()) {
+      out.push_back(v.toTensor().defined() ? 1 : 2);
+    } else if (v.isTensorList()) {
+      out.push_back(3);
+      out.push_back(static_cast<int64_t>(v.toTensorList().size()));
+    } else if (info.is_scalar[i]) {
+      out.push_back(v.isComplexDouble() ? 4 : v.isDouble() ? 5 : v.isBool() ? 6 : 7);
+    } else if (v.isBool()) {
+      out.push_back(v.toBool() ? 9 : 8);
+    } else if (v.isInt()) {
+      out.push_back(10);
+      out.push_back(v.toInt());
+    } else if (v.isIntList()) {
+      const auto list = v.toIntList();
+      out.push_back(11);
+      out.push_back(static_cast<int64_t>(list.size()));
+      for (const int64_t x : list) out.push_back(x);
+    } else if (v.isString()) {
+      const std::string& text = v.toStringRef();
+      out.push_back(12);
+      out.push_back(static_cast<int64_t>(text.size()));
+      for (const char c : text) out.push_back(c);
+    } else if (v.isDevice()) {
+      out.push_back(13);
+      out.push_back(static_cast<int64_t>(v.toDevice().type()));
+      out.push_back(v.toDevice().index());
+    } else {
+      out.push_back(14);  // floats, lists of floats, generators: by kind
+    }
+  }
+}
+
+// The outputs' metadata from ATen: the op run on meta tensors of the global inputs; nullopt when
+// ATen cannot run it on meta tensors (no meta kernel). Undefined outputs stay nullopt.
+std::optional<std::vector<std::optional<TensorMeta>>> aten_output_metas(
+    const c10::OperatorHandle& op, const OpInfo& info, const std::vector<Input>& inputs,
+    const c10::IValue* args, size_t n) {
+  torch::jit::Stack stack(args, args + n);
+  for (const Input& in : inputs) {
+    const TensorMeta& m = in.spec.meta();
+    put(stack.data(), in,
+        at::empty_strided(m.shape, m.stride, at::TensorOptions().dtype(m.dtype).device(at::kMeta)));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (info.is_out[i] && stack[i].isTensor() && stack[i].toTensor().defined()) {
+      stack[i] = at::empty({0}, stack[i].toTensor().options().device(at::kMeta));
+    }
+    if (static_cast<int>(i) == info.generator_arg) stack[i] = c10::IValue();
+  }
+  try {
+    op.callBoxed(&stack);
+  } catch (const c10::Error&) {
+    return std::nullopt;
+  }
+  std::vector<std::optional<TensorMeta>> out;
+  auto add = [&](const at::Tensor& t) {
+    if (!t.defined()) {
+      out.emplace_back();
+    } else {
+      out.push_back(TensorMeta::make(t.sizes().vec(), t.scalar_type(), t.strides().vec()));
+    }
+  };
+  for (const c10::IValue& r : stack) {
+    if (r.isTensor()) {
+      add(r.toTensor());
+    } else if (r.isTensorList()) {
+      for (const at::Tensor& t : r.toTensorList()) add(t);
+    }
+  }
+  return out;
+}
+
+// The propagator's answer for these inputs and arguments (the table entry is looked up once per
+// operator; the specs vector is reused, so a cache hit allocates nothing here).
+std::shared_ptr<const sharding::OpSharding> propagate_inputs(const c10::OperatorHandle& op,
+                                                             const OpInfo& info,
+                                                             const std::vector<Input>& inputs,
+                                                             const c10::IValue* args, size_t n) {
+  thread_local std::vector<DTensorSpec> specs;
+  specs.clear();
+  for (const Input& in : inputs) specs.push_back(in.spec);
+  sharding::LayoutArgs layout = info.args.layout(args);
+  encode_call(info, args, n, layout.call);
+  const sharding::PropagateOptions options{t_strict};
+  const sharding::OpEntry* entry = entry_of(info);
+  if (entry == nullptr) return sharding::propagate(info.name, specs, layout, options);
+  const sharding::OutputMetas metas = [&] { return aten_output_metas(op, info, inputs, args, n); };
+  return sharding::propagate(*entry, specs, layout, options, &metas);
+}
+
+// A local result becomes a distributed tensor of the propagated spec. Its dtype and shape must be
+// the spec's piece: a disagreement is a wrong rule, raised, never cast or relabelled.
+at::Tensor wrap(const std::string& op, at::Tensor local, const DTensorSpec& spec) {
+  TORCH_INTERNAL_ASSERT(local.scalar_type() == spec.meta().dtype, op, ": the local result is ",
+                        local.scalar_type(), " but the propagated output ", spec.to_string(),
+                        " says ", spec.meta().dtype, " (a wrong sharding rule; please report)");
+  const auto want = local_box(spec, my_coordinate(spec.mesh())).shape;
+  TORCH_INTERNAL_ASSERT(local.sizes().vec() == want, op, ": this rank's local result has shape ",
+                        local.sizes(), " but the propagated output ", spec.to_string(),
+                        " gives its piece the shape ", c10::IntArrayRef(want),
+                        " (a wrong sharding rule; please report)");
   return make_dtensor(std::move(local), spec);
 }
 
@@ -211,7 +317,11 @@ void run_random(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::S
   if (info.generator_arg >= 0 && args[info.generator_arg].isNone()) {
     args[info.generator_arg] = rank_generator();
   }
-  op.callBoxed(stack);
+  if (info.generator_arg >= 0) {
+    op.callBoxed(stack);
+  } else {
+    draw_with_rank_generator([&] { op.callBoxed(stack); });
+  }
   const at::Tensor drawn = stack->back().toTensor();
   const at::Tensor box = slice_box(drawn, local_box(out, my_coordinate(out.mesh())));
   stack->pop_back();
@@ -238,13 +348,14 @@ void run_dropout(const c10::IValue* args, torch::jit::Stack* stack, size_t n,
     global.bernoulli_(p1m, rank_generator());
     mask = slice_box(global, local_box(out, my_coordinate(out.mesh()))).clone();
     result = input.mul(mask).mul_(scale);
+    mask = mask.to(at::kBool);  // as ATen's CPU kernel returns it
   } else {
-    mask = at::ones_like(input);
+    mask = at::ones_like(input, input.options().dtype(at::kBool));
     result = input.clone();
   }
   torch::jit::drop(*stack, n);
-  stack->push_back(wrap(result, out));
-  stack->push_back(wrap(mask, mask_spec));
+  stack->push_back(wrap("aten::native_dropout", result, out));
+  stack->push_back(wrap("aten::native_dropout", mask, mask_spec));
 }
 
 // item(): every rank reads the whole value.
@@ -315,6 +426,10 @@ bool run_special(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::
     case Execution::kReshapeByLocal:
       out = at::reshape(inputs.at(0).local, args[1].toIntVector());
       break;
+    case Execution::kViewAsLocal:
+      out = inputs.at(0).local.view(
+          local_box(s.outputs[0], my_coordinate(s.outputs[0].mesh())).shape);
+      break;
     case Execution::kEmptyByLocal:
       out = at::empty(args[1].toIntVector(), inputs.at(0).local.options());
       break;
@@ -322,7 +437,7 @@ bool run_special(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::
       return false;
   }
   torch::jit::drop(*stack, n);
-  stack->push_back(wrap(out, s.outputs[0]));
+  stack->push_back(wrap(info.name, out, s.outputs[0]));
   return true;
 }
 
@@ -344,19 +459,195 @@ void wrap_returns(const OpInfo& info, const c10::FunctionSchema& schema,
           dtensor_impl(originals[writes])->set(r.toTensor(), s.outputs.at(o));
         r = originals[writes];
       } else if (r.toTensor().defined()) {
-        r = wrap(r.toTensor(), s.outputs.at(o));
+        r = wrap(info.name, r.toTensor(), s.outputs.at(o));
       }
     } else if (r.isTensorList()) {
       c10::List<at::Tensor> pieces = r.toTensorList();
       c10::List<at::Tensor> wrapped;
       for (size_t k = 0; k < pieces.size(); ++k)
-        wrapped.push_back(wrap(pieces.get(k), s.outputs.at(next++)));
+        wrapped.push_back(wrap(info.name, pieces.get(k), s.outputs.at(next++)));
       r = std::move(wrapped);
     }
   }
 }
 
-void kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+// NOTE [replicate fallback]
+// An op with no table entry still runs, correctly, the way PyTorch's DTensor cannot: every
+// distributed input is gathered to Replicate, the op runs on the whole tensors on every rank, and
+// every output is Replicate with the metadata of the tensor it computed. Every rank computes the
+// same values from the same data (random ops draw from the rank generator, whose state equals
+// one device's: NOTE [DTensor random]), so outputs whose shape depends on the data (nonzero,
+// unique, masked_select) are correct too. The decision depends only on the op's name, so ranks
+// never diverge. What it costs: the gathers (attributed to the op, as any redistribute) and the
+// whole computation on every rank. It warns once per op, naming the collectives of its first
+// call; dtensor::fallback_counts() counts calls per op. Strict mode and DTENSOR_FALLBACK=error
+// turn it into the "no sharding rule" error. An argument the op writes (in-place self, out=,
+// rrelu's noise) is gathered too, and afterwards each rank copies its box of the written whole
+// back into its piece, so the tensor keeps its layout; it refuses a Partial one (no pieces to
+// write) and a write that resizes. A view it returns aliases the gathered copy, not the input's
+// pieces, unless the input was Replicate already.
+
+struct FallbackRecord {
+  absl::Mutex mu;
+  std::map<std::string, int64_t> calls ABSL_GUARDED_BY(mu);
+};
+
+FallbackRecord& fallback_record() {
+  static auto* r = new FallbackRecord();
+  return *r;
+}
+
+bool fallback_disabled_by_env() {
+  static const bool disabled = [] {
+    const char* env = std::getenv("DTENSOR_FALLBACK");
+    if (env == nullptr || std::string(env).empty() || std::string(env) == "warn") return false;
+    if (std::string(env) == "error") return true;
+    throw Error("DTENSOR_FALLBACK='" + std::string(env) +
+                "': expected 'warn' (default) or 'error'");
+  }();
+  return disabled;
+}
+
+// The "no sharding rule" error of an op without an entry, with why no fallback ran.
+[[noreturn]] void no_rule(const OpInfo& info, const std::vector<Input>& inputs, const char* why) {
+  std::vector<DTensorSpec> specs;
+  for (const Input& in : inputs) specs.push_back(in.spec);
+  throw Error(sharding::no_rule_message(info.name, specs) + why);
+}
+
+// Whether the fallback's call writes argument `i`: its schema says so, or, for the few ATen ops
+// whose torch 1.13 schema omits it, by name (rrelu_with_noise fills `noise` in place).
+bool fallback_writes(const OpInfo& info, const c10::FunctionSchema& schema, size_t i) {
+  const c10::AliasInfo* a = schema.arguments()[i].alias_info();
+  if (a != nullptr && a->isWrite()) return true;
+  return info.name == "aten::rrelu_with_noise" && schema.arguments()[i].name() == "noise";
+}
+
+// The distributed arguments the call writes: each must be Replicate or Shard, so that its pieces
+// can take their boxes of the written whole tensor back.
+std::vector<int> fallback_written_args(const OpInfo& info, const c10::FunctionSchema& schema,
+                                       const c10::SmallVector<at::Tensor, 8>& originals) {
+  std::vector<int> written;
+  for (size_t i = 0; i < originals.size(); ++i) {
+    if (!originals[i].defined() || !fallback_writes(info, schema, i)) continue;
+    DTensorImpl* impl = dtensor_impl(originals[i]);
+    if (impl == nullptr) continue;
+    const DTensorSpec& spec = impl->spec();
+    const bool partial = std::any_of(spec.placements().begin(), spec.placements().end(),
+                                     [](const Placement& p) { return p.is_partial(); });
+    DTENSOR_CHECK(!partial, info.name,
+                  " has no sharding rule, and the replicate fallback cannot write into argument '",
+                  schema.arguments()[i].name(), "' laid out as ", to_string(spec.placements()),
+                  " on ", spec.mesh().to_string(),
+                  " (a Partial tensor's pending sum has no pieces to write); redistribute it "
+                  "first, or use the op's out-of-place form");
+    written.push_back(static_cast<int>(i));
+  }
+  return written;
+}
+
+// After the call: every written distributed argument takes its box of the whole result.
+void write_back(const OpInfo& info, const std::vector<int>& written,
+                const c10::SmallVector<at::Tensor, 8>& originals, const c10::IValue* args) {
+  for (const int i : written) {
+    DTensorImpl* impl = dtensor_impl(originals[i]);
+    const DTensorSpec& spec = impl->spec();
+    const at::Tensor whole = args[i].toTensor();
+    DTENSOR_CHECK(whole.sizes().vec() == spec.shape() && whole.scalar_type() == spec.meta().dtype,
+                  info.name, ": the replicate fallback wrote ", whole.sizes(), " ",
+                  whole.scalar_type(), " into an argument laid out as ", spec.to_string(),
+                  "; a write that resizes a distributed tensor is not supported");
+    const at::Tensor piece = impl->ready_local();
+    const at::Tensor box = slice_box(whole, local_box(spec, my_coordinate(spec.mesh())));
+    if (!piece.is_same(whole)) piece.copy_(box);
+  }
+}
+
+void note_fallback(const OpInfo& info, const collectives::CommCounter& counter) {
+  FallbackRecord& r = fallback_record();
+  bool first = false;
+  {
+    absl::MutexLock lock(&r.mu);
+    first = r.calls[info.name]++ == 0;
+  }
+  if (!first) return;
+  std::string comms =
+      counter.total() == 0 ? "no collectives (inputs already Replicate)\n" : counter.to_string();
+  comms.pop_back();
+  TORCH_WARN("dtensor: ", info.name,
+             " has no sharding rule; it ran by the replicate fallback (inputs gathered, the op "
+             "computed whole on every rank, outputs Replicate). Its first call cost: ",
+             comms,
+             ". DTENSOR_FALLBACK=error or strict mode makes this an error; "
+             "dtensor.debug.fallback_counts() counts such calls.");
+}
+
+// Runs `op` by the replicate fallback (NOTE [replicate fallback]).
+void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
+                  c10::IValue* args, size_t n, std::vector<Input>& inputs,
+                  const c10::SmallVector<at::Tensor, 8>& originals) {
+  if (t_strict) no_rule(info, inputs, " (strict mode: no replicate fallback)");
+  if (fallback_disabled_by_env()) no_rule(info, inputs, " (DTENSOR_FALLBACK=error)");
+  const c10::FunctionSchema& schema = op.schema();
+  const std::vector<int> written = fallback_written_args(info, schema, originals);
+  collectives::CommCounter counter;
+  for (Input& in : inputs) {
+    const DeviceMesh& mesh = in.spec.mesh();
+    const DTensorSpec whole =
+        DTensorSpec::make(mesh, Placements(mesh.ndim(), Replicate()), in.spec.meta());
+    if (in.spec != whole) {
+      collectives::CommCause cause(info.name.c_str());
+      in.local = redistribute_local(in.local, in.spec, whole);
+    }
+    put(args, in, in.local);
+  }
+  for (size_t i = 0; i < n; ++i) {  // out= arguments: gathered like inputs
+    if (!info.is_out[i] || !originals[i].defined() || !is_dtensor(originals[i])) continue;
+    const DTensorSpec& spec = spec_of(originals[i]);
+    const DTensorSpec whole =
+        DTensorSpec::make(spec.mesh(), Placements(spec.mesh().ndim(), Replicate()), spec.meta());
+    collectives::CommCause cause(info.name.c_str());
+    args[i] = redistribute_local(local_of(originals[i], "out="), spec, whole);
+  }
+  // The whole tensors the call writes, to hand each rank's box back afterwards.
+  c10::SmallVector<c10::IValue, 8> written_whole(n);
+  for (const int i : written) written_whole[i] = args[i];
+  if (info.generator_arg >= 0 && args[info.generator_arg].isNone()) {
+    args[info.generator_arg] = rank_generator();
+  }
+  const DeviceMesh mesh = inputs.at(0).spec.mesh();
+  if (info.generator_arg < 0 && op.hasTag(at::Tag::nondeterministic_seeded)) {
+    draw_with_rank_generator([&] { op.callBoxed(stack); });
+  } else {
+    op.callBoxed(stack);
+  }
+  write_back(info, written, originals, written_whole.data());
+  const size_t returns = schema.returns().size();
+  c10::IValue* rets = &(*stack)[stack->size() - returns];
+  auto whole = [&](const at::Tensor& t) {
+    return DTensorSpec::make(mesh, Placements(mesh.ndim(), Replicate()),
+                             TensorMeta::make(t.sizes().vec(), t.scalar_type(), t.strides().vec()));
+  };
+  for (size_t j = 0; j < returns; ++j) {
+    c10::IValue& r = rets[j];
+    const int writes = info.return_alias[j];
+    if (r.isTensor()) {
+      const at::Tensor t = r.toTensor();
+      if (writes >= 0 && originals[writes].defined() && is_dtensor(originals[writes])) {
+        r = originals[writes];  // written back above
+      } else if (t.defined()) {
+        r = make_dtensor(t, whole(t));
+      }
+    } else if (r.isTensorList()) {
+      c10::List<at::Tensor> wrapped;
+      for (const at::Tensor& t : r.toTensorList()) wrapped.push_back(make_dtensor(t, whole(t)));
+      r = std::move(wrapped);
+    }
+  }
+  note_fallback(info, counter);
+}
+
+void kernel_body(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const OpInfo& info = info_for(op);
   const c10::FunctionSchema& schema = op.schema();
   const size_t n = schema.arguments().size();
@@ -371,7 +662,11 @@ void kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     run_replicated(op, info, stack, args, inputs.at(0));
     return;
   }
-  const auto sharding = propagate_inputs(info, inputs, args);
+  if (entry_of(info) == nullptr) {
+    run_fallback(op, info, stack, args, n, inputs, originals);
+    return;
+  }
+  const auto sharding = propagate_inputs(op, info, inputs, args, n);
   const sharding::OpSharding& s = *sharding;
   redistribute_inputs(info, s, inputs, args);
   prepare_out_args(info, schema, s, originals, args, n);
@@ -381,6 +676,26 @@ void kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (run_special(op, info, stack, args, n, inputs, s, originals)) return;
   op.callBoxed(stack);
   wrap_returns(info, schema, s, originals, stack);
+}
+
+std::atomic<CallerLockRelease> g_release_caller_locks{nullptr};
+
+struct KernelCall {
+  const c10::OperatorHandle* op;
+  torch::jit::Stack* stack;
+};
+
+// NOTE [caller locks and thread ranks]: see dispatch.h.
+void kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const CallerLockRelease release = g_release_caller_locks.load(std::memory_order_relaxed);
+  if (release == nullptr) return kernel_body(op, stack);
+  KernelCall call{&op, stack};
+  release(
+      [](void* c) {
+        auto* k = static_cast<KernelCall*>(c);
+        kernel_body(*k->op, k->stack);
+      },
+      &call);
 }
 
 }  // namespace
@@ -393,6 +708,22 @@ ReplicatePlainTensorsGuard::ReplicatePlainTensorsGuard(bool enabled)
 }
 ReplicatePlainTensorsGuard::~ReplicatePlainTensorsGuard() { t_replicate_plain = previous_; }
 bool strict_mode_enabled() { return t_strict; }
+
+void set_caller_lock_release(CallerLockRelease release) {
+  g_release_caller_locks.store(release, std::memory_order_relaxed);
+}
+
+std::map<std::string, int64_t> fallback_counts() {
+  FallbackRecord& r = fallback_record();
+  absl::MutexLock lock(&r.mu);
+  return r.calls;
+}
+
+void reset_fallback_counts() {
+  FallbackRecord& r = fallback_record();
+  absl::MutexLock lock(&r.mu);
+  r.calls.clear();
+}
 bool replicate_plain_tensors_enabled() { return t_replicate_plain; }
 
 void ensure_dispatch_installed() {
@@ -436,7 +767,7 @@ std::string explain(const std::string& op, std::vector<c10::IValue> args) {
   }
   const OpInfo& info = info_for(*handle);
   const std::vector<Input> inputs = collect_inputs(info, schema, args.data(), args.size());
-  return propagate_inputs(info, inputs, args.data())->to_string();
+  return propagate_inputs(*handle, info, inputs, args.data(), args.size())->to_string();
 }
 
 }  // namespace dtensor

@@ -24,11 +24,13 @@
 // Mixing: 0-dim plain tensors and Python scalars pass through as scalars; any other plain
 // tensor is an error, unless a ReplicatePlainTensorsGuard is active: then it is read as
 // Replicate on the mesh of the distributed operands (every rank must pass the same values).
-// Random ops: see NOTE [DTensor random].
+// Random ops: see NOTE [DTensor random]. Ops with no table entry: NOTE [replicate fallback].
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
+#include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -64,6 +66,22 @@ class ReplicatePlainTensorsGuard {
 };
 
 bool strict_mode_enabled();
+
+// NOTE [caller locks and thread ranks]
+// Ranks that are threads of one process wait for each other in collectives, so no rank may block
+// in one while holding a lock the others need to reach it. Python's GIL is such a lock: torch's
+// method bindings release it before dispatching, but the C++ getters of some Tensor properties
+// (.mT, .mH, .T, ...) call the op with the GIL held, and the other ranks' threads then never get
+// to the collective. A front end that has such a lock installs a release function: the kernel
+// runs every call through it, and it runs `body(ctx)` with the lock released when the calling
+// thread holds it (the Python module installs one for the GIL). Null (the default): direct call.
+using CallerLockRelease = void (*)(void (*body)(void*), void* ctx);
+void set_caller_lock_release(CallerLockRelease release);
+
+// Calls per op that ran by the replicate fallback (NOTE [replicate fallback] in dispatch.cc),
+// over the process, by ATen name.
+std::map<std::string, int64_t> fallback_counts();
+void reset_fallback_counts();
 bool replicate_plain_tensors_enabled();
 
 // What dispatching `op` ("aten::mm", "aten::sum.dim_IntList") on `args` (its arguments in schema

@@ -116,6 +116,49 @@ TEST(Dispatch, MixingWithPlainTensors) {
   });
 }
 
+// NOTE [replicate fallback]: ops with no rule run gathered, equal one device, keep written
+// arguments' layouts, and count; strict mode makes them errors.
+TEST(Dispatch, ReplicateFallbackMatchesOneDevice) {
+  const at::Tensor a = global_for({9, 4});
+  reset_fallback_counts();
+  run_threads(2, [&](int64_t) {
+    const DeviceMesh mesh = api::init_device_mesh({2});
+    const at::Tensor da = api::distribute_tensor(a, mesh, {Shard(0)});
+    const at::Tensor c = at::cumsum(da, 0);  // no rule: gathered, computed whole
+    expect_same(c, at::cumsum(a, 0));
+    EXPECT_TRUE(api::spec(c).placements()[0].is_replicate());
+    expect_same(at::nonzero(da.gt(0)), at::nonzero(a.gt(0)));  // data-dependent shape
+    // In place on a sharded tensor: each rank takes its box of the result; the layout stays.
+    const at::Tensor db = api::distribute_tensor(a, mesh, {Shard(1)});
+    db.cumsum_(0);
+    EXPECT_EQ(api::spec(db).placements()[0], Shard(1));
+    expect_same(db, at::cumsum(a, 0));
+    {
+      StrictModeGuard strict;
+      expect_error([&] { (void)at::cumsum(da, 0); }, "no sharding rule");
+    }
+  });
+  const auto counts = fallback_counts();
+  EXPECT_EQ(counts.at("aten::cumsum"), 2);  // one call on each of the two ranks
+  EXPECT_EQ(counts.at("aten::cumsum_"), 2);
+}
+
+TEST(Dispatch, PlainScalarTensorsAreReplicatedInputs) {
+  // 0-dim and one-element plain tensors are read as replicated scalars (as in PyTorch), in any
+  // argument position (where's condition, addcmul's tensors).
+  const at::Tensor a = global_for({6, 4}), b = global_for({6, 4}, 2);
+  const at::Tensor s = at::scalar_tensor(0.5, at::kDouble), one = at::full({1}, 2.0, at::kDouble);
+  run_threads(2, [&](int64_t) {
+    const DeviceMesh mesh = api::init_device_mesh({2});
+    const at::Tensor da = api::distribute_tensor(a, mesh, {Shard(0)});
+    expect_same(at::where(da.gt(0), s, da), at::where(a.gt(0), s, a));
+    expect_same(at::addcmul(da, s, one), at::addcmul(a, s, one));
+    expect_same(da * one, a * one);
+    expect_same(at::where(da.gt(0), da, at::scalar_tensor(1.0, at::kFloat)),
+                at::where(a.gt(0), a, at::scalar_tensor(1.0, at::kFloat)));
+  });
+}
+
 TEST(Dispatch, Errors) {
   const at::Tensor a = global_for({8, 4});
   run_threads(4, [&](int64_t) {
@@ -123,9 +166,12 @@ TEST(Dispatch, Errors) {
     const DeviceMesh other = DeviceMesh::arange({4});
     const at::Tensor da = api::distribute_tensor(a, mesh, {Shard(0), Replicate()});
     const at::Tensor db = api::distribute_tensor(a, other, {Shard(1)});
-    expect_error([&] { (void)(da + db); }, "mesh");                    // mismatched meshes
-    expect_error([&] { (void)at::cumsum(da, 0); }, "aten::cumsum");    // unsupported op...
-    expect_error([&] { (void)at::cumsum(da, 0); }, "S(0)");            // ...and its placements
+    expect_error([&] { (void)(da + db); }, "mesh");  // mismatched meshes
+    {
+      StrictModeGuard strict;  // no replicate fallback: an op with no rule is an error
+      expect_error([&] { (void)at::cumsum(da, 0); }, "aten::cumsum");  // unsupported op...
+      expect_error([&] { (void)at::cumsum(da, 0); }, "S(0)");          // ...and its placements
+    }
     expect_error([&] { (void)da.sum(5); }, "dim");                     // invalid dim
     expect_error([&] { (void)api::init_device_mesh({3}); }, "world");  // mesh vs world
     expect_error([&] { (void)api::distribute_tensor(a, mesh, {Shard(2), Replicate()}); }, "dim");

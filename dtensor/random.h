@@ -17,6 +17,7 @@
 #include <ATen/core/Generator.h>
 
 #include <cstdint>
+#include <functional>
 
 namespace dtensor {
 
@@ -24,5 +25,10 @@ namespace dtensor {
 void manual_seed(uint64_t seed);
 // That generator: the thread's after manual_seed, else the process default CPU generator.
 at::Generator rank_generator();
+// Runs `draw` (plain-tensor ATen calls only) so that an op with no generator argument
+// (rand_like, randn_like, randint_like) draws from rank_generator(): when that is not the process
+// default, the default generator takes its state for the call (under a process-wide lock, as
+// ranks that are threads share the default) and hands the advanced state back.
+void draw_with_rank_generator(const std::function<void()>& draw);
 
 }  // namespace dtensor

@@ -21,6 +21,7 @@
 #include "collectives/c10d_backend.h"
 #include "collectives/rank_context.h"
 #include "dtensor/api.h"
+#include "dtensor/dispatch.h"
 #include "layout/visualize.h"
 #include "sharding_prop/propagator.h"
 
@@ -74,11 +75,20 @@ at::TensorOptions options_for(const py::object& dtype, bool requires_grad) {
                                    reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type));
 }
 
+// NOTE [caller locks and thread ranks] (dispatch.h): ops on distributed tensors never block in a
+// collective holding the GIL (torch's property getters such as .mT call ops with it held).
+void release_gil_if_held(void (*body)(void*), void* ctx) {
+  if (PyGILState_Check() == 0) return body(ctx);
+  py::gil_scoped_release no_gil;
+  body(ctx);
+}
+
 }  // namespace
 
 // One statement per Python name; a long list of bindings by nature (splitting it would scatter the
 // Python surface over several places).
 void bind_tensors(py::module& m) {
+  set_caller_lock_release(&release_gil_if_held);
   m.def("is_dtensor", [](const at::Tensor& t) { return is_dtensor(t); });
   m.def("placements", [](const at::Tensor& t) { return api::spec(t).placements(); });
   m.def("mesh", [](const at::Tensor& t) { return api::spec(t).mesh(); });
@@ -203,6 +213,8 @@ void bind_tensors(py::module& m) {
                                           {"evictions", s.evictions}};
   });
   m.def("set_propagation_cache_capacity", &sharding::set_propagation_cache_capacity);
+  m.def("fallback_counts", &fallback_counts);
+  m.def("reset_fallback_counts", &reset_fallback_counts);
 
   // DeviceMesh.from_group: a 1-D mesh over an existing torch.distributed process group, whose
   // collectives run through that group (backend c10d).

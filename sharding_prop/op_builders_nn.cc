@@ -245,6 +245,7 @@ BuiltRule new_factory_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 1, 1, "new_*");
   Rule r;
   r.linearity = Linearity::kShapeOnly;
+  r.output_shape_from_args = true;
   TensorFactors in, out;
   for (int64_t s : m[0].shape)
     in.push_back(s == 1 ? DimFactors{} : DimFactors{r.add_factor(s, FactorKind::kReplicate)});

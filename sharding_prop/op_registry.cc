@@ -176,8 +176,11 @@ void add_views(Adder& add) {
   add("aten::flatten.using_ints", "view", {int_arg("start_dim"), int_arg("end_dim")}, flatten_rule);
   add("aten::unflatten.int", "view", {int_arg("dim"), ints_arg("sizes")}, unflatten_rule,
       local_shape("sizes", LocalShapeArg::Kind::kUnflatten));
-  add("aten::squeeze", "view", {}, squeeze_rule);
-  add("aten::squeeze.dim", "view", {int_arg("dim")}, squeeze_rule);
+  // A piece may have a size-1 dim the global tensor has not (5 rows over 4 ranks: 2,2,1,0), so
+  // squeeze views the piece as the output's local shape instead of squeezing it.
+  add("aten::squeeze", "view", {}, squeeze_rule, same_shape, Execution::kViewAsLocal);
+  add("aten::squeeze.dim", "view", {int_arg("dim")}, squeeze_rule, same_shape,
+      Execution::kViewAsLocal);
   add("aten::unsqueeze", "view", {int_arg("dim")}, unsqueeze_rule);
   add("aten::transpose.int", "view", {int_arg("dim0"), int_arg("dim1")}, transpose_rule);
   add("aten::permute", "view", {ints_arg("dims")}, permute_rule_of);
@@ -351,7 +354,7 @@ std::string OpEntry::args_text() const {
 }
 
 size_t LayoutArgs::hash() const {
-  return ints.empty() && text.empty() ? 0 : absl::HashOf(ints, text);
+  return ints.empty() && text.empty() && call.empty() ? 0 : absl::HashOf(ints, text, call);
 }
 
 std::string LayoutArgs::to_string() const {

@@ -53,8 +53,12 @@ LayoutArg text_arg(std::string name);
 struct LayoutArgs {
   std::vector<int64_t> ints;
   std::string text;
+  // The call's other non-tensor arguments, encoded by the dispatcher (never read by rules): they
+  // can change the outputs' dtype or shape (dtype=, a Scalar's kind), so they key the output
+  // metadata ATen's meta kernel computes (NOTE [output metadata from ATen]).
+  std::vector<int64_t> call;
   friend bool operator==(const LayoutArgs& a, const LayoutArgs& b) {
-    return a.ints == b.ints && a.text == b.text;
+    return a.ints == b.ints && a.text == b.text && a.call == b.call;
   }
   size_t hash() const;
   std::string to_string() const;
@@ -83,6 +87,8 @@ enum class Execution : uint8_t {
   kReplicateFirst,   // item(): every rank reads the whole value (no rule)
   kReshapeByLocal,   // _reshape_alias: a reshape to the local shape (its strides are global)
   kEmptyByLocal,     // new_empty_strided: an empty piece of the local shape
+  kViewAsLocal,      // squeeze: a view of the piece as the output's local shape (a piece may
+                     // have a size-1 dim the global tensor has not)
 };
 
 struct BuiltRule {

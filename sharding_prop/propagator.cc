@@ -128,8 +128,12 @@ std::vector<Choice> choices_for(const Rule& rule, const std::vector<DTensorSpec>
       }
     }
   }
-  if (rule.linearity == Linearity::kShapeOnly && (keep_inputs || any_shard)) {
-    // Values unread (zeros_like, new_zeros): every input may stay as it is, output replicated.
+  if (rule.linearity == Linearity::kShapeOnly && (keep_inputs || any_shard) &&
+      (!any_shard || rule.output_shape_from_args)) {
+    // Values unread (zeros_like, new_zeros): every input may stay as it is, output replicated,
+    // when the local op gives the whole output's shape: its inputs' pieces have the whole shape
+    // (Partial, Replicate), or the output's shape comes from an argument the dispatcher makes
+    // local (new_zeros' size), not from a sharded input (zeros_like of a Shard keeps the Shard).
     Choice c{{}, std::vector<Placement>(rule.outputs.size(), Replicate())};
     for (const auto& in : inputs) c.in.push_back(in.placement(m));
     out.push_back(std::move(c));
@@ -320,9 +324,37 @@ bool next_pick(std::vector<size_t>& pick, const std::vector<std::vector<Choice>>
   return false;
 }
 
+// The outputs' metadata: ATen's (checked against the rule's shapes) when the caller can run the
+// op on meta tensors, else the rule's (NOTE [output metadata from ATen]).
+std::vector<TensorMeta> output_metas(const OpEntry& entry, const BuiltRule& built,
+                                     const std::vector<DTensorSpec>& inputs,
+                                     const OutputMetas* aten_metas) {
+  const Rule& rule = built.rule;
+  std::optional<std::vector<std::optional<TensorMeta>>> aten;
+  if (aten_metas != nullptr) aten = (*aten_metas)();
+  DTENSOR_CHECK(!aten || aten->size() == rule.outputs.size(), "internal error: the rule of ",
+                entry.name, " on ", specs_text(inputs), " gives ", rule.outputs.size(),
+                " outputs, ATen's meta kernel ", aten->size(), " (rule ", rule.to_string(), ")");
+  std::vector<TensorMeta> out;
+  for (size_t o = 0; o < rule.outputs.size(); ++o) {
+    const std::vector<int64_t> shape = rule.output_shape(o);
+    if (!aten || !(*aten)[o]) {
+      out.push_back(TensorMeta::make(shape, built.out_dtypes.at(o)));
+      continue;
+    }
+    DTENSOR_CHECK((*aten)[o]->shape == shape, "internal error: the rule of ", entry.name, " on ",
+                  specs_text(inputs), " gives output ", o, " the shape [",
+                  absl::StrJoin(shape, ","), "], ATen's meta kernel [",
+                  absl::StrJoin((*aten)[o]->shape, ","), "] (rule ", rule.to_string(), ")");
+    out.push_back(std::move(*(*aten)[o]));
+  }
+  return out;
+}
+
 std::shared_ptr<const OpSharding> compute(const OpEntry& entry,
                                           const std::vector<DTensorSpec>& inputs,
-                                          const LayoutArgs& args, const PropagateOptions& opt) {
+                                          const LayoutArgs& args, const PropagateOptions& opt,
+                                          const OutputMetas* aten_metas) {
   std::vector<TensorMeta> metas;
   for (const auto& s : inputs) metas.push_back(s.meta());
   const BuiltRule built = checked_rule(entry, inputs, metas, args);
@@ -348,10 +380,10 @@ std::shared_ptr<const OpSharding> compute(const OpEntry& entry,
                 specs_text(inputs),
                 ": no sharding keeps self's placements; redistribute self first or use the "
                 "out-of-place op");
+  std::vector<TensorMeta> out_metas = output_metas(entry, built, inputs, aten_metas);
   for (size_t o = 0; o < rule.outputs.size(); ++o) {
     best->outputs.push_back(
-        DTensorSpec::make(inputs[0].mesh(), best_layout.out[o],
-                          TensorMeta::make(rule.output_shape(o), built.out_dtypes.at(o))));
+        DTensorSpec::make(inputs[0].mesh(), best_layout.out[o], std::move(out_metas[o])));
   }
   best->rule = rule.to_string();
   if (opt.strict) check_strict(entry.name, *best, inputs);
@@ -360,29 +392,33 @@ std::shared_ptr<const OpSharding> compute(const OpEntry& entry,
 
 // ---- the cache ----
 
+// Key flags: what else changes the answer besides the op, the inputs and the arguments.
+constexpr uint8_t kStrict = 1;     // strict mode
+constexpr uint8_t kAtenMetas = 2;  // output metadata from ATen (NOTE [output metadata from ATen])
+
 struct Key {
   const OpEntry* op;
   std::vector<DTensorSpec> inputs;
   LayoutArgs args;
-  bool strict;
+  uint8_t flags;
   bool matches(const OpEntry* o, const std::vector<DTensorSpec>& in, const LayoutArgs& a,
-               bool st) const {
-    return op == o && strict == st && inputs == in && args == a;
+               uint8_t fl) const {
+    return op == o && flags == fl && inputs == in && args == a;
   }
   friend bool operator==(const Key& a, const Key& b) {
-    return a.matches(b.op, b.inputs, b.args, b.strict);
+    return a.matches(b.op, b.inputs, b.args, b.flags);
   }
 };
 
 size_t key_hash(const OpEntry* op, const std::vector<DTensorSpec>& inputs, const LayoutArgs& args,
-                bool strict) {
-  size_t h = std::hash<const void*>()(op) ^ (strict ? 0x9e3779b97f4a7c15ull : 0);
+                uint8_t flags) {
+  size_t h = std::hash<const void*>()(op) ^ (flags * 0x9e3779b97f4a7c15ull);
   for (const auto& s : inputs) h = h * 1000003u ^ s.hash();
   return h * 1000003u ^ args.hash();
 }
 
 struct KeyHash {
-  size_t operator()(const Key& k) const { return key_hash(k.op, k.inputs, k.args, k.strict); }
+  size_t operator()(const Key& k) const { return key_hash(k.op, k.inputs, k.args, k.flags); }
 };
 
 using SharedCache = LruCache<Key, OpSharding, KeyHash>;
@@ -473,29 +509,33 @@ std::string OpSharding::to_string() const {
   return s;
 }
 
+std::string no_rule_message(std::string_view op, const std::vector<DTensorSpec>& inputs) {
+  return std::string(op) + " has no sharding rule (inputs: " + specs_text(inputs) +
+         "); nearest supported: " + absl::StrJoin(nearest_ops(op), ", ") +
+         " (./x ops lists them all)";
+}
+
 std::shared_ptr<const OpSharding> propagate(std::string_view op,
                                             const std::vector<DTensorSpec>& inputs,
                                             const LayoutArgs& args, PropagateOptions options) {
   const OpEntry* entry = find_op(op);
-  if (entry == nullptr) {
-    throw Error(std::string(op) + " has no sharding rule (inputs: " + specs_text(inputs) +
-                "); nearest supported: " + absl::StrJoin(nearest_ops(op), ", ") +
-                " (./x ops lists them all)");
-  }
+  if (entry == nullptr) throw Error(no_rule_message(op, inputs));
   return propagate(*entry, inputs, args, options);
 }
 
 std::shared_ptr<const OpSharding> propagate(const OpEntry& op,
                                             const std::vector<DTensorSpec>& inputs,
-                                            const LayoutArgs& args, PropagateOptions options) {
+                                            const LayoutArgs& args, PropagateOptions options,
+                                            const OutputMetas* aten_metas) {
   const OpEntry* entry = &op;
   const bool enabled = g_enabled.load(std::memory_order_relaxed);
   const uint64_t generation = g_generation.load(std::memory_order_acquire);
-  const size_t hash = key_hash(entry, inputs, args, options.strict);
+  const uint8_t flags = (options.strict ? kStrict : 0) | (aten_metas != nullptr ? kAtenMetas : 0);
+  const size_t hash = key_hash(entry, inputs, args, flags);
   Front& f = front();
   FrontSlot& slot = f.slots[hash % Front::kSlots];
   if (enabled && slot.generation == generation && slot.hash == hash &&
-      slot.key.matches(entry, inputs, args, options.strict)) {
+      slot.key.matches(entry, inputs, args, flags)) {
     f.hits.add();
     return slot.value;
   }
@@ -507,9 +547,9 @@ std::shared_ptr<const OpSharding> propagate(const OpEntry& op,
                   inputs[i].mesh().to_string() + "); redistribute cannot move between meshes");
     }
   }
-  Key key{entry, inputs, args, options.strict};
-  std::shared_ptr<const OpSharding> value =
-      shared_cache().get_or_compute(key, [&] { return compute(*entry, inputs, args, options); });
+  Key key{entry, inputs, args, flags};
+  std::shared_ptr<const OpSharding> value = shared_cache().get_or_compute(
+      key, [&] { return compute(*entry, inputs, args, options, aten_metas); });
   if (enabled) {  // a private copy: its reference count is this thread's alone
     slot.value = std::make_shared<const OpSharding>(*value);
     slot.key = std::move(key);

@@ -21,7 +21,9 @@
 // optimizer step's changing learning rate cannot miss; list arguments (cat) are just more
 // inputs. The cache is an LRU, thread-safe, with hit/miss counts.
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,9 +46,24 @@ struct OpSharding {
   std::string to_string() const;
 };
 
+// NOTE [output metadata from ATen]
+// The outputs' shapes, dtypes and strides come from ATen: on a cache miss the dispatcher runs the
+// op on meta tensors of the global inputs (as PyTorch's DTensor does) and the propagator takes
+// the result, keeping only the placements from the rule. A rule whose output shapes disagree
+// with ATen's is a bug in the rule and raises (never a silent pick of one). The result is cached
+// with the propagation, keyed by the inputs' specs, the layout arguments and the call's other
+// non-tensor arguments (LayoutArgs::call). An op ATen has no meta kernel for (the callback
+// returns nullopt) keeps its rule's metadata; the dispatcher then checks every local result's
+// dtype against it, so a wrong rule fails loudly there.
+// One per output, nullopt for an undefined one (a masked-off gradient).
+using OutputMetas = std::function<std::optional<std::vector<std::optional<TensorMeta>>>()>;
+
 struct PropagateOptions {
   bool strict = false;  // refuse implicit redistributes (NOTE above)
 };
+
+// "<op> has no sharding rule (inputs: ...); nearest supported: ..." (what propagate throws).
+std::string no_rule_message(std::string_view op, const std::vector<DTensorSpec>& inputs);
 
 // throws dtensor::Error, before any work, when the op has no rule (naming it, its input
 // placements and the nearest supported ops), the inputs live on different meshes, the arguments
@@ -56,11 +73,13 @@ std::shared_ptr<const OpSharding> propagate(std::string_view op,
                                             const LayoutArgs& args = {},
                                             PropagateOptions options = {});
 
-// The same with the op's table entry already looked up (the dispatcher keeps it per operator).
+// The same with the op's table entry already looked up (the dispatcher keeps it per operator);
+// `aten_metas`, when given, is asked on a miss for the outputs' metadata (NOTE above).
 std::shared_ptr<const OpSharding> propagate(const OpEntry& op,
                                             const std::vector<DTensorSpec>& inputs,
                                             const LayoutArgs& args = {},
-                                            PropagateOptions options = {});
+                                            PropagateOptions options = {},
+                                            const OutputMetas* aten_metas = nullptr);
 
 // The propagation cache's counters (NOTE [caches]; hits include the per-thread front layer).
 CacheStats propagation_cache_stats();

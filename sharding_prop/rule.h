@@ -64,6 +64,9 @@ struct Rule {
   // Per output: pass factors that output sums over (layer_norm's grad_weight sums the batch
   // dims its grad_input keeps): sharding one leaves that output Partial(sum). Empty: none.
   std::vector<std::vector<int>> output_sums;
+  // The outputs' shapes come from an argument the dispatcher makes local (new_zeros' size), not
+  // from the inputs' pieces: a kShapeOnly op may then keep sharded inputs as they are.
+  bool output_shape_from_args = false;
 
   std::string to_string() const;
   int add_factor(int64_t size, FactorKind kind = FactorKind::kPass,

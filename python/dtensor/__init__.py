@@ -130,7 +130,8 @@ class _Guard:
 
 def strict_mode(enabled=True):
     """``with dtensor.strict_mode():`` an op needing an implicit redistribute raises instead,
-    naming the redistribute to write."""
+    naming the redistribute to write, and an op with no sharding rule raises instead of running
+    by the replicate fallback."""
     return _Guard(_C.set_strict, enabled)
 
 

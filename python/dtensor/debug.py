@@ -5,7 +5,9 @@ from dtensor import _C
 __all__ = [
     "CommDebugMode",
     "explain",
+    "fallback_counts",
     "propagation_cache_stats",
+    "reset_fallback_counts",
     "set_propagation_cache_capacity",
     "visualize_sharding",
 ]
@@ -74,6 +76,16 @@ def visualize_sharding(dtensor, header=""):
     """Prints which rank holds which block of ``dtensor``."""
     text = _C.visualize(dtensor)
     print((header + "\n" if header else "") + text)
+
+
+def fallback_counts():
+    """Calls per ATen op (by name) that ran by the replicate fallback: ops with no sharding rule,
+    gathered to Replicate and computed whole on every rank (NOTE [replicate fallback])."""
+    return dict(_C.fallback_counts())
+
+
+def reset_fallback_counts():
+    _C.reset_fallback_counts()
 
 
 def propagation_cache_stats():

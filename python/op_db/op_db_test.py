@@ -1,0 +1,42 @@
+"""The op_db sweep as a project test (python/op_db/sweep.py says what it runs and compares).
+
+Every float32 CPU OpInfo of torch's op_db runs in every mode; the OpInfos are split into chunks
+so the test log shows progress and each chunk fails on its own. A chunk fails when:
+  - any OpInfo gives a wrong answer or hangs (never allowed, listed or not);
+  - an OpInfo raises and is not listed in expected_failures.py;
+  - a listed OpInfo passes (the list may only shrink: remove its entry).
+Each OpInfo's outcome is printed (pytest -s, or the test log).
+"""
+
+import pytest
+
+import sweep
+from expected_failures import EXPECTED_FAILURES
+
+CHUNKS = 12
+_OPS = sweep.float32_opinfos()
+
+
+def test_expected_failures_name_real_opinfos():
+    names = {sweep.opinfo_name(op) for op in _OPS}
+    stale = sorted(set(EXPECTED_FAILURES) - names)
+    assert not stale, f"expected_failures.py names OpInfos that op_db has not: {stale}"
+    assert all(reason.strip() for reason in EXPECTED_FAILURES.values()), "every entry needs a reason"
+
+
+@pytest.mark.parametrize("chunk", range(CHUNKS))
+def test_op_db_chunk(chunk, capsys):
+    problems = []
+    for op in _OPS[chunk::CHUNKS]:
+        name = sweep.opinfo_name(op)
+        outcome, detail = sweep.sweep_one(op)
+        listed = name in EXPECTED_FAILURES
+        with capsys.disabled():
+            print(f"op_db {outcome:6s} {name:40s} {'(listed) ' if listed else ''}{detail[:240]}")
+        if outcome in ("wrong", "hang"):
+            problems.append(f"{name}: {outcome}: {detail}")
+        elif outcome != "pass" and not listed:
+            problems.append(f"{name}: {outcome} and not in expected_failures.py: {detail}")
+        elif outcome == "pass" and listed:
+            problems.append(f"{name}: passes now; remove its entry from expected_failures.py")
+    assert not problems, "\n".join(problems)

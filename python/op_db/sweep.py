@@ -1,0 +1,357 @@
+"""The op_db sweep: torch's own operator database against the engine.
+
+For every OpInfo of ``torch.testing._internal.common_methods_invocations.op_db`` that supports
+float32 on CPU, take its first samples, make every tensor argument a distributed tensor under a
+set of layouts ("modes"), run the op forward (and backward where the OpInfo supports autograd) on
+ranks as threads, and compare with one device: values, shape, dtype, and the distributed
+tensor's own metadata (its local piece's shape and dtype for its placements).
+
+Modes (1-D mesh of 4 ranks unless named):
+  R        every tensor argument Replicate
+  S<d>     the first tensor argument(s) (``sample.input``; each element of a list) Shard(d) on
+           every dim d it has (uneven sizes included: op_db's sizes are 5, 10, ...), the others
+           Replicate
+  all-S0   every tensor argument with a dim Shard(0)
+  2d       mesh (2,2): the first tensor argument [Shard(0), Shard(last dim)] (first sample only)
+
+Outcomes per OpInfo, worst first:
+  wrong    a result differs from one device's (values, shape, dtype or layout metadata): never allowed
+  hang     a collective timed out, or ranks disagreed (some raised, others did not): never allowed
+  error    the engine raised a clear error (no rule, ...): allowed only when listed in
+           op_db_expected_failures.py, with its reason
+  pass     every mode and sample matched
+
+Used by op_db_test.py (the project test) and as a script:
+  ./x run python/op_db/sweep.py [--ops NAME,...] [--samples 2] [--verbose]
+"""
+
+import argparse
+import os
+import sys
+import threading
+import time
+import traceback
+
+os.environ.setdefault("DTENSOR_COLLECTIVE_TIMEOUT_MS", "20000")
+
+import torch  # noqa: E402
+
+# torch's test utilities import `expecttest`, absent from Debian: the stand-in beside this file.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_argv, sys.argv = sys.argv, sys.argv[:1]  # common_utils parses sys.argv when imported
+from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
+sys.argv = _argv
+from torch.utils._pytree import tree_flatten, tree_map  # noqa: E402
+
+import dtensor  # noqa: E402
+from dtensor import DTensor, Replicate, Shard, distribute_tensor, init_device_mesh  # noqa: E402
+
+WORLD = 4
+SEED = 1234
+
+# op_db's random OpInfos seed torch inside the op (wrapper_set_seed calls torch.manual_seed).
+# Ranks that are threads draw from their own generators (NOTE [DTensor random]), which only
+# dtensor's manual_seed seeds, so the sweep makes torch.manual_seed seed the calling thread's
+# generator instead: what one process per rank gets from torch.manual_seed alone. (Reseeding the
+# shared default generator from a rank thread would race with the other ranks' draws.)
+_torch_manual_seed = torch.manual_seed
+
+
+def _manual_seed(seed):
+    if threading.current_thread() is threading.main_thread():
+        return _torch_manual_seed(seed)
+    dtensor._C.manual_seed(int(seed))
+    return None
+
+
+torch.manual_seed = _manual_seed
+_cmi = sys.modules["torch.testing._internal.common_methods_invocations"]
+_wrapper_set_seed = _cmi.wrapper_set_seed
+
+
+def _rank_wrapper_set_seed(op, *args, **kwargs):
+    """op_db's wrapper_set_seed also saves and restores the default generator's state
+    (freeze_rng_state), which rank threads share: on a rank thread, only the seed."""
+    if threading.current_thread() is threading.main_thread():
+        return _wrapper_set_seed(op, *args, **kwargs)
+    torch.manual_seed(42)
+    return op(*args, **kwargs)
+
+
+_cmi.wrapper_set_seed = _rank_wrapper_set_seed
+RTOL, ATOL = 1e-4, 1e-4
+
+# OpInfos whose values are undefined on one device too (uninitialised memory): only metadata is
+# compared.
+UNDEFINED_VALUES = {
+    "empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided",
+    "nn.functional.dropout", "nn.functional.dropout2d", "nn.functional.dropout3d",
+    "nn.functional.alpha_dropout", "nn.functional.feature_alpha_dropout",
+}
+
+
+def opinfo_name(op):
+    return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
+
+
+def float32_opinfos():
+    return [op for op in op_db if torch.float32 in op.supported_dtypes("cpu")]
+
+
+class Failure(Exception):
+    def __init__(self, kind, message):
+        super().__init__(message)
+        self.kind = kind
+
+
+def _is_tensor(x):
+    return isinstance(x, torch.Tensor)
+
+
+def _local_shape(shape, mesh_shape, placements, coord):
+    """The piece shape a rank at `coord` holds (torch.chunk semantics, as PyTorch's Shard)."""
+    shape = list(shape)
+    for mdim, p in enumerate(placements):
+        if p.is_shard():
+            d = p.dim if p.dim >= 0 else p.dim + len(shape)
+            n = mesh_shape[mdim]
+            size = shape[d]
+            chunk = -(-size // n) if size else 0
+            start = min(chunk * coord[mdim], size)
+            shape[d] = max(0, min(start + chunk, size) - start)
+    return tuple(shape)
+
+
+def _describe(x):
+    if _is_tensor(x):
+        return f"{x.dtype}{list(x.shape)}"
+    return repr(x)
+
+
+class Mode:
+    def __init__(self, name, mesh_shape, first, other):
+        self.name = name
+        self.mesh_shape = mesh_shape
+        self.first = first  # fn(tensor) -> placements or None (not distributable this way)
+        self.other = other
+
+
+def modes_for(sample, first_sample):
+    firsts = [t for t in tree_flatten(sample.input)[0] if _is_tensor(t)]
+    ndim = min((t.dim() for t in firsts), default=0)
+    rep = lambda t: [Replicate()]  # noqa: E731
+    out = [Mode("R", (WORLD,), rep, rep)]
+    for d in range(ndim):
+        out.append(Mode(f"S{d}", (WORLD,), lambda t, d=d: [Shard(d)], rep))
+    others = [t for t in tree_flatten((sample.args, sample.kwargs))[0] if _is_tensor(t)]
+    if any(t.dim() > 0 for t in others) and ndim > 0:
+        s0 = lambda t: [Shard(0)] if t.dim() > 0 else [Replicate()]  # noqa: E731
+        out.append(Mode("all-S0", (WORLD,), s0, s0))
+    if first_sample and ndim > 0:
+        out.append(Mode("2d", (2, 2), lambda t: [Shard(0), Shard(t.dim() - 1)],
+                        lambda t: [Replicate(), Replicate()]))
+    return out
+
+
+def _distribute(sample, mode, mesh, requires_grad):
+    """The sample with every tensor distributed; returns (input, args, kwargs, leaves)."""
+    leaves = []
+
+    def conv(fn):
+        def f(x):
+            if not _is_tensor(x):
+                return x
+            dt = distribute_tensor(x.detach(), mesh, fn(x), src_data_rank=None)
+            if requires_grad and x.requires_grad and x.is_floating_point():
+                dt.requires_grad_(True)
+                leaves.append((x, dt))
+            return dt
+        return f
+
+    inp = tree_map(conv(mode.first), sample.input)
+    args = tree_map(conv(mode.other), sample.args)
+    kwargs = tree_map(conv(mode.other), sample.kwargs)
+    return inp, args, kwargs, leaves
+
+
+def _float_outputs(out):
+    return [t for t in tree_flatten(out)[0]
+            if _is_tensor(t) and (t.is_floating_point() or t.is_complex()) and t.requires_grad]
+
+
+def _check(name, what, got, want, mesh, compare_values, rank):
+    """Compares one output leaf; raises Failure("wrong", ...)."""
+    if _is_tensor(want):
+        if not _is_tensor(got):
+            raise Failure("wrong", f"{what}: got {_describe(got)}, one device gives {_describe(want)}")
+        if isinstance(got, DTensor):
+            placements = tuple(got.placements)
+            local = got.to_local()
+            coord = mesh.get_coordinate() if hasattr(mesh, "get_coordinate") else None
+            if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
+                raise Failure("wrong", f"{what}: DTensor says {got.dtype}{list(got.shape)} "
+                                       f"{list(placements)}, one device gives {_describe(want)}")
+            if local.dtype != want.dtype:
+                raise Failure("wrong", f"{what}: rank {rank}'s piece is {local.dtype}, the "
+                                       f"DTensor says {got.dtype}")
+            if coord is not None and not any(p.is_partial() for p in placements):
+                exp = _local_shape(want.shape, tuple(mesh.shape), placements, coord)
+                if tuple(local.shape) != exp:
+                    raise Failure("wrong", f"{what}: rank {rank}'s piece is {list(local.shape)}, "
+                                           f"{list(placements)} of {list(want.shape)} gives "
+                                           f"{list(exp)}")
+            got = got.full_tensor()
+        if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
+            raise Failure("wrong", f"{what}: got {_describe(got)}, one device gives {_describe(want)}")
+        if compare_values:
+            try:
+                torch.testing.assert_close(got.detach(), want.detach(), rtol=RTOL, atol=ATOL,
+                                           equal_nan=True, check_stride=False)
+            except AssertionError as e:
+                raise Failure("wrong", f"{what}: values differ: {str(e).splitlines()[0:3]}")
+        return
+    if isinstance(want, (bool, int, float, complex)) or want is None:
+        if isinstance(got, torch.Tensor):
+            got = got.full_tensor().item() if isinstance(got, DTensor) else got.item()
+        same = (got == want) or (isinstance(want, float) and got != got and want != want)
+        if not same and isinstance(want, float) and isinstance(got, float):
+            same = abs(got - want) <= ATOL + RTOL * abs(want)
+        if not same:
+            raise Failure("wrong", f"{what}: got {got!r}, one device gives {want!r}")
+
+
+def _expected(op, sample, backward):
+    torch.manual_seed(SEED)
+    out = op(sample.input, *sample.args, **sample.kwargs)
+    grads = None
+    if backward:
+        leaves = [t for t in tree_flatten((sample.input, sample.args, sample.kwargs))[0]
+                  if _is_tensor(t) and t.requires_grad and t.is_floating_point()]
+        outs = _float_outputs(out)
+        if leaves and outs:
+            loss = sum(o.sum() for o in outs)
+            grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+    return out, grads
+
+
+def run_mode(op, sample, mode, want, want_grads, compare_values):
+    """Runs one mode on WORLD ranks as threads; raises Failure."""
+    world = 1
+    for s in mode.mesh_shape:
+        world *= s
+    name = opinfo_name(op)
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", mode.mesh_shape)
+        backward = want_grads is not None
+        inp, args, kwargs, leaves = _distribute(sample, mode, mesh, backward)
+        torch.manual_seed(SEED)
+        got = op(inp, *args, **kwargs)
+        g_leaves, w_leaves = tree_flatten(got)[0], tree_flatten(want)[0]
+        if len(g_leaves) != len(w_leaves):
+            raise Failure("wrong", f"{len(g_leaves)} outputs, one device gives {len(w_leaves)}")
+        for i, (g, w) in enumerate(zip(g_leaves, w_leaves)):
+            _check(name, f"output {i}", g, w, mesh, compare_values, rank)
+        if backward:
+            outs = _float_outputs(got)
+            if outs and leaves:
+                loss = sum(o.sum() for o in outs)
+                grads = torch.autograd.grad(loss, [dt for _, dt in leaves], allow_unused=True)
+                want_by_leaf = dict(zip(
+                    [id(t) for t in tree_flatten((sample.input, sample.args, sample.kwargs))[0]
+                     if _is_tensor(t) and t.requires_grad and t.is_floating_point()],
+                    want_grads))
+                for k, ((x, _), g) in enumerate(zip(leaves, grads)):
+                    w = want_by_leaf.get(id(x))
+                    if w is None or g is None:
+                        if (w is None) != (g is None):
+                            raise Failure("wrong", f"grad {k}: got {_describe(g)}, one device "
+                                                   f"gives {_describe(w)}")
+                        continue
+                    _check(name, f"grad {k}", g, w, mesh, compare_values, rank)
+        return True
+
+    def guarded(rank):
+        try:
+            return fn(rank)
+        except Exception as e:  # noqa: BLE001  (classified below, over all ranks)
+            return e
+
+    results = dtensor.run_threads(world, guarded)
+    errors = [(r, e) for r, e in enumerate(results) if isinstance(e, Exception)]
+    if not errors:
+        return
+
+    def text(e):
+        msg = str(e).strip()
+        return msg.splitlines()[0] if msg else type(e).__name__
+
+    timeouts = [r for r, e in errors if "did not arrive within the timeout" in str(e)]
+    causes = [(r, e) for r, e in errors if r not in timeouts]
+    if timeouts:  # ranks diverged: some wait in a collective the others never join
+        cause = (f"; rank {causes[0][0]} raised {type(causes[0][1]).__name__}: "
+                 f"{text(causes[0][1])}" if causes else "")
+        where = sorted({text(e).split(" on group")[0] for r, e in errors if r in timeouts})
+        raise Failure("hang", f"ranks {timeouts} timed out in a collective ({', '.join(where)})"
+                              f"{cause}")
+    if len(errors) != world:
+        raise Failure("hang", f"only ranks {[r for r, _ in errors]} raised: {text(errors[0][1])}")
+    r, e = errors[0]
+    if isinstance(e, Failure):
+        raise e
+    raise Failure("error", f"{type(e).__name__}: {text(e)}")
+
+
+def sweep_one(op, samples=3):
+    """Returns (outcome, detail) for one OpInfo."""
+    name = opinfo_name(op)
+    backward = op.supports_autograd
+    torch.manual_seed(SEED)
+    try:
+        sample_list = list(op.sample_inputs("cpu", torch.float32, requires_grad=backward))[:samples]
+    except Exception as e:  # noqa: BLE001
+        return "skip", f"sample_inputs raised {type(e).__name__}: {e}"
+    worst, detail = "pass", ""
+    rank = {"pass": 0, "error": 1, "hang": 2, "wrong": 3}
+    compare_values = op.name not in UNDEFINED_VALUES
+    for si, sample in enumerate(sample_list):
+        if not any(_is_tensor(t) for t in
+                   tree_flatten((sample.input, sample.args, sample.kwargs))[0]):
+            continue  # a factory call: nothing to distribute
+        try:
+            want, want_grads = _expected(op, sample, backward)
+        except Exception:  # noqa: BLE001  (one device refuses this sample too)
+            continue
+        for mode in modes_for(sample, si == 0):
+            try:
+                run_mode(op, sample, mode, want, want_grads, compare_values)
+            except Failure as f:
+                if rank[f.kind] > rank[worst]:
+                    worst, detail = f.kind, f"sample {si} mode {mode.name}: {f}"
+                if f.kind in ("wrong", "hang"):
+                    return worst, detail
+    return worst, detail
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ops", default="")
+    parser.add_argument("--samples", type=int, default=3)
+    parser.add_argument("--verbose", action="store_true")
+    a = parser.parse_args()
+    wanted = set(a.ops.split(",")) if a.ops else None
+    counts = {}
+    t0 = time.time()
+    for op in float32_opinfos():
+        name = opinfo_name(op)
+        if wanted and name not in wanted and op.name not in wanted:
+            continue
+        t1 = time.time()
+        outcome, detail = sweep_one(op, a.samples)
+        counts[outcome] = counts.get(outcome, 0) + 1
+        print(f"{outcome:6s} {name:45s} {time.time() - t1:6.2f}s {detail[:300]}", flush=True)
+    print(f"summary: {counts} in {time.time() - t0:.0f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
