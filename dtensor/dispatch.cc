@@ -42,9 +42,11 @@ struct OpInfo {
   std::string name;  // "aten::add.Tensor"
   OpArgs args;
   Execution execution = Execution::kPieces;
-  std::vector<int> return_alias;  // per return: the argument it writes (in-place/out=), or -1
-  std::vector<bool> is_out;       // per argument: an out= argument (not an input)
-  std::vector<bool> is_scalar;    // per argument: of schema type Scalar (only its kind matters)
+  std::vector<int> return_alias;   // per return: the argument it writes (in-place/out=), or -1
+  std::vector<bool> is_out;        // per argument: an out= argument (not an input)
+  std::vector<bool> is_scalar;     // per argument: of schema type Scalar (only its kind matters)
+  std::vector<int> written;        // the arguments the op writes (in-place self, out=)
+  std::vector<bool> returns_view;  // per return: a view of an argument (not written)
   int generator_arg = -1;
   // The table entry, looked up on first use when it was missing (register_rule may add it later).
   mutable std::atomic<const sharding::OpEntry*> entry{nullptr};
@@ -83,6 +85,14 @@ std::unique_ptr<OpInfo> make_info(const c10::OperatorHandle& op) {
       }
     }
     info->return_alias.push_back(writes);
+    info->returns_view.push_back(ra != nullptr && !ra->isWrite());
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::AliasInfo* a = args[i].alias_info();
+    if ((a != nullptr && a->isWrite()) ||
+        (info->name == "aten::rrelu_with_noise" && args[i].name() == "noise")) {
+      info->written.push_back(static_cast<int>(i));
+    }
   }
   return info;
 }
@@ -242,8 +252,12 @@ std::optional<std::vector<std::optional<TensorMeta>>> aten_output_metas(
   torch::jit::Stack stack(args, args + n);
   for (const Input& in : inputs) {
     const TensorMeta& m = in.spec.meta();
-    put(stack.data(), in,
-        at::empty_strided(m.shape, m.stride, at::TensorOptions().dtype(m.dtype).device(at::kMeta)));
+    at::Tensor meta =
+        at::empty_strided(m.shape, m.stride, at::TensorOptions().dtype(m.dtype).device(at::kMeta));
+    // A Python number wrapped as a 0-dim tensor promotes like a scalar, not like a tensor.
+    if (in.local.unsafeGetTensorImpl()->is_wrapped_number())
+      meta.unsafeGetTensorImpl()->set_wrapped_number(true);
+    put(stack.data(), in, meta);
   }
   for (size_t i = 0; i < n; ++i) {
     if (info.is_out[i] && stack[i].isTensor() && stack[i].toTensor().defined()) {
@@ -460,12 +474,19 @@ void wrap_returns(const OpInfo& info, const c10::FunctionSchema& schema,
         r = originals[writes];
       } else if (r.toTensor().defined()) {
         r = wrap(info.name, r.toTensor(), s.outputs.at(o));
+        // A view of a redistributed input views the moved copy: writes into it would be lost.
+        if (info.returns_view[j] && s.needs_redistribute())
+          dtensor_impl(r.toTensor())->set_detached_view_of(info.name);
       }
     } else if (r.isTensorList()) {
       c10::List<at::Tensor> pieces = r.toTensorList();
       c10::List<at::Tensor> wrapped;
-      for (size_t k = 0; k < pieces.size(); ++k)
-        wrapped.push_back(wrap(info.name, pieces.get(k), s.outputs.at(next++)));
+      const bool detached = info.returns_view[j] && s.needs_redistribute();
+      for (size_t k = 0; k < pieces.size(); ++k) {
+        at::Tensor w = wrap(info.name, pieces.get(k), s.outputs.at(next++));
+        if (detached) dtensor_impl(w)->set_detached_view_of(info.name);
+        wrapped.push_back(std::move(w));
+      }
       r = std::move(wrapped);
     }
   }
@@ -483,9 +504,10 @@ void wrap_returns(const OpInfo& info, const c10::FunctionSchema& schema,
 // call; dtensor::fallback_counts() counts calls per op. Strict mode and DTENSOR_FALLBACK=error
 // turn it into the "no sharding rule" error. An argument the op writes (in-place self, out=,
 // rrelu's noise) is gathered too, and afterwards each rank copies its box of the written whole
-// back into its piece, so the tensor keeps its layout; it refuses a Partial one (no pieces to
-// write) and a write that resizes. A view it returns aliases the gathered copy, not the input's
-// pieces, unless the input was Replicate already.
+// back into its piece, so the tensor keeps its layout; a Partial one, or one the op resizes,
+// becomes Replicate instead (write_back). A view it returns of an input it had to gather views
+// the gathered copy, not the input's pieces: reading it is right, writing into it would not
+// reach the input, so such a view is marked and any later write into it raises.
 
 struct FallbackRecord {
   absl::Mutex mu;
@@ -515,51 +537,39 @@ bool fallback_disabled_by_env() {
   throw Error(sharding::no_rule_message(info.name, specs) + why);
 }
 
-// Whether the fallback's call writes argument `i`: its schema says so, or, for the few ATen ops
-// whose torch 1.13 schema omits it, by name (rrelu_with_noise fills `noise` in place).
-bool fallback_writes(const OpInfo& info, const c10::FunctionSchema& schema, size_t i) {
-  const c10::AliasInfo* a = schema.arguments()[i].alias_info();
-  if (a != nullptr && a->isWrite()) return true;
-  return info.name == "aten::rrelu_with_noise" && schema.arguments()[i].name() == "noise";
-}
-
-// The distributed arguments the call writes: each must be Replicate or Shard, so that its pieces
-// can take their boxes of the written whole tensor back.
+// The distributed arguments the call writes (gathered like inputs; see write_back).
 std::vector<int> fallback_written_args(const OpInfo& info, const c10::FunctionSchema& schema,
                                        const c10::SmallVector<at::Tensor, 8>& originals) {
   std::vector<int> written;
-  for (size_t i = 0; i < originals.size(); ++i) {
-    if (!originals[i].defined() || !fallback_writes(info, schema, i)) continue;
-    DTensorImpl* impl = dtensor_impl(originals[i]);
-    if (impl == nullptr) continue;
-    const DTensorSpec& spec = impl->spec();
-    const bool partial = std::any_of(spec.placements().begin(), spec.placements().end(),
-                                     [](const Placement& p) { return p.is_partial(); });
-    DTENSOR_CHECK(!partial, info.name,
-                  " has no sharding rule, and the replicate fallback cannot write into argument '",
-                  schema.arguments()[i].name(), "' laid out as ", to_string(spec.placements()),
-                  " on ", spec.mesh().to_string(),
-                  " (a Partial tensor's pending sum has no pieces to write); redistribute it "
-                  "first, or use the op's out-of-place form");
-    written.push_back(static_cast<int>(i));
+  for (const int i : info.written) {
+    if (originals[i].defined() && is_dtensor(originals[i])) written.push_back(i);
   }
   return written;
 }
 
-// After the call: every written distributed argument takes its box of the whole result.
-void write_back(const OpInfo& info, const std::vector<int>& written,
-                const c10::SmallVector<at::Tensor, 8>& originals, const c10::IValue* args) {
+// After the call: a written distributed argument that kept its shape and dtype and was Shard or
+// Replicate takes back its box of the written whole, so it keeps its layout (and its pieces stay
+// shared with any tensor they alias). One that was Partial, or that the op resized (squeeze_,
+// resize_, transpose_), becomes Replicate holding the written whole: the same global values,
+// a new layout.
+void write_back(const std::vector<int>& written, const c10::SmallVector<at::Tensor, 8>& originals,
+                const c10::IValue* args) {
   for (const int i : written) {
     DTensorImpl* impl = dtensor_impl(originals[i]);
-    const DTensorSpec& spec = impl->spec();
+    const DTensorSpec spec = impl->spec();
     const at::Tensor whole = args[i].toTensor();
-    DTENSOR_CHECK(whole.sizes().vec() == spec.shape() && whole.scalar_type() == spec.meta().dtype,
-                  info.name, ": the replicate fallback wrote ", whole.sizes(), " ",
-                  whole.scalar_type(), " into an argument laid out as ", spec.to_string(),
-                  "; a write that resizes a distributed tensor is not supported");
+    const bool partial = std::any_of(spec.placements().begin(), spec.placements().end(),
+                                     [](const Placement& p) { return p.is_partial(); });
+    if (partial || whole.sizes().vec() != spec.shape() ||
+        whole.scalar_type() != spec.meta().dtype) {
+      impl->set(whole, DTensorSpec::make(spec.mesh(), Placements(spec.mesh().ndim(), Replicate()),
+                                         TensorMeta::make(whole.sizes().vec(), whole.scalar_type(),
+                                                          whole.strides().vec())));
+      continue;
+    }
     const at::Tensor piece = impl->ready_local();
-    const at::Tensor box = slice_box(whole, local_box(spec, my_coordinate(spec.mesh())));
-    if (!piece.is_same(whole)) piece.copy_(box);
+    if (!piece.is_same(whole))
+      piece.copy_(slice_box(whole, local_box(spec, my_coordinate(spec.mesh()))));
   }
 }
 
@@ -591,11 +601,13 @@ void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   const c10::FunctionSchema& schema = op.schema();
   const std::vector<int> written = fallback_written_args(info, schema, originals);
   collectives::CommCounter counter;
+  bool gathered = false;  // some input's pieces were gathered into a copy
   for (Input& in : inputs) {
     const DeviceMesh& mesh = in.spec.mesh();
     const DTensorSpec whole =
         DTensorSpec::make(mesh, Placements(mesh.ndim(), Replicate()), in.spec.meta());
     if (in.spec != whole) {
+      gathered = true;
       collectives::CommCause cause(info.name.c_str());
       in.local = redistribute_local(in.local, in.spec, whole);
     }
@@ -621,7 +633,7 @@ void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   } else {
     op.callBoxed(stack);
   }
-  write_back(info, written, originals, written_whole.data());
+  write_back(written, originals, written_whole.data());
   const size_t returns = schema.returns().size();
   c10::IValue* rets = &(*stack)[stack->size() - returns];
   auto whole = [&](const at::Tensor& t) {
@@ -637,10 +649,16 @@ void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
         r = originals[writes];  // written back above
       } else if (t.defined()) {
         r = make_dtensor(t, whole(t));
+        if (info.returns_view[j] && gathered)
+          dtensor_impl(r.toTensor())->set_detached_view_of(info.name);
       }
     } else if (r.isTensorList()) {
       c10::List<at::Tensor> wrapped;
-      for (const at::Tensor& t : r.toTensorList()) wrapped.push_back(make_dtensor(t, whole(t)));
+      for (const at::Tensor& t : r.toTensorList()) {
+        at::Tensor w = make_dtensor(t, whole(t));
+        if (info.returns_view[j] && gathered) dtensor_impl(w)->set_detached_view_of(info.name);
+        wrapped.push_back(std::move(w));
+      }
       r = std::move(wrapped);
     }
   }
@@ -656,6 +674,15 @@ void kernel_body(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   c10::SmallVector<at::Tensor, 8> originals(n);
   for (size_t i = 0; i < n; ++i) {
     if (args[i].isTensor()) originals[i] = args[i].toTensor();
+  }
+  for (const int i : info.written) {
+    DTensorImpl* impl = originals[i].defined() ? dtensor_impl(originals[i]) : nullptr;
+    DTENSOR_CHECK(impl == nullptr || impl->detached_view_of().empty(), info.name,
+                  " writes into argument '", schema.arguments()[i].name(), "', a result of ",
+                  impl->detached_view_of(),
+                  " that is a view of a gathered copy (its input had to be redistributed first), "
+                  "so the write would not reach the tensor it views; redistribute that input to "
+                  "the needed layout before taking the view, or write out of place");
   }
   std::vector<Input> inputs = collect_inputs(info, schema, args, n);
   if (info.execution == Execution::kReplicateFirst) {

@@ -137,10 +137,22 @@ TEST(Dispatch, ReplicateFallbackMatchesOneDevice) {
       StrictModeGuard strict;
       expect_error([&] { (void)at::cumsum(da, 0); }, "no sharding rule");
     }
+    // A view of a gathered input views the copy: reading is right, writing into it raises.
+    const at::Tensor sq = api::distribute_tensor(global_for({4, 4}), mesh, {Shard(1)});
+    const at::Tensor diag = at::diagonal(sq);
+    expect_same(diag, at::diagonal(global_for({4, 4})));
+    expect_error([&] { diag.fill_(1.0); }, "view of a gathered copy");
+    // The same for a view a rule computed on a moved input (a slice across a sharded dim).
+    const at::Tensor rows = api::distribute_tensor(global_for({8, 4}), mesh, {Shard(0)});
+    const at::Tensor cut = rows.narrow(0, 1, 5);
+    if (!api::spec(cut).placements()[0].is_shard()) {
+      expect_error([&] { cut.fill_(1.0); }, "view of a gathered copy");
+    }
   });
   const auto counts = fallback_counts();
   EXPECT_EQ(counts.at("aten::cumsum"), 2);  // one call on each of the two ranks
   EXPECT_EQ(counts.at("aten::cumsum_"), 2);
+  EXPECT_EQ(counts.at("aten::diagonal"), 2);
 }
 
 TEST(Dispatch, PlainScalarTensorsAreReplicatedInputs) {

@@ -43,6 +43,7 @@ template <class Version>
 c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::copy_detached(Version&& version,
                                                                bool allow_change) const {
   auto impl = c10::make_intrusive<DTensorImpl>(local_, spec_, pending_.load());
+  impl->detached_view_of_ = detached_view_of_;
   impl->set_version_counter(std::forward<Version>(version));
   impl->set_allow_tensor_metadata_change(allow_change);
   return impl;
@@ -66,6 +67,7 @@ void DTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& i
         "distributed tensor)");
   }
   set(other->ready_local(), other->spec_);
+  detached_view_of_ = other->detached_view_of_;
 }
 
 at::Tensor make_dtensor(at::Tensor local, DTensorSpec spec, bool pending) {

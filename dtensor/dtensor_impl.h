@@ -9,6 +9,7 @@
 #include <c10/core/TensorImpl.h>
 
 #include <atomic>
+#include <string>
 
 #include "dtensor/dtensor.h"
 
@@ -29,6 +30,12 @@ class DTensorImpl final : public c10::TensorImpl {
   // Replaces the piece and the spec (out= and in-place ops); sizes and strides follow the spec.
   void set(at::Tensor local, DTensorSpec spec);
 
+  // A view that could only be returned as a view of a redistributed copy of its input (by a rule
+  // that moved the input, or the replicate fallback): the op that made it, else empty. Writing
+  // into it would not reach the tensor it views, so the dispatcher refuses writes into it.
+  const std::string& detached_view_of() const { return detached_view_of_; }
+  void set_detached_view_of(std::string op) { detached_view_of_ = std::move(op); }
+
   c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
       const c10::VariableVersion& version_counter,
       bool allow_tensor_metadata_change) const override;
@@ -44,6 +51,7 @@ class DTensorImpl final : public c10::TensorImpl {
 
   at::Tensor local_;
   DTensorSpec spec_;
+  std::string detached_view_of_;
   mutable std::atomic<bool> pending_;
 };
 

@@ -168,6 +168,26 @@ void add_matmul(Adder& add) {
   add("aten::t", "view", {}, t_rule);
 }
 
+// An op that no layout can run correctly, so neither a rule nor the replicate fallback may take
+// it: its entry raises, with the reason.
+RuleBuilder refused(std::string reason) {
+  return [reason](const Metas&, const LayoutArgs&) -> BuiltRule { throw Error(reason); };
+}
+
+void add_refused(Adder& add) {
+  // as_strided addresses elements by storage offset and strides; a distributed tensor has no
+  // single storage (its views report offset 0), so the result would silently differ from one
+  // device's. PyTorch's DTensor refuses it too. Autograd calls it for an in-place op on a view
+  // of a tensor that requires grad (CopySlices): write such code out of place.
+  const std::string why =
+      " on distributed tensors is not supported: a distributed tensor has no single storage, so "
+      "a storage offset and strides do not address its elements (autograd uses it for in-place "
+      "ops on views of tensors that require grad: write those out of place)";
+  for (const char* op : {"as_strided", "as_strided_", "as_strided_scatter"}) {
+    add(std::string("aten::") + op, "view", {}, refused(std::string("aten::") + op + why));
+  }
+}
+
 void add_views(Adder& add) {
   // Views and shape ops.
   add("aten::view", "view", {ints_arg("size")}, view_rule, local_shape("size"));
@@ -273,6 +293,7 @@ std::vector<OpEntry> build_table() {
   add_reductions(add);
   add_matmul(add);
   add_views(add);
+  add_refused(add);
   add_nn(add);
   add_random_and_factories(add);
   add_out_overloads(add);

@@ -1,1 +1,99 @@
-EXPECTED_FAILURES = {}
+"""OpInfos of torch's op_db that the sweep (sweep.py) expects to raise a clear error, with the reason.
+
+The list may only shrink: op_db_test.py fails when a listed OpInfo passes (remove its entry) and
+when an unlisted one fails. Wrong answers and hangs are never listed: they always fail the test.
+Generated from a sweep run, then kept by hand; each reason names what stops the OpInfo.
+"""
+
+EXPECTED_FAILURES = {
+    "cummax":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::scatter_add_ as 'self' [5, 5, 5] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "cummin":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::scatter_add_ as 'self' [5, 5, 5] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "diagonal_scatter":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::diagonal_scatter as 'src' [10] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "stft":
+        "uses aten::as_strided, refused on distributed tensors (no single storage to address)",
+    "istft":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::mul.Tensor as 'other' [1, 1, 10] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "sparse.sampled_addmm":
+        "Sparse CSR tensors do not have strides",
+    "kthvalue":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::scatter_.src as 'self' [5, 5, 5] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "masked_scatter":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::cat as 'tensors' [13] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "matrix_exp":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::copy_ as 'self' [5, 5] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "max.reduction_with_dim":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::scatter_.src as 'self' [5, 5, 5] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "min.reduction_with_dim":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::scatter_.src as 'self' [5, 5, 5] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "as_strided":
+        "uses aten::as_strided, refused on distributed tensors (no single storage to address)",
+    "as_strided_scatter":
+        "uses aten::as_strided_scatter, refused on distributed tensors (no single storage to address)",
+    "nn.functional.pad.circular":
+        "uses aten::as_strided, refused on distributed tensors (no single storage to address)",
+    "nn.functional.fractional_max_pool2d":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::fractional_max_pool2d as 'random_samples' [1, 3, 2] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "nn.functional.fractional_max_pool3d":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::fractional_max_pool3d as 'random_samples' [2, 3, 3] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "nn.functional._scaled_dot_product_attention":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::add_.Tensor as 'other' [4, 3] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "topk":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::scatter_.src as 'self' [5, 10, 5] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "mode":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::scatter_.src as 'self' [5, 5, 5] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "mvlgamma.mvlgamma_p_1":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::add.Tensor as 'self' [2] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "mvlgamma.mvlgamma_p_3":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::add.Tensor as 'self' [2] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "mvlgamma.mvlgamma_p_5":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::add.Tensor as 'self' [2] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "select_scatter":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::select_scatter as 'src' [5, 5] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "slice_scatter":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::slice_scatter as 'src' [20, 20, 20] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "tensor_split":
+        "reads a distributed tensor's data on the host (data_ptr of a DTensor): Cannot access data pointer of Tensor that doesn't have storage",
+    "svd_lowrank":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::mm as 'mat2' [1, 0] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "pca_lowrank":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::mm as 'mat2' [1, 0] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "gather":
+        "aten::gather on [R] Float[], [R] Long[1]: gather: index and self need the same number of dims",
+    "index_copy":
+        "aten::index_select on [R] Float[], [R] Long[]: index_select dim 0 is out of range for a 0-D tensor (expected a dim in [0, -1])",
+    "index_select":
+        "aten::index_select on [R] Float[], [R] Long[1]: index_select dim 0 is out of range for a 0-D tensor (expected a dim in [0, -1])",
+    "index_add":
+        "aten::index_add on [R] Float[], [R] Long[1], [R] Float[]: index_add dim 0 is out of range for a 0-D tensor (expected a dim in [0, -1])",
+    "index_reduce":
+        "aten::index_add on [R] Float[], [R] Long[1], [R] Float[]: index_add dim 0 is out of range for a 0-D tensor (expected a dim in [0, -1])",
+    "index_put":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::index_put as 'self' [5, 5] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "sort":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::scatter_.src as 'self' [8000] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "put":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::put as 'source' [3] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "msort":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::scatter_.src as 'self' [8000] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "trace":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::index_fill_.int_Tensor as 'self' [25] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "nn.functional.ctc_loss":
+        "reads a distributed tensor's data on the host (data_ptr of a DTensor): Cannot access data pointer of Tensor that doesn't have storage",
+    "repeat_interleave":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::index_select as 'index' [2] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+    "fft.hfft":
+        "view_as_real doesn't work on unresolved conjugated tensors.  To resolve the conjugate tensor so you can view it as real, use self.resolve_conj(); however, be warned that the resulting tensor will NOT alias the original.",
+    "linalg.householder_product":
+        "its backward writes (aten::copy_) into a view (aten::select.int) of a gathered copy; refused so the write is not lost",
+    "linalg.matrix_rank":
+        "aten::sum.IntList_out: out= argument 'out' is a plain tensor but the inputs are distributed; pass a distributed out tensor (e.g. api::empty on the same mesh)",
+    "linalg.matrix_rank.hermitian":
+        "aten::sum.IntList_out: out= argument 'out' is a plain tensor but the inputs are distributed; pass a distributed out tensor (e.g. api::empty on the same mesh)",
+    "special.ndtr":
+        "local.scalar_type() == spec.meta().dtype INTERNAL ASSERT FAILED at \"dtensor/dispatch.cc\":312, please report a bug to PyTorch. aten::mul.Tensor: the local result is Double but the propagated output [R] on (4) Float[] says Float (a wrong sharding rule; please report)",
+    "masked.median":
+        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::scatter_.src as 'self' [5] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
+}

@@ -8,10 +8,14 @@ so the test log shows progress and each chunk fails on its own. A chunk fails wh
 Each OpInfo's outcome is printed (pytest -s, or the test log).
 """
 
+import os
+import sys
+
 import pytest
 
-import sweep
-from expected_failures import EXPECTED_FAILURES
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # sweep.py and its list
+import sweep  # noqa: E402
+from expected_failures import EXPECTED_FAILURES  # noqa: E402
 
 CHUNKS = 12
 _OPS = sweep.float32_opinfos()
