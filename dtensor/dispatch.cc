@@ -10,10 +10,12 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>  // std::once_flag
+#include <optional>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -297,7 +299,9 @@ std::shared_ptr<const sharding::OpSharding> propagate_inputs(const c10::Operator
   thread_local std::vector<DTensorSpec> specs;
   specs.clear();
   for (const Input& in : inputs) specs.push_back(in.spec);
-  sharding::LayoutArgs layout = info.args.layout(args);
+  thread_local sharding::LayoutArgs layout;  // reused: its vectors keep their capacity
+  info.args.layout(args, layout);
+  layout.call.clear();
   encode_call(info, args, n, layout.call);
   const sharding::PropagateOptions options{t_strict};
   const sharding::OpEntry* entry = entry_of(info);
@@ -306,14 +310,32 @@ std::shared_ptr<const sharding::OpSharding> propagate_inputs(const c10::Operator
   return sharding::propagate(*entry, specs, layout, options, &metas);
 }
 
+// This rank's piece shape of `spec`, memoized per thread (specs are interned: equal specs are one
+// object, so a slot holds a spec and this rank's coordinate).
+const std::vector<int64_t>& my_piece_shape(const DTensorSpec& spec) {
+  struct Slot {
+    std::optional<DTensorSpec> spec;
+    std::vector<int64_t> coord, shape;
+  };
+  thread_local std::array<Slot, 64> slots;
+  const std::vector<int64_t>& coord = my_coordinate(spec.mesh());
+  Slot& slot = slots[spec.hash() % slots.size()];
+  if (!slot.spec || *slot.spec != spec || slot.coord != coord) {
+    slot.shape = local_box(spec, coord).shape;
+    slot.spec = spec;
+    slot.coord = coord;
+  }
+  return slot.shape;
+}
+
 // A local result becomes a distributed tensor of the propagated spec. Its dtype and shape must be
 // the spec's piece: a disagreement is a wrong rule, raised, never cast or relabelled.
 at::Tensor wrap(const std::string& op, at::Tensor local, const DTensorSpec& spec) {
   TORCH_INTERNAL_ASSERT(local.scalar_type() == spec.meta().dtype, op, ": the local result is ",
                         local.scalar_type(), " but the propagated output ", spec.to_string(),
                         " says ", spec.meta().dtype, " (a wrong sharding rule; please report)");
-  const auto want = local_box(spec, my_coordinate(spec.mesh())).shape;
-  TORCH_INTERNAL_ASSERT(local.sizes().vec() == want, op, ": this rank's local result has shape ",
+  const std::vector<int64_t>& want = my_piece_shape(spec);
+  TORCH_INTERNAL_ASSERT(local.sizes().equals(want), op, ": this rank's local result has shape ",
                         local.sizes(), " but the propagated output ", spec.to_string(),
                         " gives its piece the shape ", c10::IntArrayRef(want),
                         " (a wrong sharding rule; please report)");

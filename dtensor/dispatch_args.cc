@@ -48,6 +48,13 @@ OpArgs::OpArgs(const sharding::OpEntry* entry, const c10::FunctionSchema& schema
 
 sharding::LayoutArgs OpArgs::layout(const c10::IValue* args) const {
   sharding::LayoutArgs out;
+  layout(args, out);
+  return out;
+}
+
+void OpArgs::layout(const c10::IValue* args, sharding::LayoutArgs& out) const {
+  out.ints.clear();
+  out.text.clear();
   using ArgKind = sharding::LayoutArg::Kind;
   for (const Ref& r : refs_) {
     const c10::IValue& v = args[r.index];
@@ -64,7 +71,6 @@ sharding::LayoutArgs OpArgs::layout(const c10::IValue* args) const {
       out.ints.insert(out.ints.end(), ints.begin(), ints.end());
     }
   }
-  return out;
 }
 
 void OpArgs::localize(c10::IValue* args, const std::vector<int64_t>& out0) const {

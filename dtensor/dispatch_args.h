@@ -20,6 +20,8 @@ class OpArgs {
   OpArgs(const sharding::OpEntry* entry, const c10::FunctionSchema& schema);
 
   sharding::LayoutArgs layout(const c10::IValue* args) const;
+  // The same into `out` (its ints and text replaced; `call` untouched), reusing its capacity.
+  void layout(const c10::IValue* args, sharding::LayoutArgs& out) const;
   bool needs_local_shapes() const { return shape_.kind != Kind::kNone; }
   // Rewrites the shape argument that describes the output to `out0`, the first output's local
   // shape.
