@@ -614,16 +614,12 @@ void note_fallback(const OpInfo& info, const collectives::CommCounter& counter) 
              "dtensor.debug.fallback_counts() counts such calls.");
 }
 
-// Runs `op` by the replicate fallback (NOTE [replicate fallback]).
-void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
-                  c10::IValue* args, size_t n, std::vector<Input>& inputs,
-                  const c10::SmallVector<at::Tensor, 8>& originals) {
-  if (t_strict) no_rule(info, inputs, " (strict mode: no replicate fallback)");
-  if (fallback_disabled_by_env()) no_rule(info, inputs, " (DTENSOR_FALLBACK=error)");
-  const c10::FunctionSchema& schema = op.schema();
-  const std::vector<int> written = fallback_written_args(info, schema, originals);
-  collectives::CommCounter counter;
-  bool gathered = false;  // some input's pieces were gathered into a copy
+// Gathers every distributed input and out= argument to Replicate and puts the whole tensors into
+// the arguments; true when some piece had to be gathered (a copy, not the piece itself).
+bool gather_arguments(const OpInfo& info, std::vector<Input>& inputs,
+                      const c10::SmallVector<at::Tensor, 8>& originals, c10::IValue* args,
+                      size_t n) {
+  bool gathered = false;
   for (Input& in : inputs) {
     const DeviceMesh& mesh = in.spec.mesh();
     const DTensorSpec whole =
@@ -643,6 +639,51 @@ void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
     collectives::CommCause cause(info.name.c_str());
     args[i] = redistribute_local(local_of(originals[i], "out="), spec, whole);
   }
+  return gathered;
+}
+
+// The fallback's returns: written arguments return the caller's tensors (written back), others
+// become Replicate distributed tensors; views of gathered copies are marked.
+void wrap_fallback_returns(const OpInfo& info, size_t returns, const DeviceMesh& mesh,
+                           bool gathered, const c10::SmallVector<at::Tensor, 8>& originals,
+                           torch::jit::Stack* stack) {
+  c10::IValue* rets = &(*stack)[stack->size() - returns];
+  auto wrap_whole = [&](const at::Tensor& t, size_t j) {
+    at::Tensor w = make_dtensor(
+        t,
+        DTensorSpec::make(mesh, Placements(mesh.ndim(), Replicate()),
+                          TensorMeta::make(t.sizes().vec(), t.scalar_type(), t.strides().vec())));
+    if (info.returns_view[j] && gathered) dtensor_impl(w)->set_detached_view_of(info.name);
+    return w;
+  };
+  for (size_t j = 0; j < returns; ++j) {
+    c10::IValue& r = rets[j];
+    const int writes = info.return_alias[j];
+    if (r.isTensor()) {
+      const at::Tensor t = r.toTensor();
+      if (writes >= 0 && originals[writes].defined() && is_dtensor(originals[writes])) {
+        r = originals[writes];  // written back
+      } else if (t.defined()) {
+        r = wrap_whole(t, j);
+      }
+    } else if (r.isTensorList()) {
+      c10::List<at::Tensor> wrapped;
+      for (const at::Tensor& t : r.toTensorList()) wrapped.push_back(wrap_whole(t, j));
+      r = std::move(wrapped);
+    }
+  }
+}
+
+// Runs `op` by the replicate fallback (NOTE [replicate fallback]).
+void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
+                  c10::IValue* args, size_t n, std::vector<Input>& inputs,
+                  const c10::SmallVector<at::Tensor, 8>& originals) {
+  if (t_strict) no_rule(info, inputs, " (strict mode: no replicate fallback)");
+  if (fallback_disabled_by_env()) no_rule(info, inputs, " (DTENSOR_FALLBACK=error)");
+  const c10::FunctionSchema& schema = op.schema();
+  const std::vector<int> written = fallback_written_args(info, schema, originals);
+  collectives::CommCounter counter;
+  const bool gathered = gather_arguments(info, inputs, originals, args, n);
   // The whole tensors the call writes, to hand each rank's box back afterwards.
   c10::SmallVector<c10::IValue, 8> written_whole(n);
   for (const int i : written) written_whole[i] = args[i];
@@ -656,34 +697,7 @@ void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
     op.callBoxed(stack);
   }
   write_back(written, originals, written_whole.data());
-  const size_t returns = schema.returns().size();
-  c10::IValue* rets = &(*stack)[stack->size() - returns];
-  auto whole = [&](const at::Tensor& t) {
-    return DTensorSpec::make(mesh, Placements(mesh.ndim(), Replicate()),
-                             TensorMeta::make(t.sizes().vec(), t.scalar_type(), t.strides().vec()));
-  };
-  for (size_t j = 0; j < returns; ++j) {
-    c10::IValue& r = rets[j];
-    const int writes = info.return_alias[j];
-    if (r.isTensor()) {
-      const at::Tensor t = r.toTensor();
-      if (writes >= 0 && originals[writes].defined() && is_dtensor(originals[writes])) {
-        r = originals[writes];  // written back above
-      } else if (t.defined()) {
-        r = make_dtensor(t, whole(t));
-        if (info.returns_view[j] && gathered)
-          dtensor_impl(r.toTensor())->set_detached_view_of(info.name);
-      }
-    } else if (r.isTensorList()) {
-      c10::List<at::Tensor> wrapped;
-      for (const at::Tensor& t : r.toTensorList()) {
-        at::Tensor w = make_dtensor(t, whole(t));
-        if (info.returns_view[j] && gathered) dtensor_impl(w)->set_detached_view_of(info.name);
-        wrapped.push_back(std::move(w));
-      }
-      r = std::move(wrapped);
-    }
-  }
+  wrap_fallback_returns(info, schema.returns().size(), mesh, gathered, originals, stack);
   note_fallback(info, counter);
 }
 
