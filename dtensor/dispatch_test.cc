@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "base/testing/expect_error.h"
+#include "collectives/functional.h"
 #include "collectives/rank_context.h"
 
 namespace dtensor {
@@ -168,6 +169,22 @@ TEST(Dispatch, PlainScalarTensorsAreReplicatedInputs) {
     expect_same(da * one, a * one);
     expect_same(at::where(da.gt(0), da, at::scalar_tensor(1.0, at::kFloat)),
                 at::where(a.gt(0), a, at::scalar_tensor(1.0, at::kFloat)));
+  });
+}
+
+// NOTE [size-1 mesh dims]: a redistribute that changes only a size-1 mesh dim moves no data and
+// issues no collective (it used to run an all_to_all on mesh (4,1)).
+TEST(Dispatch, SizeOneMeshDimIssuesNoCollective) {
+  const at::Tensor a = global_for({8, 6});
+  run_threads(4, [&](int64_t) {
+    const DeviceMesh mesh = api::init_device_mesh({4, 1});
+    const at::Tensor da = api::distribute_tensor(a, mesh, {Shard(0), Shard(1)});
+    collectives::CommCounter counter;
+    const at::Tensor b = api::redistribute(da, {Shard(0), Shard(0)});
+    const at::Tensor c = api::redistribute(b, {Shard(0), Replicate()});
+    EXPECT_EQ(counter.total(), 0) << counter.to_string();
+    expect_same(b, a);
+    expect_same(c, a);
   });
 }
 

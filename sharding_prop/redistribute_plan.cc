@@ -504,12 +504,33 @@ class PlanSearch {
 
 }  // namespace
 
+// `spec` with every size-1 mesh dim Replicate (NOTE [size-1 mesh dims]); unchanged when it has a
+// non-default shard order (the order names mesh dims).
+DTensorSpec without_size1_mesh_dims(const DTensorSpec& spec) {
+  const auto& shape = spec.mesh().shape();
+  if (!spec.has_default_shard_order() ||
+      std::none_of(shape.begin(), shape.end(), [](int64_t n) { return n == 1; })) {
+    return spec;
+  }
+  Placements p = spec.placements();
+  for (size_t m = 0; m < p.size(); ++m) {
+    if (shape[m] == 1) p[m] = Replicate();
+  }
+  return DTensorSpec::make(spec.mesh(), p, spec.meta());
+}
+
 RedistributePlan compute_plan(DTensorSpec src, DTensorSpec dst, const PlanOptions& options,
                               const CostModel& model) {
   if (auto why = plan_refusal(src, dst, options)) fail(*why);
   RedistributePlan plan{src, dst, {}, 0.0};
   if (src == dst) return plan;
-  plan.steps = PlanSearch(src, dst, options, model).run();
+  // NOTE [size-1 mesh dims]: a mesh dim of size 1 splits nothing and reduces nothing, so a rank's
+  // piece is the same data whatever that dim's placement is (Shard: a chunk of one is the whole;
+  // Partial over one rank: the value itself). Plans compare and search layouts with those dims
+  // read as Replicate, so changes on them alone are no-ops and never issue a collective.
+  const DTensorSpec from = without_size1_mesh_dims(src), to = without_size1_mesh_dims(dst);
+  if (from == to) return plan;
+  plan.steps = PlanSearch(from, to, options, model).run();
   for (const PlanStep& s : plan.steps) plan.cost += s.cost;
   return plan;
 }

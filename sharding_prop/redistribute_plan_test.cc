@@ -87,6 +87,26 @@ TEST(RedistributePlanTest, GoldenPlansForPyTorchIssueCases) {
             "[S(0),R] -> [S(0),R] on mesh (2,2) shape [8,8]: no-op");
 }
 
+// NOTE [size-1 mesh dims]: changes on mesh dims of size 1 move no data.
+TEST(RedistributePlanTest, SizeOneMeshDimsNeverCommunicate) {
+  const std::vector<int64_t> shape = {8, 6};
+  for (const auto& [from, to] :
+       std::vector<std::pair<std::string, std::string>>{{"S(0),S(1)", "S(0),S(0)"},
+                                                        {"S(0),S(1)", "S(0),R"},
+                                                        {"S(0),P(sum)", "S(0),R"},
+                                                        {"S(0),R", "S(0),S(1)"},
+                                                        {"S(0),P(max)", "S(0),S(0)"}}) {
+    const auto plan = plan_redistribute(spec({4, 1}, from, shape), spec({4, 1}, to, shape));
+    EXPECT_TRUE(plan->is_noop()) << plan->to_string();
+  }
+  // Only the size-1 dim is free: the size-4 dim still moves.
+  const auto plan =
+      plan_redistribute(spec({4, 1}, "S(0),S(1)", shape), spec({4, 1}, "R,S(0)", shape));
+  EXPECT_EQ(plan->num_collectives(), 1) << plan->to_string();
+  EXPECT_TRUE(plan_redistribute(spec({1, 4}, "S(1),S(0)", shape), spec({1, 4}, "R,S(0)", shape))
+                  ->is_noop());
+}
+
 TEST(RedistributePlanTest, RefusalsAreClear) {
   const auto r = spec({2, 2}, "R,R", {8, 8});
   expect_error(
