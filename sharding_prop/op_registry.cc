@@ -79,6 +79,222 @@ void add_unary_pointwise(Adder& add) {
   add("aten::where.self", "pointwise", {}, where_rule);
 }
 
+// Every other elementwise op: one rule shape (pointwise), the outputs' dtypes from ATen's meta
+// kernels (NOTE [output metadata from ATen]). Partial inputs are reduced first (Linearity::kNone).
+// Left to the replicate fallback on purpose: polar and complex (no meta kernel in torch 1.13, and a
+// pointwise rule's dtype would be real), clamp_min_/clamp_max_ (cosine_similarity clamps a
+// Partial norm in place: the fallback makes it Replicate, a rule would have to refuse it).
+void add_elementwise(Adder& add) {
+  // unary
+  for (const char* op : {"acos",
+                         "acos_",
+                         "acosh",
+                         "acosh_",
+                         "asin",
+                         "asin_",
+                         "asinh",
+                         "asinh_",
+                         "atan",
+                         "atan_",
+                         "atanh",
+                         "atanh_",
+                         "ceil",
+                         "ceil_",
+                         "cosh",
+                         "cosh_",
+                         "floor",
+                         "floor_",
+                         "frac",
+                         "frac_",
+                         "round",
+                         "round_",
+                         "round.decimals",
+                         "round_.decimals",
+                         "trunc",
+                         "trunc_",
+                         "sinh",
+                         "sinh_",
+                         "tan",
+                         "tan_",
+                         "log10",
+                         "log10_",
+                         "log2",
+                         "log2_",
+                         "exp2",
+                         "exp2_",
+                         "erfc",
+                         "erfc_",
+                         "erfinv",
+                         "erfinv_",
+                         "lgamma",
+                         "lgamma_",
+                         "digamma",
+                         "digamma_",
+                         "i0",
+                         "i0_",
+                         "sgn",
+                         "sgn_",
+                         "sinc",
+                         "sinc_",
+                         "conj_physical",
+                         "conj_physical_",
+                         "nan_to_num",
+                         "nan_to_num_",
+                         "deg2rad",
+                         "deg2rad_",
+                         "rad2deg",
+                         "rad2deg_",
+                         "logit",
+                         "logit_",
+                         "hardsigmoid",
+                         "hardsigmoid_",
+                         "hardswish",
+                         "hardswish_",
+                         "mish",
+                         "mish_",
+                         "softplus",
+                         "elu",
+                         "elu_",
+                         "celu",
+                         "celu_",
+                         "selu",
+                         "selu_",
+                         "leaky_relu",
+                         "leaky_relu_",
+                         "hardtanh",
+                         "hardtanh_",
+                         "hardshrink",
+                         "softshrink",
+                         "threshold",
+                         "threshold_",
+                         "log_sigmoid",
+                         "polygamma",
+                         "polygamma_",
+                         "mvlgamma",
+                         "mvlgamma_",
+                         "fix",
+                         "fix_",
+                         "positive",
+                         "special_airy_ai",
+                         "special_bessel_j0",
+                         "special_bessel_j1",
+                         "special_bessel_y0",
+                         "special_bessel_y1",
+                         "special_entr",
+                         "special_erfcx",
+                         "special_i0e",
+                         "special_i1",
+                         "special_i1e",
+                         "special_log_ndtr",
+                         "special_modified_bessel_i0",
+                         "special_modified_bessel_i1",
+                         "special_modified_bessel_k0",
+                         "special_modified_bessel_k1",
+                         "special_ndtri",
+                         "special_scaled_modified_bessel_k0",
+                         "special_scaled_modified_bessel_k1",
+                         "special_spherical_bessel_j0",
+                         "clamp_min",
+                         "clamp_max",
+                         "float_power.Tensor_Scalar"}) {
+    add(std::string("aten::") + op, "pointwise", {}, pointwise(1, lin));
+  }
+  // unary, bool out
+  for (const char* op :
+       {"isnan", "isinf", "isneginf", "isposinf", "signbit", "isfinite", "isreal"}) {
+    add(std::string("aten::") + op, "pointwise", {}, pointwise(1, lin, {}, true));
+  }
+  // binary
+  for (const char* op : {"copysign.Tensor",
+                         "copysign_.Tensor",
+                         "floor_divide",
+                         "fmax",
+                         "fmin",
+                         "fmod.Tensor",
+                         "fmod_.Tensor",
+                         "heaviside",
+                         "heaviside_",
+                         "hypot",
+                         "hypot_",
+                         "igamma",
+                         "igamma_",
+                         "igammac",
+                         "igammac_",
+                         "logaddexp",
+                         "logaddexp2",
+                         "nextafter",
+                         "nextafter_",
+                         "remainder.Tensor",
+                         "remainder_.Tensor",
+                         "xlogy.Tensor",
+                         "xlogy_.Tensor",
+                         "special_xlog1py",
+                         "special_zeta",
+                         "div.Tensor_mode",
+                         "div_.Tensor_mode",
+                         "rsub.Tensor",
+                         "clamp_min.Tensor",
+                         "clamp_min_.Tensor",
+                         "clamp_max.Tensor",
+                         "clamp_max_.Tensor",
+                         "bitwise_and_.Tensor",
+                         "bitwise_or_.Tensor",
+                         "bitwise_xor_.Tensor",
+                         "float_power.Tensor_Tensor",
+                         "special_chebyshev_polynomial_t",
+                         "special_chebyshev_polynomial_u",
+                         "special_chebyshev_polynomial_v",
+                         "special_chebyshev_polynomial_w",
+                         "special_hermite_polynomial_h",
+                         "special_hermite_polynomial_he",
+                         "special_laguerre_polynomial_l",
+                         "special_legendre_polynomial_p",
+                         "special_shifted_chebyshev_polynomial_t",
+                         "special_shifted_chebyshev_polynomial_u",
+                         "special_shifted_chebyshev_polynomial_v",
+                         "special_shifted_chebyshev_polynomial_w",
+                         "bitwise_left_shift.Tensor",
+                         "bitwise_left_shift_.Tensor",
+                         "bitwise_right_shift.Tensor",
+                         "bitwise_right_shift_.Tensor",
+                         "gcd",
+                         "gcd_",
+                         "lcm",
+                         "lcm_",
+                         "fmod.Scalar",
+                         "fmod_.Scalar",
+                         "remainder.Scalar",
+                         "remainder_.Scalar",
+                         "copysign.Scalar",
+                         "copysign_.Scalar",
+                         "xlogy.Scalar_Other",
+                         "xlogy_.Scalar_Other",
+                         "bitwise_and.Scalar",
+                         "bitwise_and_.Scalar",
+                         "bitwise_or.Scalar",
+                         "bitwise_or_.Scalar",
+                         "bitwise_xor.Scalar",
+                         "bitwise_xor_.Scalar"}) {
+    add(std::string("aten::") + op, "pointwise", {}, pointwise(2, lin));
+  }
+  // binary, bool out
+  for (const char* op : {"logical_xor", "logical_xor_"}) {
+    add(std::string("aten::") + op, "pointwise", {}, pointwise(2, lin, {}, true));
+  }
+  // ternary
+  for (const char* op : {"clamp.Tensor", "clamp_.Tensor", "masked_fill.Tensor",
+                         "masked_fill_.Tensor", "lerp.Tensor", "lerp_.Tensor"}) {
+    add(std::string("aten::") + op, "pointwise", {}, pointwise(3, lin));
+  }
+  // their backward kernels (grad, input[, buffer])
+  for (const char* op :
+       {"elu_backward", "hardshrink_backward", "hardsigmoid_backward", "hardswish_backward",
+        "hardtanh_backward", "leaky_relu_backward", "logit_backward", "softplus_backward",
+        "softshrink_backward", "mish_backward", "log_sigmoid_backward"}) {
+    add(std::string("aten::") + op, "pointwise", {}, pointwise(3, lin));
+  }
+}
+
 void add_binary_pointwise(Adder& add) {
   // Binary pointwise.
   for (const char* op : {"add.Tensor", "sub.Tensor"}) {
@@ -290,6 +506,7 @@ std::vector<OpEntry> build_table() {
   Adder add;
   add_unary_pointwise(add);
   add_binary_pointwise(add);
+  add_elementwise(add);
   add_reductions(add);
   add_matmul(add);
   add_views(add);

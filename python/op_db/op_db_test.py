@@ -35,8 +35,11 @@ def test_op_db_chunk(chunk, capsys):
         name = sweep.opinfo_name(op)
         outcome, detail = sweep.sweep_one(op)
         listed = name in EXPECTED_FAILURES
+        fallbacks = sweep.fallback_ops()
+        native = "native " if outcome == "pass" and not fallbacks else ""
         with capsys.disabled():
-            print(f"op_db {outcome:6s} {name:40s} {'(listed) ' if listed else ''}{detail[:240]}")
+            print(f"op_db {outcome:6s} {native}{name:40s} {'(listed) ' if listed else ''}"
+                  f"{detail[:240]}{' (fallback: ' + ','.join(fallbacks) + ')' if fallbacks else ''}")
         if outcome in ("wrong", "hang"):
             problems.append(f"{name}: {outcome}: {detail}")
         elif outcome != "pass" and not listed:
