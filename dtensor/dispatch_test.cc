@@ -125,18 +125,18 @@ TEST(Dispatch, ReplicateFallbackMatchesOneDevice) {
   run_threads(2, [&](int64_t) {
     const DeviceMesh mesh = api::init_device_mesh({2});
     const at::Tensor da = api::distribute_tensor(a, mesh, {Shard(0)});
-    const at::Tensor c = at::cumsum(da, 0);  // no rule: gathered, computed whole
-    expect_same(c, at::cumsum(a, 0));
+    const at::Tensor c = at::renorm(da, 2, 0, 1.0);  // no rule: gathered, computed whole
+    expect_same(c, at::renorm(a, 2, 0, 1.0));
     EXPECT_TRUE(api::spec(c).placements()[0].is_replicate());
     expect_same(at::nonzero(da.gt(0)), at::nonzero(a.gt(0)));  // data-dependent shape
     // In place on a sharded tensor: each rank takes its box of the result; the layout stays.
     const at::Tensor db = api::distribute_tensor(a, mesh, {Shard(1)});
-    db.cumsum_(0);
+    db.renorm_(2, 0, 1.0);
     EXPECT_EQ(api::spec(db).placements()[0], Shard(1));
-    expect_same(db, at::cumsum(a, 0));
+    expect_same(db, at::renorm(a, 2, 0, 1.0));
     {
       StrictModeGuard strict;
-      expect_error([&] { (void)at::cumsum(da, 0); }, "no sharding rule");
+      expect_error([&] { (void)at::renorm(da, 2, 0, 1.0); }, "no sharding rule");
     }
     // A view of a gathered input views the copy: reading is right, writing into it raises.
     const at::Tensor sq = api::distribute_tensor(global_for({4, 4}), mesh, {Shard(1)});
@@ -151,8 +151,8 @@ TEST(Dispatch, ReplicateFallbackMatchesOneDevice) {
     }
   });
   const auto counts = fallback_counts();
-  EXPECT_EQ(counts.at("aten::cumsum"), 2);  // one call on each of the two ranks
-  EXPECT_EQ(counts.at("aten::cumsum_"), 2);
+  EXPECT_EQ(counts.at("aten::renorm"), 2);  // one call on each of the two ranks
+  EXPECT_EQ(counts.at("aten::renorm_"), 2);
   EXPECT_EQ(counts.at("aten::diagonal"), 2);
 }
 
@@ -198,8 +198,8 @@ TEST(Dispatch, Errors) {
     expect_error([&] { (void)(da + db); }, "mesh");  // mismatched meshes
     {
       StrictModeGuard strict;  // no replicate fallback: an op with no rule is an error
-      expect_error([&] { (void)at::cumsum(da, 0); }, "aten::cumsum");  // unsupported op...
-      expect_error([&] { (void)at::cumsum(da, 0); }, "S(0)");          // ...and its placements
+      expect_error([&] { (void)at::renorm(da, 2, 0, 1.0); }, "aten::renorm");  // no rule...
+      expect_error([&] { (void)at::renorm(da, 2, 0, 1.0); }, "S(0)");  // ...and its placements
     }
     expect_error([&] { (void)da.sum(5); }, "dim");                     // invalid dim
     expect_error([&] { (void)api::init_device_mesh({3}); }, "world");  // mesh vs world

@@ -181,10 +181,11 @@ def test_errors_carry_the_engine_message():
             a + torch.ones(4, 4)
         with dtensor.replicate_plain_tensors():
             torch.testing.assert_close((a + torch.ones(4, 4)).full_tensor(), torch.full((4, 4), 2.))
-        with dtensor.strict_mode(), pytest.raises(RuntimeError, match="aten::cumsum"):
-            torch.cumsum(a, 0)  # no rule, and strict mode: no replicate fallback
+        with dtensor.strict_mode(), pytest.raises(RuntimeError, match="aten::renorm"):
+            torch.renorm(a, 2, 0, 1.0)  # no rule, and strict mode: no replicate fallback
         # Outside strict mode the replicate fallback runs it (NOTE [replicate fallback]).
-        torch.testing.assert_close(torch.cumsum(a, 0).full_tensor(), torch.ones(4, 4).cumsum(0))
+        torch.testing.assert_close(torch.renorm(a, 2, 0, 1.0).full_tensor(),
+                                   torch.renorm(torch.ones(4, 4), 2, 0, 1.0))
         c = distribute_tensor(torch.ones(4, 4), other, [Shard(1)])
         del c  # same ranks, other names: one mesh? meshes differ by names only
         # NOTE [error convention]: engine errors are RuntimeError whichever way they travel.

@@ -94,6 +94,80 @@ RuleBuilder softmax(size_t n) {
   };
 }
 
+// Ops that keep their input's shape and work along some dims, which must stay whole (cumsum's
+// dim, sort's dim, flip's dims): ints: those dims (none: every dim, as roll without dims);
+// `last_dims` > 0 instead names the input's last dims (tril/triu: the matrix dims). `outputs`
+// outputs of the input's shape (sort, cummax: values and indices).
+RuleBuilder along_dims(size_t outputs, size_t last_dims) {
+  return [=](const Metas& m, const LayoutArgs& a) {
+    need_inputs(m, 1, 1, "along_dims");
+    const int64_t ndim = m[0].ndim();
+    std::vector<int64_t> dims = a.ints;
+    if (last_dims > 0) {
+      dims.clear();
+      for (int64_t d = std::max<int64_t>(0, ndim - static_cast<int64_t>(last_dims)); d < ndim; ++d)
+        dims.push_back(d);
+    } else if (dims.empty()) {
+      for (int64_t d = 0; d < ndim; ++d) dims.push_back(d);
+    }
+    if (ndim == 0) dims.clear();  // a 0-dim tensor: dim 0 and -1 name the one element
+    BuiltRule b{replicate_dims_rule(shapes_of(m), dims, outputs), {m[0].dtype}};
+    while (b.out_dtypes.size() < outputs) b.out_dtypes.push_back(c10::kLong);
+    return b;
+  };
+}
+
+// constant_pad_nd(self, pad, value): ints: pad (low, high per dim, from the last dim back). A
+// dim the pad list covers must be whole; the others pass through.
+BuiltRule constant_pad_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "constant_pad_nd");
+  const std::vector<int64_t>& shape = m[0].shape;
+  const int64_t ndim = m[0].ndim();
+  if (a.ints.size() % 2 != 0 || static_cast<int64_t>(a.ints.size() / 2) > ndim)
+    throw Error("constant_pad_nd: pad must have an even length of at most 2 x ndim");
+  Rule r;
+  TensorFactors in, out;
+  for (int64_t d = 0; d < ndim; ++d) {
+    const int64_t k = ndim - 1 - d;  // pad pairs run from the last dim
+    // Every dim the pad list covers stays whole, zero pads included: ATen refuses an empty
+    // input dim that the list covers, and a rank's piece may be empty where the tensor is not.
+    const bool padded = 2 * k + 1 < static_cast<int64_t>(a.ints.size());
+    if (!padded) {
+      const DimFactors f = shape[d] == 1 ? DimFactors{} : DimFactors{r.add_factor(shape[d])};
+      in.push_back(f);
+      out.push_back(f);
+      continue;
+    }
+    const int64_t size = shape[d] + a.ints[2 * k] + a.ints[2 * k + 1];
+    if (size < 0) throw Error("constant_pad_nd: padding makes a negative size");
+    in.push_back(shape[d] <= 1 ? DimFactors{}
+                               : DimFactors{r.add_factor(shape[d], FactorKind::kReplicate)});
+    out.push_back(size == 1 ? DimFactors{}
+                            : DimFactors{r.add_factor(size, FactorKind::kReplicate)});
+  }
+  r.inputs = {in};
+  r.outputs = {out};
+  return {std::move(r), {m[0].dtype}};
+}
+
+// view_as_real(complex [..]) -> real [.., 2]: the new last dim is whole; view_as_complex, back.
+BuiltRule view_as_real_of(const Metas& m, const LayoutArgs&) {
+  need_inputs(m, 1, 1, "view_as_real");
+  Rule r = pointwise_rule(shapes_of(m), Linearity::kMove);
+  r.outputs[0].push_back({r.add_factor(2, FactorKind::kReplicate)});
+  return {std::move(r), {c10::toRealValueType(m[0].dtype)}};
+}
+
+BuiltRule view_as_complex_of(const Metas& m, const LayoutArgs&) {
+  need_inputs(m, 1, 1, "view_as_complex");
+  if (m[0].ndim() == 0 || m[0].shape.back() != 2)
+    throw Error("view_as_complex: the last dim must have size 2");
+  Rule r = replicate_dims_rule(shapes_of(m), {-1});
+  r.outputs[0].pop_back();
+  r.linearity = Linearity::kMove;
+  return {std::move(r), {c10::toComplexType(m[0].dtype)}};
+}
+
 BuiltRule same_dtype(Rule r, const Metas& m) { return {std::move(r), {m.at(0).dtype}}; }
 
 // ints: the new shape (one -1 allowed).

@@ -22,6 +22,10 @@ BuiltRule cast_rule(const Metas& m, const LayoutArgs& a);
 RuleBuilder reduction(ReduceOp op, bool replicate, Linearity lin, int out_dtype = -1,
                       int outputs = 1);
 RuleBuilder softmax(size_t n);
+RuleBuilder along_dims(size_t outputs, size_t last_dims = 0);
+BuiltRule constant_pad_of(const Metas& m, const LayoutArgs& a);
+BuiltRule view_as_real_of(const Metas& m, const LayoutArgs&);
+BuiltRule view_as_complex_of(const Metas& m, const LayoutArgs&);
 RuleBuilder pointwise(size_t n, Linearity lin, std::vector<bool> linear_inputs = {},
                       bool to_bool = false);
 BuiltRule same_dtype(Rule r, const Metas& m);

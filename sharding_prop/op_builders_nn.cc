@@ -258,11 +258,12 @@ BuiltRule new_factory_of(const Metas& m, const LayoutArgs& a) {
   return {std::move(r), {m[0].dtype}};
 }
 
-// native_dropout(input) -> (out, mask): elementwise.
+// An entry whose op no layout runs: raises "no sharding rule: <why>".
 RuleBuilder no_rule(const char* why) {
   return [why](const Metas&, const LayoutArgs&) -> BuiltRule { fail("no sharding rule: ", why); };
 }
 
+// native_dropout(input) -> (out, mask): elementwise.
 BuiltRule dropout_of(const Metas& m, const LayoutArgs&) {
   need_inputs(m, 1, 1, "native_dropout");
   Rule r = pointwise_rule(shapes_of(m), Linearity::kNone);

@@ -384,24 +384,41 @@ void add_matmul(Adder& add) {
   add("aten::t", "view", {}, t_rule);
 }
 
-// An op that no layout can run correctly, so neither a rule nor the replicate fallback may take
-// it: its entry raises, with the reason.
-RuleBuilder refused(std::string reason) {
-  return [reason](const Metas&, const LayoutArgs&) -> BuiltRule { throw Error(reason); };
-}
-
+// Ops no layout can run correctly: their entries raise (neither a rule nor the replicate fallback
+// may take them).
 void add_refused(Adder& add) {
   // as_strided addresses elements by storage offset and strides; a distributed tensor has no
   // single storage (its views report offset 0), so the result would silently differ from one
   // device's. PyTorch's DTensor refuses it too. Autograd calls it for an in-place op on a view
   // of a tensor that requires grad (CopySlices): write such code out of place.
-  const std::string why =
-      " on distributed tensors is not supported: a distributed tensor has no single storage, so "
-      "a storage offset and strides do not address its elements (autograd uses it for in-place "
-      "ops on views of tensors that require grad: write those out of place)";
   for (const char* op : {"as_strided", "as_strided_", "as_strided_scatter"}) {
-    add(std::string("aten::") + op, "view", {}, refused(std::string("aten::") + op + why));
+    add(std::string("aten::") + op, "view", {},
+        no_rule("it addresses elements by storage offset and strides, and a distributed tensor "
+                "has no single storage (autograd uses it for in-place ops on views of tensors "
+                "that require grad: write those out of place)"));
   }
+}
+
+// Scans, sorts and shape ops that work along some dims: those dims stay whole, the others pass.
+void add_along_dims(Adder& add) {
+  for (const char* op : {"cumsum", "cumsum_", "cumprod", "cumprod_", "logcumsumexp"}) {
+    add(std::string("aten::") + op, "scan", {int_arg("dim")}, along_dims(1));
+  }
+  for (const char* op : {"cummax", "cummin", "sort"}) {  // values and indices
+    add(std::string("aten::") + op, "scan", {int_arg("dim")}, along_dims(2));
+  }
+  add("aten::sort.stable", "scan", {int_arg("dim")}, along_dims(2));
+  add("aten::flip", "view", {ints_arg("dims")}, along_dims(1));
+  add("aten::roll", "view", {ints_arg("dims")}, along_dims(1));  // no dims: the flattened tensor
+  for (const char* op : {"tril", "tril_", "triu", "triu_"}) {    // the matrix dims stay whole
+    add(std::string("aten::") + op, "view", {}, along_dims(1, 2));
+  }
+  add("aten::constant_pad_nd", "view", {ints_arg("pad")}, constant_pad_of);
+  add("aten::view_as_real", "view", {}, view_as_real_of);
+  add("aten::view_as_complex", "view", {}, view_as_complex_of);
+  add("aten::_conj", "view", {}, pointwise(1, Linearity::kAdditive));
+  add("aten::logical_and_", "pointwise", {}, pointwise(2, lin, {}, true));
+  add("aten::logical_or_", "pointwise", {}, pointwise(2, lin, {}, true));
 }
 
 void add_views(Adder& add) {
@@ -511,6 +528,7 @@ std::vector<OpEntry> build_table() {
   add_matmul(add);
   add_views(add);
   add_refused(add);
+  add_along_dims(add);
   add_nn(add);
   add_random_and_factories(add);
   add_out_overloads(add);
