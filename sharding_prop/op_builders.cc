@@ -150,6 +150,27 @@ BuiltRule constant_pad_of(const Metas& m, const LayoutArgs& a) {
   return {std::move(r), {m[0].dtype}};
 }
 
+// _fft_r2c(self, dim, normalization, onesided) / _fft_c2r(self, dim, normalization,
+// last_dim_size): ints: the transformed dims, then onesided / last_dim_size. The transformed dims
+// stay whole, the batch dims pass; the last transformed dim changes size (n/2+1 one-sided; the
+// given size back to real).
+RuleBuilder fft_of(bool real_to_complex) {
+  return [=](const Metas& m, const LayoutArgs& a) {
+    need_inputs(m, 1, 1, real_to_complex ? "_fft_r2c" : "_fft_c2r");
+    if (a.ints.size() < 2) throw Error("_fft: needs the transformed dims");
+    const std::vector<int64_t> dims(a.ints.begin(), a.ints.end() - 1);
+    Rule r = replicate_dims_rule(shapes_of(m), dims);
+    const int64_t last = normalize_tensor_dim(dims.back(), m[0].ndim(), "fft dim");
+    const int64_t n = m[0].shape[last];
+    const int64_t size = real_to_complex ? (a.ints.back() != 0 ? n / 2 + 1 : n) : a.ints.back();
+    r.outputs[0][last] =
+        size == 1 ? DimFactors{} : DimFactors{r.add_factor(size, FactorKind::kReplicate)};
+    return BuiltRule{
+        std::move(r),
+        {real_to_complex ? c10::toComplexType(m[0].dtype) : c10::toRealValueType(m[0].dtype)}};
+  };
+}
+
 // view_as_real(complex [..]) -> real [.., 2]: the new last dim is whole; view_as_complex, back.
 BuiltRule view_as_real_of(const Metas& m, const LayoutArgs&) {
   need_inputs(m, 1, 1, "view_as_real");

@@ -24,6 +24,7 @@ RuleBuilder reduction(ReduceOp op, bool replicate, Linearity lin, int out_dtype 
 RuleBuilder softmax(size_t n);
 RuleBuilder along_dims(size_t outputs, size_t last_dims = 0);
 BuiltRule constant_pad_of(const Metas& m, const LayoutArgs& a);
+RuleBuilder fft_of(bool real_to_complex);
 BuiltRule view_as_real_of(const Metas& m, const LayoutArgs&);
 BuiltRule view_as_complex_of(const Metas& m, const LayoutArgs&);
 RuleBuilder pointwise(size_t n, Linearity lin, std::vector<bool> linear_inputs = {},

@@ -414,6 +414,10 @@ void add_along_dims(Adder& add) {
     add(std::string("aten::") + op, "view", {}, along_dims(1, 2));
   }
   add("aten::constant_pad_nd", "view", {ints_arg("pad")}, constant_pad_of);
+  // FFTs: the transformed dims stay whole, batch dims pass.
+  add("aten::_fft_c2c", "fft", {ints_arg("dim")}, along_dims(1));
+  add("aten::_fft_r2c", "fft", {ints_arg("dim"), int_arg("onesided")}, fft_of(true));
+  add("aten::_fft_c2r", "fft", {ints_arg("dim"), int_arg("last_dim_size")}, fft_of(false));
   add("aten::view_as_real", "view", {}, view_as_real_of);
   add("aten::view_as_complex", "view", {}, view_as_complex_of);
   add("aten::_conj", "view", {}, pointwise(1, Linearity::kAdditive));
