@@ -171,6 +171,36 @@ RuleBuilder fft_of(bool real_to_complex) {
   };
 }
 
+// A fixed einsum-like rule (rule.h's text form): dot "k,k->", mv "mk,k->m". The dtype is the
+// inputs' promotion (ATen's meta kernel decides in the end).
+RuleBuilder from_text(const char* rule_text, Linearity lin) {
+  return [=](const Metas& m, const LayoutArgs&) {
+    return BuiltRule{parse_rule(rule_text, shapes_of(m), lin), {promoted(m)}};
+  };
+}
+
+// diagonal(self, offset, dim1, dim2): ints: offset, dim1, dim2. dim1 and dim2 stay whole and
+// leave the output; the diagonal is its new last dim; the other dims pass, in order.
+BuiltRule diagonal_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "diagonal");
+  const int64_t ndim = m[0].ndim();
+  const int64_t offset = arg(a, 0, "diagonal", "offset");
+  const int64_t d1 = normalize_tensor_dim(arg(a, 1, "diagonal", "dim1"), ndim, "diagonal dim1");
+  const int64_t d2 = normalize_tensor_dim(arg(a, 2, "diagonal", "dim2"), ndim, "diagonal dim2");
+  if (d1 == d2) throw Error("diagonal: dim1 and dim2 must differ");
+  Rule r = replicate_dims_rule(shapes_of(m), {d1, d2});
+  TensorFactors out;
+  for (int64_t d = 0; d < ndim; ++d)
+    if (d != d1 && d != d2) out.push_back(r.inputs[0][d]);
+  const int64_t s1 = m[0].shape[d1], s2 = m[0].shape[d2];
+  const int64_t size =
+      std::max<int64_t>(0, offset >= 0 ? std::min(s1, s2 - offset) : std::min(s1 + offset, s2));
+  out.push_back(size == 1 ? DimFactors{} : DimFactors{r.add_factor(size, FactorKind::kReplicate)});
+  r.outputs = {out};
+  r.linearity = Linearity::kMove;
+  return {std::move(r), {m[0].dtype}};
+}
+
 // view_as_real(complex [..]) -> real [.., 2]: the new last dim is whole; view_as_complex, back.
 BuiltRule view_as_real_of(const Metas& m, const LayoutArgs&) {
   need_inputs(m, 1, 1, "view_as_real");

@@ -365,6 +365,13 @@ void add_reductions(Adder& add) {
       reduction(ReduceOp::kMax, true, lin, static_cast<int>(c10::kBool)));
   add("aten::all", "reduction", {},
       reduction(ReduceOp::kMin, true, lin, static_cast<int>(c10::kBool)));
+  // p-norms and log-sum-exp over dims: the reduced dims stay whole. nansum is a sum of pieces.
+  add("aten::norm.Scalar", "reduction", {}, reduction(ReduceOp::kSum, true, lin));
+  add("aten::norm.ScalarOpt_dim", "reduction", reduce_args(), reduction(ReduceOp::kSum, true, lin));
+  add("aten::norm.ScalarOpt_dim_dtype", "reduction", reduce_args(),
+      reduction(ReduceOp::kSum, true, lin));
+  add("aten::logsumexp", "reduction", reduce_args(), reduction(ReduceOp::kSum, true, lin));
+  add("aten::nansum", "reduction", reduce_args(), reduction(ReduceOp::kSum, false, lin));
   // Softmax: ints = dim.
   add("aten::_softmax", "softmax", {int_arg("dim")}, softmax(1));
   add("aten::_log_softmax", "softmax", {int_arg("dim")}, softmax(1));
@@ -373,6 +380,9 @@ void add_reductions(Adder& add) {
 }
 
 void add_matmul(Adder& add) {
+  add("aten::dot", "matmul", {}, from_text("k,k->", Linearity::kMultilinear));
+  add("aten::vdot", "matmul", {}, from_text("k,k->", Linearity::kMultilinear));
+  add("aten::mv", "matmul", {}, from_text("mk,k->m", Linearity::kMultilinear));
   // Matmul family.
   add("aten::mm", "matmul", {}, mm_rule);
   add("aten::bmm", "matmul", {}, bmm_rule);
@@ -419,6 +429,7 @@ void add_along_dims(Adder& add) {
   add("aten::_fft_r2c", "fft", {ints_arg("dim"), int_arg("onesided")}, fft_of(true));
   add("aten::_fft_c2r", "fft", {ints_arg("dim"), int_arg("last_dim_size")}, fft_of(false));
   add("aten::view_as_real", "view", {}, view_as_real_of);
+  add("aten::diagonal", "view", {int_arg("offset"), int_arg("dim1"), int_arg("dim2")}, diagonal_of);
   add("aten::view_as_complex", "view", {}, view_as_complex_of);
   add("aten::_conj", "view", {}, pointwise(1, Linearity::kAdditive));
   add("aten::logical_and_", "pointwise", {}, pointwise(2, lin, {}, true));
