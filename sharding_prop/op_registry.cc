@@ -29,6 +29,17 @@ using namespace builders;  // NOLINT: the table names the family builders
 //     [, how it executes]): one entry, everything about the overload (NOTE [one entry per op]).
 struct Adder {
   std::vector<OpEntry> entries;
+  // The out= overload `out` of the entry `functional` (added before): the same entry under the
+  // out overload's name (the out tensor is not an input; the dispatcher rewraps it).
+  void out_of(const std::string& functional, std::string out) {
+    const auto it = std::find_if(entries.begin(), entries.end(),
+                                 [&](const OpEntry& e) { return e.name == functional; });
+    TORCH_INTERNAL_ASSERT(it != entries.end(), "out_of: no entry ", functional);
+    OpEntry e = *it;
+    e.name = std::move(out);
+    e.in_place = false;
+    entries.push_back(std::move(e));
+  }
   void operator()(std::string name, std::string family, std::vector<LayoutArg> args, RuleBuilder b,
                   LocalShapeArg shape = {}, Execution execution = Execution::kPieces) {
     const bool in_place =
@@ -79,7 +90,8 @@ void add_unary_pointwise(Adder& add) {
   add("aten::where.self", "pointwise", {}, where_rule);
 }
 
-// Every other elementwise op: one rule shape (pointwise), the outputs' dtypes from ATen's meta
+// Every other elementwise op (functional, in-place and out= overloads): one rule shape (pointwise),
+// the outputs' dtypes from ATen's meta
 // kernels (NOTE [output metadata from ATen]). Partial inputs are reduced first (Linearity::kNone).
 // Left to the replicate fallback on purpose: polar and complex (no meta kernel in torch 1.13, and a
 // pointwise rule's dtype would be real), clamp_min_/clamp_max_ (cosine_similarity clamps a
@@ -196,7 +208,74 @@ void add_elementwise(Adder& add) {
                          "special_spherical_bessel_j0",
                          "clamp_min",
                          "clamp_max",
-                         "float_power.Tensor_Scalar"}) {
+                         "float_power.Tensor_Scalar",
+                         "acos.out",
+                         "acosh.out",
+                         "asin.out",
+                         "asinh.out",
+                         "atan.out",
+                         "atanh.out",
+                         "ceil.out",
+                         "cosh.out",
+                         "floor.out",
+                         "frac.out",
+                         "round.out",
+                         "round.decimals_out",
+                         "trunc.out",
+                         "sinh.out",
+                         "tan.out",
+                         "log10.out",
+                         "log2.out",
+                         "exp2.out",
+                         "erfc.out",
+                         "erfinv.out",
+                         "lgamma.out",
+                         "digamma.out",
+                         "i0.out",
+                         "sgn.out",
+                         "sinc.out",
+                         "conj_physical.out",
+                         "nan_to_num.out",
+                         "deg2rad.out",
+                         "rad2deg.out",
+                         "logit.out",
+                         "hardsigmoid.out",
+                         "hardswish.out",
+                         "mish.out",
+                         "softplus.out",
+                         "elu.out",
+                         "celu.out",
+                         "leaky_relu.out",
+                         "hardtanh.out",
+                         "hardshrink.out",
+                         "softshrink.out",
+                         "threshold.out",
+                         "log_sigmoid.out",
+                         "polygamma.out",
+                         "mvlgamma.out",
+                         "fix.out",
+                         "special_airy_ai.out",
+                         "special_bessel_j0.out",
+                         "special_bessel_j1.out",
+                         "special_bessel_y0.out",
+                         "special_bessel_y1.out",
+                         "special_entr.out",
+                         "special_erfcx.out",
+                         "special_i0e.out",
+                         "special_i1.out",
+                         "special_i1e.out",
+                         "special_log_ndtr.out",
+                         "special_modified_bessel_i0.out",
+                         "special_modified_bessel_i1.out",
+                         "special_modified_bessel_k0.out",
+                         "special_modified_bessel_k1.out",
+                         "special_ndtri.out",
+                         "special_scaled_modified_bessel_k0.out",
+                         "special_scaled_modified_bessel_k1.out",
+                         "special_spherical_bessel_j0.out",
+                         "clamp_min.out",
+                         "clamp_max.out",
+                         "float_power.Tensor_Scalar_out"}) {
     add(std::string("aten::") + op, "pointwise", {}, pointwise(1, lin));
   }
   // unary, bool out
@@ -274,16 +353,57 @@ void add_elementwise(Adder& add) {
                          "bitwise_or.Scalar",
                          "bitwise_or_.Scalar",
                          "bitwise_xor.Scalar",
-                         "bitwise_xor_.Scalar"}) {
+                         "bitwise_xor_.Scalar",
+                         "floor_divide.out",
+                         "fmax.out",
+                         "fmin.out",
+                         "fmod.Tensor_out",
+                         "heaviside.out",
+                         "hypot.out",
+                         "igamma.out",
+                         "igammac.out",
+                         "logaddexp.out",
+                         "logaddexp2.out",
+                         "nextafter.out",
+                         "remainder.Tensor_out",
+                         "special_xlog1py.out",
+                         "special_zeta.out",
+                         "rsub.Tensor_out",
+                         "clamp_min.Tensor_out",
+                         "clamp_max.Tensor_out",
+                         "float_power.Tensor_Tensor_out",
+                         "special_chebyshev_polynomial_t.out",
+                         "special_chebyshev_polynomial_u.out",
+                         "special_chebyshev_polynomial_v.out",
+                         "special_chebyshev_polynomial_w.out",
+                         "special_hermite_polynomial_h.out",
+                         "special_hermite_polynomial_he.out",
+                         "special_laguerre_polynomial_l.out",
+                         "special_legendre_polynomial_p.out",
+                         "special_shifted_chebyshev_polynomial_t.out",
+                         "special_shifted_chebyshev_polynomial_u.out",
+                         "special_shifted_chebyshev_polynomial_v.out",
+                         "special_shifted_chebyshev_polynomial_w.out",
+                         "bitwise_left_shift.Tensor_out",
+                         "bitwise_right_shift.Tensor_out",
+                         "gcd.out",
+                         "lcm.out",
+                         "fmod.Scalar_out",
+                         "remainder.Scalar_out",
+                         "copysign.Scalar_out",
+                         "bitwise_and.Scalar_out",
+                         "bitwise_or.Scalar_out",
+                         "bitwise_xor.Scalar_out"}) {
     add(std::string("aten::") + op, "pointwise", {}, pointwise(2, lin));
   }
   // binary, bool out
-  for (const char* op : {"logical_xor", "logical_xor_"}) {
+  for (const char* op : {"logical_xor", "logical_xor_", "logical_xor.out"}) {
     add(std::string("aten::") + op, "pointwise", {}, pointwise(2, lin, {}, true));
   }
   // ternary
-  for (const char* op : {"clamp.Tensor", "clamp_.Tensor", "masked_fill.Tensor",
-                         "masked_fill_.Tensor", "lerp.Tensor", "lerp_.Tensor"}) {
+  for (const char* op :
+       {"clamp.Tensor", "clamp_.Tensor", "masked_fill.Tensor", "masked_fill_.Tensor", "lerp.Tensor",
+        "lerp_.Tensor", "clamp.Tensor_out", "masked_fill.Tensor_out", "lerp.Tensor_out"}) {
     add(std::string("aten::") + op, "pointwise", {}, pointwise(3, lin));
   }
   // their backward kernels (grad, input[, buffer])
@@ -532,6 +652,74 @@ void add_out_overloads(Adder& add) {
   add("aten::cat.out", "cat", {int_arg("dim")}, concat(false));
   add("aten::cat", "cat", {int_arg("dim")}, concat(false));
   add("aten::stack", "cat", {int_arg("dim")}, concat(true));
+  // The out= overloads of entries above: each the same entry under its out name.
+  const std::vector<std::pair<const char*, const char*>> outs = {
+      {"cumsum", "cumsum.out"},
+      {"cumprod", "cumprod.out"},
+      {"logcumsumexp", "logcumsumexp.out"},
+      {"cummax", "cummax.out"},
+      {"cummin", "cummin.out"},
+      {"sort", "sort.values"},
+      {"sort.stable", "sort.values_stable"},
+      {"flip", "flip.out"},
+      {"roll", "roll.out"},
+      {"tril", "tril.out"},
+      {"triu", "triu.out"},
+      {"constant_pad_nd", "constant_pad_nd.out"},
+      {"_fft_c2c", "_fft_c2c.out"},
+      {"_fft_r2c", "_fft_r2c.out"},
+      {"_fft_c2r", "_fft_c2r.out"},
+      {"norm.Scalar", "norm.Scalar_out"},
+      {"logsumexp", "logsumexp.out"},
+      {"nansum", "nansum.out"},
+      {"dot", "dot.out"},
+      {"vdot", "vdot.out"},
+      {"mv", "mv.out"},
+      {"amax", "amax.out"},
+      {"amin", "amin.out"},
+      {"argmax", "argmax.out"},
+      {"argmin", "argmin.out"},
+      {"var.correction", "var.correction_out"},
+      {"std.correction", "std.correction_out"},
+      {"linalg_vector_norm", "linalg_vector_norm.out"},
+      {"baddbmm", "baddbmm.out"},
+      {"stack", "stack.out"},
+      {"_softmax", "_softmax.out"},
+      {"_log_softmax", "_log_softmax.out"},
+      {"where.self", "where.self_out"},
+      {"clamp", "clamp.out"},
+      {"pow.Tensor_Scalar", "pow.Tensor_Scalar_out"},
+      {"pow.Tensor_Tensor", "pow.Tensor_Tensor_out"},
+      {"maximum", "maximum.out"},
+      {"minimum", "minimum.out"},
+      {"atan2", "atan2.out"},
+      {"logical_and", "logical_and.out"},
+      {"logical_or", "logical_or.out"},
+      {"eq.Tensor", "eq.Tensor_out"},
+      {"ne.Tensor", "ne.Tensor_out"},
+      {"lt.Tensor", "lt.Tensor_out"},
+      {"le.Tensor", "le.Tensor_out"},
+      {"gt.Tensor", "gt.Tensor_out"},
+      {"ge.Tensor", "ge.Tensor_out"},
+      {"eq.Scalar", "eq.Scalar_out"},
+      {"ne.Scalar", "ne.Scalar_out"},
+      {"lt.Scalar", "lt.Scalar_out"},
+      {"le.Scalar", "le.Scalar_out"},
+      {"gt.Scalar", "gt.Scalar_out"},
+      {"ge.Scalar", "ge.Scalar_out"},
+      {"addcmul", "addcmul.out"},
+      {"addcdiv", "addcdiv.out"},
+      {"lerp.Scalar", "lerp.Scalar_out"},
+      {"bitwise_and.Tensor", "bitwise_and.Tensor_out"},
+      {"bitwise_or.Tensor", "bitwise_or.Tensor_out"},
+      {"bitwise_xor.Tensor", "bitwise_xor.Tensor_out"},
+      {"neg", "neg.out"},
+      {"isnan", "isnan.out"},
+      {"isinf", "isinf.out"},
+  };
+  for (const auto& [functional, out] : outs) {
+    add.out_of(std::string("aten::") + functional, std::string("aten::") + out);
+  }
 }
 
 std::vector<OpEntry> build_table() {

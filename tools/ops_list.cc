@@ -205,7 +205,12 @@ int run() {
   if (json) {
     std::cerr << summary << "\n";  // stdout holds only JSON objects
   } else {
-    std::cout << "\n" << summary << "\n";
+    std::cout
+        << "\n"
+        << summary << "\n"
+        << "Every overload listed has a native sharding rule (an entry whose rule column says "
+           "\"no sharding rule\" is refused on purpose); an ATen op not listed runs by the "
+           "replicate fallback (NOTE [replicate fallback]).\n";
   }
   return 0;
 }
