@@ -10,9 +10,29 @@
 
 namespace dtensor::sharding::builders {
 
+// An indexing op on a 0-dim self (ATen reads it as one element, dim 0 or -1): every input stays
+// whole; the output has `out_shape` (0-dim, or gather's index shape).
+BuiltRule on_scalar_self(const Metas& m, const std::vector<int64_t>& out_shape = {}) {
+  Rule r;
+  for (const TensorMeta& t : m) {
+    TensorFactors f;
+    for (const int64_t size : t.shape)
+      f.push_back(size == 1 ? DimFactors{}
+                            : DimFactors{r.add_factor(size, FactorKind::kReplicate)});
+    r.inputs.push_back(std::move(f));
+  }
+  TensorFactors out;
+  for (const int64_t size : out_shape)
+    out.push_back(size == 1 ? DimFactors{}
+                            : DimFactors{r.add_factor(size, FactorKind::kReplicate)});
+  r.outputs = {std::move(out)};
+  return {std::move(r), {m[0].dtype}};
+}
+
 // index_select(self, dim, index): ints: dim. The output's dim follows the 1-D index.
 BuiltRule index_select_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 2, 2, "index_select");
+  if (m[0].ndim() == 0) return on_scalar_self(m);
   const auto& s = m[0].shape;
   if (m[1].shape.size() > 1) throw Error("index_select: index must be 1-D");
   const int64_t d =
@@ -29,6 +49,7 @@ BuiltRule index_select_of(const Metas& m, const LayoutArgs& a) {
 // shard together, the others (and `dim`) stay whole.
 BuiltRule gather_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 2, 2, "gather");
+  if (m[0].ndim() == 0) return on_scalar_self(m, m[1].shape);
   const auto &s = m[0].shape, &ix = m[1].shape;
   if (s.size() != ix.size()) throw Error("gather: index and self need the same number of dims");
   const int64_t d = normalize_tensor_dim(arg(a, 0, "gather", "dim"), s.size(), "gather dim");
@@ -325,6 +346,7 @@ BuiltRule scatter_of(const Metas& m, const LayoutArgs& a) {
 
 BuiltRule index_add_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 3, 3, "index_add");
+  if (m[0].ndim() == 0) return on_scalar_self(m);
   const auto &s = m[0].shape, &src = m[2].shape;
   const int64_t d = normalize_tensor_dim(arg(a, 0, "index_add", "dim"), s.size(), "index_add dim");
   if (src.size() != s.size() || m[1].shape.size() > 1) {

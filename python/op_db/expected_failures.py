@@ -60,16 +60,6 @@ EXPECTED_FAILURES = {
         "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::mm as 'mat2' [1, 0] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
     "pca_lowrank":
         "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::mm as 'mat2' [1, 0] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
-    "gather":
-        "aten::gather on [R] Float[], [R] Long[1]: gather: index and self need the same number of dims",
-    "index_copy":
-        "aten::index_select on [R] Float[], [R] Long[]: index_select dim 0 is out of range for a 0-D tensor (expected a dim in [0, -1])",
-    "index_select":
-        "aten::index_select on [R] Float[], [R] Long[1]: index_select dim 0 is out of range for a 0-D tensor (expected a dim in [0, -1])",
-    "index_add":
-        "aten::index_add on [R] Float[], [R] Long[1], [R] Float[]: index_add dim 0 is out of range for a 0-D tensor (expected a dim in [0, -1])",
-    "index_reduce":
-        "aten::index_add on [R] Float[], [R] Long[1], [R] Float[]: index_add dim 0 is out of range for a 0-D tensor (expected a dim in [0, -1])",
     "index_put":
         "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::index_put as 'self' [5, 5] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
     "sort":
