@@ -806,6 +806,17 @@ void ensure_dispatch_installed() {
         lib->impl(op_name(name).c_str(), torch::CppFunction::makeFromBoxedFunction<&kernel>());
       }
     }
+    // Composite ops the engine runs itself (OpEntry::run_composite): a kernel at our key keeps
+    // ATen from decomposing them for distributed tensors.
+    // Their autograd key gets a fallthrough (ATen's composite would otherwise serve it): they are
+    // backward ops, so no graph is recorded through them (OpEntry::run_composite).
+    auto* autograd = new torch::Library(torch::Library::IMPL, "aten",
+                                        c10::DispatchKey::AutogradPrivateUse1, __FILE__, __LINE__);
+    for (const sharding::OpEntry* e : sharding::all_ops()) {
+      if (!e->run_composite) continue;
+      lib->impl(e->name.c_str(), torch::CppFunction::makeFromBoxedFunction<&kernel>());
+      autograd->impl(e->name.c_str(), torch::CppFunction::makeFallthrough());
+    }
   });
 }
 

@@ -97,10 +97,11 @@ RuleBuilder softmax(size_t n) {
 // Ops that keep their input's shape and work along some dims, which must stay whole (cumsum's
 // dim, sort's dim, flip's dims): ints: those dims (none: every dim, as roll without dims);
 // `last_dims` > 0 instead names the input's last dims (tril/triu: the matrix dims). `outputs`
-// outputs of the input's shape (sort, cummax: values and indices).
+// outputs of the input's shape (sort, cummax: values and indices). Further inputs broadcast
+// with the first (cummaxmin_backward's grad, input, indices).
 RuleBuilder along_dims(size_t outputs, size_t last_dims) {
   return [=](const Metas& m, const LayoutArgs& a) {
-    need_inputs(m, 1, 1, "along_dims");
+    need_inputs(m, 1, 3, "along_dims");
     const int64_t ndim = m[0].ndim();
     std::vector<int64_t> dims = a.ints;
     if (last_dims > 0) {

@@ -384,15 +384,37 @@ BuiltRule value_selecting_backward_of(const Metas& m, const LayoutArgs& a) {
   if (a.ints.size() < 2)
     throw Error("value_selecting_reduction_backward: needs dim, keepdim, sizes");
   const std::vector<int64_t> sizes(a.ints.begin() + 2, a.ints.end());
-  Rule r =
-      reduction_rule(sizes, {a.ints[0]}, a.ints[1] != 0, ReduceOp::kMax, true, Linearity::kNone);
-  if (r.output_shape(0) != m[0].shape || m[1].shape != m[0].shape) {
+  const int64_t nd = static_cast<int64_t>(sizes.size());
+  if (nd == 0) return on_scalar_self(m);  // a 0-dim input: its one element
+  const int64_t d = normalize_tensor_dim(a.ints[0], nd, "value_selecting_reduction_backward dim");
+  const bool keepdim = a.ints[1] != 0;
+  // grad and indices: `sizes` without `dim` (keepdim false), or with `dim` of any size k (sort,
+  // topk: k values per row). `dim` stays whole; the other dims pass to the output.
+  Rule r;
+  TensorFactors grad, out;
+  std::vector<int64_t> grad_shape;
+  for (int64_t k = 0; k < nd; ++k) {
+    if (k != d) {
+      const DimFactors f = sizes[k] == 1 ? DimFactors{} : DimFactors{r.add_factor(sizes[k])};
+      grad.push_back(f);
+      out.push_back(f);
+      grad_shape.push_back(sizes[k]);
+      continue;
+    }
+    out.push_back(sizes[d] == 1 ? DimFactors{}
+                                : DimFactors{r.add_factor(sizes[d], FactorKind::kReplicate)});
+    if (!keepdim) continue;
+    const int64_t kept = static_cast<int64_t>(m[0].shape.size()) > d ? m[0].shape[d] : 1;
+    grad.push_back(kept == 1 ? DimFactors{}
+                             : DimFactors{r.add_factor(kept, FactorKind::kReplicate)});
+    grad_shape.push_back(kept);
+  }
+  if (grad_shape != m[0].shape || m[1].shape != m[0].shape) {
     throw Error("value_selecting_reduction_backward: grad/indices do not fit sizes");
   }
-  Rule b = r;
-  b.inputs = {r.outputs[0], r.outputs[0]};
-  b.outputs = {r.inputs[0]};
-  return {std::move(b), {m[0].dtype}};
+  r.inputs = {grad, grad};
+  r.outputs = {out};
+  return {std::move(r), {m[0].dtype}};
 }
 
 }  // namespace dtensor::sharding::builders

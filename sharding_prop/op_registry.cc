@@ -591,9 +591,14 @@ void add_views(Adder& add) {
   add("aten::scatter_add", "index", {int_arg("dim")}, scatter_of);
   add("aten::scatter.src", "index", {int_arg("dim")}, scatter_of);
   add("aten::index_add", "index", {int_arg("dim")}, index_add_of);
+  // The backward of max.dim/sort/topk/kthvalue/mode/median and of cummax/cummin: ATen's
+  // decompositions scatter into a plain at::zeros, so the engine runs them (run_composite).
   add("aten::value_selecting_reduction_backward", "reduction",
       {int_arg("dim"), int_arg("keepdim"), ints_arg("sizes")}, value_selecting_backward_of,
       local_shape("sizes"));
+  add.entries.back().run_composite = true;
+  add("aten::cummaxmin_backward", "scan", {int_arg("dim")}, along_dims(1));
+  add.entries.back().run_composite = true;
   add("aten::gather", "index", {int_arg("dim")}, gather_of);
 }
 

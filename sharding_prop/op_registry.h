@@ -26,7 +26,8 @@ namespace dtensor::sharding {
 //   - which argument describes the output's shape and must be made local before the op runs on
 //     a rank's piece (LocalShapeArg);
 //   - how it executes when that is not "the same op on every piece" (Execution);
-//   - whether it is in-place (self keeps its layout), derived from its name.
+//   - whether it is in-place (self keeps its layout), derived from its name;
+//   - whether the engine runs it although ATen would decompose it (run_composite).
 // Adding an op is one add(...) line in op_registry.cc (README: "Adding an op").
 
 // One layout argument: the schema argument `name`, read as `kind`.
@@ -107,6 +108,11 @@ struct OpEntry {
   RuleBuilder build;
   LocalShapeArg local_shape;
   Execution execution = Execution::kPieces;
+  // A CompositeImplicitAutograd op the engine runs itself instead of letting ATen decompose it
+  // above the engine: its decomposition makes a plain tensor (at::zeros(sizes, options)) and
+  // scatters distributed values into it. Only backward ops are marked: on distributed tensors
+  // they then have no autograd formula of their own (a double backward through them raises).
+  bool run_composite = false;
 
   // The layout arguments for humans: "keepdim, dim..." (empty when none).
   std::string args_text() const;

@@ -6,10 +6,6 @@ Generated from a sweep run, then kept by hand; each reason names what stops the 
 """
 
 EXPECTED_FAILURES = {
-    "cummax":
-        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::scatter_add_ as 'self' [5, 5, 5] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
-    "cummin":
-        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::scatter_add_ as 'self' [5, 5, 5] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
     "diagonal_scatter":
         "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::diagonal_scatter as 'src' [10] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
     "stft":
@@ -18,16 +14,10 @@ EXPECTED_FAILURES = {
         "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::mul.Tensor as 'other' [1, 1, 10] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
     "sparse.sampled_addmm":
         "Sparse CSR tensors do not have strides",
-    "kthvalue":
-        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::scatter_.src as 'self' [5, 5, 5] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
     "masked_scatter":
         "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::cat as 'tensors' [13] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
     "matrix_exp":
         "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::copy_ as 'self' [5, 5] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
-    "max.reduction_with_dim":
-        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::scatter_.src as 'self' [5, 5, 5] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
-    "min.reduction_with_dim":
-        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::scatter_.src as 'self' [5, 5, 5] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
     "as_strided":
         "uses aten::as_strided, refused on distributed tensors (no single storage to address)",
     "as_strided_scatter":
@@ -40,10 +30,6 @@ EXPECTED_FAILURES = {
         "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::fractional_max_pool3d as 'random_samples' [2, 3, 3] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
     "nn.functional._scaled_dot_product_attention":
         "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::add_.Tensor as 'other' [4, 3] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
-    "topk":
-        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::scatter_.src as 'self' [5, 10, 5] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
-    "mode":
-        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::scatter_.src as 'self' [5, 5, 5] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
     "mvlgamma.mvlgamma_p_1":
         "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::add.Tensor as 'self' [2] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
     "mvlgamma.mvlgamma_p_3":
@@ -62,12 +48,8 @@ EXPECTED_FAILURES = {
         "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::mm as 'mat2' [1, 0] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
     "index_put":
         "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::index_put as 'self' [5, 5] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
-    "sort":
-        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::scatter_.src as 'self' [8000] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
     "put":
         "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::put as 'source' [3] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
-    "msort":
-        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::scatter_.src as 'self' [8000] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
     "trace":
         "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::index_fill_.int_Tensor as 'self' [25] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
     "nn.functional.ctc_loss":
@@ -84,6 +66,4 @@ EXPECTED_FAILURES = {
         "aten::sum.IntList_out: out= argument 'out' is a plain tensor but the inputs are distributed; pass a distributed out tensor (e.g. api::empty on the same mesh)",
     "special.ndtr":
         "local.scalar_type() == spec.meta().dtype INTERNAL ASSERT FAILED at \"dtensor/dispatch.cc\":312, please report a bug to PyTorch. aten::mul.Tensor: the local result is Double but the propagated output [R] on (4) Float[] says Float (a wrong sharding rule; please report)",
-    "masked.median":
-        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::scatter_.src as 'self' [5] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
 }
