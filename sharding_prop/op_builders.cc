@@ -202,6 +202,53 @@ BuiltRule diagonal_of(const Metas& m, const LayoutArgs& a) {
   return {std::move(r), {m[0].dtype}};
 }
 
+// Pooling, upsampling and padding over the last `spatial_dims` dims of [batch, channel,
+// spatial...] tensors: the batch dim passes through (every tensor input and output shares the
+// leading dims: a backward's grad, input and indices), the others stay whole, and the outputs'
+// spatial sizes come from ATen (Rule::whole_output_sizes_from_aten). Outputs after the first are
+// indices (max pooling).
+RuleBuilder spatial(size_t spatial_dims, size_t outputs) {
+  return [=](const Metas& m, const LayoutArgs&) {
+    need_inputs(m, 1, 3, "spatial op");
+    const int64_t nd = m[0].ndim(), lead = nd - static_cast<int64_t>(spatial_dims);
+    if (lead < 0) throw Error("spatial op: the input has fewer dims than the op's spatial dims");
+    Rule r;
+    r.whole_output_sizes_from_aten = true;
+    // Only the batch dim of a batched input passes: ATen's kernels refuse a piece with no
+    // channels ("non-empty ... expected"), which an uneven split of the channel dim leaves on some
+    // rank, but accept an empty batch.
+    TensorFactors leading;
+    for (int64_t d = 0; d < lead; ++d) {
+      const int64_t size = m[0].shape[d];
+      const bool passes = d == 0 && lead >= 2;
+      leading.push_back(size == 1
+                            ? DimFactors{}
+                            : DimFactors{r.add_factor(
+                                  size, passes ? FactorKind::kPass : FactorKind::kReplicate)});
+    }
+    auto whole = [&](int64_t size) {
+      return size <= 1 ? DimFactors{} : DimFactors{r.add_factor(size, FactorKind::kReplicate)};
+    };
+    for (const TensorMeta& t : m) {
+      TensorFactors f;
+      for (int64_t d = 0; d < t.ndim(); ++d) {
+        const bool shared = d < lead && t.ndim() == nd && t.shape[d] == m[0].shape[d];
+        f.push_back(shared ? leading[d] : whole(t.shape[d]));
+      }
+      r.inputs.push_back(std::move(f));
+    }
+    BuiltRule b{std::move(r), {}};
+    for (size_t o = 0; o < outputs; ++o) {
+      TensorFactors f = leading;
+      for (int64_t d = lead; d < nd; ++d)
+        f.push_back({b.rule.add_factor(2, FactorKind::kReplicate)});
+      b.rule.outputs.push_back(std::move(f));
+      b.out_dtypes.push_back(o == 0 ? m[0].dtype : c10::kLong);
+    }
+    return b;
+  };
+}
+
 // view_as_real(complex [..]) -> real [.., 2]: the new last dim is whole; view_as_complex, back.
 BuiltRule view_as_real_of(const Metas& m, const LayoutArgs&) {
   need_inputs(m, 1, 1, "view_as_real");

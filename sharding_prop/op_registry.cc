@@ -602,6 +602,51 @@ void add_views(Adder& add) {
   add("aten::gather", "index", {int_arg("dim")}, gather_of);
 }
 
+// Pooling, upsampling and reflection/replication padding: the batch dim passes, channel and
+// spatial dims stay whole (their output sizes from ATen's meta kernels). Ops with no meta kernel
+// in torch 1.13 (max_pool3d_with_indices, _adaptive_avg_pool2d_backward, max_unpool) are left to
+// the replicate fallback.
+void add_spatial(Adder& add) {
+  add("aten::upsample_nearest1d.vec", "nn", {}, spatial(1));
+  add("aten::upsample_linear1d.vec", "nn", {}, spatial(1));
+  add("aten::upsample_nearest1d_backward.vec", "nn", {}, spatial(1), local_shape("input_size"));
+  add("aten::upsample_linear1d_backward.vec", "nn", {}, spatial(1), local_shape("input_size"));
+  add("aten::reflection_pad1d", "nn", {}, spatial(1));
+  add("aten::reflection_pad1d_backward", "nn", {}, spatial(1));
+  add("aten::replication_pad1d", "nn", {}, spatial(1));
+  add("aten::replication_pad1d_backward", "nn", {}, spatial(1));
+  add("aten::avg_pool2d", "nn", {}, spatial(2));
+  add("aten::avg_pool2d_backward", "nn", {}, spatial(2));
+  add("aten::max_pool2d_with_indices", "nn", {}, spatial(2, 2));
+  add("aten::max_pool2d_with_indices_backward", "nn", {}, spatial(2));
+  add("aten::_adaptive_avg_pool2d", "nn", {}, spatial(2));
+  add("aten::adaptive_max_pool2d", "nn", {}, spatial(2, 2));
+  add("aten::adaptive_max_pool2d_backward", "nn", {}, spatial(2));
+  add("aten::upsample_nearest2d.vec", "nn", {}, spatial(2));
+  add("aten::upsample_bilinear2d.vec", "nn", {}, spatial(2));
+  add("aten::upsample_bicubic2d.vec", "nn", {}, spatial(2));
+  add("aten::upsample_nearest2d_backward.vec", "nn", {}, spatial(2), local_shape("input_size"));
+  add("aten::upsample_bilinear2d_backward.vec", "nn", {}, spatial(2), local_shape("input_size"));
+  add("aten::upsample_bicubic2d_backward.vec", "nn", {}, spatial(2), local_shape("input_size"));
+  add("aten::reflection_pad2d", "nn", {}, spatial(2));
+  add("aten::reflection_pad2d_backward", "nn", {}, spatial(2));
+  add("aten::replication_pad2d", "nn", {}, spatial(2));
+  add("aten::replication_pad2d_backward", "nn", {}, spatial(2));
+  add("aten::avg_pool3d", "nn", {}, spatial(3));
+  add("aten::avg_pool3d_backward", "nn", {}, spatial(3));
+  add("aten::_adaptive_avg_pool3d", "nn", {}, spatial(3));
+  add("aten::adaptive_max_pool3d", "nn", {}, spatial(3, 2));
+  add("aten::adaptive_max_pool3d_backward", "nn", {}, spatial(3));
+  add("aten::upsample_nearest3d.vec", "nn", {}, spatial(3));
+  add("aten::upsample_trilinear3d.vec", "nn", {}, spatial(3));
+  add("aten::upsample_nearest3d_backward.vec", "nn", {}, spatial(3), local_shape("input_size"));
+  add("aten::upsample_trilinear3d_backward.vec", "nn", {}, spatial(3), local_shape("input_size"));
+  add("aten::reflection_pad3d", "nn", {}, spatial(3));
+  add("aten::reflection_pad3d_backward", "nn", {}, spatial(3));
+  add("aten::replication_pad3d", "nn", {}, spatial(3));
+  add("aten::replication_pad3d_backward", "nn", {}, spatial(3));
+}
+
 void add_nn(Adder& add) {
   add("aten::embedding", "embedding", {}, embedding_of, same_shape, Execution::kMaskedEmbedding);
   add("aten::embedding_dense_backward", "embedding", {int_arg("num_weights")},
@@ -738,6 +783,7 @@ std::vector<OpEntry> build_table() {
   add_refused(add);
   add_along_dims(add);
   add_nn(add);
+  add_spatial(add);
   add_random_and_factories(add);
   add_out_overloads(add);
   std::vector<OpEntry>& t = add.entries;

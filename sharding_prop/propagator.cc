@@ -324,6 +324,21 @@ bool next_pick(std::vector<size_t>& pick, const std::vector<std::vector<Choice>>
   return false;
 }
 
+// Whether output `o`'s rule shape agrees with ATen's: every dim, or with
+// Rule::whole_output_sizes_from_aten the rank and the dims that have a shardable factor.
+bool shapes_agree(const Rule& rule, size_t o, const std::vector<int64_t>& mine,
+                  const std::vector<int64_t>& aten) {
+  if (!rule.whole_output_sizes_from_aten) return mine == aten;
+  if (mine.size() != aten.size()) return false;
+  for (size_t d = 0; d < mine.size(); ++d) {
+    const DimFactors& f = rule.outputs[o][d];
+    const bool shardable = std::any_of(
+        f.begin(), f.end(), [&](int k) { return rule.factors[k].kind != FactorKind::kReplicate; });
+    if (shardable && mine[d] != aten[d]) return false;
+  }
+  return true;
+}
+
 // The outputs' metadata: ATen's (checked against the rule's shapes) when the caller can run the
 // op on meta tensors, else the rule's (NOTE [output metadata from ATen]).
 std::vector<TensorMeta> output_metas(const OpEntry& entry, const BuiltRule& built,
@@ -335,6 +350,9 @@ std::vector<TensorMeta> output_metas(const OpEntry& entry, const BuiltRule& buil
   DTENSOR_CHECK(!aten || aten->size() == rule.outputs.size(), "internal error: the rule of ",
                 entry.name, " on ", specs_text(inputs), " gives ", rule.outputs.size(),
                 " outputs, ATen's meta kernel ", aten->size(), " (rule ", rule.to_string(), ")");
+  DTENSOR_CHECK(
+      aten || !rule.whole_output_sizes_from_aten, entry.name, " on ", specs_text(inputs),
+      ": its rule takes output sizes from ATen's meta kernel, which cannot run this call");
   std::vector<TensorMeta> out;
   for (size_t o = 0; o < rule.outputs.size(); ++o) {
     const std::vector<int64_t> shape = rule.output_shape(o);
@@ -342,8 +360,8 @@ std::vector<TensorMeta> output_metas(const OpEntry& entry, const BuiltRule& buil
       out.push_back(TensorMeta::make(shape, built.out_dtypes.at(o)));
       continue;
     }
-    DTENSOR_CHECK((*aten)[o]->shape == shape, "internal error: the rule of ", entry.name, " on ",
-                  specs_text(inputs), " gives output ", o, " the shape [",
+    DTENSOR_CHECK(shapes_agree(rule, o, shape, (*aten)[o]->shape), "internal error: the rule of ",
+                  entry.name, " on ", specs_text(inputs), " gives output ", o, " the shape [",
                   absl::StrJoin(shape, ","), "], ATen's meta kernel [",
                   absl::StrJoin((*aten)[o]->shape, ","), "] (rule ", rule.to_string(), ")");
     out.push_back(std::move(*(*aten)[o]));

@@ -67,6 +67,10 @@ struct Rule {
   // The outputs' shapes come from an argument the dispatcher makes local (new_zeros' size), not
   // from the inputs' pieces: a kShapeOnly op may then keep sharded inputs as they are.
   bool output_shape_from_args = false;
+  // Output dims whose factors are all kReplicate (never sharded) take their sizes from ATen's meta
+  // kernel (pooling's and upsampling's spatial dims): the rule's sizes there are placeholders, and
+  // only the dims that can be sharded are checked against ATen (NOTE [output metadata from ATen]).
+  bool whole_output_sizes_from_aten = false;
 
   std::string to_string() const;
   int add_factor(int64_t size, FactorKind kind = FactorKind::kPass,
