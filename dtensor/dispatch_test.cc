@@ -199,6 +199,45 @@ TEST(Dispatch, SizeOneMeshDimIssuesNoCollective) {
   });
 }
 
+// Convolution: a batch-sharded input keeps the batch sharded, an output-channel-sharded weight
+// shards the output's channels, input channels sharded on input and weight give a Partial sum;
+// every result and gradient equals one device's.
+TEST(Dispatch, ConvolutionLayouts) {
+  const at::Tensor x = global_for({4, 4, 6, 6}), w = global_for({8, 4, 3, 3}, 1),
+                   b = global_for({8}, 2);
+  const at::Tensor want = at::conv2d(x, w, b, {1, 1}, {1, 1});
+  struct Case {
+    Placement px, pw, pb, out;
+  };
+  for (const Case& c : {Case{Shard(0), Replicate(), Replicate(), Shard(0)},
+                        Case{Replicate(), Shard(0), Shard(0), Shard(1)},
+                        Case{Shard(1), Shard(1), Replicate(), Partial()}}) {
+    run_threads(2, [&](int64_t) {
+      const DeviceMesh mesh = api::init_device_mesh({2});
+      const at::Tensor dx = api::distribute_tensor(x, mesh, {c.px});
+      const at::Tensor dw = api::distribute_tensor(w, mesh, {c.pw});
+      const at::Tensor db = api::distribute_tensor(b, mesh, {c.pb});
+      collectives::CommCounter counter;
+      const at::Tensor y = at::conv2d(dx, dw, db, {1, 1}, {1, 1});
+      EXPECT_EQ(counter.total(), 0) << counter.to_string();
+      EXPECT_EQ(api::spec(y).placements()[0], c.out);
+      expect_same(y, want);
+    });
+  }
+  // Gradients through the sharded weight.
+  const at::Tensor xg = x.clone().requires_grad_(), wg = w.clone().requires_grad_();
+  at::conv2d(xg, wg, b, {1, 1}, {1, 1}).sum().backward();
+  run_threads(2, [&](int64_t) {
+    const DeviceMesh mesh = api::init_device_mesh({2});
+    const at::Tensor dx = api::distribute_tensor(x, mesh, {Shard(0)}).requires_grad_();
+    const at::Tensor dw = api::distribute_tensor(w, mesh, {Shard(0)}).requires_grad_();
+    const at::Tensor db = api::distribute_tensor(b, mesh, {Shard(0)});
+    at::conv2d(dx, dw, db, {1, 1}, {1, 1}).sum().backward();
+    expect_same(dx.grad(), xg.grad());
+    expect_same(dw.grad(), wg.grad());
+  });
+}
+
 TEST(Dispatch, Errors) {
   const at::Tensor a = global_for({8, 4});
   run_threads(4, [&](int64_t) {

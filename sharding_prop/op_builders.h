@@ -26,6 +26,8 @@ RuleBuilder along_dims(size_t outputs, size_t last_dims = 0);
 BuiltRule constant_pad_of(const Metas& m, const LayoutArgs& a);
 RuleBuilder fft_of(bool real_to_complex);
 RuleBuilder spatial(size_t spatial_dims, size_t outputs = 1);
+BuiltRule convolution_of(const Metas& m, const LayoutArgs& a);
+BuiltRule convolution_backward_of(const Metas& m, const LayoutArgs& a);
 RuleBuilder from_text(const char* rule_text, Linearity lin);
 BuiltRule diagonal_of(const Metas& m, const LayoutArgs& a);
 BuiltRule view_as_real_of(const Metas& m, const LayoutArgs&);

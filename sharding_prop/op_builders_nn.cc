@@ -418,3 +418,123 @@ BuiltRule value_selecting_backward_of(const Metas& m, const LayoutArgs& a) {
 }
 
 }  // namespace dtensor::sharding::builders
+
+namespace dtensor::sharding::builders {
+
+namespace {
+
+// The factors of a convolution's tensors: batch (pass), input channels, output channels (pass,
+// or whole with groups), kernel and spatial dims (whole). Weight is [Cout, Cin/g, k...], or
+// [Cin, Cout/g, k...] when transposed; an unbatched input has no batch dim.
+struct ConvFactors {
+  Rule r;
+  TensorFactors input, weight, output;
+  DimFactors batch, cin, cout;
+};
+
+ConvFactors conv_factors(const TensorMeta& input, const TensorMeta& weight, bool transposed,
+                         int64_t groups, FactorKind cin_kind) {
+  if (weight.ndim() < 3 || (input.ndim() != weight.ndim() && input.ndim() != weight.ndim() - 1))
+    throw Error(
+        "convolution: weight must be [out, in, kernel...] and input [batch, in, spatial...]");
+  ConvFactors c;
+  auto factor = [&](int64_t size, FactorKind kind) {
+    return size == 1 ? DimFactors{} : DimFactors{c.r.add_factor(size, kind)};
+  };
+  const bool batched = input.ndim() == weight.ndim();
+  const int64_t ch = batched ? 1 : 0;  // the input's channel dim
+  const bool grouped = groups != 1;
+  c.batch = batched ? factor(input.shape[0], FactorKind::kPass) : DimFactors{};
+  c.cin = factor(input.shape[ch], grouped ? FactorKind::kReplicate : cin_kind);
+  const int64_t out_channels = transposed ? weight.shape[1] * groups : weight.shape[0];
+  c.cout = factor(out_channels, grouped ? FactorKind::kReplicate : FactorKind::kPass);
+  // ATen refuses a weight with no channels: channels shard only evenly (no rank's piece empty).
+  for (const DimFactors* f : {&c.cin, &c.cout})
+    for (const int k : *f) c.r.factors[k].even_only = true;
+  auto whole = [&](int64_t size) { return factor(size, FactorKind::kReplicate); };
+  if (batched) c.input.push_back(c.batch);
+  c.input.push_back(c.cin);
+  for (int64_t d = ch + 1; d < input.ndim(); ++d) c.input.push_back(whole(input.shape[d]));
+  const DimFactors w0 = grouped ? whole(weight.shape[0]) : (transposed ? c.cin : c.cout);
+  const DimFactors w1 = grouped ? whole(weight.shape[1]) : (transposed ? c.cout : c.cin);
+  c.weight = {w0, w1};
+  for (int64_t d = 2; d < weight.ndim(); ++d) c.weight.push_back(whole(weight.shape[d]));
+  if (batched) c.output.push_back(c.batch);
+  c.output.push_back(c.cout);
+  for (int64_t d = ch + 1; d < input.ndim(); ++d) c.output.push_back({});  // set by the caller
+  return c;
+}
+
+}  // namespace
+
+// convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+// groups): ints: transposed, groups, then len(stride), stride..., and the same for padding,
+// dilation and output_padding (a list of one applies to every spatial dim). A batch-sharded input
+// gives a batch-sharded output, an output-channel-sharded weight (and bias) a channel-sharded
+// output, input channels sharded on both input and weight a Partial(sum) output (the bias then
+// joins on one rank). With groups, channels stay whole; channels shard only evenly.
+BuiltRule convolution_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 2, 3, "convolution");
+  const bool transposed = arg(a, 0, "convolution", "transposed") != 0;
+  const int64_t groups = arg(a, 1, "convolution", "groups");
+  ConvFactors c = conv_factors(m[0], m[1], transposed, groups, FactorKind::kContract);
+  Rule r = std::move(c.r);
+  // The output's spatial sizes, computed here (ATen's meta kernel for convolution exists only in
+  // Python's registrations, so a C++ program could not ask it).
+  std::vector<std::vector<int64_t>> lists;
+  for (size_t i = 2; i < a.ints.size();) {
+    const int64_t n = a.ints[i];
+    lists.emplace_back(a.ints.begin() + i + 1, a.ints.begin() + i + 1 + n);
+    i += 1 + n;
+  }
+  if (lists.size() != 4)
+    throw Error("convolution: needs stride, padding, dilation, output_padding");
+  auto list_at = [&](size_t list, size_t i) -> int64_t {
+    const auto& l = lists[list];
+    if (l.empty()) return list == 0 || list == 2 ? 1 : 0;
+    return l[std::min(i, l.size() - 1)];
+  };
+  const int64_t spatial = m[1].ndim() - 2, first = m[0].ndim() - spatial;
+  for (int64_t i = 0; i < spatial; ++i) {
+    const int64_t in = m[0].shape[first + i], k = m[1].shape[2 + i];
+    const int64_t s = list_at(0, i), p = list_at(1, i), d = list_at(2, i), op = list_at(3, i);
+    const int64_t out = transposed ? (in - 1) * s - 2 * p + d * (k - 1) + op + 1
+                                   : (in + 2 * p - d * (k - 1) - 1) / s + 1;
+    if (out < 0) throw Error("convolution: the output would have a negative size");
+    c.output[first + i] =
+        out == 1 ? DimFactors{} : DimFactors{r.add_factor(out, FactorKind::kReplicate)};
+  }
+  r.inputs = {c.input, c.weight};
+  if (m.size() == 3) {
+    if (m[2].ndim() != 1) throw Error("convolution: bias must be 1-D");
+    r.inputs.push_back({c.cout});
+    r.partial_with_contract = {false, false, true};
+  }
+  r.outputs = {c.output};
+  return {std::move(r), {promoted(m)}};
+}
+
+// convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+// transposed, output_padding, groups, output_mask) -> (grad_input, grad_weight, grad_bias):
+// ints: transposed, groups. grad_input sums over output channels and the weight gradients over
+// the batch: sharding those leaves them Partial(sum).
+BuiltRule convolution_backward_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 3, 3, "convolution_backward");
+  const bool transposed = arg(a, 0, "convolution_backward", "transposed") != 0;
+  const int64_t groups = arg(a, 1, "convolution_backward", "groups");
+  ConvFactors c = conv_factors(m[1], m[2], transposed, groups, FactorKind::kPass);
+  Rule r = std::move(c.r);
+  TensorFactors grad_output = c.output;
+  for (size_t d = grad_output.size() - (m[1].ndim() - (m[1].ndim() == m[2].ndim() ? 2 : 1));
+       d < grad_output.size(); ++d) {
+    const int64_t size = m[0].shape[d];
+    grad_output[d] =
+        size == 1 ? DimFactors{} : DimFactors{r.add_factor(size, FactorKind::kReplicate)};
+  }
+  r.inputs = {grad_output, c.input, c.weight};
+  r.outputs = {c.input, c.weight, {c.cout}};
+  r.output_sums = {c.cout, c.batch, c.batch};
+  return {std::move(r), {m[1].dtype, m[2].dtype, m[2].dtype}};
+}
+
+}  // namespace dtensor::sharding::builders

@@ -603,10 +603,18 @@ void add_views(Adder& add) {
 }
 
 // Pooling, upsampling and reflection/replication padding: the batch dim passes, channel and
-// spatial dims stay whole (their output sizes from ATen's meta kernels). Ops with no meta kernel
-// in torch 1.13 (max_pool3d_with_indices, _adaptive_avg_pool2d_backward, max_unpool) are left to
-// the replicate fallback.
+// spatial dims stay whole (their output sizes from ATen's meta kernels). Only ops with a C++ meta
+// kernel in torch 1.13 are here (a C++ program has no Python meta registrations): the others
+// (max_pool3d_with_indices, _adaptive_avg_pool2d/3d, reflection_pad2d, some pad backward ops,
+// max_unpool) are left to the replicate fallback. Convolution computes its own output sizes.
 void add_spatial(Adder& add) {
+  add("aten::convolution", "nn",
+      {int_arg("transposed"), int_arg("groups"), count_arg("stride"), ints_arg("stride"),
+       count_arg("padding"), ints_arg("padding"), count_arg("dilation"), ints_arg("dilation"),
+       count_arg("output_padding"), ints_arg("output_padding")},
+      convolution_of);
+  add("aten::convolution_backward", "nn", {int_arg("transposed"), int_arg("groups")},
+      convolution_backward_of);
   add("aten::upsample_nearest1d.vec", "nn", {}, spatial(1));
   add("aten::upsample_linear1d.vec", "nn", {}, spatial(1));
   add("aten::upsample_nearest1d_backward.vec", "nn", {}, spatial(1), local_shape("input_size"));
@@ -619,7 +627,6 @@ void add_spatial(Adder& add) {
   add("aten::avg_pool2d_backward", "nn", {}, spatial(2));
   add("aten::max_pool2d_with_indices", "nn", {}, spatial(2, 2));
   add("aten::max_pool2d_with_indices_backward", "nn", {}, spatial(2));
-  add("aten::_adaptive_avg_pool2d", "nn", {}, spatial(2));
   add("aten::adaptive_max_pool2d", "nn", {}, spatial(2, 2));
   add("aten::adaptive_max_pool2d_backward", "nn", {}, spatial(2));
   add("aten::upsample_nearest2d.vec", "nn", {}, spatial(2));
@@ -628,13 +635,9 @@ void add_spatial(Adder& add) {
   add("aten::upsample_nearest2d_backward.vec", "nn", {}, spatial(2), local_shape("input_size"));
   add("aten::upsample_bilinear2d_backward.vec", "nn", {}, spatial(2), local_shape("input_size"));
   add("aten::upsample_bicubic2d_backward.vec", "nn", {}, spatial(2), local_shape("input_size"));
-  add("aten::reflection_pad2d", "nn", {}, spatial(2));
-  add("aten::reflection_pad2d_backward", "nn", {}, spatial(2));
   add("aten::replication_pad2d", "nn", {}, spatial(2));
-  add("aten::replication_pad2d_backward", "nn", {}, spatial(2));
   add("aten::avg_pool3d", "nn", {}, spatial(3));
   add("aten::avg_pool3d_backward", "nn", {}, spatial(3));
-  add("aten::_adaptive_avg_pool3d", "nn", {}, spatial(3));
   add("aten::adaptive_max_pool3d", "nn", {}, spatial(3, 2));
   add("aten::adaptive_max_pool3d_backward", "nn", {}, spatial(3));
   add("aten::upsample_nearest3d.vec", "nn", {}, spatial(3));
@@ -644,7 +647,6 @@ void add_spatial(Adder& add) {
   add("aten::reflection_pad3d", "nn", {}, spatial(3));
   add("aten::reflection_pad3d_backward", "nn", {}, spatial(3));
   add("aten::replication_pad3d", "nn", {}, spatial(3));
-  add("aten::replication_pad3d_backward", "nn", {}, spatial(3));
 }
 
 void add_nn(Adder& add) {

@@ -145,16 +145,15 @@ std::vector<Choice> choices_for(const Rule& rule, const std::vector<DTensorSpec>
 
 // A contracted factor reduced by avg, max or min may be sharded only evenly: a mean of unequal
 // chunks' means is not the mean, and an empty chunk has no max (sum and product are fine: an
-// empty chunk gives their identity).
+// empty chunk gives their identity). So may a factor marked even_only (Factor::even_only).
 bool contractions_even(const Rule& rule, const std::vector<Placements>& in,
                        const DeviceMesh& mesh) {
   for (size_t f = 0; f < rule.factors.size(); ++f) {
     const Factor& factor = rule.factors[f];
-    if (factor.kind != FactorKind::kContract ||
-        (factor.reduce != ReduceOp::kAvg && factor.reduce != ReduceOp::kMax &&
-         factor.reduce != ReduceOp::kMin)) {
-      continue;
-    }
+    const bool even_reduce = factor.kind == FactorKind::kContract &&
+                             (factor.reduce == ReduceOp::kAvg || factor.reduce == ReduceOp::kMax ||
+                              factor.reduce == ReduceOp::kMin);
+    if (!even_reduce && !factor.even_only) continue;
     // The mesh dims sharding f: read them off the first input that carries it.
     for (size_t i = 0; i < rule.inputs.size(); ++i) {
       const int64_t d = dim_of(rule.inputs[i], static_cast<int>(f));

@@ -36,6 +36,9 @@ struct Factor {
   int64_t size = 1;
   FactorKind kind = FactorKind::kPass;
   ReduceOp reduce = ReduceOp::kSum;  // of a contract factor
+  // May be sharded only evenly, so no rank's piece is empty: for ATen kernels that refuse an empty
+  // dim (convolution's channels). Contract factors reduced by avg, max or min are even-only too.
+  bool even_only = false;
 };
 
 // The factors of one tensor dim, major first; empty for a size-1 (broadcast or new) dim.
