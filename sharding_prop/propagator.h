@@ -54,7 +54,10 @@ struct OpSharding {
 // with the propagation, keyed by the inputs' specs, the layout arguments and the call's other
 // non-tensor arguments (LayoutArgs::call). An op ATen has no meta kernel for (the callback
 // returns nullopt) keeps its rule's metadata; the dispatcher then checks every local result's
-// dtype against it, so a wrong rule fails loudly there.
+// dtype against it, so a wrong rule fails loudly there. A Python process also has torch's
+// Python meta registrations (convolution's, for one); a C++ program only ATen's C++ ones, so a
+// rule that leaves sizes to ATen (Rule::whole_output_sizes_from_aten) is used only for ops with
+// a C++ meta kernel.
 // One per output, nullopt for an undefined one (a masked-off gradient).
 using OutputMetas = std::function<std::optional<std::vector<std::optional<TensorMeta>>>()>;
 
