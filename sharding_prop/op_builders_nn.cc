@@ -538,3 +538,32 @@ BuiltRule convolution_backward_of(const Metas& m, const LayoutArgs& a) {
 }
 
 }  // namespace dtensor::sharding::builders
+
+namespace dtensor::sharding::builders {
+
+// Elementwise losses (mse, smooth_l1, huber, soft_margin, binary_cross_entropy[_with_logits])
+// over up to `n` broadcasting tensors: ints: reduction (0 none, 1 mean, 2 sum). None is
+// elementwise. Sum and mean reduce every dim: a sharded dim leaves the loss Partial(sum), or
+// Partial(avg) when the split is even (a mean of unequal pieces' means is not the mean). A
+// backward (grad_output first, 0-dim unless none) is elementwise for none and sum; for mean it
+// scales by the element count, which a piece does not know, so its inputs stay whole.
+RuleBuilder elementwise_loss(size_t n, bool backward) {
+  return [=](const Metas& m, const LayoutArgs& a) {
+    need_inputs(m, backward ? 2 : 1, n, "loss");
+    const int64_t reduction = arg(a, 0, "loss", "reduction");
+    if (reduction < 0 || reduction > 2) throw Error("loss: reduction must be 0, 1 or 2");
+    Rule r = pointwise_rule(shapes_of(m), Linearity::kNone);
+    if (backward && reduction == 1) {
+      for (Factor& f : r.factors) f.kind = FactorKind::kReplicate;
+    } else if (!backward && reduction != 0) {
+      for (Factor& f : r.factors) {
+        f.kind = FactorKind::kContract;
+        f.reduce = reduction == 1 ? ReduceOp::kAvg : ReduceOp::kSum;
+      }
+      r.outputs = {TensorFactors{}};
+    }
+    return BuiltRule{std::move(r), {promoted(m)}};
+  };
+}
+
+}  // namespace dtensor::sharding::builders

@@ -392,6 +392,20 @@ void add_views(Adder& add) {
 // kernel in torch 1.13 are here (a C++ program has no Python meta registrations): the others
 // (max_pool3d_with_indices, _adaptive_avg_pool2d/3d, reflection_pad2d, some pad backward ops,
 // max_unpool) are left to the replicate fallback. Convolution computes its own output sizes.
+// Elementwise losses and their backward ops (reduction decides: elementwise_loss).
+void add_losses(Adder& add) {
+  const std::vector<LayoutArg> reduction = {int_arg("reduction")};
+  for (const char* op : {"mse_loss", "smooth_l1_loss", "huber_loss", "soft_margin_loss"}) {
+    add(std::string("aten::") + op, "loss", reduction, elementwise_loss(2, false));
+  }
+  add("aten::binary_cross_entropy", "loss", reduction, elementwise_loss(3, false));
+  add("aten::binary_cross_entropy_with_logits", "loss", reduction, elementwise_loss(4, false));
+  for (const char* op : {"mse_loss_backward", "soft_margin_loss_backward"}) {
+    add(std::string("aten::") + op, "loss", reduction, elementwise_loss(3, true));
+  }
+  add("aten::binary_cross_entropy_backward", "loss", reduction, elementwise_loss(4, true));
+}
+
 void add_spatial(Adder& add) {
   add("aten::convolution", "nn",
       {int_arg("transposed"), int_arg("groups"), count_arg("stride"), ints_arg("stride"),
@@ -573,6 +587,7 @@ std::vector<OpEntry> build_table() {
   add_along_dims(add);
   add_nn(add);
   add_spatial(add);
+  add_losses(add);
   add_random_and_factories(add);
   add_out_overloads(add);
   std::vector<OpEntry>& t = add.entries;
