@@ -28,6 +28,8 @@ RuleBuilder fft_of(bool real_to_complex);
 RuleBuilder spatial(size_t spatial_dims, size_t outputs = 1);
 BuiltRule convolution_of(const Metas& m, const LayoutArgs& a);
 RuleBuilder elementwise_loss(size_t n, bool backward);
+BuiltRule group_norm_of(const Metas& m, const LayoutArgs& a);
+BuiltRule group_norm_backward_of(const Metas& m, const LayoutArgs& a);
 BuiltRule convolution_backward_of(const Metas& m, const LayoutArgs& a);
 RuleBuilder from_text(const char* rule_text, Linearity lin);
 BuiltRule diagonal_of(const Metas& m, const LayoutArgs& a);

@@ -567,3 +567,62 @@ RuleBuilder elementwise_loss(size_t n, bool backward) {
 }
 
 }  // namespace dtensor::sharding::builders
+
+namespace dtensor::sharding::builders {
+
+namespace {
+
+// Group norm's factors: the batch dim passes; channels, spatial dims and groups stay whole.
+struct GroupNormFactors {
+  Rule r;
+  TensorFactors input, channels, stats;  // [N, C, *], [C], [N, group]
+  DimFactors batch;
+};
+
+GroupNormFactors group_norm_factors(const TensorMeta& input, int64_t group) {
+  if (input.ndim() < 2) throw Error("native_group_norm: input must be [N, C, *]");
+  GroupNormFactors g;
+  auto factor = [&](int64_t size, FactorKind kind) {
+    return size == 1 ? DimFactors{} : DimFactors{g.r.add_factor(size, kind)};
+  };
+  g.batch = factor(input.shape[0], FactorKind::kPass);
+  g.input.push_back(g.batch);
+  const DimFactors c = factor(input.shape[1], FactorKind::kReplicate);
+  g.input.push_back(c);
+  for (int64_t d = 2; d < input.ndim(); ++d)
+    g.input.push_back(factor(input.shape[d], FactorKind::kReplicate));
+  g.channels = {c};
+  g.stats = {g.batch, factor(group, FactorKind::kReplicate)};
+  return g;
+}
+
+}  // namespace
+
+// native_group_norm(input, weight, bias, N, C, HxW, group, eps) -> (out, mean, rstd): ints:
+// group. Statistics are per (sample, group): the batch dim passes (N is made local: the first
+// output's first size), the rest stays whole.
+BuiltRule group_norm_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 3, "native_group_norm");
+  GroupNormFactors g = group_norm_factors(m[0], arg(a, 0, "native_group_norm", "group"));
+  Rule r = std::move(g.r);
+  r.inputs = {g.input};
+  for (size_t i = 1; i < m.size(); ++i) r.inputs.push_back(g.channels);
+  r.outputs = {g.input, g.stats, g.stats};
+  return {std::move(r), {m[0].dtype, m[0].dtype, m[0].dtype}};
+}
+
+// native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, mask) ->
+// (grad_input, grad_weight, grad_bias): ints: group. The weight gradients sum over the batch:
+// a sharded batch leaves them Partial(sum).
+BuiltRule group_norm_backward_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 4, 5, "native_group_norm_backward");
+  GroupNormFactors g = group_norm_factors(m[1], arg(a, 0, "native_group_norm_backward", "group"));
+  Rule r = std::move(g.r);
+  r.inputs = {g.input, g.input, g.stats, g.stats};
+  if (m.size() == 5) r.inputs.push_back(g.channels);
+  r.outputs = {g.input, g.channels, g.channels};
+  r.output_sums = {{}, g.batch, g.batch};
+  return {std::move(r), {m[1].dtype, m[1].dtype, m[1].dtype}};
+}
+
+}  // namespace dtensor::sharding::builders

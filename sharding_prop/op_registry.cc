@@ -406,6 +406,13 @@ void add_losses(Adder& add) {
   add("aten::binary_cross_entropy_backward", "loss", reduction, elementwise_loss(4, true));
 }
 
+void add_group_norm(Adder& add) {
+  add("aten::native_group_norm", "norm", {int_arg("group")}, group_norm_of,
+      local_shape("N", LocalShapeArg::Kind::kFirstSize));
+  add("aten::native_group_norm_backward", "norm", {int_arg("group")}, group_norm_backward_of,
+      local_shape("N", LocalShapeArg::Kind::kFirstSize));
+}
+
 void add_spatial(Adder& add) {
   add("aten::convolution", "nn",
       {int_arg("transposed"), int_arg("groups"), count_arg("stride"), ints_arg("stride"),
@@ -588,6 +595,7 @@ std::vector<OpEntry> build_table() {
   add_nn(add);
   add_spatial(add);
   add_losses(add);
+  add_group_norm(add);
   add_random_and_factories(add);
   add_out_overloads(add);
   std::vector<OpEntry>& t = add.entries;
