@@ -1,3 +1,6 @@
+// Why one file past 600 lines: it is one class (ShmCommunicator) whose protocol is read in order
+// (segment lifetime, descriptors, snapshots, peer reads and folds, failures); the segment itself
+// is shm_segment.*, the call checks every backend shares are communicator.*.
 // The "shm" backend: the ranks of a group are processes on one host (or threads; it does not
 // care) exchanging data through one POSIX shared-memory segment per group. It keeps the threads
 // backend's semantics exactly (threads_backend.cc): the same per-kind results, the same fold

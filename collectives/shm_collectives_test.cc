@@ -1,3 +1,5 @@
+// Why one file past 600 lines: one backend's cases, each a short test over real processes;
+// splitting them would scatter one backend's behaviour over several targets.
 // The shm backend across real processes: every functional collective for world sizes 1-4 against
 // the single-device result computed from all ranks' deterministic inputs, chunking through small
 // and default buffers, mismatched calls, dead peers turning into bounded named errors, and no

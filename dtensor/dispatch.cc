@@ -12,8 +12,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <cstdlib>
-#include <map>
 #include <mutex>  // std::once_flag
 #include <optional>
 #include <stdexcept>
@@ -23,6 +21,7 @@
 #include "collectives/functional.h"
 #include "collectives/rank_context.h"
 #include "dtensor/dispatch_args.h"
+#include "dtensor/dispatch_internal.h"
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/local_tensor.h"
 #include "dtensor/random.h"
@@ -31,28 +30,32 @@
 #include "sharding_prop/propagator.h"
 
 namespace dtensor {
+
+namespace dispatch_detail {
+
+const std::vector<int64_t>& my_coordinate(const DeviceMesh& mesh) {
+  return dtensor::my_coordinate(mesh, "DTensor op");
+}
+
+void put(c10::IValue* args, const Input& in, const at::Tensor& local) {
+  if (in.element < 0) {
+    args[in.arg] = local;
+    return;
+  }
+  c10::List<at::Tensor> list = args[in.arg].toTensorList().copy();
+  list.set(in.element, local);
+  args[in.arg] = std::move(list);
+}
+
+}  // namespace dispatch_detail
+
 namespace {
+
+using namespace dispatch_detail;  // NOLINT: this file's own internal header
+using sharding::Execution;
 
 thread_local bool t_strict = false;
 thread_local bool t_replicate_plain = false;
-
-using sharding::Execution;
-
-// What the kernel keeps per operator: its table entry and what the schema says about its
-// arguments.
-struct OpInfo {
-  std::string name;  // "aten::add.Tensor"
-  OpArgs args;
-  Execution execution = Execution::kPieces;
-  std::vector<int> return_alias;   // per return: the argument it writes (in-place/out=), or -1
-  std::vector<bool> is_out;        // per argument: an out= argument (not an input)
-  std::vector<bool> is_scalar;     // per argument: of schema type Scalar (only its kind matters)
-  std::vector<int> written;        // the arguments the op writes (in-place self, out=)
-  std::vector<bool> returns_view;  // per return: a view of an argument (not written)
-  int generator_arg = -1;
-  // The table entry, looked up on first use when it was missing (register_rule may add it later).
-  mutable std::atomic<const sharding::OpEntry*> entry{nullptr};
-};
 
 std::string op_name(const c10::OperatorName& n) {
   return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
@@ -116,18 +119,6 @@ const OpInfo& info_for(const c10::OperatorHandle& op) {
   return *slot;
 }
 
-// One tensor input found in the arguments: where it sits and what it is.
-struct Input {
-  int arg;
-  int element;  // position in a tensor list, or -1
-  DTensorSpec spec;
-  at::Tensor local;
-};
-
-const std::vector<int64_t>& my_coordinate(const DeviceMesh& mesh) {
-  return dtensor::my_coordinate(mesh, "DTensor op");
-}
-
 std::string plain_error(const OpInfo& info, const c10::FunctionSchema& schema, int arg,
                         const at::Tensor& t) {
   return info.name + ": argument '" + schema.arguments()[arg].name() + "' is a plain tensor " +
@@ -174,8 +165,7 @@ std::vector<Input> collect_inputs(const OpInfo& info, const c10::FunctionSchema&
       const at::Tensor t =
           element < 0 ? args[arg].toTensor() : args[arg].toTensorList().get(element);
       const DTensorSpec spec =
-          DTensorSpec::make(mesh, Placements(mesh.ndim(), Replicate()),
-                            TensorMeta::make(t.sizes().vec(), t.scalar_type()));
+          DTensorSpec::replicated(mesh, TensorMeta::make(t.sizes().vec(), t.scalar_type()));
       inputs.push_back({arg, element, spec, t});
     }
     // Rules read their inputs in argument order.
@@ -195,101 +185,6 @@ const sharding::OpEntry* entry_of(const OpInfo& info) {
   return entry;
 }
 
-void put(c10::IValue* args, const Input& in, const at::Tensor& local) {
-  if (in.element < 0) {
-    args[in.arg] = local;
-    return;
-  }
-  c10::List<at::Tensor> list = args[in.arg].toTensorList().copy();
-  list.set(in.element, local);
-  args[in.arg] = std::move(list);
-}
-
-// NOTE [output metadata from ATen] (propagator.h): the call's non-tensor arguments, encoded for
-// the cache key, one tag per argument: ints, bools, dtypes, strings and int lists by value;
-// floats, Scalars and generators by kind only (a Scalar's value never changes an output's dtype
-// or shape, its kind can); tensors by presence (their specs are in the key).
-void encode_call(const OpInfo& info, const c10::IValue* args, size_t n, std::vector<int64_t>& out) {
-  for (size_t i = 0; i < n; ++i) {
-    const c10::IValue& v = args[i];
-    if (v.isNone()) {
-      out.push_back(0);
-    } else if (v.isTensor()) {
-      out.push_back(v.toTensor().defined() ? 1 : 2);
-    } else if (v.isTensorList()) {
-      out.push_back(3);
-      out.push_back(static_cast<int64_t>(v.toTensorList().size()));
-    } else if (info.is_scalar[i]) {
-      out.push_back(v.isComplexDouble() ? 4 : v.isDouble() ? 5 : v.isBool() ? 6 : 7);
-    } else if (v.isBool()) {
-      out.push_back(v.toBool() ? 9 : 8);
-    } else if (v.isInt()) {
-      out.push_back(10);
-      out.push_back(v.toInt());
-    } else if (v.isIntList()) {
-      const auto list = v.toIntList();
-      out.push_back(11);
-      out.push_back(static_cast<int64_t>(list.size()));
-      for (const int64_t x : list) out.push_back(x);
-    } else if (v.isString()) {
-      const std::string& text = v.toStringRef();
-      out.push_back(12);
-      out.push_back(static_cast<int64_t>(text.size()));
-      for (const char c : text) out.push_back(c);
-    } else if (v.isDevice()) {
-      out.push_back(13);
-      out.push_back(static_cast<int64_t>(v.toDevice().type()));
-      out.push_back(v.toDevice().index());
-    } else {
-      out.push_back(14);  // floats, lists of floats, generators: by kind
-    }
-  }
-}
-
-// The outputs' metadata from ATen: the op run on meta tensors of the global inputs; nullopt when
-// ATen cannot run it on meta tensors (no meta kernel). Undefined outputs stay nullopt.
-std::optional<std::vector<std::optional<TensorMeta>>> aten_output_metas(
-    const c10::OperatorHandle& op, const OpInfo& info, const std::vector<Input>& inputs,
-    const c10::IValue* args, size_t n) {
-  torch::jit::Stack stack(args, args + n);
-  for (const Input& in : inputs) {
-    const TensorMeta& m = in.spec.meta();
-    at::Tensor meta =
-        at::empty_strided(m.shape, m.stride, at::TensorOptions().dtype(m.dtype).device(at::kMeta));
-    // A Python number wrapped as a 0-dim tensor promotes like a scalar, not like a tensor.
-    if (in.local.unsafeGetTensorImpl()->is_wrapped_number())
-      meta.unsafeGetTensorImpl()->set_wrapped_number(true);
-    put(stack.data(), in, meta);
-  }
-  for (size_t i = 0; i < n; ++i) {
-    if (info.is_out[i] && stack[i].isTensor() && stack[i].toTensor().defined()) {
-      stack[i] = at::empty({0}, stack[i].toTensor().options().device(at::kMeta));
-    }
-    if (static_cast<int>(i) == info.generator_arg) stack[i] = c10::IValue();
-  }
-  try {
-    op.callBoxed(&stack);
-  } catch (const c10::Error&) {
-    return std::nullopt;
-  }
-  std::vector<std::optional<TensorMeta>> out;
-  auto add = [&](const at::Tensor& t) {
-    if (!t.defined()) {
-      out.emplace_back();
-    } else {
-      out.push_back(TensorMeta::make(t.sizes().vec(), t.scalar_type(), t.strides().vec()));
-    }
-  };
-  for (const c10::IValue& r : stack) {
-    if (r.isTensor()) {
-      add(r.toTensor());
-    } else if (r.isTensorList()) {
-      for (const at::Tensor& t : r.toTensorList()) add(t);
-    }
-  }
-  return out;
-}
-
 // The propagator's answer for these inputs and arguments (the table entry is looked up once per
 // operator; the specs vector is reused, so a cache hit allocates nothing here).
 std::shared_ptr<const sharding::OpSharding> propagate_inputs(const c10::OperatorHandle& op,
@@ -306,7 +201,8 @@ std::shared_ptr<const sharding::OpSharding> propagate_inputs(const c10::Operator
   const sharding::PropagateOptions options{t_strict};
   const sharding::OpEntry* entry = entry_of(info);
   if (entry == nullptr) return sharding::propagate(info.name, specs, layout, options);
-  const sharding::OutputMetas metas = [&] { return aten_output_metas(op, info, inputs, args, n); };
+  auto run_meta = [&] { return aten_output_metas(op, info, inputs, args, n); };
+  const sharding::OutputMetas metas = run_meta;  // refers to run_meta: it must outlive the call
   return sharding::propagate(*entry, specs, layout, options, &metas);
 }
 
@@ -397,8 +293,7 @@ void run_dropout(const c10::IValue* args, torch::jit::Stack* stack, size_t n,
 // item(): every rank reads the whole value.
 void run_replicated(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
                     c10::IValue* args, const Input& in) {
-  const DTensorSpec r = DTensorSpec::make(
-      in.spec.mesh(), Placements(in.spec.mesh().ndim(), Replicate()), in.spec.meta());
+  const DTensorSpec r = DTensorSpec::replicated(in.spec.mesh(), in.spec.meta());
   collectives::CommCause cause(info.name.c_str());
   put(args, in, redistribute_local(in.local, in.spec, r));
   op.callBoxed(stack);
@@ -514,193 +409,6 @@ void wrap_returns(const OpInfo& info, const c10::FunctionSchema& schema,
   }
 }
 
-// NOTE [replicate fallback]
-// An op with no table entry still runs, correctly, the way PyTorch's DTensor cannot: every
-// distributed input is gathered to Replicate, the op runs on the whole tensors on every rank, and
-// every output is Replicate with the metadata of the tensor it computed. Every rank computes the
-// same values from the same data (random ops draw from the rank generator, whose state equals
-// one device's: NOTE [DTensor random]), so outputs whose shape depends on the data (nonzero,
-// unique, masked_select) are correct too. The decision depends only on the op's name, so ranks
-// never diverge. What it costs: the gathers (attributed to the op, as any redistribute) and the
-// whole computation on every rank. It warns once per op, naming the collectives of its first
-// call; dtensor::fallback_counts() counts calls per op. Strict mode and DTENSOR_FALLBACK=error
-// turn it into the "no sharding rule" error. An argument the op writes (in-place self, out=,
-// rrelu's noise) is gathered too, and afterwards each rank copies its box of the written whole
-// back into its piece, so the tensor keeps its layout; a Partial one, or one the op resizes,
-// becomes Replicate instead (write_back). A view it returns of an input it had to gather views
-// the gathered copy, not the input's pieces: reading it is right, writing into it would not
-// reach the input, so such a view is marked and any later write into it raises.
-
-struct FallbackRecord {
-  absl::Mutex mu;
-  std::map<std::string, int64_t> calls ABSL_GUARDED_BY(mu);
-};
-
-FallbackRecord& fallback_record() {
-  static auto* r = new FallbackRecord();
-  return *r;
-}
-
-bool fallback_disabled_by_env() {
-  static const bool disabled = [] {
-    const char* env = std::getenv("DTENSOR_FALLBACK");
-    if (env == nullptr || std::string(env).empty() || std::string(env) == "warn") return false;
-    if (std::string(env) == "error") return true;
-    throw Error("DTENSOR_FALLBACK='" + std::string(env) +
-                "': expected 'warn' (default) or 'error'");
-  }();
-  return disabled;
-}
-
-// The "no sharding rule" error of an op without an entry, with why no fallback ran.
-[[noreturn]] void no_rule(const OpInfo& info, const std::vector<Input>& inputs, const char* why) {
-  std::vector<DTensorSpec> specs;
-  for (const Input& in : inputs) specs.push_back(in.spec);
-  throw Error(sharding::no_rule_message(info.name, specs) + why);
-}
-
-// The distributed arguments the call writes (gathered like inputs; see write_back).
-std::vector<int> fallback_written_args(const OpInfo& info, const c10::FunctionSchema& schema,
-                                       const c10::SmallVector<at::Tensor, 8>& originals) {
-  std::vector<int> written;
-  for (const int i : info.written) {
-    if (originals[i].defined() && is_dtensor(originals[i])) written.push_back(i);
-  }
-  return written;
-}
-
-// After the call: a written distributed argument that kept its shape and dtype and was Shard or
-// Replicate takes back its box of the written whole, so it keeps its layout (and its pieces stay
-// shared with any tensor they alias). One that was Partial, or that the op resized (squeeze_,
-// resize_, transpose_), becomes Replicate holding the written whole: the same global values,
-// a new layout.
-void write_back(const std::vector<int>& written, const c10::SmallVector<at::Tensor, 8>& originals,
-                const c10::IValue* args) {
-  for (const int i : written) {
-    DTensorImpl* impl = dtensor_impl(originals[i]);
-    const DTensorSpec spec = impl->spec();
-    const at::Tensor whole = args[i].toTensor();
-    const bool partial = std::any_of(spec.placements().begin(), spec.placements().end(),
-                                     [](const Placement& p) { return p.is_partial(); });
-    if (partial || whole.sizes().vec() != spec.shape() ||
-        whole.scalar_type() != spec.meta().dtype) {
-      impl->set(whole, DTensorSpec::make(spec.mesh(), Placements(spec.mesh().ndim(), Replicate()),
-                                         TensorMeta::make(whole.sizes().vec(), whole.scalar_type(),
-                                                          whole.strides().vec())));
-      continue;
-    }
-    const at::Tensor piece = impl->ready_local();
-    if (!piece.is_same(whole))
-      piece.copy_(slice_box(whole, local_box(spec, my_coordinate(spec.mesh()))));
-  }
-}
-
-void note_fallback(const OpInfo& info, const collectives::CommCounter& counter) {
-  FallbackRecord& r = fallback_record();
-  bool first = false;
-  {
-    absl::MutexLock lock(&r.mu);
-    first = r.calls[info.name]++ == 0;
-  }
-  if (!first) return;
-  std::string comms =
-      counter.total() == 0 ? "no collectives (inputs already Replicate)\n" : counter.to_string();
-  comms.pop_back();
-  TORCH_WARN("dtensor: ", info.name,
-             " has no sharding rule; it ran by the replicate fallback (inputs gathered, the op "
-             "computed whole on every rank, outputs Replicate). Its first call cost: ",
-             comms,
-             ". DTENSOR_FALLBACK=error or strict mode makes this an error; "
-             "dtensor.debug.fallback_counts() counts such calls.");
-}
-
-// Gathers every distributed input and out= argument to Replicate and puts the whole tensors into
-// the arguments; true when some piece had to be gathered (a copy, not the piece itself).
-bool gather_arguments(const OpInfo& info, std::vector<Input>& inputs,
-                      const c10::SmallVector<at::Tensor, 8>& originals, c10::IValue* args,
-                      size_t n) {
-  bool gathered = false;
-  for (Input& in : inputs) {
-    const DeviceMesh& mesh = in.spec.mesh();
-    const DTensorSpec whole =
-        DTensorSpec::make(mesh, Placements(mesh.ndim(), Replicate()), in.spec.meta());
-    if (in.spec != whole) {
-      gathered = true;
-      collectives::CommCause cause(info.name.c_str());
-      in.local = redistribute_local(in.local, in.spec, whole);
-    }
-    put(args, in, in.local);
-  }
-  for (size_t i = 0; i < n; ++i) {  // out= arguments: gathered like inputs
-    if (!info.is_out[i] || !originals[i].defined() || !is_dtensor(originals[i])) continue;
-    const DTensorSpec& spec = spec_of(originals[i]);
-    const DTensorSpec whole =
-        DTensorSpec::make(spec.mesh(), Placements(spec.mesh().ndim(), Replicate()), spec.meta());
-    collectives::CommCause cause(info.name.c_str());
-    args[i] = redistribute_local(local_of(originals[i], "out="), spec, whole);
-  }
-  return gathered;
-}
-
-// The fallback's returns: written arguments return the caller's tensors (written back), others
-// become Replicate distributed tensors; views of gathered copies are marked.
-void wrap_fallback_returns(const OpInfo& info, size_t returns, const DeviceMesh& mesh,
-                           bool gathered, const c10::SmallVector<at::Tensor, 8>& originals,
-                           torch::jit::Stack* stack) {
-  c10::IValue* rets = &(*stack)[stack->size() - returns];
-  auto wrap_whole = [&](const at::Tensor& t, size_t j) {
-    at::Tensor w = make_dtensor(
-        t,
-        DTensorSpec::make(mesh, Placements(mesh.ndim(), Replicate()),
-                          TensorMeta::make(t.sizes().vec(), t.scalar_type(), t.strides().vec())));
-    if (info.returns_view[j] && gathered) dtensor_impl(w)->set_detached_view_of(info.name);
-    return w;
-  };
-  for (size_t j = 0; j < returns; ++j) {
-    c10::IValue& r = rets[j];
-    const int writes = info.return_alias[j];
-    if (r.isTensor()) {
-      const at::Tensor t = r.toTensor();
-      if (writes >= 0 && originals[writes].defined() && is_dtensor(originals[writes])) {
-        r = originals[writes];  // written back
-      } else if (t.defined()) {
-        r = wrap_whole(t, j);
-      }
-    } else if (r.isTensorList()) {
-      c10::List<at::Tensor> wrapped;
-      for (const at::Tensor& t : r.toTensorList()) wrapped.push_back(wrap_whole(t, j));
-      r = std::move(wrapped);
-    }
-  }
-}
-
-// Runs `op` by the replicate fallback (NOTE [replicate fallback]).
-void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
-                  c10::IValue* args, size_t n, std::vector<Input>& inputs,
-                  const c10::SmallVector<at::Tensor, 8>& originals) {
-  if (t_strict) no_rule(info, inputs, " (strict mode: no replicate fallback)");
-  if (fallback_disabled_by_env()) no_rule(info, inputs, " (DTENSOR_FALLBACK=error)");
-  const c10::FunctionSchema& schema = op.schema();
-  const std::vector<int> written = fallback_written_args(info, schema, originals);
-  collectives::CommCounter counter;
-  const bool gathered = gather_arguments(info, inputs, originals, args, n);
-  // The whole tensors the call writes, to hand each rank's box back afterwards.
-  c10::SmallVector<c10::IValue, 8> written_whole(n);
-  for (const int i : written) written_whole[i] = args[i];
-  if (info.generator_arg >= 0 && args[info.generator_arg].isNone()) {
-    args[info.generator_arg] = rank_generator();
-  }
-  const DeviceMesh mesh = inputs.at(0).spec.mesh();
-  if (info.generator_arg < 0 && op.hasTag(at::Tag::nondeterministic_seeded)) {
-    draw_with_rank_generator([&] { op.callBoxed(stack); });
-  } else {
-    op.callBoxed(stack);
-  }
-  write_back(written, originals, written_whole.data());
-  wrap_fallback_returns(info, schema.returns().size(), mesh, gathered, originals, stack);
-  note_fallback(info, counter);
-}
-
 void kernel_body(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const OpInfo& info = info_for(op);
   const c10::FunctionSchema& schema = op.schema();
@@ -771,23 +479,11 @@ ReplicatePlainTensorsGuard::ReplicatePlainTensorsGuard(bool enabled)
 }
 ReplicatePlainTensorsGuard::~ReplicatePlainTensorsGuard() { t_replicate_plain = previous_; }
 bool strict_mode_enabled() { return t_strict; }
+bool replicate_plain_tensors_enabled() { return t_replicate_plain; }
 
 void set_caller_lock_release(CallerLockRelease release) {
   g_release_caller_locks.store(release, std::memory_order_relaxed);
 }
-
-std::map<std::string, int64_t> fallback_counts() {
-  FallbackRecord& r = fallback_record();
-  absl::MutexLock lock(&r.mu);
-  return r.calls;
-}
-
-void reset_fallback_counts() {
-  FallbackRecord& r = fallback_record();
-  absl::MutexLock lock(&r.mu);
-  r.calls.clear();
-}
-bool replicate_plain_tensors_enabled() { return t_replicate_plain; }
 
 void ensure_dispatch_installed() {
   static std::once_flag once;

@@ -78,8 +78,8 @@ bool strict_mode_enabled();
 using CallerLockRelease = void (*)(void (*body)(void*), void* ctx);
 void set_caller_lock_release(CallerLockRelease release);
 
-// Calls per op that ran by the replicate fallback (NOTE [replicate fallback] in dispatch.cc),
-// over the process, by ATen name.
+// Calls per op that ran by the replicate fallback (NOTE [replicate fallback] in
+// dispatch_fallback.cc), over the process, by ATen name.
 std::map<std::string, int64_t> fallback_counts();
 void reset_fallback_counts();
 bool replicate_plain_tensors_enabled();

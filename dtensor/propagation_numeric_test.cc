@@ -1,3 +1,5 @@
+// Why one file past 600 lines: a table of op cases (one short entry per op) and the one harness
+// that runs them; it grows with the op table, and a split would only cut the table in two.
 // Propagation against the single-device result: for every op case, every placement of every
 // input (R, P(sum), S(d) per mesh dim) on meshes (4) and (2,2), with even and uneven shapes, each
 // rank propagates, redistributes its inputs as planned, runs the local ATen op, and the gathered

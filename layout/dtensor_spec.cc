@@ -128,6 +128,10 @@ int64_t DTensorSpec::num_shards(int64_t tensor_dim) const {
   return n;
 }
 
+DTensorSpec DTensorSpec::replicated(const DeviceMesh& mesh, const TensorMeta& meta) {
+  return make(mesh, Placements(mesh.ndim(), Replicate()), meta);
+}
+
 bool DTensorSpec::is_replicated() const {
   return std::all_of(placements().begin(), placements().end(),
                      [](Placement p) { return p.is_replicate(); });

@@ -34,6 +34,8 @@ class DTensorSpec {
   // shard each tensor dim, or the meta is invalid.
   static DTensorSpec make(const DeviceMesh& mesh, const Placements& placements,
                           const TensorMeta& meta, const ShardOrder& shard_order = {});
+  // Every mesh dim Replicate.
+  static DTensorSpec replicated(const DeviceMesh& mesh, const TensorMeta& meta);
 
   const DeviceMesh& mesh() const { return data_->mesh; }
   const Placements& placements() const { return data_->placements; }

@@ -134,7 +134,7 @@ BuiltRule constant_pad_of(const Metas& m, const LayoutArgs& a) {
     // input dim that the list covers, and a rank's piece may be empty where the tensor is not.
     const bool padded = 2 * k + 1 < static_cast<int64_t>(a.ints.size());
     if (!padded) {
-      const DimFactors f = shape[d] == 1 ? DimFactors{} : DimFactors{r.add_factor(shape[d])};
+      const DimFactors f = r.add_dim(shape[d]);
       in.push_back(f);
       out.push_back(f);
       continue;
@@ -143,8 +143,7 @@ BuiltRule constant_pad_of(const Metas& m, const LayoutArgs& a) {
     if (size < 0) throw Error("constant_pad_nd: padding makes a negative size");
     in.push_back(shape[d] <= 1 ? DimFactors{}
                                : DimFactors{r.add_factor(shape[d], FactorKind::kReplicate)});
-    out.push_back(size == 1 ? DimFactors{}
-                            : DimFactors{r.add_factor(size, FactorKind::kReplicate)});
+    out.push_back(r.add_dim(size, FactorKind::kReplicate));
   }
   r.inputs = {in};
   r.outputs = {out};
@@ -164,8 +163,7 @@ RuleBuilder fft_of(bool real_to_complex) {
     const int64_t last = normalize_tensor_dim(dims.back(), m[0].ndim(), "fft dim");
     const int64_t n = m[0].shape[last];
     const int64_t size = real_to_complex ? (a.ints.back() != 0 ? n / 2 + 1 : n) : a.ints.back();
-    r.outputs[0][last] =
-        size == 1 ? DimFactors{} : DimFactors{r.add_factor(size, FactorKind::kReplicate)};
+    r.outputs[0][last] = r.add_dim(size, FactorKind::kReplicate);
     return BuiltRule{
         std::move(r),
         {real_to_complex ? c10::toComplexType(m[0].dtype) : c10::toRealValueType(m[0].dtype)}};
@@ -196,7 +194,7 @@ BuiltRule diagonal_of(const Metas& m, const LayoutArgs& a) {
   const int64_t s1 = m[0].shape[d1], s2 = m[0].shape[d2];
   const int64_t size =
       std::max<int64_t>(0, offset >= 0 ? std::min(s1, s2 - offset) : std::min(s1 + offset, s2));
-  out.push_back(size == 1 ? DimFactors{} : DimFactors{r.add_factor(size, FactorKind::kReplicate)});
+  out.push_back(r.add_dim(size, FactorKind::kReplicate));
   r.outputs = {out};
   r.linearity = Linearity::kMove;
   return {std::move(r), {m[0].dtype}};
@@ -221,10 +219,7 @@ RuleBuilder spatial(size_t spatial_dims, size_t outputs) {
     for (int64_t d = 0; d < lead; ++d) {
       const int64_t size = m[0].shape[d];
       const bool passes = d == 0 && lead >= 2;
-      leading.push_back(size == 1
-                            ? DimFactors{}
-                            : DimFactors{r.add_factor(
-                                  size, passes ? FactorKind::kPass : FactorKind::kReplicate)});
+      leading.push_back(r.add_dim(size, passes ? FactorKind::kPass : FactorKind::kReplicate));
     }
     auto whole = [&](int64_t size) {
       return size <= 1 ? DimFactors{} : DimFactors{r.add_factor(size, FactorKind::kReplicate)};

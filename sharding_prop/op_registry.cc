@@ -1,13 +1,17 @@
 // NOTE [op table]
 // One line per supported ATen overload. The builder gets the tensor inputs' metas (in argument
-// order; 0-dim and Python scalars are not inputs) and the layout arguments, whose meaning each
-// line states. In-place overloads (`add_.Tensor`) are marked: their self keeps its layout.
-// `.out` overloads shard like their functional form (the out tensor is checked by the caller).
+// order; Python scalars are not inputs, plain 0-dim and one-element tensors are replicated ones)
+// and the layout arguments, whose meaning each line states. In-place overloads (`add_.Tensor`)
+// are marked: their self keeps its layout. `.out` overloads shard like their functional form (the
+// out tensor is checked by the caller). The table's families live in this file (reductions,
+// matmul, views, scans, out= overloads), op_table_pointwise.cc and op_table_nn.cc (op_table.h);
+// this file also holds the table itself (find_op, all_ops, register_rule).
 
 #include "sharding_prop/op_registry.h"
 
 #include "base/error.h"
 #include "sharding_prop/op_builders.h"
+#include "sharding_prop/op_table.h"
 
 #include <algorithm>
 #include <limits>
@@ -20,225 +24,10 @@
 #include <absl/strings/str_join.h>
 #include <absl/synchronization/mutex.h>
 
-namespace dtensor::sharding {
+namespace dtensor::sharding::table {
 namespace {
 
 using namespace builders;  // NOLINT: the table names the family builders
-
-// add(name, family, layout args, rule builder[, the arg that is the local output shape]
-//     [, how it executes]): one entry, everything about the overload (NOTE [one entry per op]).
-struct Adder {
-  std::vector<OpEntry> entries;
-  // The out= overload `out` of the entry `functional` (added before): the same entry under the
-  // out overload's name (the out tensor is not an input; the dispatcher rewraps it).
-  void out_of(const std::string& functional, std::string out) {
-    const auto it = std::find_if(entries.begin(), entries.end(),
-                                 [&](const OpEntry& e) { return e.name == functional; });
-    TORCH_INTERNAL_ASSERT(it != entries.end(), "out_of: no entry ", functional);
-    OpEntry e = *it;
-    e.name = std::move(out);
-    e.in_place = false;
-    entries.push_back(std::move(e));
-  }
-  void operator()(std::string name, std::string family, std::vector<LayoutArg> args, RuleBuilder b,
-                  LocalShapeArg shape = {}, Execution execution = Execution::kPieces) {
-    const bool in_place =
-        name.find("_.") != std::string::npos || (name.size() > 1 && name.back() == '_');
-    entries.push_back({std::move(name), std::move(family), std::move(args), in_place, std::move(b),
-                       std::move(shape), execution});
-  }
-};
-
-constexpr Linearity lin = Linearity::kNone;
-const LocalShapeArg same_shape;  // no shape argument
-constexpr Execution random_draw = Execution::kRandom;
-// Reductions: keepdim, then the reduced dims (none: every dim).
-std::vector<LayoutArg> reduce_args() { return {int_arg("keepdim"), ints_arg("dim")}; }
-
-void add_unary_pointwise(Adder& add) {
-  // Unary pointwise (functional, in-place, out).
-  for (const char* op :
-       {"abs",  "exp",    "log",         "sqrt",        "rsqrt", "tanh",  "sigmoid",
-        "relu", "sin",    "cos",         "reciprocal",  "erf",   "log1p", "expm1",
-        "sign", "square", "logical_not", "bitwise_not", "silu",  "gelu"}) {
-    add(std::string("aten::") + op, "pointwise", {}, pointwise(1, lin));
-    add(std::string("aten::") + op + "_", "pointwise", {}, pointwise(1, lin));
-    add(std::string("aten::") + op + ".out", "pointwise", {}, pointwise(1, lin));
-  }
-  add("aten::neg", "pointwise", {}, pointwise(1, Linearity::kAdditive));
-  add("aten::neg_", "pointwise", {}, pointwise(1, Linearity::kAdditive));
-  add("aten::gelu_backward", "pointwise", {}, pointwise(2, lin));
-  add("aten::silu_backward", "pointwise", {}, pointwise(2, lin));
-  add("aten::threshold_backward", "pointwise", {}, pointwise(2, lin));
-  add("aten::sigmoid_backward", "pointwise", {}, pointwise(2, lin));
-  add("aten::tanh_backward", "pointwise", {}, pointwise(2, lin));
-  add("aten::clamp", "pointwise", {}, pointwise(1, lin));
-  add("aten::clamp_", "pointwise", {}, pointwise(1, lin));
-  add("aten::pow.Tensor_Scalar", "pointwise", {}, pointwise(1, lin));
-  add("aten::pow_.Tensor_Scalar", "pointwise", {}, pointwise(1, lin));
-  add("aten::pow.Tensor_Tensor", "pointwise", {}, pointwise(2, lin));
-  add("aten::fill_.Scalar", "pointwise", {}, pointwise(1, lin));
-  add("aten::zero_", "pointwise", {}, pointwise(1, Linearity::kMove));
-  add("aten::clone", "pointwise", {}, pointwise(1, Linearity::kMove));
-  add("aten::contiguous", "pointwise", {}, pointwise(1, Linearity::kMove));
-  add("aten::detach", "pointwise", {}, pointwise(1, Linearity::kMove));
-  add("aten::alias", "pointwise", {}, pointwise(1, Linearity::kMove));
-  add("aten::copy_", "pointwise", {}, pointwise(2, lin));
-  add("aten::_to_copy", "pointwise", {int_arg("dtype", -1)}, cast_rule);
-  add("aten::masked_fill.Scalar", "pointwise", {}, pointwise(2, lin));
-  add("aten::masked_fill_.Scalar", "pointwise", {}, pointwise(2, lin));
-  add("aten::where.self", "pointwise", {}, where_rule);
-}
-
-// Every other elementwise op (functional, in-place and out= overloads): one rule shape (pointwise),
-// the outputs' dtypes from ATen's meta
-// kernels (NOTE [output metadata from ATen]). Partial inputs are reduced first (Linearity::kNone).
-// Left to the replicate fallback on purpose: polar and complex (no meta kernel in torch 1.13, and a
-// pointwise rule's dtype would be real), clamp_min_/clamp_max_ (cosine_similarity clamps a
-// Partial norm in place: the fallback makes it Replicate, a rule would have to refuse it).
-void add_elementwise(Adder& add) {
-  // clang-format off
-  // unary
-  for (const char* op : {
-           "acos", "acos_", "acosh", "acosh_", "asin", "asin_", "asinh", "asinh_", "atan", "atan_",
-           "atanh", "atanh_", "ceil", "ceil_", "cosh", "cosh_", "floor", "floor_", "frac", "frac_",
-           "round", "round_", "round.decimals", "round_.decimals", "trunc", "trunc_", "sinh",
-           "sinh_", "tan", "tan_", "log10", "log10_", "log2", "log2_", "exp2", "exp2_", "erfc",
-           "erfc_", "erfinv", "erfinv_", "lgamma", "lgamma_", "digamma", "digamma_", "i0", "i0_",
-           "sgn", "sgn_", "sinc", "sinc_", "conj_physical", "conj_physical_", "nan_to_num",
-           "nan_to_num_", "deg2rad", "deg2rad_", "rad2deg", "rad2deg_", "logit", "logit_",
-           "hardsigmoid", "hardsigmoid_", "hardswish", "hardswish_", "mish", "mish_", "softplus",
-           "elu", "elu_", "celu", "celu_", "selu", "selu_", "leaky_relu", "leaky_relu_",
-           "hardtanh", "hardtanh_", "hardshrink", "softshrink", "threshold", "threshold_",
-           "log_sigmoid", "polygamma", "polygamma_", "mvlgamma", "mvlgamma_", "fix", "fix_",
-           "positive", "special_airy_ai", "special_bessel_j0", "special_bessel_j1",
-           "special_bessel_y0", "special_bessel_y1", "special_entr", "special_erfcx",
-           "special_i0e", "special_i1", "special_i1e", "special_log_ndtr",
-           "special_modified_bessel_i0", "special_modified_bessel_i1",
-           "special_modified_bessel_k0", "special_modified_bessel_k1", "special_ndtri",
-           "special_scaled_modified_bessel_k0", "special_scaled_modified_bessel_k1",
-           "special_spherical_bessel_j0", "clamp_min", "clamp_max", "float_power.Tensor_Scalar",
-           "acos.out", "acosh.out", "asin.out", "asinh.out", "atan.out", "atanh.out", "ceil.out",
-           "cosh.out", "floor.out", "frac.out", "round.out", "round.decimals_out", "trunc.out",
-           "sinh.out", "tan.out", "log10.out", "log2.out", "exp2.out", "erfc.out", "erfinv.out",
-           "lgamma.out", "digamma.out", "i0.out", "sgn.out", "sinc.out", "conj_physical.out",
-           "nan_to_num.out", "deg2rad.out", "rad2deg.out", "logit.out", "hardsigmoid.out",
-           "hardswish.out", "mish.out", "softplus.out", "elu.out", "celu.out", "leaky_relu.out",
-           "hardtanh.out", "hardshrink.out", "softshrink.out", "threshold.out", "log_sigmoid.out",
-           "polygamma.out", "mvlgamma.out", "fix.out", "special_airy_ai.out",
-           "special_bessel_j0.out", "special_bessel_j1.out", "special_bessel_y0.out",
-           "special_bessel_y1.out", "special_entr.out", "special_erfcx.out", "special_i0e.out",
-           "special_i1.out", "special_i1e.out", "special_log_ndtr.out",
-           "special_modified_bessel_i0.out", "special_modified_bessel_i1.out",
-           "special_modified_bessel_k0.out", "special_modified_bessel_k1.out", "special_ndtri.out",
-           "special_scaled_modified_bessel_k0.out", "special_scaled_modified_bessel_k1.out",
-           "special_spherical_bessel_j0.out", "clamp_min.out", "clamp_max.out",
-           "float_power.Tensor_Scalar_out"}) {
-    add(std::string("aten::") + op, "pointwise", {}, pointwise(1, lin));
-  }
-  // unary, bool out
-  for (const char* op :
-       {"isnan", "isinf", "isneginf", "isposinf", "signbit", "isfinite", "isreal"}) {
-    add(std::string("aten::") + op, "pointwise", {}, pointwise(1, lin, {}, true));
-  }
-  // binary
-  for (const char* op : {
-           "copysign.Tensor", "copysign_.Tensor", "floor_divide", "fmax", "fmin", "fmod.Tensor",
-           "fmod_.Tensor", "heaviside", "heaviside_", "hypot", "hypot_", "igamma", "igamma_",
-           "igammac", "igammac_", "logaddexp", "logaddexp2", "nextafter", "nextafter_",
-           "remainder.Tensor", "remainder_.Tensor", "xlogy.Tensor", "xlogy_.Tensor",
-           "special_xlog1py", "special_zeta", "div.Tensor_mode", "div_.Tensor_mode", "rsub.Tensor",
-           "clamp_min.Tensor", "clamp_min_.Tensor", "clamp_max.Tensor", "clamp_max_.Tensor",
-           "bitwise_and_.Tensor", "bitwise_or_.Tensor", "bitwise_xor_.Tensor",
-           "float_power.Tensor_Tensor", "special_chebyshev_polynomial_t",
-           "special_chebyshev_polynomial_u", "special_chebyshev_polynomial_v",
-           "special_chebyshev_polynomial_w", "special_hermite_polynomial_h",
-           "special_hermite_polynomial_he", "special_laguerre_polynomial_l",
-           "special_legendre_polynomial_p", "special_shifted_chebyshev_polynomial_t",
-           "special_shifted_chebyshev_polynomial_u", "special_shifted_chebyshev_polynomial_v",
-           "special_shifted_chebyshev_polynomial_w", "bitwise_left_shift.Tensor",
-           "bitwise_left_shift_.Tensor", "bitwise_right_shift.Tensor",
-           "bitwise_right_shift_.Tensor", "gcd", "gcd_", "lcm", "lcm_", "fmod.Scalar",
-           "fmod_.Scalar", "remainder.Scalar", "remainder_.Scalar", "copysign.Scalar",
-           "copysign_.Scalar", "xlogy.Scalar_Other", "xlogy_.Scalar_Other", "bitwise_and.Scalar",
-           "bitwise_and_.Scalar", "bitwise_or.Scalar", "bitwise_or_.Scalar", "bitwise_xor.Scalar",
-           "bitwise_xor_.Scalar", "floor_divide.out", "fmax.out", "fmin.out", "fmod.Tensor_out",
-           "heaviside.out", "hypot.out", "igamma.out", "igammac.out", "logaddexp.out",
-           "logaddexp2.out", "nextafter.out", "remainder.Tensor_out", "special_xlog1py.out",
-           "special_zeta.out", "rsub.Tensor_out", "clamp_min.Tensor_out", "clamp_max.Tensor_out",
-           "float_power.Tensor_Tensor_out", "special_chebyshev_polynomial_t.out",
-           "special_chebyshev_polynomial_u.out", "special_chebyshev_polynomial_v.out",
-           "special_chebyshev_polynomial_w.out", "special_hermite_polynomial_h.out",
-           "special_hermite_polynomial_he.out", "special_laguerre_polynomial_l.out",
-           "special_legendre_polynomial_p.out", "special_shifted_chebyshev_polynomial_t.out",
-           "special_shifted_chebyshev_polynomial_u.out",
-           "special_shifted_chebyshev_polynomial_v.out",
-           "special_shifted_chebyshev_polynomial_w.out", "bitwise_left_shift.Tensor_out",
-           "bitwise_right_shift.Tensor_out", "gcd.out", "lcm.out", "fmod.Scalar_out",
-           "remainder.Scalar_out", "copysign.Scalar_out", "bitwise_and.Scalar_out",
-           "bitwise_or.Scalar_out", "bitwise_xor.Scalar_out"}) {
-    add(std::string("aten::") + op, "pointwise", {}, pointwise(2, lin));
-  }
-  // binary, bool out
-  for (const char* op : {
-           "logical_xor", "logical_xor_", "logical_xor.out"}) {
-    add(std::string("aten::") + op, "pointwise", {}, pointwise(2, lin, {}, true));
-  }
-  // ternary
-  for (const char* op :
-       {"clamp.Tensor", "clamp_.Tensor", "masked_fill.Tensor", "masked_fill_.Tensor", "lerp.Tensor",
-        "lerp_.Tensor", "clamp.Tensor_out", "masked_fill.Tensor_out", "lerp.Tensor_out"}) {
-    add(std::string("aten::") + op, "pointwise", {}, pointwise(3, lin));
-  }
-  // their backward kernels (grad, input[, buffer])
-  for (const char* op :
-       {"elu_backward", "hardshrink_backward", "hardsigmoid_backward", "hardswish_backward",
-        "hardtanh_backward", "leaky_relu_backward", "logit_backward", "softplus_backward",
-        "softshrink_backward", "mish_backward", "log_sigmoid_backward"}) {
-    add(std::string("aten::") + op, "pointwise", {}, pointwise(3, lin));
-  }
-  // clang-format on
-}
-
-void add_binary_pointwise(Adder& add) {
-  // Binary pointwise.
-  for (const char* op : {"add.Tensor", "sub.Tensor"}) {
-    for (const char* v : {"", "_"}) {
-      std::string name = std::string("aten::") + op;
-      name.insert(name.find('.'), v);
-      add(name, "pointwise", {}, pointwise(2, Linearity::kAdditive));
-    }
-  }
-  add("aten::add.out", "pointwise", {}, pointwise(2, Linearity::kAdditive));
-  add("aten::mul.Tensor", "pointwise", {}, pointwise(2, Linearity::kMultilinear));
-  add("aten::mul_.Tensor", "pointwise", {}, pointwise(2, Linearity::kMultilinear));
-  add("aten::mul.out", "pointwise", {}, pointwise(2, Linearity::kMultilinear));
-  add("aten::div.Tensor", "pointwise", {}, pointwise(2, Linearity::kMultilinear, {true, false}));
-  add("aten::div_.Tensor", "pointwise", {}, pointwise(2, Linearity::kMultilinear, {true, false}));
-  for (const char* v : {"", "_"}) {
-    const std::string base = "aten::";
-    add(base + "add" + v + ".Scalar", "pointwise", {}, pointwise(1, lin));
-    add(base + "sub" + v + ".Scalar", "pointwise", {}, pointwise(1, lin));
-    add(base + "mul" + v + ".Scalar", "pointwise", {}, pointwise(1, Linearity::kAdditive));
-    add(base + "div" + v + ".Scalar", "pointwise", {}, pointwise(1, Linearity::kAdditive));
-    add(base + "pow" + v + ".Scalar", "pointwise", {}, pointwise(1, lin));
-  }
-  add("aten::rsub.Scalar", "pointwise", {}, pointwise(1, lin));
-  for (const char* op : {"maximum", "minimum", "atan2", "logical_and", "logical_or",
-                         "bitwise_and.Tensor", "bitwise_or.Tensor", "bitwise_xor.Tensor"}) {
-    add(std::string("aten::") + op, "pointwise", {}, pointwise(2, lin));
-  }
-  for (const char* op : {"eq", "ne", "lt", "le", "gt", "ge"}) {
-    add(std::string("aten::") + op + ".Tensor", "pointwise", {}, pointwise(2, lin, {}, true));
-    add(std::string("aten::") + op + ".Scalar", "pointwise", {}, pointwise(1, lin, {}, true));
-  }
-  for (const char* v : {"", "_"}) {  // optimizer steps (Adam) use the in-place forms
-    const std::string base = "aten::";
-    add(base + "addcmul" + v, "pointwise", {}, pointwise(3, lin));
-    add(base + "addcdiv" + v, "pointwise", {}, pointwise(3, lin));
-    add(base + "lerp" + v + ".Scalar", "pointwise", {}, pointwise(2, lin));
-  }
-}
 
 void add_reductions(Adder& add) {
   add("aten::sum", "reduction", {}, reduction(ReduceOp::kSum, false, Linearity::kAdditive));
@@ -392,112 +181,6 @@ void add_views(Adder& add) {
 // kernel in torch 1.13 are here (a C++ program has no Python meta registrations): the others
 // (max_pool3d_with_indices, _adaptive_avg_pool2d/3d, reflection_pad2d, some pad backward ops,
 // max_unpool) are left to the replicate fallback. Convolution computes its own output sizes.
-// Elementwise losses and their backward ops (reduction decides: elementwise_loss).
-void add_losses(Adder& add) {
-  const std::vector<LayoutArg> reduction = {int_arg("reduction")};
-  for (const char* op : {"mse_loss", "smooth_l1_loss", "huber_loss", "soft_margin_loss"}) {
-    add(std::string("aten::") + op, "loss", reduction, elementwise_loss(2, false));
-  }
-  add("aten::binary_cross_entropy", "loss", reduction, elementwise_loss(3, false));
-  add("aten::binary_cross_entropy_with_logits", "loss", reduction, elementwise_loss(4, false));
-  for (const char* op : {"mse_loss_backward", "soft_margin_loss_backward"}) {
-    add(std::string("aten::") + op, "loss", reduction, elementwise_loss(3, true));
-  }
-  add("aten::binary_cross_entropy_backward", "loss", reduction, elementwise_loss(4, true));
-}
-
-void add_group_norm(Adder& add) {
-  add("aten::native_group_norm", "norm", {int_arg("group")}, group_norm_of,
-      local_shape("N", LocalShapeArg::Kind::kFirstSize));
-  add("aten::native_group_norm_backward", "norm", {int_arg("group")}, group_norm_backward_of,
-      local_shape("N", LocalShapeArg::Kind::kFirstSize));
-}
-
-void add_spatial(Adder& add) {
-  add("aten::convolution", "nn",
-      {int_arg("transposed"), int_arg("groups"), count_arg("stride"), ints_arg("stride"),
-       count_arg("padding"), ints_arg("padding"), count_arg("dilation"), ints_arg("dilation"),
-       count_arg("output_padding"), ints_arg("output_padding")},
-      convolution_of);
-  add("aten::convolution_backward", "nn", {int_arg("transposed"), int_arg("groups")},
-      convolution_backward_of);
-  add("aten::upsample_nearest1d.vec", "nn", {}, spatial(1));
-  add("aten::upsample_linear1d.vec", "nn", {}, spatial(1));
-  add("aten::upsample_nearest1d_backward.vec", "nn", {}, spatial(1), local_shape("input_size"));
-  add("aten::upsample_linear1d_backward.vec", "nn", {}, spatial(1), local_shape("input_size"));
-  add("aten::reflection_pad1d", "nn", {}, spatial(1));
-  add("aten::reflection_pad1d_backward", "nn", {}, spatial(1));
-  add("aten::replication_pad1d", "nn", {}, spatial(1));
-  add("aten::replication_pad1d_backward", "nn", {}, spatial(1));
-  add("aten::avg_pool2d", "nn", {}, spatial(2));
-  add("aten::avg_pool2d_backward", "nn", {}, spatial(2));
-  add("aten::max_pool2d_with_indices", "nn", {}, spatial(2, 2));
-  add("aten::max_pool2d_with_indices_backward", "nn", {}, spatial(2));
-  add("aten::adaptive_max_pool2d", "nn", {}, spatial(2, 2));
-  add("aten::adaptive_max_pool2d_backward", "nn", {}, spatial(2));
-  add("aten::upsample_nearest2d.vec", "nn", {}, spatial(2));
-  add("aten::upsample_bilinear2d.vec", "nn", {}, spatial(2));
-  add("aten::upsample_bicubic2d.vec", "nn", {}, spatial(2));
-  add("aten::upsample_nearest2d_backward.vec", "nn", {}, spatial(2), local_shape("input_size"));
-  add("aten::upsample_bilinear2d_backward.vec", "nn", {}, spatial(2), local_shape("input_size"));
-  add("aten::upsample_bicubic2d_backward.vec", "nn", {}, spatial(2), local_shape("input_size"));
-  add("aten::replication_pad2d", "nn", {}, spatial(2));
-  add("aten::avg_pool3d", "nn", {}, spatial(3));
-  add("aten::avg_pool3d_backward", "nn", {}, spatial(3));
-  add("aten::adaptive_max_pool3d", "nn", {}, spatial(3, 2));
-  add("aten::adaptive_max_pool3d_backward", "nn", {}, spatial(3));
-  add("aten::upsample_nearest3d.vec", "nn", {}, spatial(3));
-  add("aten::upsample_trilinear3d.vec", "nn", {}, spatial(3));
-  add("aten::upsample_nearest3d_backward.vec", "nn", {}, spatial(3), local_shape("input_size"));
-  add("aten::upsample_trilinear3d_backward.vec", "nn", {}, spatial(3), local_shape("input_size"));
-  add("aten::reflection_pad3d", "nn", {}, spatial(3));
-  add("aten::reflection_pad3d_backward", "nn", {}, spatial(3));
-  add("aten::replication_pad3d", "nn", {}, spatial(3));
-}
-
-void add_nn(Adder& add) {
-  add("aten::embedding", "embedding", {}, embedding_of, same_shape, Execution::kMaskedEmbedding);
-  add("aten::embedding_dense_backward", "embedding", {int_arg("num_weights")},
-      embedding_backward_of, local_shape("num_weights", LocalShapeArg::Kind::kFirstSize));
-  add("aten::native_layer_norm", "norm", {count_arg("normalized_shape")}, layer_norm_of);
-  add("aten::native_layer_norm_backward", "norm", {count_arg("normalized_shape")},
-      layer_norm_backward_of);
-  add("aten::nll_loss_forward", "loss", {int_arg("reduction")}, nll_loss_of);
-  add("aten::nll_loss_backward", "loss", {int_arg("reduction")}, nll_loss_backward_of);
-  add("aten::_scaled_dot_product_attention", "attention", {}, sdpa_of);
-  add("aten::_scaled_dot_product_attention_math", "attention", {}, sdpa_of);
-}
-
-void add_random_and_factories(Adder& add) {
-  add("aten::native_dropout", "pointwise", {}, dropout_of, same_shape, Execution::kDropout);
-  add("aten::native_dropout_backward", "pointwise", {}, pointwise(2, lin));
-  for (const char* op : {"empty_like", "zeros_like", "ones_like", "full_like"}) {
-    add(std::string("aten::") + op, "factory", {}, pointwise(1, Linearity::kShapeOnly));
-  }
-  for (const char* op : {"rand_like", "randn_like", "randint_like", "randint_like.low_dtype"}) {
-    add(std::string("aten::") + op, "factory", {}, pointwise(1, Linearity::kShapeOnly), same_shape,
-        random_draw);
-  }
-  add("aten::bernoulli.p", "random", {}, pointwise(1, Linearity::kShapeOnly), same_shape,
-      random_draw);
-  // In-place random fills: self keeps its layout (a Partial self is refused).
-  for (const char* op : {"uniform_", "normal_", "bernoulli_.float", "random_", "random_.from",
-                         "random_.to", "exponential_"}) {
-    add(std::string("aten::") + op, "random", {}, pointwise(1, lin), same_shape, random_draw);
-  }
-  for (const char* op : {"new_zeros", "new_ones", "new_empty", "new_full"}) {
-    add(std::string("aten::") + op, "factory", {ints_arg("size")}, new_factory_of,
-        local_shape("size"));
-  }
-  add("aten::new_empty_strided", "factory", {ints_arg("size")}, new_factory_of, local_shape("size"),
-      Execution::kEmptyByLocal);
-  add("aten::_reshape_alias", "view", {ints_arg("size")}, view_rule, local_shape("size"),
-      Execution::kReshapeByLocal);
-  // item(): every rank reads the whole value; there is no layout to propagate.
-  add("aten::_local_scalar_dense", "scalar", {}, no_rule("item() reads the whole value"),
-      same_shape, Execution::kReplicateFirst);
-}
-
 void add_out_overloads(Adder& add) {
   // `.out` overloads of the common non-pointwise ops (the out tensor is not an input).
   add("aten::mm.out", "matmul", {}, mm_rule);
@@ -584,24 +267,26 @@ void add_out_overloads(Adder& add) {
 
 std::vector<OpEntry> build_table() {
   Adder add;
-  add_unary_pointwise(add);
-  add_binary_pointwise(add);
-  add_elementwise(add);
+  add_pointwise_ops(add);
   add_reductions(add);
   add_matmul(add);
   add_views(add);
   add_refused(add);
   add_along_dims(add);
-  add_nn(add);
-  add_spatial(add);
-  add_losses(add);
-  add_group_norm(add);
-  add_random_and_factories(add);
+  add_nn_ops(add);
   add_out_overloads(add);
   std::vector<OpEntry>& t = add.entries;
   std::sort(t.begin(), t.end(), [](const OpEntry& a, const OpEntry& b) { return a.name < b.name; });
   return std::move(t);
 }
+
+}  // namespace
+}  // namespace dtensor::sharding::table
+
+namespace dtensor::sharding {
+namespace {
+
+using builders::Metas;
 
 // The op table: an interning table, not a cache (NOTE [caches]): entries are handed out by pointer
 // and live for the process. The built-in entries never change after construction, so they are
@@ -611,7 +296,7 @@ struct Table {
   const absl::node_hash_map<std::string, OpEntry> builtin;
   absl::Mutex mu;
   absl::node_hash_map<std::string, OpEntry> custom ABSL_GUARDED_BY(mu);
-  Table() : builtin(index(build_table())) {}
+  Table() : builtin(index(table::build_table())) {}
 
   static absl::node_hash_map<std::string, OpEntry> index(std::vector<OpEntry> entries) {
     absl::node_hash_map<std::string, OpEntry> out;
@@ -623,7 +308,7 @@ struct Table {
   }
 };
 
-Table& table() {
+Table& op_table() {
   static Table* t = new Table();  // never destroyed: entries are handed out by pointer
   return *t;
 }
@@ -686,7 +371,7 @@ std::string LayoutArgs::to_string() const {
 }
 
 const OpEntry* find_op(std::string_view name) {
-  Table& t = table();
+  Table& t = op_table();
   const absl::string_view key(name.data(), name.size());  // Debian's Abseil has its own
   if (auto it = t.builtin.find(key); it != t.builtin.end()) return &it->second;
   absl::MutexLock lock(&t.mu);
@@ -695,7 +380,7 @@ const OpEntry* find_op(std::string_view name) {
 }
 
 std::vector<const OpEntry*> all_ops() {
-  Table& t = table();
+  Table& t = op_table();
   std::vector<const OpEntry*> out;
   for (const auto& [name, e] : t.builtin) out.push_back(&e);
   {
@@ -726,7 +411,7 @@ void register_rule(const std::string& name, const std::string& rule_text, Linear
               for (const auto& x : m) shapes.push_back(x.shape);
               return BuiltRule{parse_rule(rule_text, shapes, linearity), {m.at(0).dtype}};
             }};
-  Table& t = table();
+  Table& t = op_table();
   absl::MutexLock lock(&t.mu);
   if (t.builtin.count(name) != 0 || !t.custom.emplace(name, std::move(e)).second) {
     throw Error("register_rule: '" + name + "' already has a rule");

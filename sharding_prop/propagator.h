@@ -21,6 +21,8 @@
 // optimizer step's changing learning rate cannot miss; list arguments (cat) are just more
 // inputs. The cache is an LRU, thread-safe, with hit/miss counts.
 
+#include <absl/functional/function_ref.h>
+
 #include <functional>
 #include <memory>
 #include <optional>
@@ -59,7 +61,9 @@ struct OpSharding {
 // rule that leaves sizes to ATen (Rule::whole_output_sizes_from_aten) is used only for ops with
 // a C++ meta kernel.
 // One per output, nullopt for an undefined one (a masked-off gradient).
-using OutputMetas = std::function<std::optional<std::vector<std::optional<TensorMeta>>>()>;
+// A FunctionRef: the dispatcher builds one per call, and a std::function of its captures would
+// allocate on every op.
+using OutputMetas = absl::FunctionRef<std::optional<std::vector<std::optional<TensorMeta>>>()>;
 
 struct PropagateOptions {
   bool strict = false;  // refuse implicit redistributes (NOTE above)

@@ -78,9 +78,17 @@ struct Rule {
   std::string to_string() const;
   int add_factor(int64_t size, FactorKind kind = FactorKind::kPass,
                  ReduceOp reduce = ReduceOp::kSum);
+  // One tensor dim's factors: none for a size-1 dim (it broadcasts and never shards), else one
+  // new factor.
+  DimFactors add_dim(int64_t size, FactorKind kind = FactorKind::kPass) {
+    return size == 1 ? DimFactors{} : DimFactors{add_factor(size, kind)};
+  }
   // The shape of output `i`: each dim the product of its factors' sizes (1 when it has none).
   std::vector<int64_t> output_shape(size_t i) const;
 };
+
+// "[8,4]": a shape in messages.
+std::string shape_text(const std::vector<int64_t>& shape);
 
 // Parses "mk,kn->mn" (optionally "| k:max, d:replicate") against the input shapes: a letter's
 // size comes from the first input dim that carries it and must agree everywhere; letters absent

@@ -30,7 +30,6 @@ import os
 import sys
 import threading
 import time
-import traceback
 
 os.environ.setdefault("DTENSOR_COLLECTIVE_TIMEOUT_MS", "20000")
 
@@ -179,7 +178,7 @@ def _float_outputs(out):
             if _is_tensor(t) and (t.is_floating_point() or t.is_complex()) and t.requires_grad]
 
 
-def _check(name, what, got, want, mesh, compare_values, rank):
+def _check(what, got, want, mesh, compare_values, rank):
     """Compares one output leaf; raises Failure("wrong", ...)."""
     if _is_tensor(want):
         if not _is_tensor(got):
@@ -239,7 +238,6 @@ def run_mode(op, sample, mode, want, want_grads, compare_values):
     world = 1
     for s in mode.mesh_shape:
         world *= s
-    name = opinfo_name(op)
 
     def fn(rank):
         mesh = init_device_mesh("cpu", mode.mesh_shape)
@@ -251,7 +249,7 @@ def run_mode(op, sample, mode, want, want_grads, compare_values):
         if len(g_leaves) != len(w_leaves):
             raise Failure("wrong", f"{len(g_leaves)} outputs, one device gives {len(w_leaves)}")
         for i, (g, w) in enumerate(zip(g_leaves, w_leaves)):
-            _check(name, f"output {i}", g, w, mesh, compare_values, rank)
+            _check(f"output {i}", g, w, mesh, compare_values, rank)
         if backward:
             outs = _float_outputs(got)
             if outs and leaves:
@@ -268,7 +266,7 @@ def run_mode(op, sample, mode, want, want_grads, compare_values):
                             raise Failure("wrong", f"grad {k}: got {_describe(g)}, one device "
                                                    f"gives {_describe(w)}")
                         continue
-                    _check(name, f"grad {k}", g, w, mesh, compare_values, rank)
+                    _check(f"grad {k}", g, w, mesh, compare_values, rank)
         return True
 
     def guarded(rank):
@@ -315,7 +313,6 @@ def fallback_ops():
 
 
 def _sweep_one(op, samples):
-    name = opinfo_name(op)
     backward = op.supports_autograd
     torch.manual_seed(SEED)
     try:

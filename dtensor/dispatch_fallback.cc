@@ -1,0 +1,219 @@
+// The replicate fallback of the dispatch kernel: NOTE [replicate fallback] below.
+
+#include <ATen/ATen.h>
+#include <absl/synchronization/mutex.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+
+#include "base/error.h"
+#include "collectives/functional.h"
+#include "dtensor/dispatch.h"
+#include "dtensor/dispatch_internal.h"
+#include "dtensor/dtensor_impl.h"
+#include "dtensor/local_tensor.h"
+#include "dtensor/random.h"
+#include "dtensor/redistribute.h"
+#include "layout/shard_layout.h"
+#include "sharding_prop/propagator.h"
+
+namespace dtensor {
+namespace dispatch_detail {
+namespace {
+
+// NOTE [replicate fallback]
+// An op with no table entry still runs, correctly, the way PyTorch's DTensor cannot: every
+// distributed input is gathered to Replicate, the op runs on the whole tensors on every rank, and
+// every output is Replicate with the metadata of the tensor it computed. Every rank computes the
+// same values from the same data (random ops draw from the rank generator, whose state equals
+// one device's: NOTE [DTensor random]), so outputs whose shape depends on the data (nonzero,
+// unique, masked_select) are correct too. The decision depends only on the op's name, so ranks
+// never diverge. What it costs: the gathers (attributed to the op, as any redistribute) and the
+// whole computation on every rank. It warns once per op, naming the collectives of its first
+// call; dtensor::fallback_counts() counts calls per op. Strict mode and DTENSOR_FALLBACK=error
+// turn it into the "no sharding rule" error. An argument the op writes (in-place self, out=,
+// rrelu's noise) is gathered too, and afterwards each rank copies its box of the written whole
+// back into its piece, so the tensor keeps its layout; a Partial one, or one the op resizes,
+// becomes Replicate instead (write_back). A view it returns of an input it had to gather views
+// the gathered copy, not the input's pieces: reading it is right, writing into it would not
+// reach the input, so such a view is marked and any later write into it raises.
+
+struct FallbackRecord {
+  absl::Mutex mu;
+  std::map<std::string, int64_t> calls ABSL_GUARDED_BY(mu);
+};
+
+FallbackRecord& fallback_record() {
+  static auto* r = new FallbackRecord();
+  return *r;
+}
+
+bool fallback_disabled_by_env() {
+  static const bool disabled = [] {
+    const char* env = std::getenv("DTENSOR_FALLBACK");
+    if (env == nullptr || std::string(env).empty() || std::string(env) == "warn") return false;
+    if (std::string(env) == "error") return true;
+    throw Error("DTENSOR_FALLBACK='" + std::string(env) +
+                "': expected 'warn' (default) or 'error'");
+  }();
+  return disabled;
+}
+
+// The "no sharding rule" error of an op without an entry, with why no fallback ran.
+[[noreturn]] void no_rule(const OpInfo& info, const std::vector<Input>& inputs, const char* why) {
+  std::vector<DTensorSpec> specs;
+  for (const Input& in : inputs) specs.push_back(in.spec);
+  throw Error(sharding::no_rule_message(info.name, specs) + why);
+}
+
+// The distributed arguments the call writes (gathered like inputs; see write_back).
+std::vector<int> fallback_written_args(const OpInfo& info, const c10::FunctionSchema& schema,
+                                       const c10::SmallVector<at::Tensor, 8>& originals) {
+  std::vector<int> written;
+  for (const int i : info.written) {
+    if (originals[i].defined() && is_dtensor(originals[i])) written.push_back(i);
+  }
+  return written;
+}
+
+// After the call: a written distributed argument that kept its shape and dtype and was Shard or
+// Replicate takes back its box of the written whole, so it keeps its layout (and its pieces stay
+// shared with any tensor they alias). One that was Partial, or that the op resized (squeeze_,
+// resize_, transpose_), becomes Replicate holding the written whole: the same global values,
+// a new layout.
+void write_back(const std::vector<int>& written, const c10::SmallVector<at::Tensor, 8>& originals,
+                const c10::IValue* args) {
+  for (const int i : written) {
+    DTensorImpl* impl = dtensor_impl(originals[i]);
+    const DTensorSpec spec = impl->spec();
+    const at::Tensor whole = args[i].toTensor();
+    if (spec.has_partial() || whole.sizes().vec() != spec.shape() ||
+        whole.scalar_type() != spec.meta().dtype) {
+      impl->set(whole, DTensorSpec::replicated(spec.mesh(), meta_of(whole)));
+      continue;
+    }
+    const at::Tensor piece = impl->ready_local();
+    if (!piece.is_same(whole))
+      piece.copy_(slice_box(whole, local_box(spec, my_coordinate(spec.mesh()))));
+  }
+}
+
+void note_fallback(const OpInfo& info, const collectives::CommCounter& counter) {
+  FallbackRecord& r = fallback_record();
+  bool first = false;
+  {
+    absl::MutexLock lock(&r.mu);
+    first = r.calls[info.name]++ == 0;
+  }
+  if (!first) return;
+  std::string comms =
+      counter.total() == 0 ? "no collectives (inputs already Replicate)\n" : counter.to_string();
+  comms.pop_back();
+  TORCH_WARN("dtensor: ", info.name,
+             " has no sharding rule; it ran by the replicate fallback (inputs gathered, the op "
+             "computed whole on every rank, outputs Replicate). Its first call cost: ",
+             comms,
+             ". DTENSOR_FALLBACK=error or strict mode makes this an error; "
+             "dtensor.debug.fallback_counts() counts such calls.");
+}
+
+// Gathers every distributed input and out= argument to Replicate and puts the whole tensors into
+// the arguments; true when some piece had to be gathered (a copy, not the piece itself).
+bool gather_arguments(const OpInfo& info, std::vector<Input>& inputs,
+                      const c10::SmallVector<at::Tensor, 8>& originals, c10::IValue* args,
+                      size_t n) {
+  bool gathered = false;
+  for (Input& in : inputs) {
+    const DeviceMesh& mesh = in.spec.mesh();
+    const DTensorSpec whole = DTensorSpec::replicated(mesh, in.spec.meta());
+    if (in.spec != whole) {
+      gathered = true;
+      collectives::CommCause cause(info.name.c_str());
+      in.local = redistribute_local(in.local, in.spec, whole);
+    }
+    put(args, in, in.local);
+  }
+  for (size_t i = 0; i < n; ++i) {  // out= arguments: gathered like inputs
+    if (!info.is_out[i] || !originals[i].defined() || !is_dtensor(originals[i])) continue;
+    const DTensorSpec& spec = spec_of(originals[i]);
+    const DTensorSpec whole = DTensorSpec::replicated(spec.mesh(), spec.meta());
+    collectives::CommCause cause(info.name.c_str());
+    args[i] = redistribute_local(local_of(originals[i], "out="), spec, whole);
+  }
+  return gathered;
+}
+
+// The fallback's returns: written arguments return the caller's tensors (written back), others
+// become Replicate distributed tensors; views of gathered copies are marked.
+void wrap_fallback_returns(const OpInfo& info, size_t returns, const DeviceMesh& mesh,
+                           bool gathered, const c10::SmallVector<at::Tensor, 8>& originals,
+                           torch::jit::Stack* stack) {
+  c10::IValue* rets = &(*stack)[stack->size() - returns];
+  auto wrap_whole = [&](const at::Tensor& t, size_t j) {
+    at::Tensor w = make_dtensor(t, DTensorSpec::replicated(mesh, meta_of(t)));
+    if (info.returns_view[j] && gathered) dtensor_impl(w)->set_detached_view_of(info.name);
+    return w;
+  };
+  for (size_t j = 0; j < returns; ++j) {
+    c10::IValue& r = rets[j];
+    const int writes = info.return_alias[j];
+    if (r.isTensor()) {
+      const at::Tensor t = r.toTensor();
+      if (writes >= 0 && originals[writes].defined() && is_dtensor(originals[writes])) {
+        r = originals[writes];  // written back
+      } else if (t.defined()) {
+        r = wrap_whole(t, j);
+      }
+    } else if (r.isTensorList()) {
+      c10::List<at::Tensor> wrapped;
+      for (const at::Tensor& t : r.toTensorList()) wrapped.push_back(wrap_whole(t, j));
+      r = std::move(wrapped);
+    }
+  }
+}
+
+}  // namespace
+
+// Runs `op` by the replicate fallback (NOTE [replicate fallback]).
+void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
+                  c10::IValue* args, size_t n, std::vector<Input>& inputs,
+                  const c10::SmallVector<at::Tensor, 8>& originals) {
+  if (strict_mode_enabled()) no_rule(info, inputs, " (strict mode: no replicate fallback)");
+  if (fallback_disabled_by_env()) no_rule(info, inputs, " (DTENSOR_FALLBACK=error)");
+  const c10::FunctionSchema& schema = op.schema();
+  const std::vector<int> written = fallback_written_args(info, schema, originals);
+  collectives::CommCounter counter;
+  const bool gathered = gather_arguments(info, inputs, originals, args, n);
+  // The whole tensors the call writes, to hand each rank's box back afterwards.
+  c10::SmallVector<c10::IValue, 8> written_whole(n);
+  for (const int i : written) written_whole[i] = args[i];
+  if (info.generator_arg >= 0 && args[info.generator_arg].isNone()) {
+    args[info.generator_arg] = rank_generator();
+  }
+  const DeviceMesh mesh = inputs.at(0).spec.mesh();
+  if (info.generator_arg < 0 && op.hasTag(at::Tag::nondeterministic_seeded)) {
+    draw_with_rank_generator([&] { op.callBoxed(stack); });
+  } else {
+    op.callBoxed(stack);
+  }
+  write_back(written, originals, written_whole.data());
+  wrap_fallback_returns(info, schema.returns().size(), mesh, gathered, originals, stack);
+  note_fallback(info, counter);
+}
+
+}  // namespace dispatch_detail
+
+std::map<std::string, int64_t> fallback_counts() {
+  dispatch_detail::FallbackRecord& r = dispatch_detail::fallback_record();
+  absl::MutexLock lock(&r.mu);
+  return r.calls;
+}
+
+void reset_fallback_counts() {
+  dispatch_detail::FallbackRecord& r = dispatch_detail::fallback_record();
+  absl::MutexLock lock(&r.mu);
+  r.calls.clear();
+}
+
+}  // namespace dtensor

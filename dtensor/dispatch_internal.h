@@ -1,0 +1,67 @@
+#pragma once
+// Internal to the dispatch kernel (dispatch.cc), shared with its parts in dispatch_metadata.cc
+// (output metadata from ATen) and dispatch_fallback.cc (the replicate fallback). Not an API.
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/util/SmallVector.h>
+
+#include <atomic>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtensor/dispatch_args.h"
+#include "layout/dtensor_spec.h"
+#include "sharding_prop/op_registry.h"
+
+namespace dtensor::dispatch_detail {
+
+// What the kernel keeps per operator: its table entry and what the schema says about its
+// arguments.
+struct OpInfo {
+  std::string name;  // "aten::add.Tensor"
+  OpArgs args;
+  sharding::Execution execution = sharding::Execution::kPieces;
+  std::vector<int> return_alias;   // per return: the argument it writes (in-place/out=), or -1
+  std::vector<bool> is_out;        // per argument: an out= argument (not an input)
+  std::vector<bool> is_scalar;     // per argument: of schema type Scalar (only its kind matters)
+  std::vector<int> written;        // the arguments the op writes (in-place self, out=)
+  std::vector<bool> returns_view;  // per return: a view of an argument (not written)
+  int generator_arg = -1;
+  // The table entry, looked up on first use when it was missing (register_rule may add it later).
+  mutable std::atomic<const sharding::OpEntry*> entry{nullptr};
+};
+
+// One tensor input found in the arguments: where it sits and what it is.
+struct Input {
+  int arg;
+  int element;  // position in a tensor list, or -1
+  DTensorSpec spec;
+  at::Tensor local;
+};
+
+// This rank's coordinate on `mesh` (an error naming "DTensor op" when it is not in the mesh).
+const std::vector<int64_t>& my_coordinate(const DeviceMesh& mesh);
+
+// A local tensor's metadata: shape, dtype, strides.
+TensorMeta meta_of(const at::Tensor& t);
+
+// Puts `local` where `in` sits in the arguments (a tensor list is copied, then set).
+void put(c10::IValue* args, const Input& in, const at::Tensor& local);
+
+// NOTE [output metadata from ATen] (propagator.h), the dispatcher's side (dispatch_metadata.cc):
+// the call's non-tensor arguments encoded for the cache key, and the outputs' metadata from the
+// op run on meta tensors of the global inputs.
+void encode_call(const OpInfo& info, const c10::IValue* args, size_t n, std::vector<int64_t>& out);
+std::optional<std::vector<std::optional<TensorMeta>>> aten_output_metas(
+    const c10::OperatorHandle& op, const OpInfo& info, const std::vector<Input>& inputs,
+    const c10::IValue* args, size_t n);
+
+// Runs `op`, which has no table entry, by the replicate fallback (dispatch_fallback.cc, NOTE
+// [replicate fallback]).
+void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
+                  c10::IValue* args, size_t n, std::vector<Input>& inputs,
+                  const c10::SmallVector<at::Tensor, 8>& originals);
+
+}  // namespace dtensor::dispatch_detail

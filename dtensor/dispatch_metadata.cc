@@ -1,0 +1,99 @@
+// NOTE [output metadata from ATen] (propagator.h), the dispatcher's side: the call key and the
+// meta-kernel run.
+
+#include <ATen/ATen.h>
+
+#include "dtensor/dispatch_internal.h"
+
+namespace dtensor::dispatch_detail {
+
+TensorMeta meta_of(const at::Tensor& t) {
+  return TensorMeta::make(t.sizes().vec(), t.scalar_type(), t.strides().vec());
+}
+
+// NOTE [output metadata from ATen] (propagator.h): the call's non-tensor arguments, encoded for
+// the cache key, one tag per argument: ints, bools, dtypes, strings and int lists by value;
+// floats, Scalars and generators by kind only (a Scalar's value never changes an output's dtype
+// or shape, its kind can); tensors by presence (their specs are in the key).
+void encode_call(const OpInfo& info, const c10::IValue* args, size_t n, std::vector<int64_t>& out) {
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = args[i];
+    if (v.isNone()) {
+      out.push_back(0);
+    } else if (v.isTensor()) {
+      out.push_back(v.toTensor().defined() ? 1 : 2);
+    } else if (v.isTensorList()) {
+      out.push_back(3);
+      out.push_back(static_cast<int64_t>(v.toTensorList().size()));
+    } else if (info.is_scalar[i]) {
+      out.push_back(v.isComplexDouble() ? 4 : v.isDouble() ? 5 : v.isBool() ? 6 : 7);
+    } else if (v.isBool()) {
+      out.push_back(v.toBool() ? 9 : 8);
+    } else if (v.isInt()) {
+      out.push_back(10);
+      out.push_back(v.toInt());
+    } else if (v.isIntList()) {
+      const auto list = v.toIntList();
+      out.push_back(11);
+      out.push_back(static_cast<int64_t>(list.size()));
+      for (const int64_t x : list) out.push_back(x);
+    } else if (v.isString()) {
+      const std::string& text = v.toStringRef();
+      out.push_back(12);
+      out.push_back(static_cast<int64_t>(text.size()));
+      for (const char c : text) out.push_back(c);
+    } else if (v.isDevice()) {
+      out.push_back(13);
+      out.push_back(static_cast<int64_t>(v.toDevice().type()));
+      out.push_back(v.toDevice().index());
+    } else {
+      out.push_back(14);  // floats, lists of floats, generators: by kind
+    }
+  }
+}
+
+// The outputs' metadata from ATen: the op run on meta tensors of the global inputs; nullopt when
+// ATen cannot run it on meta tensors (no meta kernel). Undefined outputs stay nullopt.
+std::optional<std::vector<std::optional<TensorMeta>>> aten_output_metas(
+    const c10::OperatorHandle& op, const OpInfo& info, const std::vector<Input>& inputs,
+    const c10::IValue* args, size_t n) {
+  torch::jit::Stack stack(args, args + n);
+  for (const Input& in : inputs) {
+    const TensorMeta& m = in.spec.meta();
+    at::Tensor meta =
+        at::empty_strided(m.shape, m.stride, at::TensorOptions().dtype(m.dtype).device(at::kMeta));
+    // A Python number wrapped as a 0-dim tensor promotes like a scalar, not like a tensor.
+    if (in.local.unsafeGetTensorImpl()->is_wrapped_number())
+      meta.unsafeGetTensorImpl()->set_wrapped_number(true);
+    put(stack.data(), in, meta);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (info.is_out[i] && stack[i].isTensor() && stack[i].toTensor().defined()) {
+      stack[i] = at::empty({0}, stack[i].toTensor().options().device(at::kMeta));
+    }
+    if (static_cast<int>(i) == info.generator_arg) stack[i] = c10::IValue();
+  }
+  try {
+    op.callBoxed(&stack);
+  } catch (const c10::Error&) {
+    return std::nullopt;
+  }
+  std::vector<std::optional<TensorMeta>> out;
+  auto add = [&](const at::Tensor& t) {
+    if (!t.defined()) {
+      out.emplace_back();
+    } else {
+      out.push_back(meta_of(t));
+    }
+  };
+  for (const c10::IValue& r : stack) {
+    if (r.isTensor()) {
+      add(r.toTensor());
+    } else if (r.isTensorList()) {
+      for (const at::Tensor& t : r.toTensorList()) add(t);
+    }
+  }
+  return out;
+}
+
+}  // namespace dtensor::dispatch_detail

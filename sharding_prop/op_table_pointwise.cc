@@ -1,0 +1,207 @@
+// The op table's elementwise families: NOTE [op table] in op_registry.cc.
+
+#include <string>
+
+#include "base/error.h"
+#include "sharding_prop/op_builders.h"
+#include "sharding_prop/op_table.h"
+
+namespace dtensor::sharding::table {
+namespace {
+
+using namespace builders;  // NOLINT: the table names the family builders
+
+void add_unary_pointwise(Adder& add) {
+  // Unary pointwise (functional, in-place, out).
+  for (const char* op :
+       {"abs",  "exp",    "log",         "sqrt",        "rsqrt", "tanh",  "sigmoid",
+        "relu", "sin",    "cos",         "reciprocal",  "erf",   "log1p", "expm1",
+        "sign", "square", "logical_not", "bitwise_not", "silu",  "gelu"}) {
+    add(std::string("aten::") + op, "pointwise", {}, pointwise(1, lin));
+    add(std::string("aten::") + op + "_", "pointwise", {}, pointwise(1, lin));
+    add(std::string("aten::") + op + ".out", "pointwise", {}, pointwise(1, lin));
+  }
+  add("aten::neg", "pointwise", {}, pointwise(1, Linearity::kAdditive));
+  add("aten::neg_", "pointwise", {}, pointwise(1, Linearity::kAdditive));
+  add("aten::gelu_backward", "pointwise", {}, pointwise(2, lin));
+  add("aten::silu_backward", "pointwise", {}, pointwise(2, lin));
+  add("aten::threshold_backward", "pointwise", {}, pointwise(2, lin));
+  add("aten::sigmoid_backward", "pointwise", {}, pointwise(2, lin));
+  add("aten::tanh_backward", "pointwise", {}, pointwise(2, lin));
+  add("aten::clamp", "pointwise", {}, pointwise(1, lin));
+  add("aten::clamp_", "pointwise", {}, pointwise(1, lin));
+  add("aten::pow.Tensor_Scalar", "pointwise", {}, pointwise(1, lin));
+  add("aten::pow_.Tensor_Scalar", "pointwise", {}, pointwise(1, lin));
+  add("aten::pow.Tensor_Tensor", "pointwise", {}, pointwise(2, lin));
+  add("aten::fill_.Scalar", "pointwise", {}, pointwise(1, lin));
+  add("aten::zero_", "pointwise", {}, pointwise(1, Linearity::kMove));
+  add("aten::clone", "pointwise", {}, pointwise(1, Linearity::kMove));
+  add("aten::contiguous", "pointwise", {}, pointwise(1, Linearity::kMove));
+  add("aten::detach", "pointwise", {}, pointwise(1, Linearity::kMove));
+  add("aten::alias", "pointwise", {}, pointwise(1, Linearity::kMove));
+  add("aten::copy_", "pointwise", {}, pointwise(2, lin));
+  add("aten::_to_copy", "pointwise", {int_arg("dtype", -1)}, cast_rule);
+  add("aten::masked_fill.Scalar", "pointwise", {}, pointwise(2, lin));
+  add("aten::masked_fill_.Scalar", "pointwise", {}, pointwise(2, lin));
+  add("aten::where.self", "pointwise", {}, where_rule);
+}
+
+// Every other elementwise op (functional, in-place and out= overloads): one rule shape (pointwise),
+// the outputs' dtypes from ATen's meta
+// kernels (NOTE [output metadata from ATen]). Partial inputs are reduced first (Linearity::kNone).
+// Left to the replicate fallback on purpose: polar and complex (no meta kernel in torch 1.13, and a
+// pointwise rule's dtype would be real), clamp_min_/clamp_max_ (cosine_similarity clamps a
+// Partial norm in place: the fallback makes it Replicate, a rule would have to refuse it).
+void add_elementwise(Adder& add) {
+  // clang-format off
+  // unary
+  for (const char* op : {
+           "acos", "acos_", "acosh", "acosh_", "asin", "asin_", "asinh", "asinh_", "atan", "atan_",
+           "atanh", "atanh_", "ceil", "ceil_", "cosh", "cosh_", "floor", "floor_", "frac", "frac_",
+           "round", "round_", "round.decimals", "round_.decimals", "trunc", "trunc_", "sinh",
+           "sinh_", "tan", "tan_", "log10", "log10_", "log2", "log2_", "exp2", "exp2_", "erfc",
+           "erfc_", "erfinv", "erfinv_", "lgamma", "lgamma_", "digamma", "digamma_", "i0", "i0_",
+           "sgn", "sgn_", "sinc", "sinc_", "conj_physical", "conj_physical_", "nan_to_num",
+           "nan_to_num_", "deg2rad", "deg2rad_", "rad2deg", "rad2deg_", "logit", "logit_",
+           "hardsigmoid", "hardsigmoid_", "hardswish", "hardswish_", "mish", "mish_", "softplus",
+           "elu", "elu_", "celu", "celu_", "selu", "selu_", "leaky_relu", "leaky_relu_",
+           "hardtanh", "hardtanh_", "hardshrink", "softshrink", "threshold", "threshold_",
+           "log_sigmoid", "polygamma", "polygamma_", "mvlgamma", "mvlgamma_", "fix", "fix_",
+           "positive", "special_airy_ai", "special_bessel_j0", "special_bessel_j1",
+           "special_bessel_y0", "special_bessel_y1", "special_entr", "special_erfcx",
+           "special_i0e", "special_i1", "special_i1e", "special_log_ndtr",
+           "special_modified_bessel_i0", "special_modified_bessel_i1",
+           "special_modified_bessel_k0", "special_modified_bessel_k1", "special_ndtri",
+           "special_scaled_modified_bessel_k0", "special_scaled_modified_bessel_k1",
+           "special_spherical_bessel_j0", "clamp_min", "clamp_max", "float_power.Tensor_Scalar",
+           "acos.out", "acosh.out", "asin.out", "asinh.out", "atan.out", "atanh.out", "ceil.out",
+           "cosh.out", "floor.out", "frac.out", "round.out", "round.decimals_out", "trunc.out",
+           "sinh.out", "tan.out", "log10.out", "log2.out", "exp2.out", "erfc.out", "erfinv.out",
+           "lgamma.out", "digamma.out", "i0.out", "sgn.out", "sinc.out", "conj_physical.out",
+           "nan_to_num.out", "deg2rad.out", "rad2deg.out", "logit.out", "hardsigmoid.out",
+           "hardswish.out", "mish.out", "softplus.out", "elu.out", "celu.out", "leaky_relu.out",
+           "hardtanh.out", "hardshrink.out", "softshrink.out", "threshold.out", "log_sigmoid.out",
+           "polygamma.out", "mvlgamma.out", "fix.out", "special_airy_ai.out",
+           "special_bessel_j0.out", "special_bessel_j1.out", "special_bessel_y0.out",
+           "special_bessel_y1.out", "special_entr.out", "special_erfcx.out", "special_i0e.out",
+           "special_i1.out", "special_i1e.out", "special_log_ndtr.out",
+           "special_modified_bessel_i0.out", "special_modified_bessel_i1.out",
+           "special_modified_bessel_k0.out", "special_modified_bessel_k1.out", "special_ndtri.out",
+           "special_scaled_modified_bessel_k0.out", "special_scaled_modified_bessel_k1.out",
+           "special_spherical_bessel_j0.out", "clamp_min.out", "clamp_max.out",
+           "float_power.Tensor_Scalar_out"}) {
+    add(std::string("aten::") + op, "pointwise", {}, pointwise(1, lin));
+  }
+  // unary, bool out
+  for (const char* op :
+       {"isnan", "isinf", "isneginf", "isposinf", "signbit", "isfinite", "isreal"}) {
+    add(std::string("aten::") + op, "pointwise", {}, pointwise(1, lin, {}, true));
+  }
+  // binary
+  for (const char* op : {
+           "copysign.Tensor", "copysign_.Tensor", "floor_divide", "fmax", "fmin", "fmod.Tensor",
+           "fmod_.Tensor", "heaviside", "heaviside_", "hypot", "hypot_", "igamma", "igamma_",
+           "igammac", "igammac_", "logaddexp", "logaddexp2", "nextafter", "nextafter_",
+           "remainder.Tensor", "remainder_.Tensor", "xlogy.Tensor", "xlogy_.Tensor",
+           "special_xlog1py", "special_zeta", "div.Tensor_mode", "div_.Tensor_mode", "rsub.Tensor",
+           "clamp_min.Tensor", "clamp_min_.Tensor", "clamp_max.Tensor", "clamp_max_.Tensor",
+           "bitwise_and_.Tensor", "bitwise_or_.Tensor", "bitwise_xor_.Tensor",
+           "float_power.Tensor_Tensor", "special_chebyshev_polynomial_t",
+           "special_chebyshev_polynomial_u", "special_chebyshev_polynomial_v",
+           "special_chebyshev_polynomial_w", "special_hermite_polynomial_h",
+           "special_hermite_polynomial_he", "special_laguerre_polynomial_l",
+           "special_legendre_polynomial_p", "special_shifted_chebyshev_polynomial_t",
+           "special_shifted_chebyshev_polynomial_u", "special_shifted_chebyshev_polynomial_v",
+           "special_shifted_chebyshev_polynomial_w", "bitwise_left_shift.Tensor",
+           "bitwise_left_shift_.Tensor", "bitwise_right_shift.Tensor",
+           "bitwise_right_shift_.Tensor", "gcd", "gcd_", "lcm", "lcm_", "fmod.Scalar",
+           "fmod_.Scalar", "remainder.Scalar", "remainder_.Scalar", "copysign.Scalar",
+           "copysign_.Scalar", "xlogy.Scalar_Other", "xlogy_.Scalar_Other", "bitwise_and.Scalar",
+           "bitwise_and_.Scalar", "bitwise_or.Scalar", "bitwise_or_.Scalar", "bitwise_xor.Scalar",
+           "bitwise_xor_.Scalar", "floor_divide.out", "fmax.out", "fmin.out", "fmod.Tensor_out",
+           "heaviside.out", "hypot.out", "igamma.out", "igammac.out", "logaddexp.out",
+           "logaddexp2.out", "nextafter.out", "remainder.Tensor_out", "special_xlog1py.out",
+           "special_zeta.out", "rsub.Tensor_out", "clamp_min.Tensor_out", "clamp_max.Tensor_out",
+           "float_power.Tensor_Tensor_out", "special_chebyshev_polynomial_t.out",
+           "special_chebyshev_polynomial_u.out", "special_chebyshev_polynomial_v.out",
+           "special_chebyshev_polynomial_w.out", "special_hermite_polynomial_h.out",
+           "special_hermite_polynomial_he.out", "special_laguerre_polynomial_l.out",
+           "special_legendre_polynomial_p.out", "special_shifted_chebyshev_polynomial_t.out",
+           "special_shifted_chebyshev_polynomial_u.out",
+           "special_shifted_chebyshev_polynomial_v.out",
+           "special_shifted_chebyshev_polynomial_w.out", "bitwise_left_shift.Tensor_out",
+           "bitwise_right_shift.Tensor_out", "gcd.out", "lcm.out", "fmod.Scalar_out",
+           "remainder.Scalar_out", "copysign.Scalar_out", "bitwise_and.Scalar_out",
+           "bitwise_or.Scalar_out", "bitwise_xor.Scalar_out"}) {
+    add(std::string("aten::") + op, "pointwise", {}, pointwise(2, lin));
+  }
+  // binary, bool out
+  for (const char* op : {
+           "logical_xor", "logical_xor_", "logical_xor.out"}) {
+    add(std::string("aten::") + op, "pointwise", {}, pointwise(2, lin, {}, true));
+  }
+  // ternary
+  for (const char* op :
+       {"clamp.Tensor", "clamp_.Tensor", "masked_fill.Tensor", "masked_fill_.Tensor", "lerp.Tensor",
+        "lerp_.Tensor", "clamp.Tensor_out", "masked_fill.Tensor_out", "lerp.Tensor_out"}) {
+    add(std::string("aten::") + op, "pointwise", {}, pointwise(3, lin));
+  }
+  // their backward kernels (grad, input[, buffer])
+  for (const char* op :
+       {"elu_backward", "hardshrink_backward", "hardsigmoid_backward", "hardswish_backward",
+        "hardtanh_backward", "leaky_relu_backward", "logit_backward", "softplus_backward",
+        "softshrink_backward", "mish_backward", "log_sigmoid_backward"}) {
+    add(std::string("aten::") + op, "pointwise", {}, pointwise(3, lin));
+  }
+  // clang-format on
+}
+
+void add_binary_pointwise(Adder& add) {
+  // Binary pointwise.
+  for (const char* op : {"add.Tensor", "sub.Tensor"}) {
+    for (const char* v : {"", "_"}) {
+      std::string name = std::string("aten::") + op;
+      name.insert(name.find('.'), v);
+      add(name, "pointwise", {}, pointwise(2, Linearity::kAdditive));
+    }
+  }
+  add("aten::add.out", "pointwise", {}, pointwise(2, Linearity::kAdditive));
+  add("aten::mul.Tensor", "pointwise", {}, pointwise(2, Linearity::kMultilinear));
+  add("aten::mul_.Tensor", "pointwise", {}, pointwise(2, Linearity::kMultilinear));
+  add("aten::mul.out", "pointwise", {}, pointwise(2, Linearity::kMultilinear));
+  add("aten::div.Tensor", "pointwise", {}, pointwise(2, Linearity::kMultilinear, {true, false}));
+  add("aten::div_.Tensor", "pointwise", {}, pointwise(2, Linearity::kMultilinear, {true, false}));
+  for (const char* v : {"", "_"}) {
+    const std::string base = "aten::";
+    add(base + "add" + v + ".Scalar", "pointwise", {}, pointwise(1, lin));
+    add(base + "sub" + v + ".Scalar", "pointwise", {}, pointwise(1, lin));
+    add(base + "mul" + v + ".Scalar", "pointwise", {}, pointwise(1, Linearity::kAdditive));
+    add(base + "div" + v + ".Scalar", "pointwise", {}, pointwise(1, Linearity::kAdditive));
+    add(base + "pow" + v + ".Scalar", "pointwise", {}, pointwise(1, lin));
+  }
+  add("aten::rsub.Scalar", "pointwise", {}, pointwise(1, lin));
+  for (const char* op : {"maximum", "minimum", "atan2", "logical_and", "logical_or",
+                         "bitwise_and.Tensor", "bitwise_or.Tensor", "bitwise_xor.Tensor"}) {
+    add(std::string("aten::") + op, "pointwise", {}, pointwise(2, lin));
+  }
+  for (const char* op : {"eq", "ne", "lt", "le", "gt", "ge"}) {
+    add(std::string("aten::") + op + ".Tensor", "pointwise", {}, pointwise(2, lin, {}, true));
+    add(std::string("aten::") + op + ".Scalar", "pointwise", {}, pointwise(1, lin, {}, true));
+  }
+  for (const char* v : {"", "_"}) {  // optimizer steps (Adam) use the in-place forms
+    const std::string base = "aten::";
+    add(base + "addcmul" + v, "pointwise", {}, pointwise(3, lin));
+    add(base + "addcdiv" + v, "pointwise", {}, pointwise(3, lin));
+    add(base + "lerp" + v + ".Scalar", "pointwise", {}, pointwise(2, lin));
+  }
+}
+
+}  // namespace
+
+void add_pointwise_ops(Adder& add) {
+  add_unary_pointwise(add);
+  add_binary_pointwise(add);
+  add_elementwise(add);
+}
+
+}  // namespace dtensor::sharding::table
