@@ -1,7 +1,8 @@
 #pragma once
 // The table of operators the engine can shard: ATen op name (with overload) -> everything about
-// it (NOTE [one entry per op]). Every entry lives in op_registry.cc, one line per overload, so
-// coverage is reviewable in one place; `./x ops` prints it. Custom ops register a rule string
+// it (NOTE [one entry per op]). Every entry lives in op_registry.cc or its family files
+// op_table_*.cc, one line per overload, so coverage is reviewable in one place; `./x ops` prints
+// it. Custom ops register a rule string
 // ("mk,kn->mn") at run time.
 
 #include <c10/core/ScalarType.h>
@@ -28,7 +29,8 @@ namespace dtensor::sharding {
 //   - how it executes when that is not "the same op on every piece" (Execution);
 //   - whether it is in-place (self keeps its layout), derived from its name;
 //   - whether the engine runs it although ATen would decompose it (run_composite).
-// Adding an op is one add(...) line in op_registry.cc (README: "Adding an op").
+// Adding an op is one add(...) line in the op table, in the file of its family (README: "Adding an
+// op").
 
 // One layout argument: the schema argument `name`, read as `kind`.
 struct LayoutArg {
