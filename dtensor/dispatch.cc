@@ -61,6 +61,17 @@ std::string op_name(const c10::OperatorName& n) {
   return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
 }
 
+// Arguments torch 1.13's schemas do not mark as written although the kernels write them:
+// rrelu_with_noise's noise, and the running statistics of the batch norm kernels (annotated
+// only from torch 2.0's _native_batch_norm_legit). Without this the replicate fallback would
+// update a gathered copy and drop it.
+bool writes_unannotated(const std::string& op, const std::string& arg) {
+  if (op == "aten::rrelu_with_noise") return arg == "noise";
+  const bool batch_norm = op == "aten::native_batch_norm" || op == "aten::cudnn_batch_norm" ||
+                          op == "aten::miopen_batch_norm" || op == "aten::native_batch_norm.out";
+  return batch_norm && (arg == "running_mean" || arg == "running_var");
+}
+
 std::unique_ptr<OpInfo> make_info(const c10::OperatorHandle& op) {
   auto info = std::make_unique<OpInfo>();
   const c10::FunctionSchema& schema = op.schema();
@@ -94,8 +105,7 @@ std::unique_ptr<OpInfo> make_info(const c10::OperatorHandle& op) {
   }
   for (size_t i = 0; i < args.size(); ++i) {
     const c10::AliasInfo* a = args[i].alias_info();
-    if ((a != nullptr && a->isWrite()) ||
-        (info->name == "aten::rrelu_with_noise" && args[i].name() == "noise")) {
+    if ((a != nullptr && a->isWrite()) || writes_unannotated(info->name, args[i].name())) {
       info->written.push_back(static_cast<int>(i));
     }
   }
@@ -305,6 +315,12 @@ void redistribute_inputs(const OpInfo& info, const sharding::OpSharding& s,
   for (size_t k = 0; k < inputs.size(); ++k) {
     Input& in = inputs[k];
     if (s.input_targets[k] != in.spec) {
+      // A written input is never moved: the write would land in the moved copy and be lost
+      // (rules keep them: in-place self, Rule::written_inputs).
+      TORCH_INTERNAL_ASSERT(
+          std::find(info.written.begin(), info.written.end(), in.arg) == info.written.end(),
+          info.name, ": the sharding moves a written argument from ", in.spec.to_string(), " to ",
+          s.input_targets[k].to_string(), " (a wrong sharding rule; please report)");
       collectives::CommCause cause(info.name.c_str());
       in.local = execute_plan(*s.input_plans[k], in.local);
     }
@@ -439,6 +455,10 @@ void kernel_body(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   const auto sharding = propagate_inputs(op, info, inputs, args, n);
   const sharding::OpSharding& s = *sharding;
+  if (s.run_replicated) {
+    run_fallback(op, info, stack, args, n, inputs, originals);
+    return;
+  }
   redistribute_inputs(info, s, inputs, args);
   prepare_out_args(info, schema, s, originals, args, n);
   if (info.args.needs_local_shapes() && !s.outputs.empty()) {

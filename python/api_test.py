@@ -181,11 +181,10 @@ def test_errors_carry_the_engine_message():
             a + torch.ones(4, 4)
         with dtensor.replicate_plain_tensors():
             torch.testing.assert_close((a + torch.ones(4, 4)).full_tensor(), torch.full((4, 4), 2.))
-        with dtensor.strict_mode(), pytest.raises(RuntimeError, match="aten::renorm"):
-            torch.renorm(a, 2, 0, 1.0)  # no rule, and strict mode: no replicate fallback
+        with dtensor.strict_mode(), pytest.raises(RuntimeError, match="aten::histc"):
+            torch.histc(a, 4)  # no rule, and strict mode: no replicate fallback
         # Outside strict mode the replicate fallback runs it (NOTE [replicate fallback]).
-        torch.testing.assert_close(torch.renorm(a, 2, 0, 1.0).full_tensor(),
-                                   torch.renorm(torch.ones(4, 4), 2, 0, 1.0))
+        torch.testing.assert_close(torch.histc(a, 4).full_tensor(), torch.histc(torch.ones(4, 4), 4))
         c = distribute_tensor(torch.ones(4, 4), other, [Shard(1)])
         del c  # same ranks, other names: one mesh? meshes differ by names only
         # NOTE [error convention]: engine errors are RuntimeError whichever way they travel.
@@ -203,6 +202,35 @@ def test_errors_carry_the_engine_message():
         return True
 
     assert all(dtensor.run_threads(2, fn))
+
+
+@pytest.mark.parametrize("stats", ["replicate", "shard_uneven"])
+def test_batch_norm_writes_running_stats_like_one_device(stats):
+    # native_batch_norm writes its running statistics (Rule::written_inputs): they keep their
+    # placements, and when no layout can keep them (C=5 over 4 ranks leaves an empty piece, which
+    # ATen's kernel cannot take) the op runs by the replicate fallback, which writes them back.
+    torch.manual_seed(0)
+    x = torch.randn(6, 5, 3)
+    mean, var = torch.randn(5), torch.rand(5) + 0.5
+    want_mean, want_var = mean.clone(), var.clone()
+    want = torch.nn.functional.batch_norm(x, want_mean, want_var, training=True)
+    want_eval = torch.nn.functional.batch_norm(x, want_mean, want_var, training=False)
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (4,))
+        stat = [Replicate()] if stats == "replicate" else [Shard(0)]
+        dm, dv = distribute_tensor(mean, mesh, stat), distribute_tensor(var, mesh, stat)
+        dx = distribute_tensor(x, mesh, [Shard(0)])
+        got = torch.nn.functional.batch_norm(dx, dm, dv, training=True)
+        torch.testing.assert_close(got.full_tensor(), want)
+        assert dm.placements == tuple(stat) and dv.placements == tuple(stat)
+        torch.testing.assert_close(dm.full_tensor(), want_mean)
+        torch.testing.assert_close(dv.full_tensor(), want_var)
+        got_eval = torch.nn.functional.batch_norm(dx, dm, dv, training=False)
+        torch.testing.assert_close(got_eval.full_tensor(), want_eval)
+        return True
+
+    assert all(dtensor.run_threads(4, fn))
 
 
 def test_submesh_by_name():

@@ -52,6 +52,13 @@ RuleBuilder pointwise(size_t n, Linearity lin, std::vector<bool> linear_inputs, 
   };
 }
 
+// polar(abs, angle) / complex(real, imag): elementwise, complex results (neither has a C++ meta
+// kernel in torch 1.13, so the rule states the dtype).
+BuiltRule to_complex_of(const Metas& m, const LayoutArgs&) {
+  need_inputs(m, 2, 2, "polar/complex");
+  return {pointwise_rule(shapes_of(m), Linearity::kNone), {c10::toComplexType(promoted(m))}};
+}
+
 // where(cond, a, b): the result type is a's and b's, not the condition's.
 BuiltRule where_rule(const Metas& m, const LayoutArgs&) {
   need_inputs(m, 3, 3, "where");
@@ -385,6 +392,41 @@ BuiltRule matmul_rule_of(const Metas& m, const LayoutArgs&) {
 BuiltRule addmm_rule_of(const Metas& m, const LayoutArgs&) {
   need_inputs(m, 3, 3, "addmm");
   return {addmm_rule(m[0].shape, m[1].shape, m[2].shape), {promoted(m)}};
+}
+
+// addmv(bias, mat, vec): addmm with a vector. ATen's addmv returns the bias's shape for an empty
+// matrix (a bias [1] stays [1]), so the rows shard only evenly (no rank's piece is empty).
+BuiltRule addmv_of(const Metas& m, const LayoutArgs& a) {
+  BuiltRule b = addmm_rule_of(m, a);
+  for (const int f : b.rule.outputs[0].empty() ? DimFactors{} : b.rule.outputs[0][0]) {
+    b.rule.factors[f].even_only = true;
+  }
+  return b;
+}
+
+// addbmm(bias [m, n], b1 [b, m, k], b2 [b, k, n]): the batch and k contract; the bias joins the
+// Partial sum on one rank (as addmm's).
+BuiltRule addbmm_of(const Metas& m, const LayoutArgs&) {
+  need_inputs(m, 3, 3, "addbmm");
+  Rule r = parse_rule("bmk,bkn->mn", {m[1].shape, m[2].shape}, Linearity::kMultilinear);
+  const auto out_shape = r.output_shape(0);
+  broadcast_shapes({m[0].shape, out_shape});
+  if (m[0].shape.size() > 2) fail("addbmm: self must broadcast to [m, n]");
+  r.inputs.insert(r.inputs.begin(), aligned_factors(m[0].shape, out_shape, r.outputs[0]));
+  r.linearity = Linearity::kNone;
+  r.partial_with_contract = {true, false, false};
+  return {std::move(r), {promoted(m)}};
+}
+
+// addr(bias, vec1, vec2): the outer product passes both vector dims; the bias broadcasts in.
+BuiltRule addr_of(const Metas& m, const LayoutArgs&) {
+  need_inputs(m, 3, 3, "addr");
+  Rule r = parse_rule("m,n->mn", {m[1].shape, m[2].shape}, Linearity::kNone);
+  const auto out_shape = r.output_shape(0);
+  broadcast_shapes({m[0].shape, out_shape});
+  if (m[0].shape.size() > 2) fail("addr: self must broadcast to [m, n]");
+  r.inputs.insert(r.inputs.begin(), aligned_factors(m[0].shape, out_shape, r.outputs[0]));
+  return {std::move(r), {promoted(m)}};
 }
 
 BuiltRule linear_rule_of(const Metas& m, const LayoutArgs&) {

@@ -81,5 +81,34 @@ BuiltRule select_backward_of(const Metas& m, const LayoutArgs& a);
 BuiltRule scatter_of(const Metas& m, const LayoutArgs& a);
 BuiltRule index_add_of(const Metas& m, const LayoutArgs& a);
 BuiltRule value_selecting_backward_of(const Metas& m, const LayoutArgs& a);
+// An indexing op on a 0-dim self (ATen reads it as one element): every input stays whole; the
+// output has `out_shape`.
+BuiltRule on_scalar_self(const Metas& m, const std::vector<int64_t>& out_shape = {});
+
+// Selections, indexing along a dim, tiling shape ops, batch norm, linalg (op_builders_select.cc).
+BuiltRule topk_of(const Metas& m, const LayoutArgs& a);
+RuleBuilder paired_reduction(bool real_first);
+BuiltRule count_nonzero_of(const Metas& m, const LayoutArgs& a);
+BuiltRule index_along_of(const Metas& m, const LayoutArgs& a);
+BuiltRule repeat_of(const Metas& m, const LayoutArgs& a);
+BuiltRule diag_of(const Metas& m, const LayoutArgs& a);
+BuiltRule diag_embed_of(const Metas& m, const LayoutArgs& a);
+BuiltRule unfold_of(const Metas& m, const LayoutArgs& a);
+BuiltRule unfold_backward_of(const Metas& m, const LayoutArgs& a);
+BuiltRule rot90_of(const Metas& m, const LayoutArgs& a);
+BuiltRule unbind_of(const Metas& m, const LayoutArgs& a);
+RuleBuilder pixel_shuffle_of(bool shuffle);
+BuiltRule batch_norm_of(const Metas& m, const LayoutArgs& a);
+BuiltRule batch_norm_backward_of(const Metas& m, const LayoutArgs& a);
+RuleBuilder batched(std::vector<int> in_core, std::vector<int> out_core,
+                    std::vector<int> flags = {}, int core_like = -1);
+BuiltRule solve_ex_of(const Metas& m, const LayoutArgs& a);
+BuiltRule check_errors_of(const Metas& m, const LayoutArgs&);
+BuiltRule renorm_of(const Metas& m, const LayoutArgs& a);
+RuleBuilder search_of(bool bucketize);
+BuiltRule addmv_of(const Metas& m, const LayoutArgs& a);
+BuiltRule addbmm_of(const Metas& m, const LayoutArgs&);
+BuiltRule addr_of(const Metas& m, const LayoutArgs&);
+BuiltRule to_complex_of(const Metas& m, const LayoutArgs&);
 
 }  // namespace dtensor::sharding::builders

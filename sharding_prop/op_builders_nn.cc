@@ -13,7 +13,7 @@ namespace dtensor::sharding::builders {
 
 // An indexing op on a 0-dim self (ATen reads it as one element, dim 0 or -1): every input stays
 // whole; the output has `out_shape` (0-dim, or gather's index shape).
-BuiltRule on_scalar_self(const Metas& m, const std::vector<int64_t>& out_shape = {}) {
+BuiltRule on_scalar_self(const Metas& m, const std::vector<int64_t>& out_shape) {
   Rule r;
   for (const TensorMeta& t : m) {
     TensorFactors f;
@@ -160,60 +160,79 @@ BuiltRule layer_norm_backward_of(const Metas& m, const LayoutArgs& a) {
 
 void check_nll_shapes(const std::vector<int64_t>& self, const std::vector<int64_t>& target,
                       const std::vector<int64_t>* weight, const char* op) {
-  const bool ok = (self.size() == 2 && target == std::vector<int64_t>{self[0]}) ||
-                  (self.size() == 1 && target.empty());
-  if (!ok || (weight != nullptr && *weight != std::vector<int64_t>{self.back()})) {
-    throw Error(std::string(op) + ": expects self [N, C] or [C], target [N] or [] " +
-                "and weight [C]");
+  // self [C], [N, C] or [N, C, d...] (nll_loss2d: [N, C, H, W]); target self without C.
+  std::vector<int64_t> want = self;
+  if (!want.empty()) want.erase(want.begin() + (self.size() == 1 ? 0 : 1));
+  const int64_t classes = self.empty() ? 0 : self[self.size() == 1 ? 0 : 1];
+  if (self.empty() || target != want ||
+      (weight != nullptr && *weight != std::vector<int64_t>{classes})) {
+    throw Error(std::string(op) + ": expects self [C], [N, C] or [N, C, d...], target self's " +
+                "shape without C, and weight [C]");
   }
 }
 
-// nll_loss_forward(self [N, C] or [C], target, weight?): ints: reduction (0 none, 1 mean,
-// 2 sum). Outputs output, total_weight. The class dim stays whole; the batch dim shards with
-// the targets: summed for reduction sum, kept for none, whole for mean (a mean over shards of
-// unequal ignored counts is not the mean).
+namespace {
+
+// The factors of nll's self: the class dim (whole) and the others (batch and spatial), each
+// `kind`; `batch` receives the latter, in order.
+TensorFactors nll_self(Rule& r, const std::vector<int64_t>& s, FactorKind kind, int* c,
+                       TensorFactors* batch) {
+  TensorFactors self;
+  const size_t class_dim = s.size() == 1 ? 0 : 1;
+  for (size_t k = 0; k < s.size(); ++k) {
+    if (k == class_dim) {
+      *c = r.add_factor(s[k], FactorKind::kReplicate);
+      self.push_back({*c});
+    } else {
+      self.push_back(r.add_dim(s[k], kind));
+      batch->push_back(self.back());
+    }
+  }
+  return self;
+}
+
+}  // namespace
+
+// nll_loss_forward / nll_loss2d_forward(self [C], [N, C] or [N, C, H, W], target, weight?):
+// ints: reduction (0 none, 1 mean, 2 sum). Outputs output, total_weight. The class dim stays
+// whole; the other dims shard with the targets: summed for reduction sum, kept for none, whole
+// for mean (a mean over shards of unequal ignored counts is not the mean).
 BuiltRule nll_loss_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 2, 3, "nll_loss_forward");
   const int64_t reduction = arg(a, 0, "nll_loss_forward", "reduction");
   Rule r;
-  const auto& s = m[0].shape;
-  check_nll_shapes(s, m[1].shape, m.size() == 3 ? &m[2].shape : nullptr, "nll_loss_forward");
-  const int c = r.add_factor(s.back(), FactorKind::kReplicate);
-  TensorFactors self, target, out;
-  if (s.size() == 2) {
-    const FactorKind kind = reduction == 0   ? FactorKind::kPass
-                            : reduction == 2 ? FactorKind::kContract
-                                             : FactorKind::kReplicate;
-    const DimFactors n = r.add_dim(s[0], kind);
-    self.push_back(n);
-    target.push_back(n);
-    if (reduction == 0) out.push_back(n);
-    if (reduction == 0 && !n.empty()) r.output_sums = {{}, {n[0]}};
+  check_nll_shapes(m[0].shape, m[1].shape, m.size() == 3 ? &m[2].shape : nullptr,
+                   "nll_loss_forward");
+  const FactorKind kind = reduction == 0   ? FactorKind::kPass
+                          : reduction == 2 ? FactorKind::kContract
+                                           : FactorKind::kReplicate;
+  int c = -1;
+  TensorFactors target;
+  const TensorFactors self = nll_self(r, m[0].shape, kind, &c, &target);
+  const TensorFactors out = reduction == 0 ? target : TensorFactors{};
+  if (reduction == 0) {
+    std::vector<int> sums;
+    for (const DimFactors& f : target) sums.insert(sums.end(), f.begin(), f.end());
+    r.output_sums = {{}, sums};
   }
-  self.push_back({c});
   r.inputs = {self, target};
   if (m.size() == 3) r.inputs.push_back({{c}});
   r.outputs = {out, {}};
   return {std::move(r), {m[0].dtype, m[0].dtype}};
 }
 
-// nll_loss_backward(grad_output, self, target, weight?, total_weight): ints: reduction.
+// nll_loss_backward / nll_loss2d_backward(grad_output, self, target, weight?, total_weight):
+// ints: reduction.
 BuiltRule nll_loss_backward_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 4, 5, "nll_loss_backward");
   const int64_t reduction = arg(a, 0, "nll_loss_backward", "reduction");
   Rule r;
-  const auto& s = m[1].shape;
-  check_nll_shapes(s, m[2].shape, m.size() == 5 ? &m[3].shape : nullptr, "nll_loss_backward");
-  const int c = r.add_factor(s.back(), FactorKind::kReplicate);
-  TensorFactors self, target, grad;
-  if (s.size() == 2) {
-    const DimFactors n = r.add_dim(s[0]);
-    self.push_back(n);
-    target.push_back(n);
-    if (reduction == 0) grad.push_back(n);
-  }
-  self.push_back({c});
-  r.inputs = {grad, self, target};
+  check_nll_shapes(m[1].shape, m[2].shape, m.size() == 5 ? &m[3].shape : nullptr,
+                   "nll_loss_backward");
+  int c = -1;
+  TensorFactors target;
+  const TensorFactors self = nll_self(r, m[1].shape, FactorKind::kPass, &c, &target);
+  r.inputs = {reduction == 0 ? target : TensorFactors{}, self, target};
   if (m.size() == 5) r.inputs.push_back({{c}});
   r.inputs.push_back({});  // total_weight: a scalar
   r.outputs = {self};
@@ -308,11 +327,14 @@ BuiltRule select_backward_of(const Metas& m, const LayoutArgs& a) {
   return same_dtype(std::move(r), m);
 }
 
-// scatter_add / scatter.src (self, index, src) and index_add (self, index, source): ints: dim.
-// Along `dim` everything stays whole; other dims shard together where their sizes agree.
+// scatter / scatter_add / scatter_reduce (self, index[, src]): ints: dim. Along `dim` everything
+// stays whole; other dims shard together where their sizes agree (each output element takes only
+// index entries of its own coordinates there, whatever the reduction).
 BuiltRule scatter_of(const Metas& m, const LayoutArgs& a) {
-  need_inputs(m, 3, 3, "scatter");
-  const auto &s = m[0].shape, &ix = m[1].shape, &src = m[2].shape;
+  need_inputs(m, 2, 3, "scatter");
+  if (m[0].ndim() == 0) return on_scalar_self(m);  // a 0-dim self: index and src of <= 1 element
+  // The .value overloads scatter a Scalar: no src tensor.
+  const auto &s = m[0].shape, &ix = m[1].shape, &src = m.size() == 3 ? m[2].shape : m[1].shape;
   if (ix.size() != s.size() || src.size() != s.size()) {
     throw Error("scatter: self, index and src need the same number of dims");
   }
@@ -332,6 +354,7 @@ BuiltRule scatter_of(const Metas& m, const LayoutArgs& a) {
     }
   }
   r.inputs = {ts, ti, tsrc};
+  if (m.size() == 2) r.inputs.pop_back();
   r.outputs = {ts};
   return {std::move(r), {m[0].dtype}};
 }

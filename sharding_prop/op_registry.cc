@@ -83,6 +83,9 @@ void add_matmul(Adder& add) {
   add("aten::matmul", "matmul", {}, matmul_rule_of);
   add("aten::addmm", "matmul", {}, addmm_rule_of);
   add("aten::baddbmm", "matmul", {}, addmm_rule_of);
+  add("aten::addmv", "matmul", {}, addmv_of);
+  add("aten::addbmm", "matmul", {}, addbmm_of);
+  add("aten::addr", "matmul", {}, addr_of);
   add("aten::linear", "matmul", {}, linear_rule_of);
   add("aten::einsum", "matmul", {text_arg("equation")}, einsum_rule);
   add("aten::t", "view", {}, t_rule);
@@ -274,6 +277,7 @@ std::vector<OpEntry> build_table() {
   add_refused(add);
   add_along_dims(add);
   add_nn_ops(add);
+  add_select_ops(add);
   add_out_overloads(add);
   std::vector<OpEntry>& t = add.entries;
   std::sort(t.begin(), t.end(), [](const OpEntry& a, const OpEntry& b) { return a.name < b.name; });
@@ -334,6 +338,9 @@ LayoutArg int_arg(std::string name, std::optional<int64_t> if_none) {
 LayoutArg ints_arg(std::string name) { return {std::move(name), LayoutArg::Kind::kInts, {}}; }
 LayoutArg count_arg(std::string name) { return {std::move(name), LayoutArg::Kind::kCount, {}}; }
 LayoutArg text_arg(std::string name) { return {std::move(name), LayoutArg::Kind::kText, {}}; }
+LayoutArg present_arg(std::string name) {
+  return {std::move(name), LayoutArg::Kind::kPresent, {}};
+}
 LocalShapeArg local_shape(std::string name, LocalShapeArg::Kind kind) {
   return {kind, std::move(name)};
 }
@@ -346,6 +353,8 @@ std::string LayoutArg::to_string() const {
       return "len(" + name + ")";
     case Kind::kText:
       return "\"" + name + "\"";
+    case Kind::kPresent:
+      return name + "?";
     case Kind::kInt:
       break;
   }

@@ -38,6 +38,7 @@ struct LayoutArg {
     kInts,   // every element of an int list (an int reads as one element)
     kCount,  // the length of a list (layer_norm's normalized_shape)
     kText,   // a string (einsum's equation): LayoutArgs::text
+    kPresent,  // 1 when the tensor argument is given, 0 when it is None (which inputs are which)
   };
   std::string name;
   Kind kind = Kind::kInt;
@@ -49,6 +50,7 @@ LayoutArg int_arg(std::string name, std::optional<int64_t> if_none = std::nullop
 LayoutArg ints_arg(std::string name);
 LayoutArg count_arg(std::string name);
 LayoutArg text_arg(std::string name);
+LayoutArg present_arg(std::string name);
 
 // The values of an op's layout arguments in one call, in the entry's order (never runtime scalar
 // values): part of the propagation cache key.

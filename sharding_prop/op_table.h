@@ -44,5 +44,8 @@ inline std::vector<LayoutArg> reduce_args() { return {int_arg("keepdim"), ints_a
 void add_pointwise_ops(Adder& add);
 // nn, pooling and convolution, losses, norms, random ops and factories (op_table_nn.cc).
 void add_nn_ops(Adder& add);
+// Selections, paired reductions, indexing along a dim, tiling shape ops, batched linalg
+// (op_table_select.cc).
+void add_select_ops(Adder& add);
 
 }  // namespace dtensor::sharding::table

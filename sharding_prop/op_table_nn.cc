@@ -20,10 +20,21 @@ void add_losses(Adder& add) {
   }
   add("aten::binary_cross_entropy", "loss", reduction, elementwise_loss(3, false));
   add("aten::binary_cross_entropy_with_logits", "loss", reduction, elementwise_loss(4, false));
-  for (const char* op : {"mse_loss_backward", "soft_margin_loss_backward"}) {
+  // huber_loss_backward is left to the fallback: torch 1.13's Python meta registration of it
+  // raises TypeError (a meta run of it fails in Python processes).
+  for (const char* op : {"mse_loss_backward", "soft_margin_loss_backward",
+                         "smooth_l1_loss_backward"}) {
     add(std::string("aten::") + op, "loss", reduction, elementwise_loss(3, true));
   }
   add("aten::binary_cross_entropy_backward", "loss", reduction, elementwise_loss(4, true));
+}
+
+void add_batch_norm(Adder& add) {
+  add("aten::native_batch_norm", "norm",
+      {int_arg("training"), present_arg("weight"), present_arg("bias"),
+       present_arg("running_mean"), present_arg("running_var")},
+      batch_norm_of);
+  add("aten::native_batch_norm_backward", "norm", {int_arg("train")}, batch_norm_backward_of);
 }
 
 void add_group_norm(Adder& add) {
@@ -84,6 +95,8 @@ void add_nn(Adder& add) {
       layer_norm_backward_of);
   add("aten::nll_loss_forward", "loss", {int_arg("reduction")}, nll_loss_of);
   add("aten::nll_loss_backward", "loss", {int_arg("reduction")}, nll_loss_backward_of);
+  add("aten::nll_loss2d_forward", "loss", {int_arg("reduction")}, nll_loss_of);
+  add("aten::nll_loss2d_backward", "loss", {int_arg("reduction")}, nll_loss_backward_of);
   add("aten::_scaled_dot_product_attention", "attention", {}, sdpa_of);
   add("aten::_scaled_dot_product_attention_math", "attention", {}, sdpa_of);
 }
@@ -125,6 +138,7 @@ void add_nn_ops(Adder& add) {
   add_spatial(add);
   add_losses(add);
   add_group_norm(add);
+  add_batch_norm(add);
   add_random_and_factories(add);
 }
 

@@ -44,13 +44,15 @@ void add_unary_pointwise(Adder& add) {
   add("aten::masked_fill.Scalar", "pointwise", {}, pointwise(2, lin));
   add("aten::masked_fill_.Scalar", "pointwise", {}, pointwise(2, lin));
   add("aten::where.self", "pointwise", {}, where_rule);
+  add("aten::polar", "pointwise", {}, to_complex_of);
+  add("aten::complex", "pointwise", {}, to_complex_of);
+  add("aten::_conj_physical", "pointwise", {}, pointwise(1, lin));
 }
 
 // Every other elementwise op (functional, in-place and out= overloads): one rule shape (pointwise),
 // the outputs' dtypes from ATen's meta
 // kernels (NOTE [output metadata from ATen]). Partial inputs are reduced first (Linearity::kNone).
-// Left to the replicate fallback on purpose: polar and complex (no meta kernel in torch 1.13, and a
-// pointwise rule's dtype would be real), clamp_min_/clamp_max_ (cosine_similarity clamps a
+// Left to the replicate fallback on purpose: clamp_min_/clamp_max_ (cosine_similarity clamps a
 // Partial norm in place: the fallback makes it Replicate, a rule would have to refuse it).
 void add_elementwise(Adder& add) {
   // clang-format off

@@ -267,6 +267,9 @@ bool admissible(const OpEntry& entry, const Rule& rule, const Candidate& c,
     if (!merged_dims_even(rule, rule.outputs[o], c.out[o], mesh)) return false;
   }
   if (!contractions_even(rule, c.in, mesh)) return false;
+  for (size_t i = 0; i < rule.written_inputs.size() && i < c.in.size(); ++i) {
+    if (rule.written_inputs[i] && c.in[i] != inputs[i].placements()) return false;
+  }
   return !entry.in_place ||
          (c.in[0] == inputs[0].placements() && c.out[0] == inputs[0].placements());
 }
@@ -345,7 +348,7 @@ std::vector<TensorMeta> output_metas(const OpEntry& entry, const BuiltRule& buil
                                      const OutputMetas* aten_metas) {
   const Rule& rule = built.rule;
   std::optional<std::vector<std::optional<TensorMeta>>> aten;
-  if (aten_metas != nullptr) aten = (*aten_metas)();
+  if (aten_metas != nullptr && !rule.metadata_from_rule) aten = (*aten_metas)();
   DTENSOR_CHECK(!aten || aten->size() == rule.outputs.size(), "internal error: the rule of ",
                 entry.name, " on ", specs_text(inputs), " gives ", rule.outputs.size(),
                 " outputs, ATen's meta kernel ", aten->size(), " (rule ", rule.to_string(), ")");
@@ -393,6 +396,15 @@ std::shared_ptr<const OpSharding> compute(const OpEntry& entry,
       best_layout = std::move(c);
     }
   } while (next_pick(pick, per_dim));
+  const bool writes = std::find(rule.written_inputs.begin(), rule.written_inputs.end(), true) !=
+                      rule.written_inputs.end();
+  if (best == nullptr && writes && !entry.in_place) {
+    auto replicated = std::make_shared<OpSharding>();
+    replicated->op = entry.name;
+    replicated->rule = rule.to_string();
+    replicated->run_replicated = true;
+    return replicated;
+  }
   DTENSOR_CHECK(best != nullptr, entry.name, entry.in_place ? " (in-place)" : "", " on ",
                 specs_text(inputs),
                 ": no sharding keeps self's placements; redistribute self first or use the "

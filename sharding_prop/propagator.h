@@ -42,6 +42,10 @@ struct OpSharding {
   std::vector<std::shared_ptr<const RedistributePlan>> input_plans;  // from each input's spec
   std::vector<DTensorSpec> outputs;
   double cost = 0;  // of the input redistributes, under the planner's cost model
+  // No layout keeps the op's written inputs (Rule::written_inputs: batch norm's running
+  // statistics sharded so unevenly that the kernel would see an empty piece): the dispatcher
+  // runs the op by the replicate fallback, which writes them back. No targets, no outputs.
+  bool run_replicated = false;
 
   bool needs_redistribute() const;
   // "aten::mm [S(0)],[R] -> [S(0)] (rule mk,kn->mn | k:sum, cost 0.0 us)" + one line per plan.

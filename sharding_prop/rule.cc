@@ -18,8 +18,10 @@ namespace {
 
 char letter(int f) { return f < 26 ? static_cast<char>('a' + f) : static_cast<char>('A' + f - 26); }
 
+}  // namespace
+
 // Broadcast shape of `shapes` (right-aligned), or throws.
-std::vector<int64_t> broadcast(const std::vector<std::vector<int64_t>>& shapes) {
+std::vector<int64_t> broadcast_shapes(const std::vector<std::vector<int64_t>>& shapes) {
   size_t n = 0;
   for (const auto& s : shapes) n = std::max(n, s.size());
   std::vector<int64_t> out(n, 1);
@@ -41,8 +43,8 @@ std::vector<int64_t> broadcast(const std::vector<std::vector<int64_t>>& shapes) 
 
 // Factors of `shape` right-aligned against the output factors `out` (of shape `out_shape`): a
 // dim equal to the output's shares its factor; a size-1 dim under a larger one has none.
-TensorFactors aligned(const std::vector<int64_t>& shape, const std::vector<int64_t>& out_shape,
-                      const TensorFactors& out) {
+TensorFactors aligned_factors(const std::vector<int64_t>& shape,
+                              const std::vector<int64_t>& out_shape, const TensorFactors& out) {
   TensorFactors t(shape.size());
   const size_t off = out_shape.size() - shape.size();
   for (size_t k = 0; k < shape.size(); ++k) {
@@ -50,8 +52,6 @@ TensorFactors aligned(const std::vector<int64_t>& shape, const std::vector<int64
   }
   return t;
 }
-
-}  // namespace
 
 int Rule::add_factor(int64_t size, FactorKind kind, ReduceOp reduce) {
   factors.push_back({size, kind, reduce});
@@ -204,12 +204,12 @@ Rule pointwise_rule(const std::vector<std::vector<int64_t>>& shapes, Linearity l
   Rule rule;
   rule.linearity = linearity;
   rule.linear_inputs = std::move(linear_inputs);
-  const auto out_shape = broadcast(shapes);
+  const auto out_shape = broadcast_shapes(shapes);
   TensorFactors out;
   for (int64_t s : out_shape) {
     out.push_back(rule.add_dim(s));
   }
-  for (const auto& s : shapes) rule.inputs.push_back(aligned(s, out_shape, out));
+  for (const auto& s : shapes) rule.inputs.push_back(aligned_factors(s, out_shape, out));
   rule.outputs.push_back(std::move(out));
   return rule;
 }
@@ -266,10 +266,10 @@ Rule matmul_rule(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
   // Batch dims: everything before the last two (or one, for a 1-D operand), broadcast.
   const std::vector<int64_t> ba(a.begin(), a.end() - std::min<size_t>(a.size(), 2));
   const std::vector<int64_t> bb(b.begin(), b.end() - std::min<size_t>(b.size(), 2));
-  const auto batch = broadcast({ba, bb});
+  const auto batch = broadcast_shapes({ba, bb});
   TensorFactors bo;
   for (int64_t s : batch) bo.push_back(rule.add_dim(s));
-  TensorFactors ta = aligned(ba, batch, bo), tb = aligned(bb, batch, bo), out = bo;
+  TensorFactors ta = aligned_factors(ba, batch, bo), tb = aligned_factors(bb, batch, bo), out = bo;
   if (a.size() >= 2) {
     const int m = a[a.size() - 2] == 1 ? -1 : rule.add_factor(a[a.size() - 2]);
     ta.push_back(m < 0 ? DimFactors{} : DimFactors{m});
@@ -291,11 +291,11 @@ Rule addmm_rule(const std::vector<int64_t>& bias, const std::vector<int64_t>& a,
                 const std::vector<int64_t>& b) {
   Rule product = matmul_rule(a, b);
   const auto out_shape = product.output_shape(0);
-  broadcast({bias, out_shape});  // validates
+  broadcast_shapes({bias, out_shape});  // validates
   if (bias.size() > out_shape.size())
     fail("addmm: bias " + shape_text(bias) + " has too many dims");
   Rule rule = product;
-  rule.inputs.insert(rule.inputs.begin(), aligned(bias, out_shape, product.outputs[0]));
+  rule.inputs.insert(rule.inputs.begin(), aligned_factors(bias, out_shape, product.outputs[0]));
   // A sharded contraction makes the product Partial: the bias must then be Partial as well (kept
   // on one rank), which the propagator does with an internal partition.
   rule.linearity = Linearity::kNone;
@@ -311,8 +311,8 @@ Rule linear_rule(const std::vector<int64_t>& x, const std::vector<int64_t>& w,
   std::swap(rule.inputs[1][0], rule.inputs[1][1]);
   if (bias != nullptr) {
     const auto out_shape = rule.output_shape(0);
-    broadcast({*bias, out_shape});
-    rule.inputs.push_back(aligned(*bias, out_shape, rule.outputs[0]));
+    broadcast_shapes({*bias, out_shape});
+    rule.inputs.push_back(aligned_factors(*bias, out_shape, rule.outputs[0]));
     rule.linearity = Linearity::kNone;
     rule.partial_with_contract = {false, false, true};
   }

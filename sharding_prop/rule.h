@@ -70,10 +70,17 @@ struct Rule {
   // The outputs' shapes come from an argument the dispatcher makes local (new_zeros' size), not
   // from the inputs' pieces: a kShapeOnly op may then keep sharded inputs as they are.
   bool output_shape_from_args = false;
+  // Inputs the op writes besides an in-place self (batch norm's running stats): they keep their
+  // placements, since a write into a redistributed copy would be lost. Empty: none.
+  std::vector<bool> written_inputs;
   // Output dims whose factors are all kReplicate (never sharded) take their sizes from ATen's meta
   // kernel (pooling's and upsampling's spatial dims): the rule's sizes there are placeholders, and
   // only the dims that can be sharded are checked against ATen (NOTE [output metadata from ATen]).
   bool whole_output_sizes_from_aten = false;
+  // The outputs' metadata is the rule's, not ATen's meta kernel's, for calls where torch's meta
+  // registration disagrees with its own kernels (torch 1.13's Python meta of native_batch_norm
+  // in eval gives save_mean [C], the CPU kernel [0]). The local-result check still guards it.
+  bool metadata_from_rule = false;
 
   std::string to_string() const;
   int add_factor(int64_t size, FactorKind kind = FactorKind::kPass,
@@ -96,6 +103,13 @@ std::string shape_text(const std::vector<int64_t>& shape);
 // problem.
 Rule parse_rule(std::string_view text, const std::vector<std::vector<int64_t>>& input_shapes,
                 Linearity linearity = Linearity::kMultilinear);
+
+// The broadcast shape of `shapes` (right-aligned), or throws dtensor::Error naming them.
+std::vector<int64_t> broadcast_shapes(const std::vector<std::vector<int64_t>>& shapes);
+// Factors of `shape` right-aligned against the factors `out` of the broadcast shape `out_shape`:
+// a dim equal to the output's shares its factor; a size-1 dim under a larger one has none.
+TensorFactors aligned_factors(const std::vector<int64_t>& shape,
+                              const std::vector<int64_t>& out_shape, const TensorFactors& out);
 
 // ---- builders for op families (each validates its arguments and throws dtensor::Error) --
 

@@ -5,6 +5,8 @@ so the test log shows progress and each chunk fails on its own. A chunk fails wh
   - any OpInfo gives a wrong answer or hangs (never allowed, listed or not);
   - an OpInfo raises and is not listed in expected_failures.py;
   - a listed OpInfo passes (the list may only shrink: remove its entry).
+And once every chunk ran, fewer OpInfos than NATIVE_AT_LEAST passed on native rules alone (no op
+run by the replicate fallback): coverage by native rules may only grow (raise the floor with it).
 Each OpInfo's outcome is printed (pytest -s, or the test log).
 """
 
@@ -18,7 +20,9 @@ import sweep  # noqa: E402
 from expected_failures import EXPECTED_FAILURES  # noqa: E402
 
 CHUNKS = 12
+NATIVE_AT_LEAST = 490  # 493 on 2026-11-24; PyTorch's own DTensor test passes 369
 _OPS = sweep.float32_opinfos()
+_NATIVE = {}  # chunk -> OpInfos of that chunk that passed on native rules alone
 
 
 def test_expected_failures_name_real_opinfos():
@@ -31,12 +35,14 @@ def test_expected_failures_name_real_opinfos():
 @pytest.mark.parametrize("chunk", range(CHUNKS))
 def test_op_db_chunk(chunk, capsys):
     problems = []
+    _NATIVE[chunk] = 0
     for op in _OPS[chunk::CHUNKS]:
         name = sweep.opinfo_name(op)
         outcome, detail = sweep.sweep_one(op)
         listed = name in EXPECTED_FAILURES
         fallbacks = sweep.fallback_ops()
         native = "native " if outcome == "pass" and not fallbacks else ""
+        _NATIVE[chunk] += bool(native)
         with capsys.disabled():
             print(f"op_db {outcome:6s} {native}{name:40s} {'(listed) ' if listed else ''}"
                   f"{detail[:240]}{' (fallback: ' + ','.join(fallbacks) + ')' if fallbacks else ''}")
@@ -47,3 +53,13 @@ def test_op_db_chunk(chunk, capsys):
         elif outcome == "pass" and listed:
             problems.append(f"{name}: passes now; remove its entry from expected_failures.py")
     assert not problems, "\n".join(problems)
+
+
+def test_native_rules_do_not_regress():
+    if len(_NATIVE) < CHUNKS:
+        pytest.skip("only some chunks ran")
+    total = sum(_NATIVE.values())
+    print(f"op_db: {total} OpInfos pass on native rules alone (floor {NATIVE_AT_LEAST})")
+    assert total >= NATIVE_AT_LEAST, (
+        f"{total} OpInfos pass on native rules alone, fewer than {NATIVE_AT_LEAST}: an op lost its "
+        "rule (its OpInfo now prints 'pass ... (fallback: ...)')")
