@@ -14,14 +14,17 @@ TensorMeta meta_of(const at::Tensor& t) {
 // NOTE [output metadata from ATen] (propagator.h): the call's non-tensor arguments, encoded for
 // the cache key, one tag per argument: ints, bools, dtypes, strings and int lists by value;
 // floats, Scalars and generators by kind only (a Scalar's value never changes an output's dtype
-// or shape, its kind can); tensors by presence (their specs are in the key).
+// or shape, its kind can); tensors by presence and whether they are wrapped Python numbers
+// (their specs are in the key).
 void encode_call(const OpInfo& info, const c10::IValue* args, size_t n, std::vector<int64_t>& out) {
   for (size_t i = 0; i < n; ++i) {
     const c10::IValue& v = args[i];
     if (v.isNone()) {
       out.push_back(0);
     } else if (v.isTensor()) {
-      out.push_back(v.toTensor().defined() ? 1 : 2);
+      // A wrapped Python number promotes like a scalar: same spec, another output dtype.
+      const at::Tensor& t = v.toTensor();
+      out.push_back(!t.defined() ? 2 : t.unsafeGetTensorImpl()->is_wrapped_number() ? 15 : 1);
     } else if (v.isTensorList()) {
       out.push_back(3);
       out.push_back(static_cast<int64_t>(v.toTensorList().size()));

@@ -64,6 +64,4 @@ EXPECTED_FAILURES = {
         "aten::sum.IntList_out: out= argument 'out' is a plain tensor but the inputs are distributed; pass a distributed out tensor (e.g. api::empty on the same mesh)",
     "linalg.matrix_rank.hermitian":
         "aten::sum.IntList_out: out= argument 'out' is a plain tensor but the inputs are distributed; pass a distributed out tensor (e.g. api::empty on the same mesh)",
-    "special.ndtr":
-        "local.scalar_type() == spec.meta().dtype INTERNAL ASSERT FAILED at \"dtensor/dispatch.cc\":312, please report a bug to PyTorch. aten::mul.Tensor: the local result is Double but the propagated output [R] on (4) Float[] says Float (a wrong sharding rule; please report)",
 }
