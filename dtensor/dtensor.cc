@@ -1,6 +1,7 @@
 #include "dtensor/dtensor.h"
 
 #include <ATen/ATen.h>
+#include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
 
 #include <stdexcept>
@@ -22,7 +23,6 @@ at::Tensor move(const at::Tensor& local, DTensorSpec from, DTensorSpec to, bool 
 
 bool records_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
 
-int64_t my_rank() { return collectives::current_context().rank(); }
 
 // Exchanges (dtype, shape) over every rank of `mesh`; returns them in mesh order.
 constexpr int64_t kMaxDims = 16;
@@ -200,6 +200,18 @@ DTensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placem
   const auto coord = my_coordinate(mesh, "from_local");
   if (run_check) {
     const auto metas = exchange_meta(mesh, local, "from_local");
+    // Without shape= every rank infers the global shape from its own piece (even shards): pieces
+    // that differ would give each rank another global shape, so name them all at once.
+    const auto differs = [&](const std::vector<int64_t>& m) { return m != metas[0]; };
+    if (!shape && std::any_of(metas.begin(), metas.end(), differs)) {
+      std::vector<std::string> held;
+      for (size_t i = 0; i < metas.size(); ++i) {
+        held.push_back(absl::StrCat("rank ", mesh.ranks()[i], " ", meta_text(metas[i])));
+      }
+      fail("from_local(run_check) with ", to_string(placements),
+           ": the local tensors differ across ranks (", absl::StrJoin(held, ", "),
+           "); pieces of an uneven Shard need shape= (and stride=)");
+    }
     for (size_t i = 0; i < metas.size(); ++i) {
       const int64_t r = mesh.ranks()[i];
       std::vector<int64_t> want = {static_cast<int64_t>(spec.meta().dtype), spec.ndim()};
@@ -210,6 +222,14 @@ DTensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placem
                     meta_text(metas[i]) + " but " + spec.to_string() + " gives it " +
                     meta_text(want));
       }
+    }
+    // As PyTorch's: replicas that differ are made equal, each Replicate mesh dim taking the data
+    // of its first rank (written into `local`, which the result shares).
+    for (int64_t m = 0; m < mesh.ndim(); ++m) {
+      if (!placements[m].is_replicate() || mesh.shape()[m] == 1) continue;
+      collectives::CommCause cause("from_local(run_check)");
+      const at::Tensor first = collectives::broadcast(local.contiguous(), 0, group_over_dims(mesh, {m}));
+      if (!first.is_same(local)) local.copy_(first);
     }
   } else if (local.sizes().vec() != local_box(spec, coord).shape) {
     throw Error("from_local: this rank's local tensor " + c10::str(local.sizes()) +

@@ -77,8 +77,9 @@ DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
 // Wraps this rank's `local` piece. Without `shape`, the global shape assumes even shards (the
 // local size times the number of shards, as PyTorch does); with `shape` (and optionally
 // `stride`), uneven local shapes are accepted. run_check: every rank's local shape and dtype are
-// exchanged and checked against the layout; a mismatch is an error on every rank, naming the
-// ranks.
+// exchanged and checked against the layout (a mismatch is an error on every rank, naming the
+// ranks), and, as in PyTorch, each Replicate mesh dim's first rank broadcasts its data so the
+// replicas agree (written into `local`).
 DTensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placements& placements,
                    bool run_check = false,
                    const std::optional<std::vector<int64_t>>& shape = std::nullopt,

@@ -127,8 +127,10 @@ TEST(DTensorTest, FromLocalEvenUnevenAndRunCheck) {
     EXPECT_TRUE(
         at::equal(full, at::cat({at::zeros({3, 2}, at::kDouble), at::ones({2, 2}, at::kDouble)})));
     // Without the shape, uneven pieces make the ranks infer different global shapes: run_check
-    // finds it; a local piece the given shape cannot hold is refused even without it.
-    expect_error([&] { from_local(piece, mesh, {Shard(0)}, true); }, "holds Double");
+    // finds it and names every rank's piece; a local piece the given shape cannot hold is refused
+    // even without it.
+    expect_error([&] { from_local(piece, mesh, {Shard(0)}, true); },
+                 "differ across ranks (rank 0 Double[3,2], rank 1 Double[2,2])");
     expect_error(
         [&] {
           from_local(at::ones({4, 2}), mesh, {Shard(0)}, false, std::vector<int64_t>{5, 2});

@@ -15,13 +15,13 @@ def pytest_test(name, test, srcs = [], data = [], launches_ranks = False, **kwar
         tags = tags + ["exclusive"]
     native.py_test(
         name = name,
-        srcs = [test, "run_pytest.py"] + srcs,
+        srcs = [test, "//python:run_pytest.py"] + srcs,
         args = ["$(location %s)" % test],
         data = data,
         env = env,
-        main = "run_pytest.py",
+        main = "//python:run_pytest.py",
         python_version = "PY3",
         tags = tags,
-        deps = [":dtensor_engine"],
+        deps = ["//python:dtensor_engine"],
         **kwargs
     )

@@ -23,6 +23,17 @@ def default_backend(device_type="cpu"):
     return "shm"
 
 
+# The device types this engine runs meshes on (CPU collectives: threads, shm, Gloo; CUDA: NCCL).
+_DEVICE_TYPES = ("cpu", "cuda")
+
+
+def _check_device_type(device_type):
+    if device_type not in _DEVICE_TYPES:
+        raise RuntimeError(
+            f"dtensor: device_type {device_type!r} is not one this engine runs meshes on; use one of "
+            f"{', '.join(repr(t) for t in _DEVICE_TYPES)}")
+
+
 def _ensure_context(device_type="cpu"):
     """Joins the job described by torchrun's variables when this thread has no rank context."""
     if _C.has_context():
@@ -43,6 +54,7 @@ class DeviceMesh:
     """An N-D array of ranks. ``mesh`` is a nested list / tensor of global ranks."""
 
     def __init__(self, device_type, mesh, *, mesh_dim_names=None, _c_mesh=None):
+        _check_device_type(device_type)
         self.device_type = device_type
         if _c_mesh is None:
             ranks = torch.as_tensor(mesh, dtype=torch.long)
@@ -57,6 +69,7 @@ class DeviceMesh:
         """A 1-D mesh over an existing ``torch.distributed`` process group (Gloo): the engine's
         collectives on this mesh run through that group. ``mesh``, when given, must list the
         group's ranks in order."""
+        _check_device_type(device_type)
         import torch.distributed as dist
 
         if isinstance(group, (list, tuple)):
@@ -128,6 +141,7 @@ class DeviceMesh:
 
 def init_device_mesh(device_type, mesh_shape, *, mesh_dim_names=None):
     """A mesh of ``mesh_shape`` over ranks 0..N-1 of the job (N must be the world size)."""
+    _check_device_type(device_type)
     _ensure_context(device_type)
     c_mesh = _C.init_device_mesh(list(mesh_shape), list(mesh_dim_names or []))
     return DeviceMesh._wrap(c_mesh, device_type)
