@@ -111,7 +111,8 @@ void note_fallback(const OpInfo& info, const collectives::CommCounter& counter) 
       counter.total() == 0 ? "no collectives (inputs already Replicate)\n" : counter.to_string();
   comms.pop_back();
   TORCH_WARN("dtensor: ", info.name,
-             " has no sharding rule for these inputs; it ran by the replicate fallback (inputs gathered, the op "
+             " has no sharding rule for these inputs; it ran by the replicate fallback (inputs "
+             "gathered, the op "
              "computed whole on every rank, outputs Replicate). Its first call cost: ",
              comms,
              ". DTENSOR_FALLBACK=error or strict mode makes this an error; "

@@ -181,9 +181,10 @@ TEST(Dispatch, PlainScalarTensorsAreReplicatedInputs) {
     expect_same(at::where(da.gt(0), da, at::scalar_tensor(1.0, at::kFloat)),
                 at::where(a.gt(0), a, at::scalar_tensor(1.0, at::kFloat)));
     // A wrapped Python number promotes like a scalar (Float), a plain 0-dim Double tensor like
-    // a tensor (Double): same specs, so the cached output dtype must tell them apart (special.ndtr's
-    // backward used to hit the Float entry with a Double result).
-    const at::Tensor x = api::distribute_tensor(at::scalar_tensor(0.5, at::kFloat), mesh, {Replicate()});
+    // a tensor (Double): same specs, so the cached output dtype must tell them apart
+    // (special.ndtr's backward used to hit the Float entry with a Double result).
+    const at::Tensor x =
+        api::distribute_tensor(at::scalar_tensor(0.5, at::kFloat), mesh, {Replicate()});
     at::Tensor wrapped = at::scalar_tensor(2.0, at::kDouble);
     wrapped.unsafeGetTensorImpl()->set_wrapped_number(true);
     EXPECT_EQ(at::mul(x, wrapped).scalar_type(), at::kFloat);

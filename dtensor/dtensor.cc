@@ -23,7 +23,6 @@ at::Tensor move(const at::Tensor& local, DTensorSpec from, DTensorSpec to, bool 
 
 bool records_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
 
-
 // Exchanges (dtype, shape) over every rank of `mesh`; returns them in mesh order.
 constexpr int64_t kMaxDims = 16;
 std::vector<std::vector<int64_t>> exchange_meta(const DeviceMesh& mesh, const at::Tensor& t,
@@ -228,7 +227,8 @@ DTensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placem
     for (int64_t m = 0; m < mesh.ndim(); ++m) {
       if (!placements[m].is_replicate() || mesh.shape()[m] == 1) continue;
       collectives::CommCause cause("from_local(run_check)");
-      const at::Tensor first = collectives::broadcast(local.contiguous(), 0, group_over_dims(mesh, {m}));
+      const at::Tensor first =
+          collectives::broadcast(local.contiguous(), 0, group_over_dims(mesh, {m}));
       if (!first.is_same(local)) local.copy_(first);
     }
   } else if (local.sizes().vec() != local_box(spec, coord).shape) {

@@ -408,25 +408,15 @@ BuiltRule addmv_of(const Metas& m, const LayoutArgs& a) {
 // Partial sum on one rank (as addmm's).
 BuiltRule addbmm_of(const Metas& m, const LayoutArgs&) {
   need_inputs(m, 3, 3, "addbmm");
-  Rule r = parse_rule("bmk,bkn->mn", {m[1].shape, m[2].shape}, Linearity::kMultilinear);
-  const auto out_shape = r.output_shape(0);
-  broadcast_shapes({m[0].shape, out_shape});
-  if (m[0].shape.size() > 2) fail("addbmm: self must broadcast to [m, n]");
-  r.inputs.insert(r.inputs.begin(), aligned_factors(m[0].shape, out_shape, r.outputs[0]));
-  r.linearity = Linearity::kNone;
-  r.partial_with_contract = {true, false, false};
-  return {std::move(r), {promoted(m)}};
+  const Rule product = parse_rule("bmk,bkn->mn", {m[1].shape, m[2].shape}, Linearity::kMultilinear);
+  return {with_bias(product, m[0].shape, "addbmm"), {promoted(m)}};
 }
 
 // addr(bias, vec1, vec2): the outer product passes both vector dims; the bias broadcasts in.
 BuiltRule addr_of(const Metas& m, const LayoutArgs&) {
   need_inputs(m, 3, 3, "addr");
-  Rule r = parse_rule("m,n->mn", {m[1].shape, m[2].shape}, Linearity::kNone);
-  const auto out_shape = r.output_shape(0);
-  broadcast_shapes({m[0].shape, out_shape});
-  if (m[0].shape.size() > 2) fail("addr: self must broadcast to [m, n]");
-  r.inputs.insert(r.inputs.begin(), aligned_factors(m[0].shape, out_shape, r.outputs[0]));
-  return {std::move(r), {promoted(m)}};
+  const Rule product = parse_rule("m,n->mn", {m[1].shape, m[2].shape}, Linearity::kNone);
+  return {with_bias(product, m[0].shape, "addr"), {promoted(m)}};
 }
 
 BuiltRule linear_rule_of(const Metas& m, const LayoutArgs&) {

@@ -150,7 +150,8 @@ BuiltRule diag_of(const Metas& m, const LayoutArgs& a) {
   if (s.size() == 1) {
     out_shape = {s[0] + std::abs(k), s[0] + std::abs(k)};
   } else if (s.size() == 2) {
-    out_shape = {std::max<int64_t>(0, k >= 0 ? std::min(s[0], s[1] - k) : std::min(s[0] + k, s[1]))};
+    out_shape = {
+        std::max<int64_t>(0, k >= 0 ? std::min(s[0], s[1] - k) : std::min(s[0] + k, s[1]))};
   } else {
     throw Error("diag: expects a 1-D or 2-D tensor");
   }
@@ -262,8 +263,8 @@ BuiltRule rot90_of(const Metas& m, const LayoutArgs& a) {
   Rule r;
   TensorFactors in;
   for (int64_t k = 0; k < m[0].ndim(); ++k) {
-    in.push_back(r.add_dim(m[0].shape[k], k == d0 || k == d1 ? FactorKind::kReplicate
-                                                             : FactorKind::kPass));
+    in.push_back(
+        r.add_dim(m[0].shape[k], k == d0 || k == d1 ? FactorKind::kReplicate : FactorKind::kPass));
   }
   TensorFactors out = in;
   if (odd) std::swap(out[d0], out[d1]);
@@ -275,7 +276,8 @@ BuiltRule rot90_of(const Metas& m, const LayoutArgs& a) {
 // unbind(self, dim): ints: dim. One output per index of the whole dim, each without it.
 BuiltRule unbind_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 1, 1, "unbind");
-  if (m[0].ndim() == 0) throw Error("unbind: dimension specified as 0 but tensor has no dimensions");
+  if (m[0].ndim() == 0)
+    throw Error("unbind: dimension specified as 0 but tensor has no dimensions");
   const int64_t d = dim_arg(a, 0, m[0].ndim(), "unbind");
   Rule r = select_rule(m[0].shape, d);
   const Rule one = r;
@@ -297,9 +299,8 @@ RuleBuilder pixel_shuffle_of(bool shuffle) {
     if (shuffle ? c % (f * f) != 0 : h % f != 0 || w % f != 0) {
       throw Error(std::string(op) + ": sizes are not divisible by the factor");
     }
-    const std::vector<int64_t> core =
-        shuffle ? std::vector<int64_t>{c / (f * f), h * f, w * f}
-                : std::vector<int64_t>{c * f * f, h / f, w / f};
+    const std::vector<int64_t> core = shuffle ? std::vector<int64_t>{c / (f * f), h * f, w * f}
+                                              : std::vector<int64_t>{c * f * f, h / f, w / f};
     Rule r;
     TensorFactors in, out;
     for (size_t k = 0; k < b; ++k) in.push_back(r.add_dim(s[k]));
@@ -329,8 +330,8 @@ BuiltRule batch_norm_of(const Metas& m, const LayoutArgs& a) {
   TensorFactors in;
   DimFactors c;
   for (int64_t k = 0; k < m[0].ndim(); ++k) {
-    in.push_back(r.add_dim(m[0].shape[k], training && k != 1 ? FactorKind::kReplicate
-                                                             : FactorKind::kPass));
+    in.push_back(
+        r.add_dim(m[0].shape[k], training && k != 1 ? FactorKind::kReplicate : FactorKind::kPass));
     if (k == 1) c = in.back();
   }
   mark_even(r, in);
@@ -350,9 +351,8 @@ BuiltRule batch_norm_of(const Metas& m, const LayoutArgs& a) {
       training ? TensorFactors{c} : TensorFactors{r.add_dim(0, FactorKind::kReplicate)};
   r.outputs = {in, saved, saved};
   r.metadata_from_rule = !training;
-  const c10::ScalarType stat = m[0].dtype == c10::kHalf || m[0].dtype == c10::kBFloat16
-                                   ? c10::kFloat
-                                   : m[0].dtype;
+  const c10::ScalarType stat =
+      m[0].dtype == c10::kHalf || m[0].dtype == c10::kBFloat16 ? c10::kFloat : m[0].dtype;
   return {std::move(r), {m[0].dtype, stat, stat}};
 }
 
@@ -371,8 +371,8 @@ BuiltRule batch_norm_backward_of(const Metas& m, const LayoutArgs& a) {
   DimFactors c;
   std::vector<int> sums;
   for (int64_t k = 0; k < m[1].ndim(); ++k) {
-    in.push_back(r.add_dim(m[1].shape[k], training && k != 1 ? FactorKind::kReplicate
-                                                             : FactorKind::kPass));
+    in.push_back(
+        r.add_dim(m[1].shape[k], training && k != 1 ? FactorKind::kReplicate : FactorKind::kPass));
     if (k == 1) c = in.back();
     if (k != 1 && !in.back().empty()) sums.push_back(in.back()[0]);
   }
@@ -421,8 +421,9 @@ RuleBuilder search_of(bool bucketize) {
     const TensorFactors t = dims_of(r, m[0].shape, FactorKind::kPass);
     r.inputs = {t, dims_of(r, m[1].shape, FactorKind::kReplicate)};
     r.outputs = {t};
-    const c10::ScalarType out =
-        !bucketize ? c10::kBool : arg(a, 0, "bucketize", "out_int32") != 0 ? c10::kInt : c10::kLong;
+    const c10::ScalarType out = !bucketize                                 ? c10::kBool
+                                : arg(a, 0, "bucketize", "out_int32") != 0 ? c10::kInt
+                                                                           : c10::kLong;
     return BuiltRule{std::move(r), {out}};
   };
 }
@@ -475,9 +476,8 @@ RuleBuilder batched(std::vector<int> in_core, std::vector<int> out_core, std::ve
 BuiltRule solve_ex_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 2, 2, "_linalg_solve_ex");
   const auto &sa = m[0].shape, &sb = m[1].shape;
-  const bool vector = sb.size() == 1 ||
-                      (sa.size() >= 1 && sb.size() + 1 == sa.size() &&
-                       std::equal(sb.begin(), sb.end(), sa.begin()));
+  const bool vector = sb.size() == 1 || (sa.size() >= 1 && sb.size() + 1 == sa.size() &&
+                                         std::equal(sb.begin(), sb.end(), sa.begin()));
   const int core = vector ? 1 : 2;
   return batched({2, core}, {core, 2, 1, 0}, {}, -1)(m, a);
 }

@@ -338,9 +338,7 @@ LayoutArg int_arg(std::string name, std::optional<int64_t> if_none) {
 LayoutArg ints_arg(std::string name) { return {std::move(name), LayoutArg::Kind::kInts, {}}; }
 LayoutArg count_arg(std::string name) { return {std::move(name), LayoutArg::Kind::kCount, {}}; }
 LayoutArg text_arg(std::string name) { return {std::move(name), LayoutArg::Kind::kText, {}}; }
-LayoutArg present_arg(std::string name) {
-  return {std::move(name), LayoutArg::Kind::kPresent, {}};
-}
+LayoutArg present_arg(std::string name) { return {std::move(name), LayoutArg::Kind::kPresent, {}}; }
 LocalShapeArg local_shape(std::string name, LocalShapeArg::Kind kind) {
   return {kind, std::move(name)};
 }

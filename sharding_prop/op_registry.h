@@ -34,10 +34,10 @@ namespace dtensor::sharding {
 // One layout argument: the schema argument `name`, read as `kind`.
 struct LayoutArg {
   enum class Kind : uint8_t {
-    kInt,    // an int (a bool reads as 0/1, a dtype as its ScalarType number)
-    kInts,   // every element of an int list (an int reads as one element)
-    kCount,  // the length of a list (layer_norm's normalized_shape)
-    kText,   // a string (einsum's equation): LayoutArgs::text
+    kInt,      // an int (a bool reads as 0/1, a dtype as its ScalarType number)
+    kInts,     // every element of an int list (an int reads as one element)
+    kCount,    // the length of a list (layer_norm's normalized_shape)
+    kText,     // a string (einsum's equation): LayoutArgs::text
     kPresent,  // 1 when the tensor argument is given, 0 when it is None (which inputs are which)
   };
   std::string name;

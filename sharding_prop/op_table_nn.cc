@@ -22,8 +22,8 @@ void add_losses(Adder& add) {
   add("aten::binary_cross_entropy_with_logits", "loss", reduction, elementwise_loss(4, false));
   // huber_loss_backward is left to the fallback: torch 1.13's Python meta registration of it
   // raises TypeError (a meta run of it fails in Python processes).
-  for (const char* op : {"mse_loss_backward", "soft_margin_loss_backward",
-                         "smooth_l1_loss_backward"}) {
+  for (const char* op :
+       {"mse_loss_backward", "soft_margin_loss_backward", "smooth_l1_loss_backward"}) {
     add(std::string("aten::") + op, "loss", reduction, elementwise_loss(3, true));
   }
   add("aten::binary_cross_entropy_backward", "loss", reduction, elementwise_loss(4, true));
@@ -31,8 +31,8 @@ void add_losses(Adder& add) {
 
 void add_batch_norm(Adder& add) {
   add("aten::native_batch_norm", "norm",
-      {int_arg("training"), present_arg("weight"), present_arg("bias"),
-       present_arg("running_mean"), present_arg("running_var")},
+      {int_arg("training"), present_arg("weight"), present_arg("bias"), present_arg("running_mean"),
+       present_arg("running_var")},
       batch_norm_of);
   add("aten::native_batch_norm_backward", "norm", {int_arg("train")}, batch_norm_backward_of);
 }

@@ -46,9 +46,9 @@ void add_indexing(Adder& add) {
                          "scatter_.value_reduce", "scatter_add_", "scatter_reduce_.two"}) {
     add(std::string("aten::") + op, "index", {int_arg("dim")}, scatter_of);
   }
-  for (const char* op : {"index_fill.int_Scalar", "index_fill.int_Tensor", "index_fill_.int_Scalar",
-                         "index_fill_.int_Tensor", "index_copy", "index_copy_", "index_reduce",
-                         "index_reduce_"}) {
+  for (const char* op :
+       {"index_fill.int_Scalar", "index_fill.int_Tensor", "index_fill_.int_Scalar",
+        "index_fill_.int_Tensor", "index_copy", "index_copy_", "index_reduce", "index_reduce_"}) {
     add(std::string("aten::") + op, "index", {int_arg("dim")}, index_along_of);
   }
   add("aten::index_add_", "index", {int_arg("dim")}, index_add_of);

@@ -287,20 +287,22 @@ Rule matmul_rule(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
   return rule;
 }
 
-Rule addmm_rule(const std::vector<int64_t>& bias, const std::vector<int64_t>& a,
-                const std::vector<int64_t>& b) {
-  Rule product = matmul_rule(a, b);
+Rule with_bias(Rule product, const std::vector<int64_t>& bias, const char* op) {
   const auto out_shape = product.output_shape(0);
   broadcast_shapes({bias, out_shape});  // validates
-  if (bias.size() > out_shape.size())
-    fail("addmm: bias " + shape_text(bias) + " has too many dims");
-  Rule rule = product;
-  rule.inputs.insert(rule.inputs.begin(), aligned_factors(bias, out_shape, product.outputs[0]));
+  if (bias.size() > out_shape.size()) fail(op, ": bias ", shape_text(bias), " has too many dims");
+  product.inputs.insert(product.inputs.begin(),
+                        aligned_factors(bias, out_shape, product.outputs[0]));
   // A sharded contraction makes the product Partial: the bias must then be Partial as well (kept
   // on one rank), which the propagator does with an internal partition.
-  rule.linearity = Linearity::kNone;
-  rule.partial_with_contract = {true, false, false};
-  return rule;
+  product.linearity = Linearity::kNone;
+  product.partial_with_contract = {true, false, false};
+  return product;
+}
+
+Rule addmm_rule(const std::vector<int64_t>& bias, const std::vector<int64_t>& a,
+                const std::vector<int64_t>& b) {
+  return with_bias(matmul_rule(a, b), bias, "addmm");
 }
 
 Rule linear_rule(const std::vector<int64_t>& x, const std::vector<int64_t>& w,

@@ -142,6 +142,9 @@ Rule expand_rule(const std::vector<int64_t>& from, const std::vector<int64_t>& t
 Rule matmul_rule(const std::vector<int64_t>& a, const std::vector<int64_t>& b);
 // addmm(bias, a, b) / linear(x, w[, bias]) / baddbmm(bias, a, b): the product, plus a bias
 // broadcast into its output.
+// `product` (two inputs, one output) with a bias added: a new first input broadcast into the
+// output, kept on one rank of a mesh dim that shards a contraction (addmm, addbmm, addr).
+Rule with_bias(Rule product, const std::vector<int64_t>& bias, const char* op);
 Rule addmm_rule(const std::vector<int64_t>& bias, const std::vector<int64_t>& a,
                 const std::vector<int64_t>& b);
 Rule linear_rule(const std::vector<int64_t>& x, const std::vector<int64_t>& w,
