@@ -14,7 +14,9 @@
 
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <map>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_join.h"
@@ -110,6 +112,8 @@ class C10dCommunicator : public Communicator {
       }
       auto store =
           c10::make_intrusive<c10d::PrefixStore>("dtensor/" + o.job + "/" + o.group.name, o.store);
+      store_ = c10::make_intrusive<c10d::PrefixStore>(
+          "dtensor/" + o.job + "/" + o.group.name + "/status", o.store);
       auto options = c10d::ProcessGroupGloo::Options::create(o.timeout);
       options->devices.push_back(gloo_device());
       options->threads = 1;
@@ -125,24 +129,158 @@ class C10dCommunicator : public Communicator {
   }
 
   void run(CollectiveCall& call) override {
+    absl::MutexLock lock(&mu_);  // one call of this rank at a time (NOTE [issuing thread])
+    if (!broken_.empty()) throw CollectiveError(broken_);
+    call.seq = ++calls_;
     const auto start = Clock::now();
     try {
+      check_fingerprints(call);
       dispatch(call);
     } catch (const CollectiveError&) {
       throw;
     } catch (const std::exception& e) {  // c10::Error or gloo's IoException
+      if (interrupted_) {  // NOTE [interrupts]: the hook's exception goes up unchanged
+        broken_ = where(call) + ": global rank " + std::to_string(group().ranks[rank()]) +
+                  " was interrupted (SIGINT) and left the collective";
+        throw;
+      }
       const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
-      throw CollectiveError(
-          std::string(call.label.empty() ? collective_name(call.kind) : call.label) +
-          " on group '" + group().name + "' (c10d/" + pg_->getBackendName() + ", ranks [" +
-          absl::StrJoin(group().ranks, ",") + "]) failed after " + std::to_string(ms.count()) +
-          " ms (timeout " + std::to_string(timeout().count()) +
-          " ms); a peer may have died or called a different collective: " + first_line(e.what()));
+      // The group's connections are in an unknown state: later calls fail at once.
+      broken_ = where(call) + " failed after " + std::to_string(ms.count()) + " ms (timeout " +
+                std::to_string(timeout().count()) + " ms): " + first_line(e.what()) + "; " +
+                whereabouts(call);
+      throw CollectiveError(broken_);
     }
   }
 
  private:
-  void wait(const c10::intrusive_ptr<c10d::Work>& work) { work->wait(timeout()); }
+  std::string where(const CollectiveCall& call) const {
+    return (call.label.empty() ? collective_name(call.kind) : call.label) + " #" +
+           std::to_string(call.seq) + " on group '" + group().name + "' (c10d/" +
+           pg_->getBackendName() + ", ranks [" + absl::StrJoin(group().ranks, ",") +
+           "], global rank " + std::to_string(group().ranks[rank()]) + ")";
+  }
+
+  // NOTE [c10d fingerprints]
+  // Gloo exchanges whatever bytes the ranks hand it: calls that disagree (another collective, a
+  // skipped one, another thread's) would pair silently or fail with "Socket Timeout". So every
+  // call first all-gathers a fingerprint of each rank's call (sequence number, kind, dtype, reduce
+  // op, element count, source, splits, issuing thread) and compares them with the shm and threads
+  // backends' checks (mismatch()): a disagreement fails on every rank with both calls described.
+  // It costs one small all_gather per call (`./x bench collectives --backends c10d` prints it).
+  // When that exchange itself fails (a peer is gone or stuck elsewhere), each rank files what it
+  // was doing in the store and reads the others' (whereabouts()), so the error names them.
+  void check_fingerprints(const CollectiveCall& call) {
+    const int64_t n = size();
+    const int64_t width = 6 + 4 + 2 + 2 * n + 1;
+    at::Tensor mine = at::zeros({width}, at::kLong);
+    int64_t* f = mine.data_ptr<int64_t>();
+    const CallSignature sig = signature_of(call);
+    f[0] = static_cast<int64_t>(sig.seq);
+    f[1] = static_cast<int64_t>(sig.kind);
+    f[2] = sig.dtype == c10::ScalarType::Undefined ? -1 : static_cast<int64_t>(sig.dtype);
+    f[3] = static_cast<int64_t>(sig.op);
+    f[4] = sig.numel;
+    f[5] = sig.src;
+    std::memcpy(f + 6, call.thread.data(), std::min<size_t>(call.thread.size(), 31));
+    const bool has_in = static_cast<int64_t>(call.input_splits.size()) == n;
+    const bool has_out = static_cast<int64_t>(call.output_splits.size()) == n;
+    f[10] = has_in;
+    f[11] = has_out;
+    if (has_in) std::copy(call.input_splits.begin(), call.input_splits.end(), f + 12);
+    if (has_out) std::copy(call.output_splits.begin(), call.output_splits.end(), f + 12 + n);
+    f[12 + 2 * n] = static_cast<int64_t>(call.thread_seq);
+    std::vector<std::vector<at::Tensor>> outs(1);
+    for (int64_t r = 0; r < n; ++r) outs[0].push_back(at::empty({width}, at::kLong));
+    std::vector<at::Tensor> in = {mine};
+    wait(pg_->allgather(outs, in));
+    std::vector<CallSignature> sigs(n);
+    std::vector<std::string> threads(n);
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t* g = outs[0][r].data_ptr<int64_t>();
+      CallSignature& s = sigs[r];
+      s.seq = static_cast<uint64_t>(g[0]);
+      s.kind = static_cast<CollectiveKind>(g[1]);
+      s.dtype = g[2] < 0 ? c10::ScalarType::Undefined : static_cast<c10::ScalarType>(g[2]);
+      s.op = static_cast<ReduceOp>(g[3]);
+      s.numel = g[4];
+      s.src = g[5];
+      const char* text = reinterpret_cast<const char*>(g + 6);
+      threads[r].assign(text, strnlen(text, 31));
+      s.thread = threads[r];
+      if (g[10] != 0) s.input_splits = absl::MakeConstSpan(g + 12, n);
+      if (g[11] != 0) s.output_splits = absl::MakeConstSpan(g + 12 + n, n);
+      s.thread_seq = static_cast<uint64_t>(g[12 + 2 * n]);
+      if (s.kind > CollectiveKind::kBarrier) s.kind = CollectiveKind::kBarrier;  // garbage guard
+    }
+    // A rank whose splits are absent cannot be compared split by split: its kind differs.
+    const std::string bad = mismatch(sigs);
+    if (!bad.empty()) {
+      throw CollectiveError(where(call) + ": ranks disagree: " + bad);
+    }
+  }
+
+  // After a failed call: files this rank's call in the store and gives the peers up to a second
+  // to file theirs; returns what each peer was doing, or that it filed nothing (gone, or blocked
+  // in a call that has not failed yet).
+  std::string whereabouts(const CollectiveCall& call) {
+    if (!store_) return "a peer may have died or called a different collective";
+    try {
+      const std::string prefix = "failed/";
+      const std::string what = (call.label.empty() ? collective_name(call.kind) : call.label) +
+                               " #" + std::to_string(call.seq);
+      store_->set(prefix + std::to_string(rank()), std::vector<uint8_t>(what.begin(), what.end()));
+      std::vector<std::string> seen(size());
+      const auto until = Clock::now() + std::chrono::seconds(1);
+      for (bool all = false; !all && Clock::now() < until;) {
+        all = true;
+        for (int64_t r = 0; r < size(); ++r) {
+          if (!seen[r].empty()) continue;
+          if (store_->check({prefix + std::to_string(r)})) {
+            const auto v = store_->get(prefix + std::to_string(r));
+            seen[r].assign(v.begin(), v.end());
+          } else {
+            all = false;
+          }
+        }
+        if (!all) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      std::vector<std::string> parts;
+      for (int64_t r = 0; r < size(); ++r) {
+        if (r == rank()) continue;
+        parts.push_back("global rank " + std::to_string(group().ranks[r]) +
+                        (seen[r].empty() ? " reported nothing (it exited, died, or waits in "
+                                           "another call)"
+                                         : " failed in " + seen[r]));
+      }
+      return absl::StrJoin(parts, "; ");
+    } catch (const std::exception&) {
+      return "the rendezvous store is gone too (rank 0 exited or died)";
+    }
+  }
+
+  // Waits in slices of kInterruptPoll with check_interrupt() between them (NOTE [interrupts]);
+  // c10d's Work::wait(timeout) throws "timed out" for a slice while the work goes on.
+  void wait(const c10::intrusive_ptr<c10d::Work>& work) {
+    const auto deadline = Clock::now() + timeout();
+    for (;;) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      const auto slice = std::max(std::chrono::milliseconds(1), std::min(left, kInterruptPoll));
+      try {
+        work->wait(slice);
+        return;
+      } catch (const std::exception&) {
+        if (work->isCompleted() || Clock::now() >= deadline) throw;
+      }
+      try {
+        check_interrupt();
+      } catch (...) {
+        interrupted_ = true;
+        throw;
+      }
+    }
+  }
 
   void dispatch(CollectiveCall& call) {
     switch (call.kind) {
@@ -239,6 +377,11 @@ class C10dCommunicator : public Communicator {
   }
 
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  c10::intrusive_ptr<c10d::Store> store_;  // null for a ProcessGroup handed in by the user
+  absl::Mutex mu_;
+  uint64_t calls_ = 0;
+  std::string broken_;
+  bool interrupted_ = false;
 };
 
 BackendRegistration g_c10d("c10d", [](const CommunicatorOptions& o) {

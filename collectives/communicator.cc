@@ -1,6 +1,8 @@
 #include "collectives/communicator.h"
 
+#include <atomic>
 #include <map>
+#include <optional>
 #include <stdexcept>
 
 #include "absl/base/thread_annotations.h"
@@ -26,11 +28,48 @@ std::string dtype_name(c10::ScalarType dtype) {
   return dtype == c10::ScalarType::Undefined ? "none" : c10::toString(dtype);
 }
 
-// How group rank r's call disagrees with rank 0's on what every rank passes alike, or "".
+// One rank's call in words, for mismatch messages: "all_reduce #3 of 4 Float (sum) from thread
+// 'MainThread'".
+std::string describe(const CallSignature& s) {
+  std::string out = absl::StrCat(collective_name(s.kind), " #", s.seq);
+  if (s.kind != CollectiveKind::kBarrier) {
+    absl::StrAppend(&out, " of ", s.numel, " ", dtype_name(s.dtype));
+    if (s.kind == CollectiveKind::kAllReduce || s.kind == CollectiveKind::kReduceScatter) {
+      absl::StrAppend(&out, " (", std::string(reduce_op_name(s.op)), ")");
+    }
+  }
+  absl::StrAppend(&out, " from thread '", std::string(s.thread), "'");
+  return out;
+}
+
+std::string pair_difference(const CallSignature& a, const CallSignature& b, size_t r);
+
+// How group rank r's call disagrees with rank 0's on what every rank passes alike, or "", with
+// both calls described.
 std::string pair_mismatch(const CallSignature& a, const CallSignature& b, size_t r) {
+  std::string bad = pair_difference(a, b, r);
+  if (bad.empty()) return bad;
+  return absl::StrCat(bad, " (group rank 0: ", describe(a), "; group rank ", r, ": ", describe(b),
+                      ")");
+}
+
+std::string pair_difference(const CallSignature& a, const CallSignature& b, size_t r) {
   auto diff = [&](const char* what, const std::string& x, const std::string& y) {
     return absl::StrCat(what, " differs: rank 0 has ", x, ", group rank ", r, " has ", y);
   };
+  if (a.seq != b.seq) {
+    return absl::StrCat("sequence differs: rank 0 is at collective #", a.seq,
+                        " of this group, group rank ", r, " at #", b.seq,
+                        " (a rank skipped or repeated a collective)");
+  }
+  if (a.thread != b.thread || a.thread_seq != b.thread_seq) {
+    return absl::StrCat("issuing thread differs: rank 0 called from thread '",
+                        std::string(a.thread), "' (its call #", a.thread_seq,
+                        " on this group), group rank ", r, " from '", std::string(b.thread),
+                        "' (its call #", b.thread_seq, ")",
+                        " (threads of a rank that share a group must issue its collectives in "
+                        "the same order on every rank: NOTE [issuing thread])");
+  }
   if (a.kind != b.kind) {
     return diff("collective", collective_name(a.kind), collective_name(b.kind));
   }
@@ -105,7 +144,74 @@ CallSignature signature_of(const CollectiveCall& call) {
   s.src = call.src;
   s.input_splits = call.input_splits;
   s.output_splits = call.output_splits;
+  s.seq = call.seq;
+  s.thread = call.thread;
+  s.thread_seq = call.thread_seq;
   return s;
+}
+
+namespace {
+ABSL_CONST_INIT absl::Mutex g_label_mu(absl::kConstInit);
+std::function<std::string()>* g_label_provider ABSL_GUARDED_BY(g_label_mu) = nullptr;
+thread_local std::optional<std::string> t_label;
+
+std::string cut(std::string label) {
+  if (label.size() >= kThreadLabelBytes) label.resize(kThreadLabelBytes - 1);
+  return label;
+}
+}  // namespace
+
+const std::string& thread_label() {
+  if (!t_label) {
+    std::function<std::string()> provider;
+    {
+      absl::MutexLock lock(&g_label_mu);
+      if (g_label_provider != nullptr) provider = *g_label_provider;
+    }
+    t_label = cut(provider ? provider() : std::string());
+  }
+  return *t_label;
+}
+
+void set_thread_label(const std::string& label) { t_label = cut(label); }
+
+namespace {
+std::function<void()>* g_interrupt_hook ABSL_GUARDED_BY(g_label_mu) = nullptr;
+std::atomic<bool> g_interrupted{false};
+}  // namespace
+
+void set_interrupt_hook(std::function<void()> hook) {
+  absl::MutexLock lock(&g_label_mu);
+  delete g_interrupt_hook;
+  g_interrupt_hook = hook ? new std::function<void()>(std::move(hook)) : nullptr;
+}
+
+bool interrupted() { return g_interrupted.load(std::memory_order_acquire); }
+
+void check_interrupt() {
+  if (interrupted()) {
+    throw CollectiveError(
+        "this process was interrupted (SIGINT) during a collective: its groups "
+        "are broken (NOTE [interrupts])");
+  }
+  std::function<void()> hook;
+  {
+    absl::MutexLock lock(&g_label_mu);
+    if (g_interrupt_hook != nullptr) hook = *g_interrupt_hook;
+  }
+  if (!hook) return;
+  try {
+    hook();
+  } catch (...) {
+    g_interrupted.store(true, std::memory_order_release);
+    throw;
+  }
+}
+
+void set_thread_label_provider(std::function<std::string()> provider) {
+  absl::MutexLock lock(&g_label_mu);
+  delete g_label_provider;
+  g_label_provider = provider ? new std::function<std::string()>(std::move(provider)) : nullptr;
 }
 
 std::string mismatch(const std::vector<CallSignature>& calls) {

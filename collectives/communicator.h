@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/types/span.h"
@@ -41,7 +42,48 @@ struct CollectiveCall {
   std::vector<int64_t> output_splits;  // all_gather, reduce_scatter, all_to_all
   int64_t src = 0;                     // broadcast: group rank of the source
   std::string label;                   // what the user called (for errors): "all_reduce"
+  std::string thread;                  // the issuing thread's label (NOTE [issuing thread])
+  uint64_t thread_seq = 0;             // the call's number among that thread's calls on the group
+  uint64_t seq = 0;  // set by the backend: this call's number among the group's calls (1, 2, ...)
 };
+
+// NOTE [interrupts]
+// A rank blocked in a collective must answer Ctrl-C (SIGINT) within a second, not when the
+// collective times out. Every wait of every backend therefore calls check_interrupt() about every
+// 50 ms. It runs the hook the embedding installed (the Python package's runs Python's signal
+// handlers on the main thread: PyErr_CheckSignals, then throws the KeyboardInterrupt as
+// pybind11's error_already_set, which torch's bindings hand back to Python unchanged). Once a hook
+// threw, the process is marked interrupted: every wait on every thread (the per-group workers
+// included) fails at once with a CollectiveError, and each backend marks its group broken so the
+// peers fail within milliseconds instead of waiting out the timeout. A C++ program without a hook
+// keeps SIGINT's default action (the process ends). The mark is never cleared: a process that
+// caught the KeyboardInterrupt has broken groups and must start a new job to communicate again.
+void set_interrupt_hook(std::function<void()> hook);
+// Throws the hook's exception (and marks the process interrupted), or a CollectiveError when the
+// process was marked interrupted on another thread.
+void check_interrupt();
+bool interrupted();
+// How often waits call check_interrupt().
+inline constexpr std::chrono::milliseconds kInterruptPoll{50};
+
+// NOTE [issuing thread]
+// Every rank must issue the collectives of one group in one order. Two threads of a rank issuing
+// on one group interleave differently on each rank, and calls of equal shape would then pair
+// one thread's data with another's (seen: 30-39 of 40 results wrong per thread). Each call
+// therefore carries a label of the thread that issued it and its number among that thread's
+// calls on the group, which are part of what the ranks compare (CallSignature): calls that pair
+// different threads, or one thread's i-th call with its j-th, fail on every rank with an error
+// naming both, and calls that pair the same call of the same thread run correctly. A thread's label
+// is set with set_thread_label(); otherwise the provider gives it (the Python package answers
+// Python's thread name, equal across ranks for threads started in the same order, e.g.
+// "MainThread", "Thread-1"); otherwise it is "". Threads with one label are not told apart:
+// C++ programs that issue on one group from several threads label them (or order them).
+// Labels are cut to kThreadLabelBytes - 1 bytes.
+constexpr size_t kThreadLabelBytes = 32;
+// The calling thread's label, computed once per thread.
+const std::string& thread_label();
+void set_thread_label(const std::string& label);
+void set_thread_label_provider(std::function<std::string()> provider);
 
 // What the ranks of a group must agree on about one call: a view of a CollectiveCall (threads)
 // or of a descriptor read from shared memory (shm). The splits are views that must outlive it.
@@ -52,11 +94,15 @@ struct CallSignature {
   int64_t numel = 0;                                   // of the input
   int64_t src = 0;
   absl::Span<const int64_t> input_splits, output_splits;
+  uint64_t seq = 0;         // the call's number on its group (CollectiveCall::seq)
+  std::string_view thread;  // the issuing thread's label
+  uint64_t thread_seq = 0;  // the call's number among that thread's calls on the group
 };
 CallSignature signature_of(const CollectiveCall& call);
 
 // Describes how the ranks' calls (by group rank) disagree, e.g. "dtype differs: rank 0 has
-// Float, group rank 1 has Int", or returns "" when they agree. Backends report it as
+// Float, group rank 1 has Int (group rank 0: all_reduce #3 of 4 Float (sum) from thread
+// 'MainThread'; group rank 1: ...)", or returns "" when they agree. Backends report it as
 // "<label> on group '<name>' (<backend>): ranks disagree: <this>".
 std::string mismatch(const std::vector<CallSignature>& calls);
 

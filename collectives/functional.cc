@@ -92,6 +92,10 @@ PendingWork& pending_work() {
 }
 
 thread_local std::vector<CommCounter*> t_counters;
+// This thread's calls per endpoint (a rank's group), for CollectiveCall::thread_seq. Endpoints live
+// as long as their context; a new context's endpoint may reuse an address, but then the old one
+// is gone on every rank alike, so the counts still agree.
+thread_local absl::flat_hash_map<const void*, uint64_t> t_thread_calls;
 thread_local const char* t_cause = nullptr;
 
 void count_calls(const std::string& group, const Job& job) {
@@ -110,6 +114,11 @@ std::vector<at::Tensor> submit(const std::string& group, std::shared_ptr<Job> jo
                                std::vector<at::Tensor> results, bool async_op) {
   if (!t_counters.empty()) count_calls(group, *job);
   RankContext::Endpoint& ep = current_context().endpoint(group);
+  uint64_t& thread_calls = t_thread_calls[&ep];
+  for (CollectiveCall& c : job->calls) {  // NOTE [issuing thread]
+    c.thread = thread_label();
+    c.thread_seq = ++thread_calls;
+  }
   Communicator* comm = ep.comm.get();
   auto run = [comm, job] {
     // Outputs may already carry autograd history (the torch ops set it before an async call

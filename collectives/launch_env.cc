@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include "absl/strings/str_join.h"
 #include "base/error.h"
 
 namespace dtensor::collectives {
@@ -32,6 +33,75 @@ int64_t env_int(const char* name, std::optional<int64_t> fallback = std::nullopt
                 "' is not a non-negative integer");
   }
   return x;
+}
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+std::string text(const std::vector<uint8_t>& bytes) {
+  return std::string(bytes.begin(), bytes.end());
+}
+
+// NOTE [job identity]
+// Two jobs started with one MASTER_PORT must never mix: the loser's rank 0 cannot bind the port,
+// but its other ranks reach the winner's store and would take its job id and attach to its
+// shared memory. Every rank therefore proves it belongs to the launch: it carries the launch's
+// token (DTENSOR_JOB_TOKEN, made once per launch by ./x launch / ./x run; else torchrun's
+// TORCHELASTIC_RUN_ID unless "none"), and joins the store as its rank exactly once: arrivals are
+// counted per rank (add), each arrival files its token under its count, and once every rank has
+// filed one, every rank compares the first arrival's token of each rank with its own. An intruder
+// is refused on its own rank (it arrives second, or its token differs from rank 0's); when it
+// came first, the rightful rank is refused and the launch's other ranks see the foreign token, so
+// every rank of both jobs that met fails with an error naming both tokens, before any collective.
+// Without a token only double arrivals are caught.
+std::string launch_token() {
+  if (auto t = env("DTENSOR_JOB_TOKEN"); t && !t->empty()) return *t;
+  if (auto t = env("TORCHELASTIC_RUN_ID"); t && !t->empty() && *t != "none") return *t;
+  return "";
+}
+
+// Store keys of this launch attempt (a torchrun agent keeps its store across restarts).
+std::string key(const std::string& k) {
+  return "dtensor/" + env("TORCHELASTIC_RESTART_COUNT").value_or("0") + "/" + k;
+}
+
+void check_membership(c10d::Store& store, const LaunchEnv& e, const std::string& token,
+                      const std::string& where) {
+  const std::string mine = token.empty() ? "(none)" : token;
+  const std::string me = std::to_string(e.rank);
+  const int64_t arrival = store.add(key("arrivals/" + me), 1);
+  store.set(key("token/" + me + "/" + std::to_string(arrival)),
+            std::vector<uint8_t>(mine.begin(), mine.end()));
+  const auto foreign = [&](int64_t r, const std::string& theirs) {
+    return Error(where + ": global rank " + std::to_string(r) +
+                 " of the job on this store joined with launch token '" + theirs +
+                 "', this rank has '" + mine +
+                 "': processes of two jobs met on one rendezvous store (two jobs with one "
+                 "MASTER_PORT?); refusing to mix them");
+  };
+  if (arrival != 1) {
+    const std::string first = text(store.get(key("token/" + me + "/1")));
+    if (first != mine) throw foreign(e.rank, first);
+    throw Error(where + ": another process already joined this store as global rank " + me +
+                " (launch token '" + mine + "'): two processes of one launch share RANK=" + me);
+  }
+  std::vector<std::string> keys;
+  for (int64_t r = 0; r < e.world_size; ++r) {
+    keys.push_back(key("token/" + std::to_string(r) + "/1"));
+  }
+  try {
+    store.wait(keys);
+  } catch (const std::exception&) {
+    std::vector<int64_t> missing;
+    for (int64_t r = 0; r < e.world_size; ++r) {
+      if (!store.check({keys[r]})) missing.push_back(r);
+    }
+    throw Error(where + ": ranks [" + absl::StrJoin(missing, ",") +
+                "] did not join the rendezvous store within the timeout");
+  }
+  for (int64_t r = 0; r < e.world_size; ++r) {
+    const std::string theirs = text(store.get(keys[r]));
+    if (theirs != mine) throw foreign(r, theirs);
+  }
 }
 
 }  // namespace
@@ -62,6 +132,7 @@ std::shared_ptr<RankContext> init_from_env(const std::string& backend,
         "launch environment: RANK and WORLD_SIZE are not set (start ranks with "
         "./x launch -n N -- CMD, or python3 -m torch.distributed.run)");
   }
+  timeout = clamp_timeout(timeout);
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<uint16_t>(e->port);
   // Under torchrun the agent already hosts the store at MASTER_PORT and says so with
@@ -72,16 +143,39 @@ std::shared_ptr<RankContext> init_from_env(const std::string& backend,
   opts.numWorkers = static_cast<size_t>(e->world_size);
   opts.waitWorkers = false;
   opts.timeout = timeout;
-  auto store = c10::make_intrusive<c10d::TCPStore>(e->master_addr, opts);
-  // One job id for all ranks: shared-memory names and logs derive from it.
+  const std::string where = "launch: global rank " + std::to_string(e->rank) + " of " +
+                            std::to_string(e->world_size) + ", store " + e->master_addr + ":" +
+                            std::to_string(e->port);
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(e->master_addr, opts);
+  } catch (const std::exception& err) {
+    throw Error(where + ": " +
+                (opts.isServer ? "cannot host the rendezvous store (is another job using "
+                                 "MASTER_PORT? ./x launch picks a free one): "
+                               : "cannot reach the rendezvous store hosted by rank 0: ") +
+                first_line(err.what()));
+  }
+  const std::string token = launch_token();
+  // One job id for all ranks: shared-memory names and logs derive from it. With a launch token
+  // the id is the token's, so the launcher can find (and remove) the job's segments itself.
   std::string job;
-  if (e->rank == 0) {
-    job = "job-" + std::to_string(::getpid()) + "-" + std::to_string(e->port) + "-" +
-          std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
-    store->set("dtensor/job", std::vector<uint8_t>(job.begin(), job.end()));
-  } else {
-    const auto bytes = store->get("dtensor/job");  // waits up to the store timeout
-    job.assign(bytes.begin(), bytes.end());
+  try {
+    if (e->rank == 0) {
+      job = token.empty()
+                ? "job-" + std::to_string(::getpid()) + "-" + std::to_string(e->port) + "-" +
+                      std::to_string(std::chrono::steady_clock::now().time_since_epoch().count())
+                : "job-" + token + "-" + env("TORCHELASTIC_RESTART_COUNT").value_or("0");
+      store->set(key("job"), std::vector<uint8_t>(job.begin(), job.end()));
+    } else {
+      const auto bytes = store->get(key("job"));  // waits up to the store timeout
+      job.assign(bytes.begin(), bytes.end());
+    }
+    check_membership(*store, *e, token, where);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& err) {
+    throw Error(where + ": rendezvous failed: " + first_line(err.what()));
   }
   std::string chosen = backend;
   if (chosen.empty()) chosen = env("DTENSOR_BACKEND").value_or("shm");

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <stdexcept>
 #include <thread>
@@ -22,12 +24,23 @@ std::shared_ptr<RankContext> g_process_context ABSL_GUARDED_BY(g_process_mu);
 std::chrono::milliseconds default_timeout() {
   if (const char* env = std::getenv("DTENSOR_COLLECTIVE_TIMEOUT_MS")) {
     char* end = nullptr;
+    errno = 0;
     const long long ms = std::strtoll(env, &end, 10);
-    if (end != env && *end == '\0' && ms > 0) return std::chrono::milliseconds(ms);
+    if (end != env && *end == '\0' && ms > 0 && errno != ERANGE) {
+      return std::min(std::chrono::milliseconds(ms), kMaxTimeout);
+    }
     throw Error("DTENSOR_COLLECTIVE_TIMEOUT_MS='" + std::string(env) +
-                "' is not a positive integer of milliseconds");
+                "' is not a positive integer of milliseconds (at most 9223372036854775807; values "
+                "above a year mean a year)");
   }
   return std::chrono::milliseconds(300000);
+}
+
+std::chrono::milliseconds clamp_timeout(std::chrono::milliseconds timeout) {
+  if (timeout.count() <= 0) {
+    throw Error("collective timeout of " + std::to_string(timeout.count()) + " ms is not positive");
+  }
+  return std::min(timeout, kMaxTimeout);
 }
 
 RankContext::RankContext(int64_t rank, int64_t world_size, std::string backend, std::string job,
@@ -36,7 +49,7 @@ RankContext::RankContext(int64_t rank, int64_t world_size, std::string backend, 
       world_size_(world_size),
       backend_(std::move(backend)),
       job_(std::move(job)),
-      timeout_(timeout) {
+      timeout_(clamp_timeout(timeout)) {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
     throw Error("RankContext: rank " + std::to_string(rank) + " is not in a world of size " +
                 std::to_string(world_size));
@@ -51,6 +64,15 @@ RankContext::~RankContext() = default;
 std::string RankContext::register_group(const std::string& name, const std::vector<int64_t>& ranks,
                                         const std::string& backend) {
   if (ranks.empty()) throw Error("group '" + name + "' has no ranks");
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (ranks[i] == ranks[j]) {
+        throw Error("group '" + name + "' lists rank " + std::to_string(ranks[i]) +
+                    " twice (ranks [" + absl::StrJoin(ranks, ",") +
+                    "]): a rank is a member of a group once");
+      }
+    }
+  }
   for (int64_t r : ranks) {
     if (r < 0 || r >= world_size_) {
       throw Error("group '" + name + "' names rank " + std::to_string(r) +
@@ -116,7 +138,19 @@ RankContext::Endpoint& RankContext::endpoint(const std::string& name) {
   options.store = store_;
   auto ep = std::make_unique<Endpoint>();
   ep->info = info;
-  ep->comm = make_communicator(options);
+  // Configuration errors (environment, store, backend) are raised by every rank alike: name the
+  // group and the rank so that each rank's message is complete on its own.
+  const auto where = [&] {
+    return "group '" + name + "' (" + info.backend + ", ranks [" + absl::StrJoin(info.ranks, ",") +
+           "]) on global rank " + std::to_string(rank_) + ": cannot set up its communicator: ";
+  };
+  try {
+    ep->comm = make_communicator(options);
+  } catch (const CollectiveError& e) {
+    throw CollectiveError(where() + e.what());
+  } catch (const std::exception& e) {
+    throw Error(where() + e.what());
+  }
   ep->worker = std::make_unique<Worker>();
   return *endpoints_.emplace(name, std::move(ep)).first->second;
 }

@@ -24,7 +24,13 @@ namespace dtensor::collectives {
 // 300 s (PyTorch's Gloo default is 30 min, too long to notice a dead peer in tests); the
 // environment variable DTENSOR_COLLECTIVE_TIMEOUT_MS overrides it for a whole job, and
 // RankContext's constructor argument for one context.
+// Timeouts are capped at a year, so that a deadline (now + timeout) never overflows the clock: a
+// larger value means "no deadline" in practice (DTENSOR_COLLECTIVE_TIMEOUT_MS=9223372036854775807
+// used to overflow and time out at once).
+inline constexpr std::chrono::milliseconds kMaxTimeout{int64_t{365} * 24 * 3600 * 1000};
 std::chrono::milliseconds default_timeout();
+// `timeout` capped at kMaxTimeout; throws dtensor::Error when it is not positive.
+std::chrono::milliseconds clamp_timeout(std::chrono::milliseconds timeout);
 
 class RankContext {
  public:

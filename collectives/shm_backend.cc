@@ -27,6 +27,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <system_error>
 #include <thread>
@@ -93,6 +94,9 @@ CallSignature signature_of(const Snap& s) {
   sig.src = s.d.src;
   sig.input_splits = s.in;
   sig.output_splits = s.out;
+  sig.seq = s.d.seq;
+  sig.thread = std::string_view(s.d.thread, strnlen(s.d.thread, sizeof(s.d.thread)));
+  sig.thread_seq = s.d.thread_seq;
   return sig;
 }
 
@@ -181,7 +185,11 @@ class ShmCommunicator : public Communicator {
       : Communicator(o.group, group_rank_of(o), o.timeout),
         name_(shm_segment_name(o.job, o.group.name)),
         snaps_(size()),
-        cma_(shm::cma_enabled() && size() > 1 ? Cma::kUnknown : Cma::kNo) {}
+        cma_(shm::cma_enabled() && size() > 1 ? Cma::kUnknown : Cma::kNo),
+        // Read on every rank (only group rank 0 sizes the segment), so that a malformed
+        // DTENSOR_SHM_BUFFER_BYTES fails every rank at once instead of leaving the others
+        // waiting out the timeout for a segment that never comes.
+        requested_half_(shm::half_buffer_bytes()) {}
   ~ShmCommunicator() override;
 
   void run(CollectiveCall& call) override;
@@ -215,6 +223,7 @@ class ShmCommunicator : public Communicator {
   [[noreturn]] void fail(const Op& op, const std::vector<int64_t>& missing, const char* what);
   [[noreturn]] void fail_read(const Op& op, int64_t r, int64_t pid, int err);
   [[noreturn]] void break_group(const std::string& msg);
+  void mark_broken(const std::string& msg);
   [[noreturn]] void throw_peer_broken();
 
   Ctrl* ctrl(int64_t r) const {
@@ -259,10 +268,12 @@ class ShmCommunicator : public Communicator {
   Layout layout_{};
   size_t half_ = 0;
   uint64_t step_ = 0;   // last step this rank completed
+  uint64_t calls_ = 0;  // calls this rank made on the group (CollectiveCall::seq)
   std::string broken_;  // set once a call failed for good: later calls fail at once
   std::vector<Snap> snaps_;
   Cma cma_;
   std::vector<char> scratch_;  // a peer's piece of a reduction read by cross memory attach
+  size_t requested_half_;      // DTENSOR_SHM_BUFFER_BYTES / 2 (rank 0 sizes the segment by it)
 };
 
 Desc describe(const CollectiveCall& c, int64_t n) {
@@ -274,6 +285,9 @@ Desc describe(const CollectiveCall& c, int64_t n) {
     d.dtype = static_cast<int32_t>(c.input.scalar_type());
     d.numel = c.input.numel();
   }
+  d.seq = c.seq;
+  d.thread_seq = c.thread_seq;
+  std::memcpy(d.thread, c.thread.data(), std::min(c.thread.size(), sizeof(d.thread) - 1));
   d.n_in = static_cast<int64_t>(c.input_splits.size()) == n ? static_cast<int32_t>(n) : 0;
   d.n_out = static_cast<int64_t>(c.output_splits.size()) == n ? static_cast<int32_t>(n) : 0;
   return d;
@@ -295,6 +309,7 @@ void ShmCommunicator::run(CollectiveCall& call) {
   check_call(call, size(), rank(), label_of(call) + " on group '" + group().name + "' (shm)");
   if (hdr_ == nullptr) attach(op);
   if (hdr_->broken.load(std::memory_order_acquire) != 0) throw_peer_broken();
+  call.seq = ++calls_;
   exchange(op, call);
 }
 
@@ -330,8 +345,10 @@ void ShmCommunicator::attach(const Op& op) {
 void ShmCommunicator::create_segment(const Op& op) {
   // A scatter round needs a slot of at least one element (16 bytes at most) per peer (NOTE [shm
   // scatter rounds]).
-  const size_t half = std::max<size_t>(shm::half_buffer_bytes(), (16 * size() + 63) / 64 * 64);
+  const size_t half = std::max<size_t>(requested_half_, (16 * size() + 63) / 64 * 64);
   const Layout l = layout_for(size(), half);
+  static std::once_flag reclaimed;  // leftovers of killed jobs (NOTE [stale segments])
+  std::call_once(reclaimed, [] { shm::reclaim_stale_segments(); });
   for (int attempt = 0;; ++attempt) {
     ShmSegment seg = ShmSegment::create(name_, l.total);
     if (seg.valid()) {
@@ -372,7 +389,12 @@ bool ShmCommunicator::remove_stale() {
 
 void ShmCommunicator::open_segment(const Op& op) {
   long nap_us = 20;
+  auto next_poll = Clock::now() + kInterruptPoll;
   for (;;) {
+    if (Clock::now() >= next_poll) {
+      check_interrupt();  // NOTE [interrupts]
+      next_poll = Clock::now() + kInterruptPoll;
+    }
     ShmSegment seg = ShmSegment::open(name_, sizeof(Header));
     const auto* h = seg.valid() ? reinterpret_cast<const Header*>(seg.data()) : nullptr;
     if (h != nullptr && h->magic.load(std::memory_order_acquire) == shm::kMagic) {
@@ -504,7 +526,18 @@ void ShmCommunicator::await(const Op& op, std::atomic<uint64_t> Ctrl::*field, ui
     while (next < n && (ctrl(next)->*field).load(std::memory_order_acquire) >= step) ++next;
     return next == n;
   };
-  switch (shm::wait_until(reached, hdr_->broken, op.deadline)) {
+  const auto poll = [&] {
+    try {
+      check_interrupt();
+    } catch (...) {  // NOTE [interrupts]: the peers stop waiting for this rank
+      mark_broken(absl::StrCat(label_of(op.call), " #", op.call.seq, " on group '", group().name,
+                               "' (shm, ranks [", absl::StrJoin(group().ranks, ","),
+                               "]): global rank ", group().ranks[rank()],
+                               " was interrupted (SIGINT) and left the collective"));
+      throw;
+    }
+  };
+  switch (shm::wait_until(reached, hdr_->broken, op.deadline, poll, kInterruptPoll)) {
     case Wait::kReady:
       return;
     case Wait::kBroken:
@@ -705,8 +738,8 @@ void ShmCommunicator::fold(CollectiveCall& call, int64_t out_at, int64_t len, Pi
 // ranks that are missing, worded as the threads backend words it.
 void ShmCommunicator::fail(const Op& op, const std::vector<int64_t>& missing, const char* what) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - op.start);
-  break_group(absl::StrCat(label_of(op.call), " on group '", group().name, "' (shm, ranks [",
-                           absl::StrJoin(group().ranks, ","), "]): ranks [",
+  break_group(absl::StrCat(label_of(op.call), " #", op.call.seq, " on group '", group().name,
+                           "' (shm, ranks [", absl::StrJoin(group().ranks, ","), "]): ranks [",
                            absl::StrJoin(missing, ","), "] ", what, " within the timeout of ",
                            timeout().count(), " ms (global rank ", group().ranks[rank()],
                            " waited ", ms.count(), " ms)"));
@@ -723,6 +756,11 @@ void ShmCommunicator::fail_read(const Op& op, int64_t r, int64_t pid, int err) {
 
 // Marks the group broken with `msg` (so that peers stop waiting and fail with it too) and throws.
 void ShmCommunicator::break_group(const std::string& msg) {
+  mark_broken(msg);
+  throw CollectiveError(msg);
+}
+
+void ShmCommunicator::mark_broken(const std::string& msg) {
   broken_ = msg;
   if (hdr_ != nullptr) {
     uint32_t expected = 0;
@@ -734,7 +772,6 @@ void ShmCommunicator::break_group(const std::string& msg) {
     }
     if (hdr_->attached.load(std::memory_order_acquire) < size()) seg_.unlink_if_current();
   }
-  throw CollectiveError(msg);
 }
 
 // Another rank marked the group broken: fail with its message (it names the missing ranks).

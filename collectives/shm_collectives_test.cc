@@ -447,7 +447,7 @@ std::pair<std::string, milliseconds> timed_error(const std::function<void()>& fn
 void expect_dead_peer(const std::function<void()>& call, const std::string& collective,
                       const std::string& missing) {
   auto [e, took] = timed_error(call);
-  expect(contains(e, collective + " on group 'world' (shm, ranks ["),
+  expect(contains(e, collective + " #") && contains(e, " on group 'world' (shm, ranks ["),
          "names the call: '" + e + "'");
   expect(contains(e, "ranks [" + missing + "] did not arrive within the timeout of 500 ms"),
          "names the missing ranks: '" + e + "'");

@@ -1,5 +1,6 @@
 #include "collectives/shm_segment.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -9,6 +10,7 @@
 #include <signal.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdlib>
 #include <stdexcept>
 #include <system_error>
@@ -76,6 +78,37 @@ bool process_alive(int64_t pid) {
   if (pid <= 0) return false;
   if (pid == ::getpid()) return true;
   return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
+}
+
+// tools/shm_clean.py reads the same words.
+static_assert(offsetof(Header, creator_pid) == 4 * sizeof(uint64_t));
+
+int reclaim_stale_segments(const char* dir) {
+  DIR* d = ::opendir(dir);
+  if (d == nullptr) return 0;
+  int removed = 0;
+  const time_t now = ::time(nullptr);
+  while (const dirent* entry = ::readdir(d)) {
+    const std::string name = entry->d_name;
+    if (name.rfind("dtensor-", 0) != 0) continue;
+    const int fd = ::openat(::dirfd(d), name.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    FdCloser closer{fd};
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) continue;
+    const bool old = now - st.st_mtime > 60;
+    uint64_t fields[5] = {};  // Header's magic .. creator_pid, read as plain words
+    const ssize_t got = ::pread(fd, fields, sizeof(fields), 0);
+    bool stale;
+    if (got != static_cast<ssize_t>(sizeof(fields)) || fields[0] != kMagic) {
+      stale = old;  // never finished (or not ours): a creator takes microseconds to finish it
+    } else {
+      stale = !process_alive(static_cast<int64_t>(fields[4]));
+    }
+    if (stale && ::shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  }
+  ::closedir(d);
+  return removed;
 }
 
 int read_process(int64_t pid, uint64_t remote, void* local, size_t bytes) {

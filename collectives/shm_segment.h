@@ -39,7 +39,7 @@ namespace shm {
 // writing step t once every rank has finished reading step t - 2, so writing the next chunk
 // overlaps the peers' reading of the previous one. Counters are lock-free atomics, which are
 // address-free and therefore valid across processes.
-constexpr uint64_t kMagic = 0x32306d6873746e64ull;  // "dtnshm02"
+constexpr uint64_t kMagic = 0x33306d6873746e64ull;  // "dtnshm03" (tools/shm_clean.py: MAGIC)
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
@@ -61,7 +61,10 @@ struct Desc {
   int32_t cma = 0;              // 1: peers read `input` directly, no data was posted (see
                                 // NOTE [shm cross memory attach] in shm_backend.cc)
   int64_t src = 0, numel = 0;
-  uint64_t input = 0;  // cma: the address of the input's data in the rank's process (Ctrl::pid)
+  uint64_t input = 0;    // cma: the address of the input's data in the rank's process (Ctrl::pid)
+  uint64_t seq = 0;      // CollectiveCall::seq
+  char thread[32] = {};  // CollectiveCall::thread, NUL-terminated (NOTE [issuing thread])
+  uint64_t thread_seq = 0;
 };
 
 struct alignas(64) Ctrl {
@@ -97,6 +100,12 @@ size_t half_buffer_bytes();
 // Whether a process with this id exists (a segment whose creator is gone is a leftover).
 bool process_alive(int64_t pid);
 
+// Removes every leftover segment of any dtensor job from /dev/shm: its creator is dead, or its
+// header was never finished and it is over a minute old (NOTE [stale segments] in
+// tools/shm_clean.py, which ./x clean runs). A live job's segments are never touched. Returns
+// how many were removed. The first segment a process creates runs it once.
+int reclaim_stale_segments(const char* dir = "/dev/shm");
+
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   _mm_pause();
@@ -112,9 +121,12 @@ enum class Wait { kReady, kBroken, kTimeout };
 // to a millisecond, since with more ranks than cores (2 cores, 4 ranks) the peer we wait for may
 // need this core, and a yield costs nothing when no one else wants it; then nap with growing
 // sleeps (10 us to 100 us) so that long waits cost no CPU.
-template <class Ready>
+// poll() runs about every poll_every while waiting (it may throw: NOTE [interrupts] in
+// collectives/communicator.h).
+template <class Ready, class Poll>
 Wait wait_until(Ready&& ready, const std::atomic<uint32_t>& broken,
-                std::chrono::steady_clock::time_point deadline) {
+                std::chrono::steady_clock::time_point deadline, Poll&& poll,
+                std::chrono::milliseconds poll_every) {
   constexpr auto kSpinFor = std::chrono::microseconds(20);
   constexpr auto kYieldFor = std::chrono::microseconds(1000);
   for (int i = 0; i < 64; ++i) {  // the common case: the peers are (almost) there
@@ -122,12 +134,17 @@ Wait wait_until(Ready&& ready, const std::atomic<uint32_t>& broken,
     cpu_relax();
   }
   const auto start = std::chrono::steady_clock::now();
+  auto next_poll = start + poll_every;
   long nap_ns = 10000;
   for (;;) {
     if (ready()) return Wait::kReady;
     if (broken.load(std::memory_order_acquire) != 0) return Wait::kBroken;
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) return ready() ? Wait::kReady : Wait::kTimeout;
+    if (now >= next_poll) {
+      poll();
+      next_poll = now + poll_every;
+    }
     if (now - start < kSpinFor) {
       for (int k = 0; k < 16; ++k) cpu_relax();
     } else if (now - start < kYieldFor) {

@@ -117,6 +117,10 @@ class ThreadsCommunicator : public Communicator {
         shared_(shared_group(o.job + '\0' + o.group.name, size())) {}
 
   void run(CollectiveCall& call) override {
+    // One call of this rank at a time: two threads sharing a rank's context take turns (their
+    // calls are told apart by NOTE [issuing thread]).
+    std::lock_guard<std::mutex> mine(mu_);
+    call.seq = ++calls_;
     SharedGroup& g = *shared_;
     const auto start = Clock::now();
     const auto deadline = start + timeout();
@@ -125,8 +129,7 @@ class ThreadsCommunicator : public Communicator {
     const uint64_t my_round = g.round;
     g.posted[rank()] = &call;
     if (++g.arrived == size()) g.cv.notify_all();
-    if (!g.cv.wait_until(lock, deadline,
-                         [&] { return g.arrived == size() || !g.broken.empty(); })) {
+    if (!wait(g, lock, call, deadline, [&] { return g.arrived == size() || !g.broken.empty(); })) {
       fail(g, call, "did not arrive", start);
     }
     if (!g.broken.empty()) throw CollectiveError(g.broken);
@@ -143,8 +146,8 @@ class ThreadsCommunicator : public Communicator {
       std::fill(g.left.begin(), g.left.end(), 0);
       ++g.round;
       g.cv.notify_all();
-    } else if (!g.cv.wait_until(lock, deadline,
-                                [&] { return g.round != my_round || !g.broken.empty(); })) {
+    } else if (!wait(g, lock, call, deadline,
+                     [&] { return g.round != my_round || !g.broken.empty(); })) {
       fail(g, call, "did not finish", start);
     }
     if (!bad.empty()) {
@@ -155,6 +158,33 @@ class ThreadsCommunicator : public Communicator {
   }
 
  private:
+  // cv.wait_until(deadline, ready) in slices of kInterruptPoll with check_interrupt() between
+  // them (NOTE [interrupts]): an interrupt marks the group broken, so the peers stop waiting.
+  template <class Ready>
+  bool wait(SharedGroup& g, std::unique_lock<std::mutex>& lock, const CollectiveCall& call,
+            Clock::time_point deadline, Ready&& ready) {
+    while (!ready()) {
+      const auto slice = std::min(deadline, Clock::now() + kInterruptPoll);
+      if (g.cv.wait_until(lock, slice, ready)) return true;
+      if (Clock::now() >= deadline) return false;
+      lock.unlock();  // the hook may take Python's lock: never hold the group's meanwhile
+      try {
+        check_interrupt();
+      } catch (...) {
+        lock.lock();
+        g.broken = absl::StrCat(call.label.empty() ? collective_name(call.kind) : call.label, " #",
+                                call.seq, " on group '", group().name, "' (threads): global rank ",
+                                group().ranks[rank()],
+                                " was interrupted (SIGINT) and left the collective");
+        g.cv.notify_all();
+        lock.unlock();
+        throw;
+      }
+      lock.lock();
+    }
+    return true;
+  }
+
   // Marks the group broken (so peers stop waiting too) and throws a timeout error naming the
   // ranks that are missing. Called with the lock held.
   [[noreturn]] void fail(SharedGroup& g, const CollectiveCall& call, const char* what,
@@ -166,8 +196,8 @@ class ThreadsCommunicator : public Communicator {
     }
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
     const std::string msg = absl::StrCat(
-        call.label.empty() ? collective_name(call.kind) : call.label, " on group '", group().name,
-        "' (threads, ranks [", absl::StrJoin(group().ranks, ","), "]): ranks [",
+        call.label.empty() ? collective_name(call.kind) : call.label, " #", call.seq, " on group '",
+        group().name, "' (threads, ranks [", absl::StrJoin(group().ranks, ","), "]): ranks [",
         absl::StrJoin(missing, ","), "] ", what, " within the timeout of ", timeout().count(),
         " ms (global rank ", group().ranks[rank()], " waited ", ms.count(), " ms)");
     g.broken = msg;
@@ -175,6 +205,8 @@ class ThreadsCommunicator : public Communicator {
     throw CollectiveError(msg);
   }
 
+  std::mutex mu_;
+  uint64_t calls_ = 0;  // calls this rank made on the group (CollectiveCall::seq)
   std::shared_ptr<SharedGroup> shared_;
 };
 

@@ -277,7 +277,7 @@ TEST(ThreadsFailureTest, AbsentPeerTimesOutNamingCollectiveGroupAndRanks) {
     ADD_FAILURE() << "no timeout";
   } catch (const CollectiveError& e) {
     const std::string msg = e.what();
-    EXPECT_NE(msg.find("all_reduce on group 'world'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("all_reduce #1 on group 'world'"), std::string::npos) << msg;
     EXPECT_NE(msg.find("ranks [2] did not arrive"), std::string::npos) << msg;
     EXPECT_NE(msg.find("timeout of 300 ms"), std::string::npos) << msg;
   }
@@ -365,13 +365,18 @@ TEST(CallMismatchTest, NamesTheFirstDisagreement) {
   r1.numel = 3;
   r0.output_splits = a;
   r1.output_splits = b;
-  EXPECT_EQ(mismatch({r0, r1}), "split sizes differs: rank 0 has [1,2], group rank 1 has [2,1]");
+  EXPECT_EQ(mismatch({r0, r1}),
+            "split sizes differs: rank 0 has [1,2], group rank 1 has [2,1] (group rank 0: "
+            "all_gather #0 of 1 Float from thread ''; group rank 1: all_gather #0 of 3 Float from "
+            "thread '')");
   r1.output_splits = a;
   EXPECT_EQ(mismatch({r0, r1}), "group rank 1 sends 3 elements but the split sizes say 2");
   r1.numel = 2;
   EXPECT_EQ(mismatch({r0, r1}), "");
   r1.dtype = at::kInt;
-  EXPECT_EQ(mismatch({r0, r1}), "dtype differs: rank 0 has Float, group rank 1 has Int");
+  EXPECT_EQ(mismatch({r0, r1}),
+            "dtype differs: rank 0 has Float, group rank 1 has Int (group rank 0: all_gather #0 of "
+            "1 Float from thread ''; group rank 1: all_gather #0 of 2 Int from thread '')");
   r0.kind = r1.kind = CollectiveKind::kAllToAll;
   r1.dtype = at::kFloat;
   r0.input_splits = r0.output_splits = a;
@@ -380,7 +385,27 @@ TEST(CallMismatchTest, NamesTheFirstDisagreement) {
   EXPECT_EQ(mismatch({r0, r1}), "group rank 0 sends 2 elements to group rank 1, which expects 1");
   r0.kind = CollectiveKind::kBarrier;
   EXPECT_EQ(mismatch({r0, r1}),
-            "collective differs: rank 0 has barrier, group rank 1 has all_to_all");
+            "collective differs: rank 0 has barrier, group rank 1 has all_to_all (group rank 0: "
+            "barrier #0 from thread ''; group rank 1: all_to_all #0 of 2 Float from thread '')");
+  // NOTE [issuing thread]: the sequence number and the issuing thread come first.
+  r1.kind = CollectiveKind::kBarrier;
+  r0.thread = "Thread-1";
+  r1.thread = "Thread-2";
+  EXPECT_EQ(mismatch({r0, r1}).rfind(
+                "issuing thread differs: rank 0 called from thread 'Thread-1' (its call #0 on this "
+                "group), group rank 1 from 'Thread-2' (its call #0) (threads",
+                0),
+            0u);
+  r1.thread = "Thread-1";
+  r1.thread_seq = 2;
+  EXPECT_EQ(mismatch({r0, r1}).rfind(
+                "issuing thread differs: rank 0 called from thread 'Thread-1' (its call #0 on this "
+                "group), group rank 1 from 'Thread-1' (its call #2) (threads",
+                0),
+            0u);
+  r1.seq = 4;
+  EXPECT_EQ(mismatch({r0, r1}).substr(0, 81),
+            "sequence differs: rank 0 is at collective #0 of this group, group rank 1 at #4 (a");
 }
 
 TEST(BackendRegistryTest, UnknownBackendListsRegisteredOnes) {

@@ -1,14 +1,20 @@
 #include "collectives/work.h"
 
+#include "collectives/communicator.h"
+
 namespace dtensor::collectives {
 
 void Work::wait() {
   std::exception_ptr error;
-  {
-    // Backends bound every blocking step by their timeout, so this wait ends.
-    absl::MutexLock lock(&mu_, absl::Condition(&done_));
-    error = error_;
+  // Backends bound every blocking step by their timeout, so this wait ends; meanwhile an
+  // interrupt is answered within a poll period (NOTE [interrupts]): the collective itself then
+  // fails on the worker, whose waits see the process marked interrupted.
+  while (!mu_.LockWhenWithTimeout(absl::Condition(&done_), absl::FromChrono(kInterruptPoll))) {
+    mu_.Unlock();
+    check_interrupt();
   }
+  error = error_;
+  mu_.Unlock();
   if (error) std::rethrow_exception(error);
 }
 
@@ -64,6 +70,13 @@ void Worker::loop() {
     } catch (...) {
       error = std::current_exception();
     }
+    // NOTE [worker releases before finishing]
+    // The job's captures (tensors, whose last reference may be a Python object) are destroyed
+    // here, before finish() wakes the waiter: once woken, the main thread may return to the
+    // interpreter and shut it down, and a tensor freed on this thread afterwards would re-enter a
+    // finalizing Python, which ends the thread with a forced unwind through a noexcept frame
+    // (std::terminate, "terminate called without an active exception", exit -6).
+    job = nullptr;
     work->finish(error);
     mu_.Lock();
     running_ = false;

@@ -30,6 +30,35 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "Native DTensor sharding engine";
   bind_tensors(m);
 
+  // NOTE [interrupts]: Ctrl-C reaches a rank blocked in a collective as KeyboardInterrupt within
+  // kInterruptPoll. Only the main thread runs Python's signal handlers; threads Python did not
+  // start have nothing to check.
+  collectives::set_interrupt_hook([] {
+    if (!Py_IsInitialized() || _Py_IsFinalizing() || PyGILState_GetThisThreadState() == nullptr) {
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  });
+
+  // NOTE [issuing thread]: a Python thread is labelled by its name ("MainThread", "Thread-1"),
+  // equal across ranks for threads a program starts in the same order. Threads Python did not
+  // start (C++ workers, autograd's device threads) have no name of their own: "".
+  collectives::set_thread_label_provider([]() -> std::string {
+    if (!Py_IsInitialized() || _Py_IsFinalizing() || PyGILState_GetThisThreadState() == nullptr) {
+      return "";
+    }
+    py::gil_scoped_acquire gil;
+    try {
+      py::module_ threading = py::module_::import("threading");
+      py::object current = threading.attr("current_thread")();
+      if (py::isinstance(current, threading.attr("_DummyThread"))) return "";
+      return current.attr("name").cast<std::string>();
+    } catch (py::error_already_set&) {
+      return "";
+    }
+  });
+
   py::class_<Placement>(m, "Placement")
       .def_static("parse", &parse_placement)
       .def("is_shard", py::overload_cast<>(&Placement::is_shard, py::const_))

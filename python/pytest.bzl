@@ -10,7 +10,7 @@ def pytest_test(name, test, srcs = [], data = [], launches_ranks = False, **kwar
     env = {}
     tags = kwargs.pop("tags", [])
     if launches_ranks:
-        data = data + ["//tools:launch.py"]
+        data = data + ["//tools:launch.py", "//tools:shm_clean.py"]
         env = {"LAUNCH_PY": "$(location //tools:launch.py)"}
         tags = tags + ["exclusive"]
     native.py_test(

@@ -124,7 +124,9 @@ TEST(C10dFailureTest, DeadPeerGivesABoundedNamedError) {
     } catch (const CollectiveError& e) {
       const std::string msg = e.what();
       const bool ok =
-          msg.find("all_reduce on group 'world' (c10d/gloo, ranks [0,1,2])") != std::string::npos;
+          msg.find("all_reduce #2 on group 'world' (c10d/gloo, ranks [0,1,2], global rank " +
+                   std::to_string(r) + ")") != std::string::npos &&
+          msg.find("global rank 2 reported nothing") != std::string::npos;
       if (!ok) std::cerr << "[rank " << r << "] unexpected message: " << msg << "\n";
       return ok ? 0 : 1;
     }

@@ -3,8 +3,14 @@
 Starts N local ranks of CMD with torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), forwards their output line by line with a
 "[rank i] " prefix, and exits non-zero if any rank fails. When a rank fails, the others get
-DTENSOR_LAUNCH_GRACE_S seconds (default 30) to finish or fail on their own (their collectives
-time out and say why), then they are killed.
+DTENSOR_LAUNCH_GRACE_S seconds (default: the collective timeout, DTENSOR_COLLECTIVE_TIMEOUT_MS,
+capped at 30 s) to finish or fail on their own (their collectives time out and say why), then
+they are killed.
+
+Each launch gets a token (DTENSOR_JOB_TOKEN, NOTE [job identity] in collectives/launch_env.cc):
+every rank proves with it that it belongs to this launch, and the job's shared-memory segments are
+named after it, so the launcher removes them when it ends, whatever happened to the ranks (NOTE
+[stale segments] in tools/shm_clean.py).
 """
 
 import argparse
@@ -15,12 +21,27 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also under PYTHONSAFEPATH=1
+import shm_clean  # noqa: E402
 
 
 def free_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def launch_grace_s():
+    """How long the other ranks get after one failed (see the module doc)."""
+    if "DTENSOR_LAUNCH_GRACE_S" in os.environ:
+        return float(os.environ["DTENSOR_LAUNCH_GRACE_S"])
+    try:
+        timeout_s = int(os.environ.get("DTENSOR_COLLECTIVE_TIMEOUT_MS", "300000")) / 1000.0
+    except ValueError:
+        timeout_s = 30.0  # the ranks report the malformed value themselves
+    return min(max(timeout_s, 1.0), 30.0) + 1.0
 
 
 def forward(rank, stream, lock):
@@ -46,13 +67,15 @@ def main(argv):
     if args.nproc < 1:
         parser.error("-n must be at least 1")
     port = args.port or free_port()
-    grace = float(os.environ.get("DTENSOR_LAUNCH_GRACE_S", "30"))
+    token = os.environ.get("DTENSOR_JOB_TOKEN") or uuid.uuid4().hex
+    grace = launch_grace_s()
+    shm_clean.remove_stale()
     lock = threading.Lock()
     procs, threads = [], []
     for rank in range(args.nproc):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(args.nproc), LOCAL_RANK=str(rank),
                    LOCAL_WORLD_SIZE=str(args.nproc), GROUP_RANK="0",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DTENSOR_JOB_TOKEN=token)
         if args.backend:
             env["DTENSOR_BACKEND"] = args.backend
         try:
@@ -76,8 +99,20 @@ def main(argv):
                 except ProcessLookupError:
                     pass
 
-    signal.signal(signal.SIGINT, lambda *_: (kill_all(signal.SIGTERM), sys.exit(130)))
-    signal.signal(signal.SIGTERM, lambda *_: (kill_all(signal.SIGTERM), sys.exit(143)))
+    def stop(code):
+        # Interrupted: the ranks get SIGTERM, then SIGKILL after a second; the job's segments go.
+        kill_all(signal.SIGTERM)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            time.sleep(0.02)
+        kill_all(signal.SIGKILL)
+        for p in procs:
+            p.wait()
+        shm_clean.remove_job(f"job-{token}-0")
+        os._exit(code)
+
+    signal.signal(signal.SIGINT, lambda *_: stop(130))
+    signal.signal(signal.SIGTERM, lambda *_: stop(143))
     first_failure, failed_at = None, None
     while any(p.poll() is None for p in procs):
         for rank, p in enumerate(procs):
@@ -91,6 +126,7 @@ def main(argv):
         time.sleep(0.02)
     for t in threads:
         t.join()
+    shm_clean.remove_job(f"job-{token}-0")
     codes = [p.returncode for p in procs]
     bad = [(r, c) for r, c in enumerate(codes) if c != 0]
     if bad:

@@ -157,7 +157,10 @@ def run_threads(world_size, fn, backend="threads"):
         finally:
             del scope
 
-    threads = [threading.Thread(target=body, args=(r,)) for r in range(world_size)]
+    # One name for every rank's thread: collectives compare the issuing thread's name across
+    # ranks (NOTE [issuing thread] in collectives/communicator.h).
+    threads = [threading.Thread(target=body, args=(r,), name="dtensor-rank")
+               for r in range(world_size)]
     for t in threads:
         t.start()
     for t in threads:
