@@ -20,6 +20,10 @@
 // local math on each rank's weight pieces with the Megatron all_reduces written by hand. The
 // engine's plan is printed (CommDebugMode); its output may stay sharded where the hand's is
 // replicated (no final gather is timed on either side).
+// Random ops (NOTE [DTensor random]): randn, rand, uniform_ and dropout of [4096,2048] f32 S(0)
+// drawn in chunks (the default chunk) against the whole global tensor drawn at once (the chunk
+// set to its size, the memory of the engine before chunking), and one device's draw of the
+// global tensor; ratio = chunked / whole.
 // Intra-op threads: 1 (two ranks share the two cores). One JSON object per measurement:
 //   {"bench":"dispatch","op":"add","case":"hit","dtensor_ns":...,"local_ns":...,"ratio":...}
 
@@ -291,6 +295,65 @@ Row run_block(const Config& cfg) {
   return row;
 }
 
+// NOTE [DTensor random]: each random op drawn in chunks against the whole draw (chunk = the
+// tensor's size) and against one device's draw of the global tensor; one JSON line per op.
+std::vector<std::string> run_random(const Config& cfg) {
+  const std::vector<int64_t> shape = {4096, 2048};
+  const int64_t numel = shape[0] * shape[1];
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  std::vector<std::string> lines;
+  c::run_threads(2, [&](int64_t rank) {
+    const DeviceMesh mesh = api::init_device_mesh({2});
+    const std::string group = mesh.group_name(0, rank);
+    const Placements pl = {Shard(0)};
+    api::manual_seed(0);
+    const at::Tensor x = api::zeros(shape, mesh, pl, f32);
+    const at::Tensor plain = at::zeros(shape, f32);
+    struct RandomOp {
+      const char* name;
+      std::function<void()> dt, one_device;
+    };
+    const std::vector<RandomOp> ops = {
+        {"randn", [&] { (void)api::randn(shape, mesh, pl, f32); },
+         [&] { (void)at::randn(shape, f32); }},
+        {"rand", [&] { (void)api::rand(shape, mesh, pl, f32); },
+         [&] { (void)at::rand(shape, f32); }},
+        {"uniform_", [&] { x.uniform_(); }, [&] { plain.uniform_(); }},
+        {"dropout", [&] { (void)at::dropout(x, 0.1, true); },
+         [&] { (void)at::dropout(plain, 0.1, true); }},
+    };
+    auto ms_of = [&](const std::function<void()>& body, int64_t chunk) {
+      std::vector<double> ms;
+      for (int r = 0; r < cfg.reps; ++r) {
+        c::barrier(group);
+        if (rank == 0) api::set_random_chunk_elements(chunk);
+        c::barrier(group);
+        const auto t0 = Clock::now();
+        body();
+        ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      }
+      return median(ms);
+    };
+    for (const RandomOp& op : ops) {
+      op.dt();  // warm up
+      const double whole = ms_of(op.dt, numel), chunked = ms_of(op.dt, 0);
+      // One device on rank 0 only (the default generator is the process's).
+      const double one = rank == 0 ? ms_of(op.one_device, 0) : ms_of([] {}, 0);
+      if (rank != 0) continue;
+      char buf[512];
+      std::snprintf(buf, sizeof(buf),
+                    "{\"bench\":\"dispatch\",\"op\":\"%s\",\"case\":\"random_chunked\","
+                    "\"chunk_elements\":%lld,\"numel\":%lld,\"chunked_ms\":%.2f,\"whole_ms\":%.2f,"
+                    "\"one_device_ms\":%.2f,\"ratio\":%.3f,\"layout\":\"%s\"}",
+                    op.name, static_cast<long long>(api::random_chunk_elements()),
+                    static_cast<long long>(numel), chunked, whole, one, chunked / whole,
+                    api::to_string(x).c_str());
+      lines.push_back(buf);
+    }
+  });
+  return lines;
+}
+
 // Runs this binary under callgrind (--child) and fills the rows' instruction counts from its
 // dumps; prints the top `profile` inclusive functions of the dtensor add hit loop.
 void count_instructions(std::vector<Row>& rows, int profile) {
@@ -394,6 +457,7 @@ int main(int argc, char** argv) {
     if (cfg.child) return 0;
     if (absl::GetFlag(FLAGS_instructions)) count_instructions(rows, absl::GetFlag(FLAGS_profile));
     rows.push_back(run_block(cfg));
+    const std::vector<std::string> random_lines = run_random(cfg);
 
     std::printf(
         "mesh (2), ranks are threads, rank 0 timed, rank 1 %s; medians of %d repetitions; "
@@ -423,6 +487,7 @@ int main(int argc, char** argv) {
         ratio / kAddRatioTarget, block.dt_ns / block.local_ns, kBlockRatioTarget,
         block.dt_ns / block.local_ns / kBlockRatioTarget);
     for (const Row& r : rows) std::printf("%s\n", json(r).c_str());
+    for (const std::string& line : random_lines) std::printf("%s\n", line.c_str());
     std::printf(
         "{\"bench\":\"dispatch\",\"target\":\"add_hit\",\"overhead_ns\":%.1f,"
         "\"overhead_target_ns\":%.0f,\"overhead_vs_target\":%.3f,\"ratio\":%.3f,"

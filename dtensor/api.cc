@@ -172,12 +172,17 @@ at::Tensor full(const std::vector<int64_t>& size, const at::Scalar& value, const
                  });
 }
 
-// NOTE [DTensor random] (random.h): the global tensor is drawn, the box kept.
+// NOTE [DTensor random] (random.h): the global tensor is drawn chunk by chunk, the box kept (ATen's
+// rand and randn are empty(size).uniform_(0, 1) and empty(size).normal_(0, 1)).
 at::Tensor rand(const std::vector<int64_t>& size, const DeviceMesh& mesh,
                 const Placements& placements, at::TensorOptions options) {
   return factory(size, mesh, placements, options, "rand",
                  [](const DTensorSpec& s, const LocalBox& b, const at::TensorOptions& o) {
-                   return slice_box(at::rand(s.shape(), rank_generator(), o), b).clone();
+                   const at::Generator g = rank_generator();
+                   at::Tensor piece = at::empty(b.shape, o);
+                   draw_box(s.shape(), b, DrawOrder::kPerElement, g, piece,
+                            [&g](const at::Tensor& buf) { return buf.uniform_(0, 1, g); });
+                   return piece;
                  });
 }
 
@@ -185,7 +190,11 @@ at::Tensor randn(const std::vector<int64_t>& size, const DeviceMesh& mesh,
                  const Placements& placements, at::TensorOptions options) {
   return factory(size, mesh, placements, options, "randn",
                  [](const DTensorSpec& s, const LocalBox& b, const at::TensorOptions& o) {
-                   return slice_box(at::randn(s.shape(), rank_generator(), o), b).clone();
+                   const at::Generator g = rank_generator();
+                   at::Tensor piece = at::empty(b.shape, o);
+                   draw_box(s.shape(), b, DrawOrder::kNormalFill, g, piece,
+                            [&g](const at::Tensor& buf) { return buf.normal_(0, 1, g); });
+                   return piece;
                  });
 }
 

@@ -97,6 +97,9 @@ at::Tensor rand(const std::vector<int64_t>& size, const DeviceMesh& mesh,
 at::Tensor randn(const std::vector<int64_t>& size, const DeviceMesh& mesh,
                  const Placements& placements, at::TensorOptions options = {});
 using dtensor::manual_seed;
+// Random ops draw the global tensor in chunks of this many elements (NOTE [DTensor random]).
+using dtensor::random_chunk_elements;
+using dtensor::set_random_chunk_elements;
 
 // ---- modes and debugging ----
 using dtensor::explain;

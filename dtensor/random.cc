@@ -1,10 +1,17 @@
 #include "dtensor/random.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/ops/empty.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <mutex>
 #include <optional>
+#include <set>
 
 namespace dtensor {
 namespace {
@@ -51,6 +58,200 @@ void draw_with_rank_generator(const std::function<void()>& draw) {
     throw;
   }
   hand_back();
+}
+
+namespace {
+
+constexpr int64_t kDefaultChunk = int64_t{1} << 20;
+// ATen's CPU normal_ transforms blocks of this many uniforms (NOTE [DTensor random]).
+constexpr int64_t kNormalBlock = 16;
+std::atomic<int64_t> g_chunk{0};  // set_random_chunk_elements; 0: env or default
+
+// One rectangular block of a row-major range of global elements: the dims before `dim` fixed at
+// `prefix`, dim `dim` over [lo, hi), the dims after it whole.
+struct Block {
+  std::vector<int64_t> prefix;
+  size_t dim;
+  int64_t lo, hi;
+};
+
+// Splits the global elements [a, b) of the sub-tensor at `prefix` (dims from `m` on; `inner[m]`
+// elements per index of dim m) into at most 2 * (ndim - m) blocks, in row-major order.
+void split_range(const std::vector<int64_t>& inner, size_t m, int64_t a, int64_t b,
+                 std::vector<int64_t>& prefix, std::vector<Block>& out) {
+  if (a >= b) return;
+  const int64_t in = inner[m];
+  int64_t ia = a / in;
+  const int64_t ra = a % in, ib = b / in, rb = b % in;
+  if (ia == ib) {  // inside one index of dim m
+    prefix.push_back(ia);
+    split_range(inner, m + 1, ra, rb, prefix, out);
+    prefix.pop_back();
+    return;
+  }
+  if (ra != 0) {  // the end of a partial index first
+    prefix.push_back(ia);
+    split_range(inner, m + 1, ra, in, prefix, out);
+    prefix.pop_back();
+    ++ia;
+  }
+  if (ia < ib) out.push_back({prefix, m, ia, ib});
+  if (rb != 0) {  // then the start of a partial index
+    prefix.push_back(ib);
+    split_range(inner, m + 1, 0, rb, prefix, out);
+    prefix.pop_back();
+  }
+}
+
+// Copies the global elements [a, a + drawn.numel()) that `drawn` holds into `piece` where they
+// fall inside the box (offset `off`, shape `size`) of a global tensor of `shape`.
+class BoxCopier {
+ public:
+  BoxCopier(std::vector<int64_t> shape, std::vector<int64_t> off, std::vector<int64_t> size,
+            at::Tensor piece)
+      : shape_(std::move(shape)),
+        off_(std::move(off)),
+        size_(std::move(size)),
+        piece_(std::move(piece)),
+        inner_(shape_.size(), 1) {
+    for (size_t d = shape_.size() - 1; d > 0; --d) inner_[d - 1] = inner_[d] * shape_[d];
+  }
+
+  // The blocks of [a, b) that meet the box (empty when the chunk misses it).
+  const std::vector<Block>& blocks_in_box(int64_t a, int64_t b) {
+    blocks_.clear();
+    if (piece_.numel() == 0) return blocks_;
+    std::vector<int64_t> prefix;
+    split_range(inner_, 0, a, b, prefix, blocks_);
+    blocks_.erase(std::remove_if(blocks_.begin(), blocks_.end(),
+                                 [this](const Block& k) { return !meets_box(k); }),
+                  blocks_.end());
+    return blocks_;
+  }
+
+  // Copies `blocks` (from blocks_in_box(a, ...)) out of `drawn`, which starts at element a.
+  void copy(const std::vector<Block>& blocks, const at::Tensor& drawn, int64_t a) const {
+    for (const Block& k : blocks) {
+      const size_t m = k.dim;
+      int64_t start = k.lo * inner_[m];
+      for (size_t d = 0; d < m; ++d) start += k.prefix[d] * inner_[d];
+      std::vector<int64_t> block_shape = {k.hi - k.lo};
+      block_shape.insert(block_shape.end(), shape_.begin() + m + 1, shape_.end());
+      const int64_t lo = std::max(k.lo, off_[m]), hi = std::min(k.hi, off_[m] + size_[m]);
+      at::Tensor src = drawn.narrow(0, start - a, (k.hi - k.lo) * inner_[m]).view(block_shape);
+      src = src.narrow(0, lo - k.lo, hi - lo);
+      for (size_t d = m + 1; d < shape_.size(); ++d)
+        src = src.narrow(static_cast<int64_t>(d - m), off_[d], size_[d]);
+      at::Tensor dst = piece_;
+      for (size_t d = 0; d < m; ++d) dst = dst.select(0, k.prefix[d] - off_[d]);
+      dst.narrow(0, lo - off_[m], hi - lo).copy_(src);
+    }
+  }
+
+ private:
+  bool meets_box(const Block& k) const {
+    for (size_t d = 0; d < k.dim; ++d) {
+      if (k.prefix[d] < off_[d] || k.prefix[d] >= off_[d] + size_[d]) return false;
+    }
+    return std::max(k.lo, off_[k.dim]) < std::min(k.hi, off_[k.dim] + size_[k.dim]);
+  }
+
+  std::vector<int64_t> shape_, off_, size_;
+  at::Tensor piece_;
+  std::vector<int64_t> inner_;
+  std::vector<Block> blocks_;
+};
+
+}  // namespace
+
+int64_t random_chunk_elements() {
+  int64_t n = g_chunk.load(std::memory_order_relaxed);
+  if (n <= 0) {
+    // Read on every call (cheap next to a draw) so a test or a launcher may set it late.
+    const char* env = std::getenv("DTENSOR_RANDOM_CHUNK");
+    n = env != nullptr ? std::strtoll(env, nullptr, 10) : 0;
+    if (n <= 0) n = kDefaultChunk;
+  }
+  return std::max(n, kNormalBlock);
+}
+
+void set_random_chunk_elements(int64_t n) { g_chunk.store(std::max<int64_t>(n, 0)); }
+
+DrawOrder draw_order_of(const std::string& op) {
+  // ATen 1.13's CPU kernels (DistributionTemplates.h, DistributionKernels.cpp): one serial pass.
+  // bernoulli_(float) and exponential_ draw through MKL's own stream when ATen has MKL.
+  static const std::set<std::string> per_element = {
+      "aten::uniform_",  "aten::random_",      "aten::random_.from",          "aten::random_.to",
+      "aten::rand_like", "aten::randint_like", "aten::randint_like.low_dtype"};
+  static const std::set<std::string> per_element_without_mkl = {
+      "aten::bernoulli_.float", "aten::bernoulli.p", "aten::exponential_"};
+  if (per_element.count(op) != 0) return DrawOrder::kPerElement;
+  if (per_element_without_mkl.count(op) != 0)
+    return at::hasMKL() ? DrawOrder::kWhole : DrawOrder::kPerElement;
+  if (op == "aten::normal_" || op == "aten::randn_like") return DrawOrder::kNormalFill;
+  return DrawOrder::kWhole;
+}
+
+RandomFill like_fill(const std::string& op, const c10::IValue* args,
+                     const at::Generator& generator) {
+  // ATen 1.13's TensorFactories.cpp: rand_like, randn_like, randint_like.
+  const at::Generator g = generator;
+  if (op == "aten::rand_like") return [g](const at::Tensor& b) { return b.uniform_(0, 1, g); };
+  if (op == "aten::randn_like") return [g](const at::Tensor& b) { return b.normal_(0, 1, g); };
+  if (op == "aten::randint_like") {
+    const int64_t high = args[1].toInt();
+    return [g, high](const at::Tensor& b) { return b.random_(0, high, g); };
+  }
+  if (op == "aten::randint_like.low_dtype") {
+    const int64_t low = args[1].toInt(), high = args[2].toInt();
+    return [g, low, high](const at::Tensor& b) { return b.random_(low, high, g); };
+  }
+  return nullptr;
+}
+
+void draw_box(const std::vector<int64_t>& global_shape, const LocalBox& box, DrawOrder order,
+              const at::Generator& generator, const at::Tensor& piece, const RandomFill& fill) {
+  TORCH_INTERNAL_ASSERT(piece.sizes().equals(box.shape), "draw_box: a piece of shape ",
+                        piece.sizes(), " for a box of shape ", c10::IntArrayRef(box.shape));
+  int64_t numel = 1;
+  for (const int64_t s : global_shape) numel *= s;
+  if (numel == 0) return;  // ATen draws nothing for an empty tensor
+  // A 0-dim tensor is one element of a 1-D one.
+  BoxCopier box_copier = global_shape.empty()
+                             ? BoxCopier({1}, {0}, {1}, piece.unsqueeze(0))
+                             : BoxCopier(global_shape, box.offset, box.shape, piece);
+  // The elements [0, end) are drawn chunk by chunk; kNormalFill then redraws the last 16.
+  const bool normal_blocks = order == DrawOrder::kNormalFill && numel >= kNormalBlock;
+  int64_t chunk = random_chunk_elements(), end = numel;
+  if (order == DrawOrder::kWhole || (order == DrawOrder::kNormalFill && !normal_blocks)) {
+    chunk = numel;
+  } else if (normal_blocks) {
+    chunk -= chunk % kNormalBlock;
+    end -= numel % kNormalBlock;
+  }
+  chunk = std::min(chunk, end);
+  const at::Tensor buffer = at::empty({chunk}, piece.options());
+  for (int64_t a = 0; a < end; a += chunk) {
+    const int64_t n = std::min(chunk, end - a);
+    const at::Tensor part = n == chunk ? buffer : buffer.narrow(0, 0, n);
+    const std::vector<Block>& blocks = box_copier.blocks_in_box(a, a + n);
+    if (blocks.empty() && normal_blocks) {
+      // Only the uniforms: the same draws as normal_'s first pass, no Box-Muller.
+      part.uniform_(0, 1, generator);
+      continue;
+    }
+    const at::Tensor drawn = fill(part);
+    box_copier.copy(blocks, drawn, a);
+  }
+  if (end != numel) {
+    // normal_'s tail: the uniforms of [end, numel) are drawn and then replaced by a fresh draw
+    // of 16, which gives the last 16 values (overwriting the end of the last full block).
+    at::empty({numel - end}, piece.options()).uniform_(0, 1, generator);
+    const int64_t a = numel - kNormalBlock;
+    const std::vector<Block>& blocks = box_copier.blocks_in_box(a, numel);
+    const at::Tensor drawn = fill(buffer.narrow(0, 0, kNormalBlock));
+    box_copier.copy(blocks, drawn, a);
+  }
 }
 
 }  // namespace dtensor

@@ -145,6 +145,40 @@ def test_factories_random_and_modules():
     assert all(dtensor.run_threads(4, fn))
 
 
+@pytest.mark.parametrize("mesh_shape,placements", [
+    ((2, 2), [Shard(0), Shard(1)]), ((2, 2), [Shard(1), Shard(1)]), ((3,), [Shard(1)]),
+    ((2,), [Replicate()])])
+def test_random_ops_drawn_in_chunks_match_one_device(monkeypatch, mesh_shape, placements):
+    """NOTE [DTensor random]: with a chunk far below the tensor (and not a multiple of 16, nor is
+    the shape) every random op equals one device's draw bit for bit, and later draws stay in step."""
+    monkeypatch.setenv("DTENSOR_RANDOM_CHUNK", "100")
+    seed, shape = 11, (37, 29)
+    x = torch.rand(shape, generator=torch.Generator().manual_seed(3))
+
+    def sequence(make, x):
+        return [make(False), make(True), torch.zeros_like(x).uniform_(-1, 2),
+                torch.zeros_like(x).normal_(0.5, 2), torch.zeros_like(x).bernoulli_(0.3),
+                torch.rand_like(x), torch.randn_like(x), torch.randint_like(x, 3, 9),
+                torch.nn.functional.dropout(x, 0.4)]
+
+    torch.manual_seed(seed)
+    want = sequence(lambda normal: torch.randn(shape) if normal else torch.rand(shape), x)
+    want.append(torch.rand(1))  # a draw after them all: the generators stay in step
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", mesh_shape)
+        dx = distribute_tensor(x, mesh, placements)
+        dtensor.manual_seed(seed)
+        got = sequence(lambda normal: (randn if normal else rand)(
+            shape, device_mesh=mesh, placements=placements), dx)
+        got.append(rand(1, device_mesh=mesh, placements=[Replicate()] * len(mesh_shape)))
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.full_tensor(), w, rtol=0, atol=0)
+        return True
+
+    assert all(dtensor.run_threads(world(mesh_shape), fn))
+
+
 def test_debug_counts_visualize_strict_and_cache(capsys):
     def fn(rank):
         mesh = init_device_mesh("cpu", (2,))
