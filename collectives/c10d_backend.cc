@@ -117,8 +117,31 @@ class C10dCommunicator : public Communicator {
       auto options = c10d::ProcessGroupGloo::Options::create(o.timeout);
       options->devices.push_back(gloo_device());
       options->threads = 1;
-      pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(rank()),
-                                                        static_cast<int>(size()), options);
+      const auto start = Clock::now();
+      const std::string me = std::to_string(rank());
+      try {
+        store_->set("joined/" + me, std::vector<uint8_t>(me.begin(), me.end()));
+        pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(rank()),
+                                                          static_cast<int>(size()), options);
+      } catch (const std::exception& e) {
+        // Gloo says only "Socket Timeout": name the ranks that never reached the group.
+        std::vector<int64_t> absent;
+        try {
+          for (int64_t r = 0; r < size(); ++r) {
+            if (!store_->check({"joined/" + std::to_string(r)})) absent.push_back(o.group.ranks[r]);
+          }
+        } catch (const std::exception&) {
+          absent.push_back(o.group.ranks[0]);  // the store (rank 0's) is gone
+        }
+        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+        throw CollectiveError(
+            "connecting the group's Gloo mesh failed after " + std::to_string(ms.count()) +
+            " ms (timeout " + std::to_string(o.timeout.count()) + " ms): " + first_line(e.what()) +
+            (absent.empty() ? std::string("; every rank reached the group (a peer died while "
+                                          "connecting?)")
+                            : "; global ranks [" + absl::StrJoin(absent, ",") +
+                                  "] never reached it (exited, died, or waiting elsewhere)"));
+      }
     }
     if (pg_->getRank() != rank() || pg_->getSize() != size()) {
       throw Error("c10d backend: process group for '" + o.group.name + "' has rank " +

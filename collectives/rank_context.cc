@@ -149,7 +149,8 @@ RankContext::Endpoint& RankContext::endpoint(const std::string& name) {
   } catch (const CollectiveError& e) {
     throw CollectiveError(where() + e.what());
   } catch (const std::exception& e) {
-    throw Error(where() + e.what());
+    const std::string what = e.what();  // c10::Error appends a backtrace: keep the message
+    throw Error(where() + what.substr(0, what.find("\nException raised from")));
   }
   ep->worker = std::make_unique<Worker>();
   return *endpoints_.emplace(name, std::move(ep)).first->second;

@@ -135,6 +135,10 @@ PYBIND11_MODULE(_C, m) {
           [](RankContext& c, const std::string& name) { return c.group(name).ranks; },
           py::arg("name"));
   m.def(
+      "current_context", [] { return &collectives::current_context(); },
+      py::return_value_policy::reference,
+      "The calling thread's collectives context (a thread rank's, else the process's).");
+  m.def(
       "init_from_env",
       [](const std::string& backend, int64_t timeout_ms) {
         return collectives::init_from_env(backend, timeout_ms > 0

@@ -41,9 +41,11 @@ def init_from_env(backend="", timeout_ms=0):
 
 
 def context():
-    if _context is None:
-        raise RuntimeError("dtensor_engine.functional: call init_from_env() first")
-    return _context
+    """The collectives context of the calling rank: the one init_from_env() made, else the calling
+    thread's (a rank of dtensor.run_threads, or one made by init_device_mesh)."""
+    if _context is not None:
+        return _context
+    return _C.current_context()
 
 
 def new_group(ranks, tag=""):

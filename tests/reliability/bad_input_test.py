@@ -217,3 +217,21 @@ def test_shape_mismatch_names_the_op_and_shapes():
         return True
 
     assert all(on_ranks(fn))
+
+
+# ---- groups ----
+
+@pytest.mark.parametrize("ranks,message", [
+    ([0, 0, 1], r"lists rank 0 twice \(ranks \[0,0,1\]\)"),
+    ([0, 7], r"names rank 7 outside the world of size 4"),
+    ([], r"has no ranks"),
+])
+def test_new_group_with_bad_ranks_is_refused_on_every_rank(ranks, message):
+    import dtensor._functional_collectives as F
+
+    def fn(rank):
+        with pytest.raises(RuntimeError, match=message):
+            F.new_group(ranks)
+        return True
+
+    assert all(on_ranks(fn))

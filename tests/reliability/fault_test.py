@@ -337,3 +337,35 @@ def test_a_bad_shm_buffer_size_is_explained_on_every_rank_at_once(tmp_path):
         assert "DTENSOR_SHM_BUFFER_BYTES='12abc'" in got and "group 'world'" in got, out
         assert f"global rank {r}" in got, out
     assert took < 30, out
+
+
+def test_c10d_names_a_rank_that_never_reached_the_group(tmp_path):
+    code, out, took = run(tmp_path, """
+        F.init_from_env()
+        if RANK == 1:
+            sys.exit(0)  # leaves before the group's first collective connects it
+        t0 = time.monotonic()
+        try:
+            F.all_reduce(torch.ones(2))
+        except RuntimeError as e:
+            print(f"error after {time.monotonic() - t0:.2f} s: {e}")
+    """, backend="c10d", timeout_ms=3000)
+    got = "\n".join(lines_of(out, 0))
+    assert "group 'world' (c10d, ranks [0,1]) on global rank 0" in got, out
+    assert "global ranks [1] never reached it" in got, out
+    assert "Exception raised from" not in got, out  # no C++ backtrace in the message
+    assert float(re.search(r"error after ([\d.]+) s", got).group(1)) < 3.0 + 1.0, out
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "abc", "99999999999999999999"])
+def test_a_bad_timeout_is_named(tmp_path, value):
+    code, out, _ = run(tmp_path, """
+        try:
+            F.init_from_env()
+            print("accepted")
+        except RuntimeError as e:
+            print("error:", e)
+    """, timeout_ms=value)
+    for r in range(2):
+        got = "\n".join(lines_of(out, r))
+        assert f"DTENSOR_COLLECTIVE_TIMEOUT_MS='{value}' is not a positive integer" in got, out
