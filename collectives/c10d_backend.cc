@@ -294,7 +294,13 @@ class C10dCommunicator : public Communicator {
         work->wait(slice);
         return;
       } catch (const std::exception&) {
-        if (work->isCompleted() || Clock::now() >= deadline) throw;
+        // The slice may end just before the work completes: then its "Operation timed out!" is
+        // stale, and waiting again returns or raises the work's own error.
+        if (work->isCompleted()) {
+          work->wait(std::chrono::milliseconds(1));
+          return;
+        }
+        if (Clock::now() >= deadline) throw;
       }
       try {
         check_interrupt();
