@@ -16,7 +16,13 @@
 namespace dtensor {
 namespace {
 thread_local std::optional<at::Generator> t_generator;
+std::mutex g_swap_mu;  // the default generator is shared by every thread rank
 }  // namespace
+
+void seed_process_default(uint64_t seed) {
+  std::lock_guard<std::mutex> swap_lock(g_swap_mu);  // never while a rank borrows it
+  at::manual_seed(seed);
+}
 
 void manual_seed(uint64_t seed) {
   if (!t_generator) t_generator = at::make_generator<at::CPUGeneratorImpl>(seed);
@@ -33,8 +39,7 @@ void draw_with_rank_generator(const std::function<void()>& draw) {
     draw();
     return;
   }
-  static std::mutex swap_mu;  // the default generator is shared by every thread rank
-  std::lock_guard<std::mutex> swap_lock(swap_mu);
+  std::lock_guard<std::mutex> swap_lock(g_swap_mu);
   at::Generator def = at::detail::getDefaultCPUGenerator();
   at::Tensor saved;
   {

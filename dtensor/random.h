@@ -62,6 +62,10 @@ namespace dtensor {
 
 // Seeds the calling thread's (rank's) generator used by random ops on distributed tensors.
 void manual_seed(uint64_t seed);
+// torch.manual_seed's effect (the process default generators), taken while no thread rank has
+// lent itself the CPU default (draw_with_rank_generator): thread ranks that seed it together with
+// their own generator must not reseed it in the middle of another rank's draw.
+void seed_process_default(uint64_t seed);
 // That generator: the thread's after manual_seed, else the process default CPU generator.
 at::Generator rank_generator();
 // Runs `draw` (plain-tensor ATen calls only) so that an op with no generator argument

@@ -22,6 +22,7 @@
 #include "collectives/rank_context.h"
 #include "dtensor/api.h"
 #include "dtensor/dispatch.h"
+#include "dtensor/random.h"
 #include "layout/visualize.h"
 #include "sharding_prop/propagator.h"
 
@@ -145,6 +146,7 @@ void bind_tensors(py::module& m) {
       py::arg("size"), py::arg("fill_value"), py::arg("mesh"), py::arg("placements"),
       py::arg("dtype") = py::none(), py::arg("requires_grad") = false);
   m.def("manual_seed", &api::manual_seed, py::arg("seed"));
+  m.def("seed_process_default", &seed_process_default, py::arg("seed"));
 
   m.def("init_device_mesh", &api::init_device_mesh, py::arg("shape"),
         py::arg("dim_names") = std::vector<std::string>{}, Release());

@@ -111,7 +111,7 @@ __all__ = [
 def manual_seed(seed):
     """Seeds this rank's generator for random ops on distributed tensors (needed when ranks are
     threads; in a process per rank, torch.manual_seed does it)."""
-    torch.manual_seed(seed)
+    _C.seed_process_default(seed)  # torch.manual_seed, never amid another thread rank's draw
     _C.manual_seed(seed)
 
 
