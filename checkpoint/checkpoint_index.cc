@@ -1,0 +1,371 @@
+#include "checkpoint/checkpoint_index.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "base/error.h"
+#include "collectives/rank_context.h"
+#include "dtensor/api.h"
+#include "dtensor/local_tensor.h"
+#include "layout/shard_layout.h"
+
+namespace dtensor::checkpoint {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  return c10::str(c10::IntArrayRef(shape));
+}
+
+std::vector<int64_t> int_list(const json& j, const std::string& what) {
+  DTENSOR_CHECK(j.is_array(), "checkpoint.load: ", what, " is not a list of integers");
+  std::vector<int64_t> out;
+  for (const auto& v : j) {
+    DTENSOR_CHECK(v.is_number_integer(), "checkpoint.load: ", what, " is not a list of integers");
+    out.push_back(v.get<int64_t>());
+  }
+  return out;
+}
+
+// A tensor stored whole in one file (a Hugging Face model): one chunk covering it.
+TensorRecord whole_record(const SafetensorsEntry& e, const std::string& file) {
+  TensorRecord r{e.dtype, e.shape, {}};
+  r.chunks.push_back({std::vector<int64_t>(e.shape.size(), 0), e.shape, file, e.name});
+  return r;
+}
+
+void parse_ours(const json& j, const std::string& path, Index& index) {
+  const auto need = [&](const json& v, const char* field, bool ok) {
+    DTENSOR_CHECK(ok, "checkpoint.load: ", path, ": field '", field, "' is missing or malformed");
+    (void)v;
+  };
+  need(j, "tensors", j.contains("tensors") && j["tensors"].is_object());
+  for (const auto& [key, t] : j["tensors"].items()) {
+    const std::string what = "tensor '" + key + "' of " + path;
+    DTENSOR_CHECK(t.is_object() && t.contains("dtype") && t["dtype"].is_string() &&
+                      t.contains("shape") && t.contains("chunks") && t["chunks"].is_array(),
+                  "checkpoint.load: ", what, " lacks dtype, shape or chunks");
+    TensorRecord r;
+    r.dtype = t["dtype"].get<std::string>();
+    scalar_type_of(r.dtype, what);
+    r.shape = int_list(t["shape"], what + " shape");
+    for (const auto& c : t["chunks"]) {
+      DTENSOR_CHECK(c.is_object() && c.contains("offsets") && c.contains("sizes") &&
+                        c.contains("file") && c["file"].is_string() && c.contains("name") &&
+                        c["name"].is_string(),
+                    "checkpoint.load: a chunk of ", what, " lacks offsets, sizes, file or name");
+      ChunkRecord ch{int_list(c["offsets"], what + " chunk offsets"),
+                     int_list(c["sizes"], what + " chunk sizes"), c["file"].get<std::string>(),
+                     c["name"].get<std::string>()};
+      DTENSOR_CHECK(ch.offsets.size() == r.shape.size() && ch.sizes.size() == r.shape.size(),
+                    "checkpoint.load: a chunk of ", what, " has the wrong rank");
+      for (size_t d = 0; d < r.shape.size(); ++d)
+        DTENSOR_CHECK(
+            ch.offsets[d] >= 0 && ch.sizes[d] >= 0 && ch.offsets[d] + ch.sizes[d] <= r.shape[d],
+            "checkpoint.load: chunk '", ch.name, "' of ", what, " leaves the shape ",
+            shape_text(r.shape));
+      DTENSOR_CHECK(ch.file.find('/') == std::string::npos && ch.file != ".." && !ch.file.empty(),
+                    "checkpoint.load: ", what, " names a file outside the checkpoint: ", ch.file);
+      r.chunks.push_back(std::move(ch));
+    }
+    index.tensors[key] = std::move(r);
+  }
+  if (j.contains("files")) {
+    need(j, "files", j["files"].is_object());
+    for (const auto& [file, f] : j["files"].items()) {
+      FileRecord rec;
+      if (f.contains("size") && f["size"].is_number_integer()) rec.size = f["size"].get<int64_t>();
+      if (f.contains("crc32") && f["crc32"].is_number_integer())
+        rec.crc32 = static_cast<uint32_t>(f["crc32"].get<int64_t>());
+      index.files[file] = rec;
+    }
+  }
+  if (j.contains("values")) {
+    need(j, "values", j["values"].is_object());
+    for (const auto& [key, v] : j["values"].items()) index.values[key] = v.dump();
+  }
+}
+
+}  // namespace
+
+const SafetensorsFile& Index::open(const std::string& file) {
+  auto& slot = opened_[file];
+  if (!slot) slot = std::make_unique<SafetensorsFile>(dir + "/" + file);
+  return *slot;
+}
+
+std::string Index::keys_in(const std::string& file) const {
+  std::string out;
+  for (const auto& [key, t] : tensors) {
+    bool in = false;
+    for (const auto& c : t.chunks) in = in || c.file == file;
+    if (in) out += (out.empty() ? "'" : ", '") + key + "'";
+  }
+  return out.empty() ? "no tensor" : out;
+}
+
+Index read_index(const std::string& dir) {
+  Index index;
+  index.dir = dir;
+  const std::string path = dir + "/" + kIndexFile;
+  if (!fs::exists(path)) {
+    const std::string single = dir + "/" + kSingleFile;
+    if (!fs::exists(single)) {
+      std::string hint;
+      if (fs::exists(dir + ".old"))
+        hint =
+            "; a save was interrupted while swapping: the previous checkpoint is " + dir + ".old";
+      fail("checkpoint.load: ", dir, " holds neither ", kIndexFile, " nor ", kSingleFile, hint);
+    }
+    index.source = single;
+    for (const auto& e : index.open(kSingleFile).entries())
+      index.tensors[e.name] = whole_record(e, kSingleFile);
+    index.files[kSingleFile] = {};
+    return index;
+  }
+  index.source = path;
+  std::ifstream in(path, std::ios::binary);
+  DTENSOR_CHECK(in.good(), "checkpoint.load: cannot read ", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  const json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  DTENSOR_CHECK(j.is_object(), "checkpoint.load: ", path, " is not a JSON object (truncated?)");
+  if (j.contains("format_version")) {
+    DTENSOR_CHECK(j["format_version"].is_number_integer(), "checkpoint.load: ", path,
+                  ": format_version is not an integer");
+    const int64_t v = j["format_version"].get<int64_t>();
+    DTENSOR_CHECK(v <= kFormatVersion, "checkpoint.load: ", path, " has format_version ", v,
+                  ", newer than this engine reads (", kFormatVersion,
+                  "); load it with a newer dtensor");
+    parse_ours(j, path, index);
+    return index;
+  }
+  // A Hugging Face sharded model: weight_map only; shapes and dtypes come from the files.
+  DTENSOR_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), "checkpoint.load: ", path,
+                " has neither format_version nor weight_map");
+  for (const auto& [name, file] : j["weight_map"].items()) {
+    DTENSOR_CHECK(file.is_string(), "checkpoint.load: weight_map entry '", name, "' of ", path,
+                  " is not a file name");
+    const std::string f = file.get<std::string>();
+    const SafetensorsEntry* e = index.open(f).find(name);
+    DTENSOR_CHECK(e != nullptr, "checkpoint.load: key '", name, "' is in the weight_map of ", path,
+                  " but not in its file ", dir, "/", f);
+    index.tensors[name] = whole_record(*e, f);
+    index.files[f] = {};
+  }
+  return index;
+}
+
+void check_state_against_index(const std::map<std::string, Value>& state, const Index& index) {
+  std::vector<std::string> problems;
+  for (const auto& [key, value] : state) {
+    const bool is_tensor = std::holds_alternative<at::Tensor>(value);
+    const auto t = index.tensors.find(key);
+    const bool saved_tensor = t != index.tensors.end();
+    const bool saved_value = index.values.count(key) > 0;
+    if (!saved_tensor && !saved_value) {
+      problems.push_back("key '" + key + "' is missing from " + index.source);
+      continue;
+    }
+    if (is_tensor != saved_tensor) {
+      problems.push_back("key '" + key + "' is a " + (is_tensor ? "tensor" : "non-tensor value") +
+                         " in the state but a " + (saved_tensor ? "tensor" : "non-tensor value") +
+                         " in " + index.source);
+      continue;
+    }
+    if (!is_tensor) continue;
+    const at::Tensor& tensor = std::get<at::Tensor>(value);
+    DTENSOR_CHECK(tensor.defined(), "checkpoint.load: tensor '", key, "' is undefined");
+    const std::string file =
+        t->second.chunks.empty() ? index.source : index.dir + "/" + t->second.chunks.front().file;
+    const std::vector<int64_t> shape = tensor.sizes().vec();
+    if (shape != t->second.shape)
+      problems.push_back("key '" + key + "' has shape " + shape_text(shape) + " in the state but " +
+                         shape_text(t->second.shape) + " in " + file);
+    const std::string dtype = safetensors_dtype(tensor.scalar_type());
+    if (dtype != t->second.dtype)
+      problems.push_back("key '" + key + "' has dtype " + dtype + " in the state but " +
+                         t->second.dtype + " in " + file);
+  }
+  for (const auto& [key, t] : index.tensors)
+    if (!state.count(key))
+      problems.push_back(
+          "unexpected key '" + key + "' in " +
+          (t.chunks.empty() ? index.source : index.dir + "/" + t.chunks.front().file) +
+          " (the state to load has no such key)");
+  for (const auto& [key, v] : index.values)
+    if (!state.count(key))
+      problems.push_back("unexpected key '" + key + "' in " + index.source +
+                         " (the state to load has no such key)");
+  if (problems.empty()) return;
+  std::string msg = "checkpoint.load: the state does not match the checkpoint " + index.dir + ": ";
+  for (size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
+  fail(msg);
+}
+
+void check_files(Index& index) {
+  for (const auto& [file, rec] : index.files) {
+    const std::string path = index.dir + "/" + file;
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    DTENSOR_CHECK(!ec, "checkpoint.load: data file ", path, " is missing or unreadable (",
+                  ec.message(), "); it holds ", index.keys_in(file));
+    DTENSOR_CHECK(!rec.size || static_cast<int64_t>(size) == *rec.size,
+                  "checkpoint.load: data file ", path, " is truncated or changed: ", size,
+                  " bytes, the index records ", rec.size.value_or(0), "; it holds ",
+                  index.keys_in(file));
+  }
+  for (const auto& [key, t] : index.tensors) {
+    for (const auto& c : t.chunks) {
+      const std::string path = index.dir + "/" + c.file;
+      DTENSOR_CHECK(index.files.count(c.file), "checkpoint.load: key '", key, "' names data file ",
+                    path, " that the index does not list");
+      const SafetensorsEntry* e = index.open(c.file).find(c.name);
+      DTENSOR_CHECK(e != nullptr, "checkpoint.load: key '", key, "': chunk '", c.name,
+                    "' is not in data file ", path);
+      DTENSOR_CHECK(e->dtype == t.dtype && e->shape == c.sizes, "checkpoint.load: key '", key,
+                    "': chunk '", c.name, "' in data file ", path, " is ", e->dtype,
+                    shape_text(e->shape), " but the index says ", t.dtype, shape_text(c.sizes));
+    }
+  }
+}
+
+namespace {
+
+// Reads the part of `chunk` inside `box` (global offsets `box_offset`, sizes `box_shape`) into
+// `dst`, a contiguous buffer laid out as the box. NOTE [box reads]: the intersection is a set
+// of row-runs contiguous in both the chunk and the box: the trailing dims where the
+// intersection spans the whole chunk and the whole box merge into one run, so a run is one
+// pread straight into the destination and no byte outside the intersection is read.
+void read_intersection(const SafetensorsFile& file, const SafetensorsEntry& entry,
+                       const ChunkRecord& chunk, const std::vector<int64_t>& box_offset,
+                       const std::vector<int64_t>& box_shape, char* dst) {
+  const int64_t n = static_cast<int64_t>(box_shape.size());
+  const int64_t es = entry.element_size;
+  if (n == 0) {
+    file.read(entry, 0, es, dst);
+    return;
+  }
+  std::vector<int64_t> lo(n), size(n);
+  for (int64_t d = 0; d < n; ++d) {
+    lo[d] = std::max(box_offset[d], chunk.offsets[d]);
+    const int64_t hi = std::min(box_offset[d] + box_shape[d], chunk.offsets[d] + chunk.sizes[d]);
+    if (hi <= lo[d]) return;  // disjoint
+    size[d] = hi - lo[d];
+  }
+  std::vector<int64_t> cstride(n, 1), bstride(n, 1);
+  for (int64_t d = n - 2; d >= 0; --d) {
+    cstride[d] = cstride[d + 1] * chunk.sizes[d + 1];
+    bstride[d] = bstride[d + 1] * box_shape[d + 1];
+  }
+  int64_t k = n - 1;
+  while (k > 0 && size[k] == chunk.sizes[k] && size[k] == box_shape[k]) --k;
+  int64_t run = 1;
+  for (int64_t d = k; d < n; ++d) run *= size[d];
+  std::vector<int64_t> idx(k, 0);  // odometer over the dims before k
+  while (true) {
+    int64_t src = 0, out = 0;
+    for (int64_t d = 0; d < n; ++d) {
+      const int64_t i = lo[d] + (d < k ? idx[d] : 0);
+      src += (i - chunk.offsets[d]) * cstride[d];
+      out += (i - box_offset[d]) * bstride[d];
+    }
+    file.read(entry, src * es, run * es, dst + out * es);
+    int64_t d = k - 1;
+    while (d >= 0 && ++idx[d] == size[d]) idx[d--] = 0;
+    if (d < 0) break;
+  }
+}
+
+}  // namespace
+
+void load_tensor(at::Tensor& tensor, const std::string& key, Index& index) {
+  const TensorRecord& rec = index.tensors.at(key);
+  at::Tensor piece;
+  std::vector<int64_t> box_offset, box_shape;
+  std::optional<DTensorSpec> spec;
+  std::vector<int64_t> coordinate;
+  if (is_dtensor(tensor)) {
+    spec = api::spec(tensor);
+    piece = api::local(tensor);
+    const int64_t rank =
+        collectives::has_current_context() ? collectives::current_context().rank() : 0;
+    const auto box = local_box_of_rank(*spec, rank);
+    if (!box) return;  // this rank is outside the tensor's mesh: it holds nothing
+    box_offset = box->offset;
+    box_shape = box->shape;
+    coordinate = *spec->mesh().coordinate(rank);
+    TORCH_INTERNAL_ASSERT(piece.sizes().vec() == box_shape, "local piece ", piece.sizes(),
+                          " differs from its box ", c10::IntArrayRef(box_shape));
+  } else {
+    piece = tensor;
+    box_shape = tensor.sizes().vec();
+    box_offset.assign(box_shape.size(), 0);
+  }
+  if (piece.numel() > 0) {
+    // Straight into the piece when it is one contiguous CPU buffer; else through one copy.
+    const bool direct = piece.is_cpu() && piece.is_contiguous();
+    at::Tensor target = direct ? piece : at::empty(box_shape, piece.options().device(at::kCPU));
+    char* dst = static_cast<char*>(target.data_ptr());
+    for (const ChunkRecord& c : rec.chunks) {
+      const SafetensorsFile& file = index.open(c.file);
+      read_intersection(file, *file.find(c.name), c, box_offset, box_shape, dst);
+    }
+    if (!direct) piece.copy_(target);
+  }
+  if (spec && spec->has_partial()) {
+    // NOTE [loading into Partial]: the loaded value is the reduced one; ranks off coordinate 0 of
+    // a Partial mesh dim hold the reduction's identity (or the value for idempotent ops), as
+    // distribute_tensor lays out a Partial, so reducing gives the saved tensor back.
+    for (int64_t m = 0; m < spec->mesh().ndim(); ++m) {
+      const Placement& p = spec->placement(m);
+      if (p.is_partial() && coordinate[m] != 0)
+        piece.copy_(partial_share(piece, p.reduce_op(), /*holder=*/false));
+    }
+  }
+}
+
+Value decode_value(const std::string& key, const Index& index) {
+  const json j = json::parse(index.values.at(key), nullptr, false);
+  const std::string where = "value '" + key + "' of " + index.source;
+  DTENSOR_CHECK(j.is_object() && j.size() == 1, "checkpoint.load: ", where, " is malformed");
+  if (j.contains("int") && j["int"].is_number_integer()) return j["int"].get<int64_t>();
+  if (j.contains("float") && j["float"].is_number()) return j["float"].get<double>();
+  if (j.contains("string") && j["string"].is_string()) return j["string"].get<std::string>();
+  if (j.contains("json")) return Json{j["json"].dump()};
+  fail("checkpoint.load: ", where, " has an unknown kind: ", j.dump().substr(0, 80));
+}
+
+void write_index_file(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("checkpoint.save: cannot create ", tmp, ": ", std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const std::string err = std::strerror(errno);
+      ::close(fd);
+      fail("checkpoint.save: cannot write ", tmp, ": ", err);
+    }
+    done += static_cast<size_t>(w);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  DTENSOR_CHECK(synced, "checkpoint.save: fsync of ", tmp, " failed: ", std::strerror(errno));
+  DTENSOR_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "checkpoint.save: cannot rename ", tmp,
+                " to ", path, ": ", std::strerror(errno));
+}
+
+}  // namespace dtensor::checkpoint
