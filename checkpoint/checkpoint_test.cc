@@ -13,6 +13,7 @@
 #include <stdlib.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +21,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/testing/independent_safetensors.h"
 #include "collectives/rank_context.h"
 #include "dtensor/api.h"
 #include "dtensor/local_tensor.h"
@@ -32,6 +34,14 @@ namespace {
 namespace fs = std::filesystem;
 using collectives::run_threads;
 using nlohmann::json;
+// The independent safetensors reader and writer.
+using checkpoint::testing::bitwise_crc32;
+using checkpoint::testing::bytes_of;
+using checkpoint::testing::RawFile;
+using checkpoint::testing::RawTensor;
+using checkpoint::testing::read_bytes;
+using checkpoint::testing::read_raw;
+using checkpoint::testing::write_hf_file;
 
 std::string fresh_dir(const std::string& name) {
   const char* base = std::getenv("TEST_TMPDIR");
@@ -67,80 +77,6 @@ const std::vector<Entry> kEntries = {
     {"layer.f32", {13, 7}, at::kFloat}, {"layer.bf16", {8, 6}, at::kBFloat16},
     {"layer.f16", {5, 9}, at::kHalf},   {"layer.i64", {3, 10}, at::kLong},
     {"mask", {9, 5}, at::kBool},        {"empty", {0, 4}, at::kFloat}};
-
-// ---- an independent safetensors reader (from the format description only) ----
-// CRC-32, bit by bit (zlib's polynomial), independent of the library's table-driven one.
-uint32_t bitwise_crc32(const std::string& bytes) {
-  uint32_t c = 0xFFFFFFFFu;
-  for (unsigned char b : bytes) {
-    c ^= b;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0xEDB88320u : c >> 1;
-  }
-  return ~c;
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-int64_t dtype_bytes(const std::string& dtype) {
-  static const std::map<std::string, int64_t> sizes = {
-      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},
-      {"I32", 4}, {"I16", 2}, {"I8", 1},  {"U8", 1},   {"BOOL", 1}};
-  return sizes.at(dtype);
-}
-
-struct RawTensor {
-  std::string dtype;
-  std::vector<int64_t> shape;
-  std::string bytes;
-};
-struct RawFile {
-  std::map<std::string, RawTensor> tensors;
-  json metadata;
-  int64_t data_bytes = 0;
-};
-
-// Parses a whole file and checks the format's rules: the header fits, offsets are in order,
-// cover the data region exactly with no gap or overlap, and match dtype x shape.
-RawFile read_raw(const std::string& path) {
-  const std::string file = read_bytes(path);
-  EXPECT_GE(file.size(), 8u) << path;
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= uint64_t{static_cast<unsigned char>(file[i])} << (8 * i);
-  EXPECT_LE(8 + n, file.size()) << path;
-  const json header = json::parse(file.substr(8, n));
-  const std::string data = file.substr(8 + n);
-  RawFile out;
-  std::vector<std::pair<int64_t, int64_t>> ranges;
-  for (const auto& [name, v] : header.items()) {
-    if (name == "__metadata__") {
-      out.metadata = v;
-      continue;
-    }
-    RawTensor t{v["dtype"], v["shape"].get<std::vector<int64_t>>(), ""};
-    const int64_t b = v["data_offsets"][0], e = v["data_offsets"][1];
-    EXPECT_EQ(e - b, numel(t.shape) * dtype_bytes(t.dtype)) << path << " " << name;
-    t.bytes = data.substr(b, e - b);
-    ranges.emplace_back(b, e);
-    out.tensors[name] = t;
-  }
-  std::sort(ranges.begin(), ranges.end());
-  int64_t at = 0;
-  for (const auto& [b, e] : ranges) {
-    EXPECT_EQ(b, at) << path << ": gap or overlap in the data region";
-    at = e;
-  }
-  EXPECT_EQ(at, static_cast<int64_t>(data.size())) << path << ": data region not covered";
-  out.data_bytes = static_cast<int64_t>(data.size());
-  return out;
-}
-
-std::string bytes_of(const at::Tensor& t) {
-  const at::Tensor c = t.contiguous();
-  return std::string(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
-}
 
 // Every data file of `dir` read independently: each chunk of the index holds exactly the bytes
 // of its box of the one-device tensor, checksums and sizes match, and the data files together
@@ -295,7 +231,7 @@ TEST(Checkpoint, EachRankReadsOnlyItsBox) {
 TEST(Checkpoint, EveryPropertyLayoutRoundTrips) {
   for (const std::vector<int64_t>& mesh_shape : {std::vector<int64_t>{4}, {2, 2}}) {
     std::vector<DTensorSpec> specs;
-    testing::for_each_property_spec([&](const DTensorSpec& spec) {
+    dtensor::testing::for_each_property_spec([&](const DTensorSpec& spec) {
       if (spec.mesh().shape() == mesh_shape && spec.ndim() == 2 && spec.has_default_shard_order())
         specs.push_back(spec);
     });
@@ -420,29 +356,8 @@ TEST(Checkpoint, OneProcessIsAPlainSafetensorsModel) {
   });
 }
 
-// A Hugging Face model written here from the format description (not by the library): one file,
-// and two files with an index holding only weight_map.
-void write_hf_file(const std::string& path, const std::map<std::string, at::Tensor>& tensors) {
-  static const std::map<at::ScalarType, std::string> names = {{at::kFloat, "F32"},
-                                                              {at::kBFloat16, "BF16"},
-                                                              {at::kHalf, "F16"},
-                                                              {at::kLong, "I64"},
-                                                              {at::kBool, "BOOL"}};
-  json header;
-  std::string data;
-  for (const auto& [name, t] : tensors) {
-    const std::string b = bytes_of(t);
-    header[name] = {{"dtype", names.at(t.scalar_type())},
-                    {"shape", t.sizes().vec()},
-                    {"data_offsets", {data.size(), data.size() + b.size()}}};
-    data += b;
-  }
-  const std::string h = header.dump();
-  std::string len(8, '\0');
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((h.size() >> (8 * i)) & 0xFF);
-  std::ofstream(path, std::ios::binary) << len << h << data;
-}
-
+// A Hugging Face model (one file, and two files with an index holding only weight_map),
+// written by write_hf_file from the format description, not by the library.
 TEST(Checkpoint, HuggingFaceModelsLoadIntoAnyLayout) {
   const auto globals = globals_of(6);
   const std::string single = fresh_dir("hf_single");
@@ -558,6 +473,48 @@ TEST(Checkpoint, BadInputFailsOnEveryRankNamingKeyAndFile) {
   j["format_version"] = 2;
   std::ofstream(index, std::ios::trunc) << j.dump();
   expect_load_error_on_every_rank(dir, [] { return plain_state(7); }, {"format_version 2", index});
+}
+
+TEST(Checkpoint, BrokenFilesAndValuesFailClearly) {
+  // A truncated plain model (no index to record sizes): the header check names file and tensor.
+  const std::string hf = fresh_dir("hf_truncated");
+  fs::create_directories(hf);
+  const at::Tensor w = global_tensor({6, 4}, at::kFloat, 11);
+  write_hf_file(hf + "/model.safetensors", {{"w", w}});
+  const std::string whole = read_bytes(hf + "/model.safetensors");
+  std::ofstream(hf + "/model.safetensors", std::ios::binary | std::ios::trunc)
+      << whole.substr(0, whole.size() - 4);
+  expect_load_error_on_every_rank(hf,
+                                  [&] {
+                                    return std::map<std::string, Value>{{"w", at::zeros_like(w)}};
+                                  },
+                                  {"truncated", "'w'", hf + "/model.safetensors"});
+
+  // A missing data file and a missing directory.
+  const std::string dir = fresh_dir("missing_file");
+  save_distributed(dir, {2}, {Shard(0)}, 12);
+  fs::remove(dir + "/rank-1.safetensors");
+  expect_load_error_on_every_rank(dir, [] { return plain_state(12); },
+                                  {dir + "/rank-1.safetensors", "missing", "'layer.f32'"});
+  expect_load_error_on_every_rank(dir + "_nowhere", [] { return plain_state(12); },
+                                  {dir + "_nowhere", "model.safetensors.index.json"});
+
+  // A value JSON cannot hold, on rank 0 only: every rank fails, none waits forever, and the
+  // previous checkpoint stays.
+  std::atomic<int> failures{0};
+  run_threads(2, [&](int64_t rank) {
+    std::map<std::string, Value> state = {{"lr", rank == 0 ? std::nan("") : 0.5}};
+    try {
+      save(state, dir);
+    } catch (const Error& e) {
+      ++failures;
+      if (rank == 0) {
+        EXPECT_NE(std::string(e.what()).find("'lr'"), std::string::npos) << e.what();
+      }
+    }
+  });
+  EXPECT_EQ(failures.load(), 2);
+  EXPECT_TRUE(fs::exists(dir + "/model.safetensors.index.json"));
 }
 
 TEST(Checkpoint, FailedSaveKeepsThePreviousCheckpoint) {
