@@ -1,6 +1,6 @@
 """./x demo: tensor-parallel training of a small Llama-style model on N local ranks.
 
-    ./x run -n 4 examples/llama_train.py [--mesh 4|2,2] [--steps 5]
+    ./x run -n 4 examples/llama_train.py [--mesh 4|2,2] [--steps 5] [--save DIR]
 
 Every rank builds the same model (seeded), parallelizes it with parallelize_module
 (ColwiseParallel for q/k/v and the MLP's up/gate projections, RowwiseParallel for the output
@@ -8,12 +8,15 @@ and down projections, the embedding row-wise, the head column-wise) and trains a
 on the same batch. Rank 0 also trains an unparallelized copy on one device and prints both
 losses per step, the time per step, and the collectives of one step. The model code is plain
 PyTorch: the parallel layers hand distributed tensors to it (use_local_output=False), and the
-engine shards every op.
+engine shards every op. At the end every rank saves the trained model with dtensor.checkpoint
+(--save, default out/checkpoints/llama in the repository); README's "Checkpoints" shows how to
+load it on another number of ranks or into one process.
 """
 
 import argparse
 import copy
 import math
+import os
 import time
 
 import torch
@@ -25,6 +28,7 @@ from dtensor import Replicate, Shard, init_device_mesh
 from dtensor.debug import CommDebugMode
 from dtensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB, DIM, HEADS, HIDDEN, BATCH, SEQ = 512, 128, 8, 384, 4, 32
 
 
@@ -114,6 +118,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mesh", default="", help="mesh shape, e.g. 4 or 2,2 (default: world)")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--save", default=os.path.join(REPO, "out", "checkpoints", "llama"),
+                        help="directory to save the trained model into (dtensor.checkpoint)")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -124,7 +130,6 @@ def main():
     targets = torch.roll(tokens, -1, dims=1)
     mask = torch.ones(SEQ, SEQ, dtype=torch.bool).triu(1)
 
-    import os
     world = int(os.environ.get("WORLD_SIZE", "1"))
     shape = tuple(int(x) for x in args.mesh.split(",")) if args.mesh else (world,)
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp")[-len(shape):])
@@ -162,6 +167,11 @@ def main():
                   f"{tp_ms:>11.1f} {one_ms:>15.1f}", flush=True)
     if rank == 0:
         print(f"collectives of one training step on rank 0: {counts}", flush=True)
+    # The model's state dict as it is (no prefix): its keys are the module's parameter names, so
+    # it loads with dtensor.checkpoint.load(model.state_dict(), ...) into any layout.
+    dtensor.checkpoint.save(model.state_dict(), checkpoint_id=args.save)
+    if rank == 0:
+        print(f"saved the trained model to {args.save} (dtensor.checkpoint)", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 // The extension module dtensor._C: the layout core (placements, meshes, specs, shard
-// arithmetic), the collectives context, and distributed tensors (tensor_bindings.cc). The Python
-// package python/dtensor/ gives it torch.distributed.tensor's names.
+// arithmetic), the collectives context, distributed tensors (tensor_bindings.cc) and
+// checkpoints (checkpoint_bindings.cc). The Python package python/dtensor/ gives it
+// torch.distributed.tensor's names.
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -13,7 +14,8 @@
 namespace py = pybind11;
 using namespace dtensor;
 
-void bind_tensors(py::module& m);  // tensor_bindings.cc
+void bind_tensors(py::module& m);     // tensor_bindings.cc
+void bind_checkpoint(py::module& m);  // checkpoint_bindings.cc
 
 namespace {
 
@@ -29,6 +31,7 @@ DTensorSpec make_spec(const DeviceMesh& mesh, const std::string& placements,
 PYBIND11_MODULE(_C, m) {
   m.doc() = "Native DTensor sharding engine";
   bind_tensors(m);
+  bind_checkpoint(m);
 
   // NOTE [interrupts]: Ctrl-C reaches a rank blocked in a collective as KeyboardInterrupt within
   // kInterruptPoll. Only the main thread runs Python's signal handlers; threads Python did not

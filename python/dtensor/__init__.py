@@ -69,6 +69,7 @@ except ImportError as e:
     ) from e
 
 from dtensor import _functional_collectives  # noqa: F401
+from dtensor import checkpoint  # noqa: F401
 from dtensor import debug  # noqa: F401
 from dtensor._api import (
     DTensor,
@@ -91,6 +92,7 @@ __all__ = [
     "Placement",
     "Replicate",
     "Shard",
+    "checkpoint",
     "debug",
     "distribute_module",
     "distribute_tensor",
