@@ -5,6 +5,7 @@
 #include <c10/core/WrapDimMinimal.h>
 #include "base/error.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace dtensor {
@@ -19,15 +20,20 @@ std::vector<int64_t> TensorMeta::contiguous_stride(const std::vector<int64_t>& s
 
 TensorMeta TensorMeta::make(std::vector<int64_t> shape, c10::ScalarType dtype,
                             std::vector<int64_t> stride) {
-  int64_t numel = 1;
+  // The product of the sizes with size-0 dims counted as 1 bounds the element count and every
+  // contiguous stride (contiguous_stride multiplies max(size, 1)): a shape with a size-0 dim has
+  // no elements, but [0, 2^40, 2^40]'s strides overflowed int64 (UBSan in
+  // tests/fuzz:cli_args_fuzzer; corpus/cli_args_fuzzer/zero_dim_stride_overflow keeps the input).
+  int64_t span = 1;
   for (int64_t s : shape) {
     if (s < 0) {
       throw Error("TensorMeta: shape [" + absl::StrJoin(shape, ",") + "] has a negative size " +
                   std::to_string(s));
     }
-    if (__builtin_mul_overflow(numel, s, &numel)) {
+    if (__builtin_mul_overflow(span, std::max<int64_t>(s, 1), &span)) {
       throw Error("TensorMeta: shape [" + absl::StrJoin(shape, ",") +
-                  "] has more elements than int64 can count");
+                  "] has more elements than int64 can count (size-0 dims counted as 1, as in "
+                  "its strides)");
     }
   }
   if (stride.empty()) {

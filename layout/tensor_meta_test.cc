@@ -36,6 +36,13 @@ TEST(TensorMetaTest, NumelOverflowIsAnError) {
         TensorMeta::make({int64_t{1} << 40, int64_t{1} << 40});
       },
       "more elements than int64 can count");
+  // A size-0 dim leaves no elements, but the other sizes still multiply into its strides.
+  expect_error(
+      [] {
+        TensorMeta::make({0, int64_t{1} << 40, int64_t{1} << 40});
+      },
+      "more elements than int64 can count");
+  EXPECT_EQ(TensorMeta::make({0, int64_t{1} << 40}).stride, (V{int64_t{1} << 40, 1}));
 }
 
 TEST(TensorMetaTest, NormalizeTensorDim) {

@@ -217,6 +217,20 @@ TEST(PropagatorTest, CustomRuleFromAString) {
   EXPECT_EQ(placements_of(propagate("mylib::rowmax", {a})->outputs), "[P(max)]");
 }
 
+// A letter naming two dims of one tensor (a diagonal) cannot be split by Shard placements: a row
+// block's local diagonal is not a block of the global one, so the factor stays whole. (Before,
+// "ii->i" kept an S(0) input and gave an S(0) output computed from the wrong elements.)
+TEST(PropagatorTest, CustomRuleWithARepeatedLetterKeepsItWhole) {
+  register_rule("mylib::my_diag", "ii->i", Linearity::kNone);
+  const auto s = propagate("mylib::my_diag", {spec({2}, "S(0)", {4, 4})});
+  EXPECT_EQ(placements_of(s->input_targets), "[R]");
+  EXPECT_EQ(placements_of(s->outputs), "[R]");
+  EXPECT_EQ(s->rule, "aa->a | a:replicate");
+  register_rule("mylib::my_trace", "ii->");
+  EXPECT_EQ(placements_of(propagate("mylib::my_trace", {spec({2}, "S(1)", {4, 4})})->outputs),
+            "[R]");
+}
+
 TEST(PropagatorTest, CacheHitsOnSpecsAndArgsOnlyAndIsBounded) {
   const auto a = spec({2}, "S(0)", {6, 4}), b = spec({2}, "S(0)", {2, 4});
   const auto before = propagation_cache_stats();

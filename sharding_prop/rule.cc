@@ -119,6 +119,9 @@ std::string Rule::to_string() const {
 
 namespace {
 
+// ::isspace(char) is undefined for bytes over 0x7f (a negative char); rule text may hold any.
+bool is_space(char c) { return absl::ascii_isspace(static_cast<unsigned char>(c)); }
+
 // The factors of one input of a text rule: a letter per dim, new letters become factors (pass
 // when the output has them, contract otherwise), known letters must keep their size.
 TensorFactors parse_input(std::string_view text, const std::string& letters, size_t i,
@@ -151,7 +154,7 @@ void apply_notes(std::string_view notes, const std::map<char, int>& factor_of, R
   const absl::string_view all(notes.data(), notes.size());  // Debian's absl has its own string_view
   for (absl::string_view raw : absl::StrSplit(all, ',', absl::SkipWhitespace())) {
     std::string note(raw.data(), raw.size());
-    note.erase(std::remove_if(note.begin(), note.end(), ::isspace), note.end());
+    note.erase(std::remove_if(note.begin(), note.end(), is_space), note.end());
     const size_t colon = note.find(':');
     auto it = colon == 1 ? factor_of.find(note[0]) : factor_of.end();
     if (it == factor_of.end()) fail("rule note '", note, "' names no factor of the rule");
@@ -174,7 +177,7 @@ Rule parse_rule(std::string_view text, const std::vector<std::vector<int64_t>>& 
   const std::pair<std::string, std::string> parts =
       absl::StrSplit(absl::string_view(text.data(), text.size()), absl::MaxSplits('|', 1));
   std::string body = parts.first;
-  body.erase(std::remove_if(body.begin(), body.end(), ::isspace), body.end());
+  body.erase(std::remove_if(body.begin(), body.end(), is_space), body.end());
   const size_t arrow = body.find("->");
   if (arrow == std::string::npos) fail("rule '", text, "' has no '->'");
   const std::vector<std::string> ins = absl::StrSplit(body.substr(0, arrow), ',');
@@ -196,6 +199,19 @@ Rule parse_rule(std::string_view text, const std::vector<std::vector<int64_t>>& 
   }
   rule.outputs.push_back(std::move(o));
   apply_notes(parts.second, factor_of, rule);
+  // A letter naming two dims of one tensor ("ii->i", a diagonal; einsum allows it) ties their
+  // indices, but Shard placements split each dim on its own: a row block's local diagonal is not
+  // a block of the global one. Such a factor stays whole whatever the notes say.
+  for (const auto* group : {&rule.inputs, &rule.outputs}) {
+    for (const TensorFactors& t : *group) {
+      std::vector<int> uses(rule.factors.size(), 0);
+      for (const DimFactors& dim : t) {
+        for (int f : dim) {
+          if (++uses[f] == 2) rule.factors[f].kind = FactorKind::kReplicate;
+        }
+      }
+    }
+  }
   return rule;
 }
 

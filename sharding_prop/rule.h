@@ -99,8 +99,8 @@ std::string shape_text(const std::vector<int64_t>& shape);
 
 // Parses "mk,kn->mn" (optionally "| k:max, d:replicate") against the input shapes: a letter's
 // size comes from the first input dim that carries it and must agree everywhere; letters absent
-// from the output contract with sum unless annotated. throws dtensor::Error naming the
-// problem.
+// from the output contract with sum unless annotated; a letter naming two dims of one tensor (a
+// diagonal, "ii->i") is never sharded (kReplicate). throws dtensor::Error naming the problem.
 Rule parse_rule(std::string_view text, const std::vector<std::vector<int64_t>>& input_shapes,
                 Linearity linearity = Linearity::kMultilinear);
 

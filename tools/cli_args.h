@@ -101,18 +101,14 @@ inline ShardOrder parse_order(const std::string& flag, absl::string_view text,
   return order;
 }
 
-// absl::ParseCommandLine with `usage` as the program's usage message (--help prints it and the
-// flags of the program's own .cc). Before parsing, "-h" becomes "--help" and a flag spelled with
-// hyphens becomes the ABSL_FLAG name it stands for ("--from-order" -> "--from_order",
-// "--no-instructions" -> "--noinstructions" for a bool flag); both spellings work. Positional
-// arguments are an error. Errors print "<program>: error: ..." and exit 2 (absl's own errors,
-// e.g. an unknown flag or an illegal value, print "ERROR: ..." and exit 1).
-inline void parse_command_line(int argc, char** argv, const std::string& usage) {
-  absl::SetProgramUsageMessage(usage);
-  std::vector<std::string> spelled;  // the rewritten arguments (`args` points into them)
+// The arguments as absl::ParseCommandLine should see them (argv[0] unchanged): "-h" becomes
+// "--help" and a flag spelled with hyphens becomes the ABSL_FLAG name it stands for
+// ("--from-order" -> "--from_order", "--no-instructions" -> "--noinstructions" for a bool flag)
+// when that flag exists; everything after "--" is left alone. Pure (it only looks flags up), so
+// tests/fuzz:cli_args_fuzzer runs it on any argv.
+inline std::vector<std::string> respell_args(int argc, const char* const* argv) {
+  std::vector<std::string> spelled;
   spelled.reserve(argc);
-  std::vector<char*> args;
-  args.reserve(argc + 1);
   bool flags_done = false;
   for (int i = 0; i < argc; ++i) {
     std::string a = argv[i];
@@ -139,6 +135,18 @@ inline void parse_command_line(int argc, char** argv, const std::string& usage) 
     }
     spelled.push_back(std::move(a));
   }
+  return spelled;
+}
+
+// absl::ParseCommandLine over respell_args(argv) with `usage` as the program's usage message
+// (--help prints it and the flags of the program's own .cc); both spellings work. Positional
+// arguments are an error. Errors print "<program>: error: ..." and exit 2 (absl's own errors,
+// e.g. an unknown flag or an illegal value, print "ERROR: ..." and exit 1).
+inline void parse_command_line(int argc, char** argv, const std::string& usage) {
+  absl::SetProgramUsageMessage(usage);
+  std::vector<std::string> spelled = respell_args(argc, argv);  // `args` points into it
+  std::vector<char*> args;
+  args.reserve(argc + 1);
   for (std::string& s : spelled) args.push_back(s.data());
   args.push_back(nullptr);
   const std::vector<char*> positional = absl::ParseCommandLine(argc, args.data());
