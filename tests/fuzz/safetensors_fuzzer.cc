@@ -29,7 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   {
     std::FILE* f = std::fopen(path.c_str(), "wb");
     if (f == nullptr) return 0;
-    std::fwrite(data, 1, size, f);
+    if (size > 0) std::fwrite(data, 1, size, f);  // data may be null when size is 0
     std::fclose(f);
   }
   std::unique_ptr<checkpoint::SafetensorsFile> file;
