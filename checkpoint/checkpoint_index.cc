@@ -18,16 +18,9 @@
 #include "layout/shard_layout.h"
 
 namespace dtensor::checkpoint {
-namespace {
 
 using nlohmann::json;
 namespace fs = std::filesystem;
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  return c10::str(c10::IntArrayRef(shape));
-}
-
-}  // namespace
 
 void check_state_against_index(const std::map<std::string, Value>& state, const Index& index) {
   std::vector<std::string> problems;

@@ -52,6 +52,8 @@ struct Index {
   std::map<std::string, std::unique_ptr<SafetensorsFile>> opened_;
 };
 
+// "[2, 3]": a shape in error messages.
+std::string shape_text(const std::vector<int64_t>& shape);
 // Reads `dir`'s index (ours, a Hugging Face one with only weight_map, or a lone
 // model.safetensors). Throws naming the file for unreadable JSON or a newer format_version.
 Index read_index(const std::string& dir);

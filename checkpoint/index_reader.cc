@@ -19,10 +19,6 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  return c10::str(c10::IntArrayRef(shape));
-}
-
 std::vector<int64_t> int_list(const json& j, const std::string& what) {
   DTENSOR_CHECK(j.is_array(), "checkpoint.load: ", what, " is not a list of integers");
   std::vector<int64_t> out;
@@ -96,6 +92,10 @@ void parse_ours(const json& j, const std::string& path, Index& index) {
 }
 
 }  // namespace
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  return c10::str(c10::IntArrayRef(shape));
+}
 
 const SafetensorsFile& Index::open(const std::string& file) {
   auto& slot = opened_[file];
