@@ -2,7 +2,9 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <array>
@@ -42,24 +44,6 @@ std::string errno_text() { return std::strerror(errno); }
 
 thread_local int64_t tensor_bytes_read = 0;
 
-// Slicing-by-8 tables for the reflected IEEE polynomial (zlib's CRC-32).
-struct CrcTables {
-  uint32_t t[8][256];
-  CrcTables() {
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; ++i)
-      for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFF];
-  }
-};
-const CrcTables& crc_tables() {
-  static const CrcTables tables;
-  return tables;
-}
-
 void write_all(int fd, const void* data, int64_t n, const std::string& path) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
@@ -89,21 +73,17 @@ at::ScalarType scalar_type_of(const std::string& name, const std::string& contex
 }
 
 uint32_t crc32(uint32_t crc, const void* data, size_t n) {
-  const auto& t = crc_tables().t;
-  const auto* p = static_cast<const uint8_t*>(data);
-  uint32_t c = ~crc;
-  while (n >= 8) {
-    uint32_t lo, hi;
-    std::memcpy(&lo, p, 4);
-    std::memcpy(&hi, p + 4, 4);
-    lo ^= c;
-    c = t[7][lo & 0xFF] ^ t[6][(lo >> 8) & 0xFF] ^ t[5][(lo >> 16) & 0xFF] ^ t[4][lo >> 24] ^
-        t[3][hi & 0xFF] ^ t[2][(hi >> 8) & 0xFF] ^ t[1][(hi >> 16) & 0xFF] ^ t[0][hi >> 24];
-    p += 8;
-    n -= 8;
+  // zlib's (4+ GB/s here; a hand-written slicing-by-8 table loop was half that). zlib takes
+  // uInt lengths: feed it at most 1 GiB at a time.
+  const auto* p = static_cast<const Bytef*>(data);
+  uLong c = crc;
+  while (n > 0) {
+    const size_t piece = std::min<size_t>(n, size_t{1} << 30);
+    c = ::crc32(c, p, static_cast<uInt>(piece));
+    p += piece;
+    n -= piece;
   }
-  while (n-- > 0) c = t[0][(c ^ *p++) & 0xFF] ^ (c >> 8);
-  return ~c;
+  return static_cast<uint32_t>(c);
 }
 
 void fsync_path(const std::string& path) {
@@ -279,6 +259,67 @@ void SafetensorsFile::read(const SafetensorsEntry& entry, int64_t offset, int64_
                 entry.name, "' of ", path_, " (", entry.end - entry.begin, " bytes)");
   pread_all(entry.begin + offset, n, dst);
   tensor_bytes_read += n;
+}
+
+void SafetensorsFile::read_runs(const SafetensorsEntry& entry, const std::vector<Run>& runs) const {
+  constexpr int64_t kGap = 4096;
+  thread_local char scratch[kGap];  // gap bytes land here and are never read
+  const int max_iov = static_cast<int>(std::min<long>(::sysconf(_SC_IOV_MAX), 1024));
+  std::vector<iovec> iov;
+  size_t i = 0;
+  while (i < runs.size()) {
+    // One preadv: runs[i..j) with every gap below a page, at most max_iov pieces.
+    const Run& first = runs[i];
+    DTENSOR_CHECK(
+        first.offset >= 0 && first.n >= 0 && entry.begin + first.offset + first.n <= entry.end,
+        "safetensors: read of bytes [", first.offset, ", ", first.offset + first.n,
+        ") leaves tensor '", entry.name, "' of ", path_, " (", entry.end - entry.begin, " bytes)");
+    iov.assign(1, iovec{first.dst, static_cast<size_t>(first.n)});
+    int64_t end = first.offset + first.n, wanted = first.n;
+    size_t j = i + 1;
+    for (; j < runs.size(); ++j) {
+      const Run& r = runs[j];
+      const int64_t gap = r.offset - end;
+      if (gap < 0 || gap >= kGap || static_cast<int>(iov.size()) + 2 > max_iov) break;
+      if (r.n < 0 || entry.begin + r.offset + r.n > entry.end) break;  // read() below names it
+      if (gap > 0) iov.push_back(iovec{scratch, static_cast<size_t>(gap)});
+      iov.push_back(iovec{r.dst, static_cast<size_t>(r.n)});
+      end = r.offset + r.n;
+      wanted += r.n;
+    }
+    if (j == i + 1) {
+      read(entry, first.offset, first.n, first.dst);
+      i = j;
+      continue;
+    }
+    // preadv may return short; finish the rest piece by piece with pread.
+    int64_t done = 0;
+    const int64_t total = end - first.offset;
+    while (true) {
+      const ssize_t r =
+          ::preadv(fd_, iov.data(), static_cast<int>(iov.size()), entry.begin + first.offset);
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) fail("safetensors: cannot read ", path_, ": ", errno_text());
+      done = r;
+      break;
+    }
+    if (done < total) {
+      // Skip the pieces fully read, then read the remainder of each piece.
+      int64_t at = entry.begin + first.offset, skip = done;
+      for (const iovec& v : iov) {
+        const int64_t len = static_cast<int64_t>(v.iov_len);
+        if (skip >= len) {
+          skip -= len;
+        } else {
+          pread_all(at + skip, len - skip, static_cast<char*>(v.iov_base) + skip);
+          skip = 0;
+        }
+        at += len;
+      }
+    }
+    tensor_bytes_read += wanted;
+    i = j;
+  }
 }
 
 int64_t tensor_bytes_read_by_this_thread() { return tensor_bytes_read; }
