@@ -8,8 +8,11 @@
 // each Shard(0) on mesh (ranks,): every rank saves and loads size/ranks bytes. Each measurement
 // runs all ranks at once between two barriers and times the slowest; each is repeated (--repeats,
 // each next to its dd run) and the medians are reported:
-//   save:  checkpoint::save (data written, fsynced, index, rename).
-//   dd write: every rank runs `dd if=/dev/zero of=<its file> bs=1M count=<MiB> conv=fsync`.
+//   save:  checkpoint::save into a new directory (data written, fsynced, index, rename); the
+//     previous one is removed and synced before, outside the timing, as dd's file is.
+//   dd write: every rank runs `dd if=<its pieces' bytes in /dev/shm> of=<a new file> bs=1M
+//     conv=fsync`: the same bytes as save writes (random floats: a VM disk may write zeros
+//     faster), into a new file as save does (overwriting a file in place is faster here).
 //   load (Shard(0), the saved layout) and load (Shard(1), resharded: every rank reads a quarter
 //     of every row), checksums verified; then dd read: `dd if=<its file> of=/dev/null bs=1M`.
 // Page cache: before every read, each file read is dropped from the page cache with
@@ -131,17 +134,33 @@ void run_size(int64_t rank, int64_t n, int64_t total_mib, int64_t repeats,
     state["layer" + std::to_string(i) + ".weight"] = api::from_local(local, mesh, {Shard(0)});
   }
   const std::string ckpt = base + "/ckpt", dd_file = base + "/dd-" + std::to_string(rank);
-  const std::string mib = std::to_string(per_rank >> 20);
+  // dd writes the same bytes: this rank's pieces, copied to a file in /dev/shm (memory, as the
+  // tensors are) and written to a new file each time, as save writes new files.
+  const std::string dd_src = "/dev/shm/dtensor_ckpt_bench_src-" + std::to_string(::getpid());
+  {
+    std::FILE* f = std::fopen(dd_src.c_str(), "wb");
+    if (f == nullptr) throw std::runtime_error("cannot create " + dd_src);
+    for (const auto& [key, v] : state) {
+      const at::Tensor piece = api::local(std::get<at::Tensor>(v)).contiguous();
+      std::fwrite(piece.data_ptr(), 1, piece.numel() * piece.element_size(), f);
+    }
+    std::fclose(f);
+  }
   const std::vector<Placement> layouts = {Shard(0), Shard(1)};
   std::vector<double> save_s, ddw_s;
   std::vector<std::vector<double>> load_s(layouts.size()), ddr_s(layouts.size());
   std::vector<int64_t> extra(layouts.size(), 0);
 
   for (int64_t rep = 0; rep < repeats; ++rep) {
+    // Each write goes to a new place: the previous copy is removed and the removal synced
+    // outside the timing (the disk here is mounted with discard: deleting 1 GiB costs about as
+    // much as writing it, and would land in whichever measurement comes next).
+    if (rank == 0) fs::remove_all(ckpt);
+    fs::remove(dd_file);
+    ::sync();
     save_s.push_back(timed([&] { checkpoint::save(state, ckpt); }));
     ddw_s.push_back(timed([&] {
-      run_shell("dd if=/dev/zero of=" + dd_file + " bs=1M count=" + mib +
-                " conv=fsync status=none");
+      run_shell("dd if=" + dd_src + " of=" + dd_file + " bs=1M conv=fsync status=none");
     }));
     for (size_t l = 0; l < layouts.size(); ++l) {
       std::map<std::string, checkpoint::Value> into;
@@ -175,6 +194,7 @@ void run_size(int64_t rank, int64_t n, int64_t total_mib, int64_t repeats,
   collectives::barrier(collectives::RankContext::kWorld);
   if (rank == 0) fs::remove_all(ckpt);
   fs::remove(dd_file);
+  fs::remove(dd_src);
 }
 
 }  // namespace
