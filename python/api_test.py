@@ -398,3 +398,44 @@ torch.testing.assert_close(w.grad.full_tensor(), ref.grad)
 assert tuple(w.grad.placements) == (Replicate(), Shard(1))
 print("ok")
 '''
+
+
+def test_deepcopy_of_distributed_tensors_and_modules():
+    """copy.deepcopy of a distributed tensor is a new tensor with the same layout and values (the
+    bug: torch 1.13 deep-copies through storage, which a distributed tensor lacks); a
+    distributed module deep-copies with its parameters, which train as the original's."""
+    import copy
+    torch.manual_seed(0)
+    module, x = torch.nn.Linear(5, 6), torch.randn(4, 5)
+    w = torch.randn(6, 5)
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (2, 2))
+        for pl in ([Shard(0), Shard(1)], [Replicate(), Shard(0)], [Partial(), Shard(1)]):
+            # Partial: each pair of ranks holds halves of the [6, 4] head of w, split by column.
+            d = distribute_tensor(w, mesh, pl) if not pl[0].is_partial() else \
+                DTensor.from_local(w[:, rank % 2 * 2:rank % 2 * 2 + 2] / 2, mesh, pl)
+            c = copy.deepcopy(d)
+            assert isinstance(c, DTensor) and c is not d
+            assert c.placements == d.placements and c.device_mesh == d.device_mesh
+            torch.testing.assert_close(c.full_tensor(), d.full_tensor(), rtol=0, atol=0)
+            c.to_local().add_(1)  # independent storage
+            assert not torch.equal(c.to_local(), d.to_local())
+        m = copy.deepcopy(module)
+        distribute_module(m, mesh)
+        m(distribute_tensor(x, mesh, [Shard(0), Replicate()])).sum().backward()
+        m2 = copy.deepcopy(m)
+        for p, q in zip(m.parameters(), m2.parameters()):
+            assert isinstance(q, torch.nn.Parameter) and isinstance(q, DTensor) and q is not p
+            assert q.placements == p.placements
+            torch.testing.assert_close(q.full_tensor(), p.full_tensor(), rtol=0, atol=0)
+            # As for plain modules, Parameter.__deepcopy__ leaves the copy's grad unset.
+            assert q.grad is None
+        m2(distribute_tensor(x, mesh, [Shard(0), Replicate()])).sum().backward()
+        for p, q in zip(m.parameters(), m2.parameters()):
+            torch.testing.assert_close(q.grad.full_tensor(), p.grad.full_tensor(), rtol=0, atol=0)
+        with pytest.raises(RuntimeError, match="graph leaves"):
+            copy.deepcopy(distribute_tensor(w, mesh).requires_grad_() * 2)
+        return True
+
+    assert all(dtensor.run_threads(4, fn))

@@ -75,11 +75,12 @@ def test_resume_training_matches_uninterrupted_run(tmp_path):
         assert all(a is b for a, b in zip(params, fresh.parameters()))
         assert all(isinstance(p, DTensor) for p in fresh.parameters())
         assert state["optim"]["param_groups"] == opt.state_dict()["param_groups"]
-        # As with DCP, the model's loaded dict can go through load_state_dict (a copy onto
-        # itself). The optimizer's cannot yet: torch 1.13's Optimizer.load_state_dict deep-copies
-        # the state, and a DTensor has no storage to deep-copy; its state tensors are filled in
-        # place already (NOTE [optimizer state] in dtensor/checkpoint.py).
+        # As with DCP, the loaded dicts go through load_state_dict (the optimizer's deep-copies
+        # the distributed state: Tensor.__deepcopy__ of dtensor/_api.py).
         fresh.load_state_dict(state["model"])
+        fresh_opt.load_state_dict(state["optim"])
+        assert all(isinstance(v, DTensor) for s in fresh_opt.state.values() for v in s.values()
+                   if isinstance(v, torch.Tensor) and v.dim() > 0)
         resumed = _steps(fresh, fresh_opt, x, 3)
         return uninterrupted, resumed
 

@@ -40,6 +40,11 @@ wrapped ones fall through to torch's own. Removing any of these would change the
   parameters are built exactly as before. Reason: ``nn.Parameter(dtensor)`` is how modules and
   ``dtensor.parallel`` make distributed parameters, and the gradient layout must be fixed when
   the parameter is made.
+- ``torch.Tensor.__deepcopy__``: a distributed tensor is deep-copied as a clone of every rank's
+  piece in the same layout (with its ``requires_grad`` and a copy of its ``grad``); plain tensors
+  go to torch's own. Reason: torch 1.13 deep-copies through the tensor's storage, which a
+  distributed tensor has none of, so ``copy.deepcopy(model)`` and
+  ``optimizer.load_state_dict`` (which deep-copies the state) raised on distributed state.
 
 Loading the extension ``dtensor._C`` also registers, in torch's C++ dispatcher (not Python
 attributes, listed for completeness): a boxed fallback kernel on the ``PrivateUse1`` dispatch

@@ -129,6 +129,27 @@ def _parameter(cls, data=None, requires_grad=True):
     return p
 
 
+_plain_deepcopy = torch.Tensor.__deepcopy__
+
+
+def _deepcopy(self, memo):
+    if not _C.is_dtensor(self):
+        return _plain_deepcopy(self, memo)
+    if id(self) in memo:
+        return memo[id(self)]
+    if not self.is_leaf:
+        # torch's rule for plain tensors too.
+        raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support "
+                           "the deepcopy protocol at the moment")
+    with torch.no_grad():
+        new = self.clone()
+    new.requires_grad_(self.requires_grad)
+    if self.grad is not None:
+        new.grad = _deepcopy(self.grad, memo)
+    memo[id(self)] = new
+    return new
+
+
 # The package's only global patches of torch; each is listed with its reason in the docstring of
 # dtensor/__init__.py (keep that list in step with these lines).
 torch.nn.Parameter.__new__ = staticmethod(_parameter)
@@ -138,6 +159,7 @@ torch.Tensor.redistribute = _redistribute
 torch.Tensor.placements = property(_placements)
 torch.Tensor.device_mesh = property(_mesh_of)
 torch.Tensor.__repr__ = _repr
+torch.Tensor.__deepcopy__ = _deepcopy
 
 
 def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_rank=0):

@@ -24,9 +24,8 @@ NOTE [optimizer state]: an optimizer's state is empty until its first step, so a
 has no tensors for load to fill: create them first (a step with zero gradients leaves Adam's
 parameters unchanged; load overwrites the state). Load fills the optimizer's own state tensors
 (optimizer.state_dict() hands out the same tensors), but `param_groups` (learning rates) is
-replaced only in the given dict. Unlike with DCP, optimizer.load_state_dict(state["optim"]) fails
-on distributed state: torch 1.13 deep-copies the state dict there, and a DTensor has no storage to
-deep-copy; copy hyperparameters into optimizer.param_groups by hand if they changed.
+replaced only in the given dict: call optimizer.load_state_dict(state["optim"]) afterwards, as
+with DCP (it deep-copies the distributed state: Tensor.__deepcopy__, dtensor/__init__.py).
 """
 
 import json
