@@ -173,8 +173,9 @@ at::Tensor run_step(Ctx& ctx, const PlanStep& s, const at::Tensor& x, bool async
       return fresh(at::cat(pieces, d).narrow(e, 0, to.size));
     }
     default:
-      TORCH_INTERNAL_ASSERT(false, "redistribute: unexpected step ", s.to_string());
+      break;
   }
+  fail("redistribute: internal error: unexpected step ", s.to_string());
 }
 
 }  // namespace

@@ -2,107 +2,36 @@
 
     ./x run -n 4 examples/llama_train.py [--mesh 4|2,2] [--steps 5] [--save DIR]
 
-Every rank builds the same model (seeded), parallelizes it with parallelize_module
-(ColwiseParallel for q/k/v and the MLP's up/gate projections, RowwiseParallel for the output
-and down projections, the embedding row-wise, the head column-wise) and trains a few SGD steps
-on the same batch. Rank 0 also trains an unparallelized copy on one device and prints both
+Every rank builds the same model (examples/llama_model.py, seeded), parallelizes it with
+parallelize_module (ColwiseParallel for q/k/v and the MLP's up/gate projections, RowwiseParallel for
+the output and down projections, the embedding row-wise, the head column-wise) and trains a few SGD
+steps on the same batch. Rank 0 also trains an unparallelized copy on one device and prints both
 losses per step, the time per step, and the collectives of one step. The model code is plain
-PyTorch: the parallel layers hand distributed tensors to it (use_local_output=False), and the
-engine shards every op. At the end every rank saves the trained model with dtensor.checkpoint
-(--save, default out/checkpoints/llama in the repository); README's "Checkpoints" shows how to
-load it on another number of ranks or into one process.
+PyTorch: the parallel layers hand distributed tensors to it (use_local_output=False), and the engine
+shards every op. At the end every rank saves the trained model with dtensor.checkpoint (--save,
+default out/checkpoints/llama in the repository); README's "Checkpoints" shows how to load it on
+another number of ranks or into one process.
 """
 
 import argparse
 import copy
-import math
 import os
+import sys
 import time
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import dtensor
-from dtensor import Replicate, Shard, init_device_mesh
+from dtensor import Replicate, init_device_mesh
 from dtensor.debug import CommDebugMode
-from dtensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from dtensor.parallel import parallelize_module
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llama_model import DIM, HEADS, HIDDEN, VOCAB, Llama, tp_plan  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VOCAB, DIM, HEADS, HIDDEN, BATCH, SEQ = 512, 128, 8, 384, 4, 32
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim, eps=1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-class Attention(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.wq = nn.Linear(DIM, DIM, bias=False)
-        self.wk = nn.Linear(DIM, DIM, bias=False)
-        self.wv = nn.Linear(DIM, DIM, bias=False)
-        self.wo = nn.Linear(DIM, DIM, bias=False)
-
-    def forward(self, x, mask):
-        b, s, d = x.shape
-        hd = d // HEADS
-        # Heads first ([H, B, S, hd]): matmul folds batch dims with the (sharded) heads leading.
-        q, k, v = (w(x).view(b, s, HEADS, hd).permute(2, 0, 1, 3)
-                   for w in (self.wq, self.wk, self.wv))
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(hd)
-        attn = torch.softmax(scores.masked_fill(mask, -1e9), dim=-1)
-        return self.wo((attn @ v).permute(1, 2, 0, 3).reshape(b, s, d))
-
-
-class FeedForward(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w1 = nn.Linear(DIM, HIDDEN, bias=False)
-        self.w3 = nn.Linear(DIM, HIDDEN, bias=False)
-        self.w2 = nn.Linear(HIDDEN, DIM, bias=False)
-
-    def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
-class Llama(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.tok_embeddings = nn.Embedding(VOCAB, DIM)
-        self.attention_norm = RMSNorm(DIM)
-        self.attention = Attention()
-        self.ffn_norm = RMSNorm(DIM)
-        self.feed_forward = FeedForward()
-        self.norm = RMSNorm(DIM)
-        self.output = nn.Linear(DIM, VOCAB, bias=False)
-
-    def forward(self, tokens, mask):
-        h = self.tok_embeddings(tokens)
-        h = h + self.attention(self.attention_norm(h), mask)
-        h = h + self.feed_forward(self.ffn_norm(h))
-        return self.output(self.norm(h))
-
-
-def tp_plan():
-    keep = dict(use_local_output=False)
-    return {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), **keep),
-        "attention.wq": ColwiseParallel(**keep),
-        "attention.wk": ColwiseParallel(**keep),
-        "attention.wv": ColwiseParallel(**keep),
-        "attention.wo": RowwiseParallel(**keep),
-        "feed_forward.w1": ColwiseParallel(**keep),
-        "feed_forward.w3": ColwiseParallel(**keep),
-        "feed_forward.w2": RowwiseParallel(**keep),
-        "output": ColwiseParallel(output_layouts=Replicate(), **keep),
-    }
+BATCH, SEQ = 4, 32
 
 
 def train_step(model, opt, tokens, targets, mask):

@@ -7,11 +7,11 @@ def pytest_test(name, test, srcs = [], data = [], launches_ranks = False, **kwar
     The test imports the package from its runfiles: :dtensor_engine's `imports = ["."]` puts
     <runfiles>/<workspace>/python on sys.path, where dtensor/_C.so lies beside the .py files (the
     layout `./x pythonpath` stages in out/python). Nothing looks into bazel-bin."""
-    env = {}
+    env = dict(kwargs.pop("env", {}))
     tags = kwargs.pop("tags", [])
     if launches_ranks:
         data = data + ["//tools:launch.py", "//tools:shm_clean.py"]
-        env = {"LAUNCH_PY": "$(location //tools:launch.py)"}
+        env["LAUNCH_PY"] = "$(location //tools:launch.py)"
         tags = tags + ["exclusive"]
     native.py_test(
         name = name,

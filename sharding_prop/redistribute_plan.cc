@@ -44,8 +44,6 @@ int64_t bytes_of(const std::vector<int64_t>& shape, const DTensorSpec& s) {
   return numel * element_size(s);
 }
 
-int64_t padded_local_bytes(const DTensorSpec& s) { return bytes_of(max_local_shape(s), s); }
-
 // Whether mesh dim `m` splits tensor dim `d` of `s` evenly for every rank (the pieces it splits
 // depend on the coordinates along the mesh dims that split d before it).
 bool split_even(const DTensorSpec& s, int64_t d, int64_t m) {

@@ -5,7 +5,8 @@ LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), forwards their output line by line 
 "[rank i] " prefix, and exits non-zero if any rank fails. When a rank fails, the others get
 DTENSOR_LAUNCH_GRACE_S seconds (default: the collective timeout, DTENSOR_COLLECTIVE_TIMEOUT_MS,
 capped at 30 s) to finish or fail on their own (their collectives time out and say why), then
-they are killed.
+they are killed. On SIGINT/SIGTERM the launcher sends SIGTERM to every rank and SIGKILL
+DTENSOR_LAUNCH_STOP_GRACE_S seconds later (default 1); it exits 0 when every rank exited 0.
 
 Each launch gets a token (DTENSOR_JOB_TOKEN, NOTE [job identity] in collectives/launch_env.cc):
 every rank proves with it that it belongs to this launch, and the job's shared-memory segments are
@@ -100,16 +101,22 @@ def main(argv):
                     pass
 
     def stop(code):
-        # Interrupted: the ranks get SIGTERM, then SIGKILL after a second; the job's segments go.
+        # Interrupted: the ranks get SIGTERM, then SIGKILL after DTENSOR_LAUNCH_STOP_GRACE_S
+        # (default 1 s; ./x serve gives its ranks time to drain); the job's segments go. When
+        # every rank exits 0 by itself within the grace (a server that drained), so does the
+        # launcher.
         kill_all(signal.SIGTERM)
-        deadline = time.monotonic() + 1.0
+        deadline = time.monotonic() + float(os.environ.get("DTENSOR_LAUNCH_STOP_GRACE_S", "1"))
         while time.monotonic() < deadline and any(p.poll() is None for p in procs):
             time.sleep(0.02)
         kill_all(signal.SIGKILL)
         for p in procs:
             p.wait()
+        for t in threads:
+            t.join(timeout=1.0)
         shm_clean.remove_job(f"job-{token}-0")
-        os._exit(code)
+        sys.stdout.flush()
+        os._exit(0 if all(p.returncode == 0 for p in procs) else code)
 
     signal.signal(signal.SIGINT, lambda *_: stop(130))
     signal.signal(signal.SIGTERM, lambda *_: stop(143))

@@ -1,0 +1,186 @@
+"""./x bench serve: the inference server (tools/serve.cc) under load, from a real HTTP client.
+
+    ./x bench serve [--ranks 1,2,4] [--concurrency 1,8] [--requests 16] [--max-tokens 64]
+                    [--checkpoint DIR]
+
+For each rank count the server starts on that many processes (shm), as ./x serve starts it, with
+the checkpoint ./x demo saved (default out/checkpoints/llama). For each concurrency C, C client
+threads send streamed greedy completions back to back until --requests are done (prompts of 8..40
+bytes, max_tokens each); then:
+  tokens_per_s  generated tokens / wall time of the whole batch of requests;
+  p50_ms/p99_ms the time between consecutive tokens of a request as the client sees them (each
+                server-sent event carries the tokens of one step);
+  ttft_p50_ms   time to the first token;
+  rss_mb        each rank's resident memory after the run (the largest in rss_mb, all in
+                rss_mb_per_rank).
+One JSON line per (ranks, concurrency) with "bench": "serve", plus the ratio of concurrency 8's
+tokens/s to concurrency 1's on the same ranks. "overhead" (the share of a decode step outside
+local ATen kernels and collectives) is not measured yet: null.
+"""
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def percentile(values, q):
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    k = min(len(values) - 1, max(0, int(round(q * (len(values) - 1)))))
+    return values[k]
+
+
+def rank_pids(launcher_pid):
+    pids = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) != launcher_pid:
+                    continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+            pids[int(env[b"RANK"])] = int(pid)
+        except (OSError, ValueError, KeyError, IndexError):
+            continue
+    return pids
+
+
+def rss_mb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+class Server:
+    def __init__(self, n, serve_bin, checkpoint, max_batch):
+        self.port_file = f"/tmp/dtensor_serve_bench_port_{os.getpid()}_{n}"
+        if os.path.exists(self.port_file):
+            os.remove(self.port_file)
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(REPO, "tools", "launch.py"), "-n", str(n), "--",
+             serve_bin, "--checkpoint", checkpoint, "--port", "0", "--port-file", self.port_file,
+             "--max-batch", str(max_batch)],
+            env=dict(os.environ, DTENSOR_LAUNCH_STOP_GRACE_S="60"),
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while not os.path.exists(self.port_file):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the server on {n} ranks did not start")
+            time.sleep(0.05)
+        self.port = int(open(self.port_file).read())
+
+    def stream(self, prompt, max_tokens):
+        """(time to first token, gaps between tokens, tokens) of one streamed completion."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
+        t0 = time.perf_counter()
+        conn.request("POST", "/v1/completions", body=json.dumps(
+            {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}))
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]}")
+        times, tokens = [], 0
+        for line in resp:
+            if not line.startswith(b"data: "):
+                continue
+            if line.strip() == b"data: [DONE]":
+                break
+            now = time.perf_counter()
+            n = len(json.loads(line[6:])["choices"][0]["token_ids"])
+            tokens += n
+            times.extend([now] * max(n, 1))
+        conn.close()
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        return times[0] - t0, gaps, tokens
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        if os.path.exists(self.port_file):
+            os.remove(self.port_file)
+
+
+def run_load(server, concurrency, requests, max_tokens):
+    lock = threading.Lock()
+    next_i, ttfts, gaps, total = [0], [], [], [0]
+
+    def client():
+        while True:
+            with lock:
+                i = next_i[0]
+                if i >= requests:
+                    return
+                next_i[0] += 1
+            prompt = ("the quick brown fox jumps over " * 2)[: 8 + (i * 7) % 33]
+            ttft, g, n = server.stream(prompt, max_tokens)
+            with lock:
+                ttfts.append(ttft)
+                gaps.extend(g)
+                total[0] += n
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    return total[0] / wall, gaps, ttfts
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", default="1,2,4")
+    parser.add_argument("--concurrency", default="1,8")
+    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--checkpoint", default=os.path.join(REPO, "out", "checkpoints", "llama"))
+    args = parser.parse_args()
+    serve_bin = os.environ["SERVE_BIN"]
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    print(f"{'ranks':>5} {'conc':>4} {'tokens/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
+          f"{'ttft p50':>8} {'rss MB/rank':>12}", flush=True)
+    for n in [int(r) for r in args.ranks.split(",")]:
+        server = Server(n, serve_bin, args.checkpoint, max(concurrencies))
+        try:
+            run_load(server, 2, 4, 8)  # warm-up
+            by_c = {}
+            for c in concurrencies:
+                tps, gaps, ttfts = run_load(server, c, args.requests, args.max_tokens)
+                pids = rank_pids(server.proc.pid)
+                rss = [round(rss_mb(pids[r]), 1) for r in sorted(pids)]
+                by_c[c] = tps
+                row = {"bench": "serve", "ranks": n, "concurrency": c,
+                       "tokens_per_s": round(tps, 1),
+                       "p50_ms": round(percentile(gaps, 0.5) * 1e3, 3),
+                       "p99_ms": round(percentile(gaps, 0.99) * 1e3, 3),
+                       "ttft_p50_ms": round(statistics.median(ttfts) * 1e3, 2),
+                       "rss_mb": max(rss), "rss_mb_per_rank": rss, "overhead": None}
+                print(f"{n:>5} {c:>4} {tps:>9.1f} {row['p50_ms']:>7.2f} {row['p99_ms']:>7.2f} "
+                      f"{row['ttft_p50_ms']:>8.2f} {max(rss):>12.1f}", flush=True)
+                print(json.dumps(row), flush=True)
+            if 1 in by_c and 8 in by_c:
+                print(json.dumps({"bench": "serve", "ranks": n, "op": "batching_gain",
+                                  "c8_over_c1": round(by_c[8] / by_c[1], 2)}), flush=True)
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+#include "serving/completions_api.h"
+
+#include <cmath>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+namespace dtensor::serving {
+namespace {
+
+using nlohmann::json;
+
+// Text for JSON: a token may end inside a UTF-8 sequence; invalid bytes become U+FFFD rather
+// than failing the response.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+ApiError bad(const std::string& param, const std::string& message) {
+  return ApiError{400, message, param};
+}
+
+}  // namespace
+
+std::string error_body(const ApiError& e) {
+  return dump({{"error",
+                {{"message", e.message},
+                 {"type", e.type},
+                 {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+                 {"code", nullptr}}}});
+}
+
+std::variant<CompletionRequest, ApiError> parse_completion_request(const std::string& body,
+                                                                   const Tokenizer& tokenizer,
+                                                                   int64_t context_length) {
+  const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return bad("", "the request body is not valid JSON");
+  if (!j.is_object()) return bad("", "the request body must be a JSON object");
+  CompletionRequest r;
+
+  // prompt: a string, or an array of token ids (OpenAI's forms for one prompt).
+  if (!j.contains("prompt")) return bad("prompt", "'prompt' is required");
+  const json& p = j["prompt"];
+  if (p.is_string()) {
+    r.prompt = tokenizer.encode(p.get<std::string>());
+  } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+    for (const auto& t : p) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+          t.get<int64_t>() >= tokenizer.vocab_size())
+        return bad("prompt", "'prompt' token ids must be integers in [0, " +
+                                 std::to_string(tokenizer.vocab_size()) + ")");
+      r.prompt.push_back(t.get<int64_t>());
+    }
+  } else if (p.is_array() && !p.empty() && (p[0].is_string() || p[0].is_array())) {
+    return bad("prompt", "a batch of prompts is not supported: send one request per prompt");
+  } else {
+    return bad("prompt", "'prompt' must be a string or an array of token ids");
+  }
+  if (r.prompt.empty()) return bad("prompt", "'prompt' is empty");
+  const int64_t n = static_cast<int64_t>(r.prompt.size());
+  if (n >= context_length)
+    return bad("prompt", "the prompt is " + std::to_string(n) + " tokens; the context length is " +
+                             std::to_string(context_length) +
+                             " (prompt plus at least one generated token)");
+
+  if (j.contains("max_tokens") && !j["max_tokens"].is_null()) {
+    const json& m = j["max_tokens"];
+    if (!m.is_number_integer()) return bad("max_tokens", "'max_tokens' must be an integer");
+    if (m.is_number_unsigned() && m.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+      return bad("max_tokens", "'max_tokens' is too large");
+    r.max_tokens = m.get<int64_t>();
+    if (r.max_tokens < 1) return bad("max_tokens", "'max_tokens' must be at least 1");
+    if (r.max_tokens > context_length - n)
+      return bad("max_tokens", "the prompt (" + std::to_string(n) + " tokens) plus max_tokens (" +
+                                   std::to_string(r.max_tokens) + ") exceeds the context length (" +
+                                   std::to_string(context_length) + ")");
+  } else {
+    r.max_tokens = std::min<int64_t>(16, context_length - n);
+  }
+
+  const auto number = [&](const char* key, double lo, double hi, bool lo_open, double& out,
+                          std::optional<ApiError>& err) {
+    if (!j.contains(key) || j[key].is_null()) return;
+    if (!j[key].is_number()) {
+      err = bad(key, std::string("'") + key + "' must be a number");
+      return;
+    }
+    const double v = j[key].get<double>();
+    if (!std::isfinite(v) || v > hi || (lo_open ? v <= lo : v < lo)) {
+      err = bad(key, std::string("'") + key + "' must be in " + (lo_open ? "(" : "[") +
+                         std::to_string(lo).substr(0, 3) + ", " + std::to_string(hi).substr(0, 3) +
+                         "]");
+      return;
+    }
+    out = v;
+  };
+  std::optional<ApiError> err;
+  number("temperature", 0.0, 2.0, false, r.sampling.temperature, err);
+  if (err) return *err;
+  number("top_p", 0.0, 1.0, true, r.sampling.top_p, err);
+  if (err) return *err;
+  if (j.contains("top_k") && !j["top_k"].is_null()) {
+    if (!j["top_k"].is_number_integer() || j["top_k"].get<int64_t>() < -1)
+      return bad("top_k", "'top_k' must be an integer: -1 or 0 (no limit), or at least 1");
+    r.sampling.top_k = std::max<int64_t>(0, j["top_k"].get<int64_t>());
+  }
+  if (j.contains("seed") && !j["seed"].is_null()) {
+    if (!j["seed"].is_number_integer()) return bad("seed", "'seed' must be an integer");
+    r.sampling.seed = j["seed"].is_number_unsigned()
+                          ? j["seed"].get<uint64_t>()
+                          : static_cast<uint64_t>(j["seed"].get<int64_t>());
+  }
+  if (j.contains("stop") && !j["stop"].is_null()) {
+    const json& s = j["stop"];
+    if (s.is_string()) {
+      r.stop.push_back(s.get<std::string>());
+    } else if (s.is_array() && s.size() <= 4) {
+      for (const auto& x : s) {
+        if (!x.is_string()) return bad("stop", "'stop' must be a string or an array of strings");
+        r.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      return bad("stop", "'stop' must be a string or an array of at most 4 strings");
+    }
+    for (const auto& x : r.stop)
+      if (x.empty()) return bad("stop", "'stop' strings must not be empty");
+  }
+  if (j.contains("stream") && !j["stream"].is_null()) {
+    if (!j["stream"].is_boolean()) return bad("stream", "'stream' must be a boolean");
+    r.stream = j["stream"].get<bool>();
+  }
+  if (j.contains("model") && !j["model"].is_null() && !j["model"].is_string())
+    return bad("model", "'model' must be a string");
+  if (j.contains("user") && !j["user"].is_null() && !j["user"].is_string())
+    return bad("user", "'user' must be a string");
+
+  // OpenAI fields that would change the result but are not implemented: refused, not ignored.
+  for (const char* key : {"n", "best_of"})
+    if (j.contains(key) && !j[key].is_null() && !(j[key].is_number_integer() && j[key] == 1))
+      return bad(key, std::string("'") + key + "' other than 1 is not supported");
+  if (j.contains("echo") && !j["echo"].is_null() && j["echo"] != false)
+    return bad("echo", "'echo' is not supported");
+  for (const char* key : {"logprobs", "suffix"})
+    if (j.contains(key) && !j[key].is_null())
+      return bad(key, std::string("'") + key + "' is not supported");
+  if (j.contains("logit_bias") && !j["logit_bias"].is_null() &&
+      !(j["logit_bias"].is_object() && j["logit_bias"].empty()))
+    return bad("logit_bias", "'logit_bias' is not supported");
+  for (const char* key : {"presence_penalty", "frequency_penalty"})
+    if (j.contains(key) && !j[key].is_null() && !(j[key].is_number() && j[key].get<double>() == 0))
+      return bad(key, std::string("'") + key + "' other than 0 is not supported");
+  return r;
+}
+
+std::string completion_body(const std::string& id, int64_t created, const std::string& model,
+                            const std::string& text, const std::vector<int64_t>& token_ids,
+                            const std::string& finish_reason, const Usage& usage) {
+  return dump({{"id", id},
+               {"object", "text_completion"},
+               {"created", created},
+               {"model", model},
+               {"choices",
+                {{{"index", 0},
+                  {"text", text},
+                  {"token_ids", token_ids},
+                  {"logprobs", nullptr},
+                  {"finish_reason", finish_reason}}}},
+               {"usage",
+                {{"prompt_tokens", usage.prompt_tokens},
+                 {"completion_tokens", usage.completion_tokens},
+                 {"total_tokens", usage.prompt_tokens + usage.completion_tokens}}}});
+}
+
+std::string stream_chunk(const std::string& id, int64_t created, const std::string& model,
+                         const std::string& text, const std::vector<int64_t>& token_ids,
+                         const std::string& finish_reason, const std::optional<Usage>& usage) {
+  json j = {{"id", id},
+            {"object", "text_completion"},
+            {"created", created},
+            {"model", model},
+            {"choices",
+             {{{"index", 0},
+               {"text", text},
+               {"token_ids", token_ids},
+               {"logprobs", nullptr},
+               {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}}}}};
+  if (usage)
+    j["usage"] = {{"prompt_tokens", usage->prompt_tokens},
+                  {"completion_tokens", usage->completion_tokens},
+                  {"total_tokens", usage->prompt_tokens + usage->completion_tokens}};
+  return "data: " + dump(j) + "\n\n";
+}
+
+std::string stream_done() { return "data: [DONE]\n\n"; }
+
+}  // namespace dtensor::serving

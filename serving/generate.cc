@@ -1,0 +1,154 @@
+// llama_generate: greedy generation with the demo's Llama-style model (serving/llama.h) from a
+// checkpoint, on N ranks as threads of this process (tensor parallelism) or on one process.
+//
+//   llama_generate --checkpoint out/checkpoints/llama --prompt 1,2,3 --max_new_tokens 8 --ranks 2
+//
+// prints {"tokens":[...]} (the new tokens) on stdout, and with --timing the prefill and per-step
+// decode times of rank 0 on stderr (--batch N: N copies of the prompt decoded as one batch).
+
+#include <ATen/Parallel.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "base/error.h"
+#include "collectives/rank_context.h"
+#include "dtensor/api.h"
+#include "serving/llama.h"
+
+ABSL_FLAG(std::string, checkpoint, "",
+          "checkpoint directory (dtensor.checkpoint / checkpoint::save)");
+ABSL_FLAG(std::string, prompt, "", "prompt token ids, comma-separated, e.g. 1,2,3");
+ABSL_FLAG(int64_t, max_new_tokens, 16, "tokens to generate");
+ABSL_FLAG(int64_t, ranks, 1, "tensor-parallel ranks as threads (1: one process, plain tensors)");
+ABSL_FLAG(int64_t, vocab, 512, "vocabulary size");
+ABSL_FLAG(int64_t, dim, 128, "model dim");
+ABSL_FLAG(int64_t, heads, 8, "attention heads");
+ABSL_FLAG(int64_t, hidden, 384, "MLP hidden dim");
+ABSL_FLAG(int64_t, max_seq, 256, "KV cache length per slot");
+ABSL_FLAG(int64_t, batch, 1, "copies of the prompt generated together (batched decode)");
+ABSL_FLAG(bool, timing, false, "print prefill and per-token decode times (rank 0) on stderr");
+
+namespace {
+
+namespace serving = dtensor::serving;
+using Clock = std::chrono::steady_clock;
+
+std::vector<int64_t> parse_ids(const std::string& text) {
+  std::vector<int64_t> out;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const size_t comma = text.find(',', pos);
+    const std::string item = text.substr(pos, comma == std::string::npos ? comma : comma - pos);
+    if (!item.empty()) out.push_back(std::stoll(item));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// Greedy generation on this rank's model, timed (the same steps as serving::greedy_generate),
+// for `batch` copies of the prompt decoded together (one batched forward per step); returns the
+// first copy's tokens and checks that every copy generated the same.
+std::vector<int64_t> generate(serving::Llama& model, const std::vector<int64_t>& prompt,
+                              int64_t max_new, int64_t batch, bool report) {
+  std::vector<std::vector<int64_t>> out(batch);
+  if (max_new <= 0) return {};
+  std::vector<serving::Sequence> seqs;
+  for (int64_t i = 0; i < batch; ++i) seqs.push_back({model.alloc_slot(), prompt, 0});
+  auto t0 = Clock::now();
+  at::Tensor logits = model.forward(seqs);
+  const double prefill_ms = ms_since(t0);
+  t0 = Clock::now();
+  for (int64_t step = 0;; ++step) {
+    for (int64_t i = 0; i < batch; ++i) out[i].push_back(serving::greedy_token(logits[i]));
+    if (static_cast<int64_t>(out[0].size()) == max_new) break;
+    for (int64_t i = 0; i < batch; ++i) {
+      seqs[i].tokens = {out[i].back()};
+      seqs[i].start = static_cast<int64_t>(prompt.size()) + step;
+    }
+    logits = model.forward(seqs);
+  }
+  const double decode_ms = ms_since(t0);
+  for (const serving::Sequence& s : seqs) model.free_slot(s.slot);
+  for (int64_t i = 1; i < batch; ++i) {
+    DTENSOR_CHECK(out[i] == out[0], "llama_generate: copy ", i,
+                  " of the prompt generated other tokens");
+  }
+  if (report) {
+    std::fprintf(stderr,
+                 "prefill %lld x %zu tokens: %.2f ms; decode (batch %lld): %.3f ms/step over %lld "
+                 "steps\n",
+                 static_cast<long long>(batch), prompt.size(), prefill_ms,
+                 static_cast<long long>(batch), max_new > 1 ? decode_ms / (max_new - 1) : 0.0,
+                 static_cast<long long>(max_new - 1));
+  }
+  return out[0];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "greedy generation with the demo's Llama model from a checkpoint:\n"
+      "  llama_generate --checkpoint DIR --prompt 1,2,3 --max_new_tokens N [--ranks N]");
+  absl::ParseCommandLine(argc, argv);
+  try {
+    const std::string dir = absl::GetFlag(FLAGS_checkpoint);
+    const std::vector<int64_t> prompt = parse_ids(absl::GetFlag(FLAGS_prompt));
+    if (dir.empty() || prompt.empty()) {
+      std::cerr << "llama_generate: --checkpoint and --prompt are required\n";
+      return 2;
+    }
+    serving::LlamaConfig config;
+    config.vocab = absl::GetFlag(FLAGS_vocab);
+    config.dim = absl::GetFlag(FLAGS_dim);
+    config.heads = absl::GetFlag(FLAGS_heads);
+    config.hidden = absl::GetFlag(FLAGS_hidden);
+    config.max_seq = absl::GetFlag(FLAGS_max_seq);
+    const int64_t ranks = absl::GetFlag(FLAGS_ranks);
+    const int64_t max_new = absl::GetFlag(FLAGS_max_new_tokens);
+    const bool timing = absl::GetFlag(FLAGS_timing);
+    const int64_t batch = absl::GetFlag(FLAGS_batch);
+    if (batch < 1) {
+      std::cerr << "llama_generate: --batch must be at least 1\n";
+      return 2;
+    }
+    std::vector<int64_t> tokens;
+    if (ranks == 1) {
+      serving::Llama model(config, std::nullopt, batch);
+      model.load(dir);
+      tokens = generate(model, prompt, max_new, batch, timing);
+    } else {
+      // Ranks are threads: one intra-op thread each, so they do not compete for the cores.
+      at::set_num_threads(1);
+      dtensor::collectives::run_threads(ranks, [&](int64_t rank) {
+        const dtensor::DeviceMesh mesh = dtensor::api::init_device_mesh({ranks});
+        serving::Llama model(config, mesh, batch);
+        model.load(dir);
+        std::vector<int64_t> mine = generate(model, prompt, max_new, batch, timing && rank == 0);
+        if (rank == 0) tokens = mine;
+      });
+    }
+    std::string json = "{\"tokens\":[";
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      json += (i ? "," : "") + std::to_string(tokens[i]);
+    }
+    std::cout << json << "]}" << std::endl;
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "llama_generate: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,49 @@
+#pragma once
+// The server's counters, gauges and histograms, written in Prometheus' text format (version
+// 0.0.4) for GET /metrics. Thread safe.
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace dtensor::serving {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> upper_bounds)
+      : bounds_(std::move(upper_bounds)), counts_(bounds_.size(), 0) {}
+  void observe(double v);
+  // "# TYPE name histogram" and its _bucket/_sum/_count lines.
+  std::string text(const std::string& name, const std::string& help) const;
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<int64_t> counts_;  // per bucket (not cumulative)
+  int64_t count_ = 0;
+  double sum_ = 0;
+};
+
+class Metrics {
+ public:
+  Metrics();
+  void request_finished(const std::string& finish_reason);  // stop, length, cancelled, error
+  void request_rejected(int status);                        // 400, 413, 429, 503
+  void tokens(int64_t prompt, int64_t generated);
+  void time_to_first_token(double seconds);
+  void time_per_output_token(double seconds);
+  void step(int64_t collectives, int64_t batch);
+  void gauges(int64_t queue_depth, int64_t running, bool healthy);
+  std::string text() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, int64_t> finished_, rejected_;
+  int64_t prompt_tokens_ = 0, generated_tokens_ = 0, steps_ = 0, collectives_ = 0;
+  int64_t last_step_collectives_ = 0, last_batch_ = 0, queue_ = 0, running_ = 0;
+  bool healthy_ = true;
+  Histogram ttft_, tpot_;
+};
+
+}  // namespace dtensor::serving
