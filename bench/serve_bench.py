@@ -14,8 +14,10 @@ bytes, max_tokens each); then:
   rss_mb        each rank's resident memory after the run (the largest in rss_mb, all in
                 rss_mb_per_rank).
 One JSON line per (ranks, concurrency) with "bench": "serve", plus the ratio of concurrency 8's
-tokens/s to concurrency 1's on the same ranks. "overhead" (the share of a decode step outside
-local ATen kernels and collectives) is not measured yet: null.
+tokens/s to concurrency 1's on the same ranks. "overhead": the share of a decode step outside
+local ATen kernels and collectives, with "kernel_share" and "collective_share", from a second
+server started with --profile (NOTE [step profile] in serving/step_profile.h: an upper bound,
+the profiling callbacks' own cost lands in it); "weight_mb_rank0" against "model_mb" / ranks.
 """
 
 import argparse
@@ -66,14 +68,14 @@ def rss_mb(pid):
 
 
 class Server:
-    def __init__(self, n, serve_bin, checkpoint, max_batch):
+    def __init__(self, n, serve_bin, checkpoint, max_batch, profile=False):
         self.port_file = f"/tmp/dtensor_serve_bench_port_{os.getpid()}_{n}"
         if os.path.exists(self.port_file):
             os.remove(self.port_file)
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(REPO, "tools", "launch.py"), "-n", str(n), "--",
              serve_bin, "--checkpoint", checkpoint, "--port", "0", "--port-file", self.port_file,
-             "--max-batch", str(max_batch)],
+             "--max-batch", str(max_batch)] + (["--profile"] if profile else []),
             env=dict(os.environ, DTENSOR_LAUNCH_STOP_GRACE_S="60"),
             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
@@ -105,6 +107,18 @@ class Server:
         conn.close()
         gaps = [b - a for a, b in zip(times, times[1:])]
         return times[0] - t0, gaps, tokens
+
+    def metrics(self):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        conn.close()
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#") and "{" not in line:
+                name, value = line.split()
+                out[name] = float(value)
+        return out
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
@@ -155,8 +169,31 @@ def main():
     serve_bin = os.environ["SERVE_BIN"]
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     print(f"{'ranks':>5} {'conc':>4} {'tokens/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
-          f"{'ttft p50':>8} {'rss MB/rank':>12}", flush=True)
+          f"{'ttft p50':>8} {'rss MB/rank':>12} {'overhead':>9}", flush=True)
     for n in [int(r) for r in args.ranks.split(",")]:
+        # NOTE [step profile]: overhead from a profiled server (its callbacks slow it, so the
+        # throughput rows come from an unprofiled one).
+        overhead = {}
+        server = Server(n, serve_bin, args.checkpoint, max(concurrencies), profile=True)
+        try:
+            run_load(server, 2, 4, 8)
+            for c in concurrencies:
+                before = server.metrics()
+                run_load(server, c, max(4, c), args.max_tokens)
+                after = server.metrics()
+                d = {k: after[k] - before[k] for k in (
+                    "dtensor_serve_profiled_decode_seconds_total",
+                    "dtensor_serve_profiled_local_kernel_seconds_total",
+                    "dtensor_serve_profiled_collective_seconds_total")}
+                step, kern, coll = d.values()
+                overhead[c] = {"overhead": round((step - kern - coll) / step, 4),
+                               "kernel_share": round(kern / step, 4),
+                               "collective_share": round(coll / step, 4)}
+            memory = {k: server.metrics()[k] for k in (
+                "dtensor_serve_weight_bytes", "dtensor_serve_model_bytes",
+                "dtensor_serve_kv_cache_bytes")}
+        finally:
+            server.stop()
         server = Server(n, serve_bin, args.checkpoint, max(concurrencies))
         try:
             run_load(server, 2, 4, 8)  # warm-up
@@ -171,9 +208,14 @@ def main():
                        "p50_ms": round(percentile(gaps, 0.5) * 1e3, 3),
                        "p99_ms": round(percentile(gaps, 0.99) * 1e3, 3),
                        "ttft_p50_ms": round(statistics.median(ttfts) * 1e3, 2),
-                       "rss_mb": max(rss), "rss_mb_per_rank": rss, "overhead": None}
+                       "rss_mb": max(rss), "rss_mb_per_rank": rss, **overhead[c],
+                       "weight_mb_rank0": round(memory["dtensor_serve_weight_bytes"] / 2**20, 3),
+                       "model_mb": round(memory["dtensor_serve_model_bytes"] / 2**20, 3),
+                       "kv_cache_mb_rank0": round(memory["dtensor_serve_kv_cache_bytes"] / 2**20,
+                                                  3)}
                 print(f"{n:>5} {c:>4} {tps:>9.1f} {row['p50_ms']:>7.2f} {row['p99_ms']:>7.2f} "
-                      f"{row['ttft_p50_ms']:>8.2f} {max(rss):>12.1f}", flush=True)
+                      f"{row['ttft_p50_ms']:>8.2f} {max(rss):>12.1f} {row['overhead']:>9.3f}",
+                      flush=True)
                 print(json.dumps(row), flush=True)
             if 1 in by_c and 8 in by_c:
                 print(json.dumps({"bench": "serve", "ranks": n, "op": "batching_gain",

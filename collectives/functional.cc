@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <stdexcept>
 
@@ -128,11 +129,17 @@ std::vector<at::Tensor> submit(const std::string& group, std::shared_ptr<Job> jo
     if (job->epilogue) job->epilogue();
   };
   if (!async_op) {
+    const auto t0 = t_counters.empty() ? std::chrono::steady_clock::time_point()
+                                       : std::chrono::steady_clock::now();
     // Inline when nothing is queued; otherwise behind the queued async work, keeping issue order.
     if (ep.worker->idle()) {
       run();
     } else {
       ep.worker->submit(run)->wait();
+    }
+    if (!t_counters.empty()) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      for (CommCounter* counter : t_counters) counter->add_seconds(s);
     }
     return results;
   }

@@ -105,9 +105,14 @@ class CommCounter {
   // One line per (cause, label): "aten::mm: all_gather_into_tensor x2".
   std::string to_string() const;
   void record(CommRecord r) { records_.push_back(std::move(r)); }
+  // Wall time this thread spent inside synchronous collective calls while the counter lived
+  // (waiting for peers included; async calls are not timed).
+  double seconds() const { return seconds_; }
+  void add_seconds(double s) { seconds_ += s; }
 
  private:
   std::vector<CommRecord> records_;
+  double seconds_ = 0;
 };
 
 // Blocks until `t` (an output of an async collective) is valid and returns it. A tensor with no

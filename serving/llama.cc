@@ -182,10 +182,10 @@ at::Tensor Llama::prefill(const Sequence& seq) {
 
 // NOTE [batched decode]
 // n sequences with one new token each run as one batch: the tokens are [n, 1], each writes its
-// k/v at its own position of its own slot, and attention reads the slots' caches padded to the
-// longest ([H, n, L, hd], gathered by index_select on the slot dim) with a length mask, so a
-// position beyond a sequence's length gets exp(-1e9 - max) = 0 weight exactly. Heads stay first
-// and sharded: every op of attention is local to the rank.
+// k/v at its own position of its own slot (one index_copy_ per cache), and attention reads the
+// slots' caches padded to the longest ([H, n, L, hd], gathered by index_select on the slot dim)
+// with a length mask, so a position beyond a sequence's length gets exp(-1e9 - max) = 0 weight
+// exactly. Heads stay first and sharded: every op of attention is local to the rank.
 at::Tensor Llama::decode(const std::vector<Sequence>& batch) {
   const auto& w = weights_;
   const int64_t n = static_cast<int64_t>(batch.size());
@@ -212,13 +212,26 @@ at::Tensor Llama::decode(const std::vector<Sequence>& batch) {
   const at::Tensor q = rope(heads("attention.wq.weight"), positions, true);
   const at::Tensor k = rope(heads("attention.wk.weight"), positions, true);
   const at::Tensor v = heads("attention.wv.weight");
-  for (int64_t i = 0; i < n; ++i) {
-    k_cache(batch[i].slot).select(1, positions[i]).copy_(k.select(1, i).select(1, 0));
-    v_cache(batch[i].slot).select(1, positions[i]).copy_(v.select(1, i).select(1, 0));
+  // Every sequence's new k/v into its slot at its position: one index_copy_ per cache over the
+  // flattened (slot, position) dim, not two copies per sequence.
+  std::vector<int64_t> flat;
+  for (int64_t i = 0; i < n; ++i) flat.push_back(slots[i] * config_.max_seq + positions[i]);
+  const at::Tensor where = replicated(at::tensor(flat, at::kLong));
+  k_cache_.view({H, max_batch_ * config_.max_seq, hd}).index_copy_(1, where, k.squeeze(2));
+  v_cache_.view({H, max_batch_ * config_.max_seq, hd}).index_copy_(1, where, v.squeeze(2));
+  // The batch's caches, [H, n, L, hd]: a view when the slots are 0..n-1 in order (the scheduler
+  // hands out the lowest free slots), else gathered.
+  bool leading = true;
+  for (int64_t i = 0; i < n; ++i) leading = leading && slots[i] == i;
+  at::Tensor keys, vals;
+  if (leading) {
+    keys = k_cache_.narrow(1, 0, n).narrow(2, 0, L);
+    vals = v_cache_.narrow(1, 0, n).narrow(2, 0, L);
+  } else {
+    const at::Tensor index = replicated(at::tensor(slots, at::kLong));
+    keys = k_cache_.index_select(1, index).narrow(2, 0, L);
+    vals = v_cache_.index_select(1, index).narrow(2, 0, L);
   }
-  const at::Tensor index = replicated(at::tensor(slots, at::kLong));
-  const at::Tensor keys = k_cache_.index_select(1, index).narrow(2, 0, L);  // [H, n, L, hd]
-  const at::Tensor vals = v_cache_.index_select(1, index).narrow(2, 0, L);
   const at::Tensor mask = replicated(at::arange(L, at::kLong).view({1, 1, L}) >
                                      at::tensor(positions, at::kLong).view({n, 1, 1}));
   const at::Tensor scores =

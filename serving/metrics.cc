@@ -77,12 +77,31 @@ void Metrics::gauges(int64_t queue_depth, int64_t running, bool healthy) {
   healthy_ = healthy;
 }
 
+void Metrics::memory(int64_t weight_bytes, int64_t model_bytes, int64_t kv_cache_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  weight_bytes_ = weight_bytes;
+  model_bytes_ = model_bytes;
+  kv_bytes_ = kv_cache_bytes;
+}
+
+void Metrics::decode_profile(double step, double kernels, double collectives) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++profiled_steps_;
+  step_s_ += step;
+  kernel_s_ += kernels;
+  collective_s_ += collectives;
+}
+
 std::string Metrics::text() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::ostringstream out;
   const auto counter = [&](const std::string& name, const std::string& help, int64_t v) {
     out << "# HELP " << name << " " << help << "\n# TYPE " << name << " counter\n"
         << name << " " << v << "\n";
+  };
+  const auto counter_s = [&](const std::string& name, const std::string& help, double v) {
+    out << "# HELP " << name << " " << help << "\n# TYPE " << name << " counter\n"
+        << name << " " << num(v) << "\n";
   };
   const auto gauge = [&](const std::string& name, const std::string& help, double v) {
     out << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n"
@@ -114,6 +133,21 @@ std::string Metrics::text() const {
   gauge("dtensor_serve_running", "Requests in the running batch.", static_cast<double>(running_));
   gauge("dtensor_serve_healthy", "1 while every rank answers, 0 after a rank failed.",
         healthy_ ? 1.0 : 0.0);
+  gauge("dtensor_serve_weight_bytes", "Bytes of model weights this rank (rank 0) holds.",
+        static_cast<double>(weight_bytes_));
+  gauge("dtensor_serve_model_bytes", "Bytes of the whole model's weights on one device.",
+        static_cast<double>(model_bytes_));
+  gauge("dtensor_serve_kv_cache_bytes", "Bytes of KV cache this rank (rank 0) holds.",
+        static_cast<double>(kv_bytes_));
+  counter("dtensor_serve_profiled_decode_steps_total",
+          "Decode steps profiled (serve --profile; NOTE [step profile]).", profiled_steps_);
+  counter_s("dtensor_serve_profiled_decode_seconds_total",
+            "Wall time of the profiled decode steps.", step_s_);
+  counter_s("dtensor_serve_profiled_local_kernel_seconds_total",
+            "Time of the profiled decode steps in local ATen kernels.", kernel_s_);
+  counter_s("dtensor_serve_profiled_collective_seconds_total",
+            "Time of the profiled decode steps in collectives (waits for peers included).",
+            collective_s_);
   out << ttft_.text("dtensor_serve_time_to_first_token_seconds",
                     "Time from a request's arrival to its first generated token.");
   out << tpot_.text("dtensor_serve_time_per_output_token_seconds",

@@ -35,6 +35,10 @@ class Metrics {
   void time_per_output_token(double seconds);
   void step(int64_t collectives, int64_t batch);
   void gauges(int64_t queue_depth, int64_t running, bool healthy);
+  // This rank's resident model memory: local weight bytes, their one-device total, KV cache bytes.
+  void memory(int64_t weight_bytes, int64_t model_bytes, int64_t kv_cache_bytes);
+  // One profiled decode step (NOTE [step profile]): wall, local kernel and collective seconds.
+  void decode_profile(double step, double kernels, double collectives);
   std::string text() const;
 
  private:
@@ -43,6 +47,8 @@ class Metrics {
   int64_t prompt_tokens_ = 0, generated_tokens_ = 0, steps_ = 0, collectives_ = 0;
   int64_t last_step_collectives_ = 0, last_batch_ = 0, queue_ = 0, running_ = 0;
   bool healthy_ = true;
+  int64_t profiled_steps_ = 0, weight_bytes_ = 0, model_bytes_ = 0, kv_bytes_ = 0;
+  double step_s_ = 0, kernel_s_ = 0, collective_s_ = 0;
   Histogram ttft_, tpot_;
 };
 

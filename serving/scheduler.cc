@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "collectives/functional.h"
 #include "collectives/rank_context.h"
+#include "serving/step_profile.h"
 
 namespace dtensor::serving {
 namespace {
@@ -194,10 +195,9 @@ void Scheduler::emit(const std::shared_ptr<Request>& r, int64_t token) {
     e.text = r->text_.substr(r->emitted_, safe - r->emitted_);
     r->emitted_ = safe;
   }
-  const bool done = !e.finish_reason.empty();
-  const std::string reason = e.finish_reason;
+  // Metrics and the slot first: a client that saw its final event sees them counted.
+  if (!e.finish_reason.empty()) finish(r, e.finish_reason);
   r->push(std::move(e));
-  if (done) finish(r, reason);
 }
 
 void Scheduler::finish(const std::shared_ptr<Request>& r, const std::string& reason) {
@@ -233,6 +233,8 @@ void Scheduler::fail_all(const std::string& error) {
 
 void Scheduler::run_rank0() {
   auto last_plan = Clock::now();
+  std::optional<LocalKernelTimer> kernels;  // NOTE [step profile]: one callback for the run
+  if (options_.profile) kernels.emplace();
   while (true) {
     std::vector<std::shared_ptr<Request>> admitted;
     std::vector<int> allocs;
@@ -290,8 +292,13 @@ void Scheduler::run_rank0() {
       if (!running_.empty()) {
         const std::vector<std::shared_ptr<Request>> batch = running_;
         collectives::CommCounter counter;
+        const double k0 = kernels ? kernels->seconds() : 0;
+        const auto t0 = Clock::now();
         const at::Tensor logits = call(kForward, {}, batch, /*prefill=*/false);
         metrics_.step(counter.total(), static_cast<int64_t>(batch.size()));
+        if (kernels)
+          metrics_.decode_profile(seconds(Clock::now() - t0), kernels->seconds() - k0,
+                                  counter.seconds());
         for (size_t i = 0; i < batch.size(); ++i) {
           const auto& r = batch[i];
           ++r->position_;

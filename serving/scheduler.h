@@ -90,6 +90,9 @@ struct SchedulerOptions {
   int64_t max_batch = 8;   // running requests (the model's cache slots)
   int64_t max_queue = 32;  // waiting requests; more get 429
   std::chrono::milliseconds heartbeat{200};
+  // Time each decode step's local kernels and collectives (NOTE [step profile]); costs a
+  // callback per ATen op.
+  bool profile = false;
 };
 
 class Scheduler {

@@ -36,6 +36,8 @@ ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once se
 ABSL_FLAG(int64_t, max_batch, 8, "requests decoded together (KV cache slots)");
 ABSL_FLAG(int64_t, max_queue, 32, "requests waiting for a slot; more get 429");
 ABSL_FLAG(int64_t, context, 256, "context length: prompt plus generated tokens");
+ABSL_FLAG(bool, profile, false,
+          "time each decode step's local kernels and collectives (/metrics; NOTE [step profile])");
 
 namespace {
 
@@ -76,9 +78,22 @@ int main(int argc, char** argv) {
   model.load(checkpoint);
   ByteTokenizer tokenizer(config.vocab);
   Metrics metrics;
+  {
+    const auto bytes = [](const at::Tensor& t) {
+      const at::Tensor local = api::is_dtensor(t) ? api::local(t) : t;
+      return local.numel() * static_cast<int64_t>(local.element_size());
+    };
+    int64_t weights = 0, total = 0;
+    for (const auto& [key, w] : model.weights()) {
+      weights += bytes(w);
+      total += w.numel() * static_cast<int64_t>(w.element_size());
+    }
+    metrics.memory(weights, total, bytes(model.k_cache(0)) * 2 * max_batch);
+  }
   SchedulerOptions sopts;
   sopts.max_batch = max_batch;
   sopts.max_queue = absl::GetFlag(FLAGS_max_queue);
+  sopts.profile = absl::GetFlag(FLAGS_profile);
   Scheduler scheduler(model, tokenizer, metrics, sopts, rank == 0);
 
   std::unique_ptr<HttpServer> http;

@@ -152,7 +152,7 @@ def test_greedy_equal_on_1_2_4_ranks_and_to_python_and_under_concurrency(checkpo
 
 def test_streaming_and_sampling(checkpoint, tmp_path):
     ckpt, _ = checkpoint
-    server = Server(2, ckpt, tmp_path)
+    server = Server(2, ckpt, tmp_path, "--profile")
     try:
         body = {"prompt": "stream me", "max_tokens": 10, "temperature": 0}
         status, plain = server.complete(body)
@@ -181,6 +181,18 @@ def test_streaming_and_sampling(checkpoint, tmp_path):
             status, stopped = server.complete(dict(body, stop=[stop]))
             assert stopped["choices"][0]["finish_reason"] == "stop"
             assert stopped["choices"][0]["text"] == text[:text.index(stop)]
+        # --profile (NOTE [step profile]): decode steps split into local kernels and
+        # collectives, each a part of the step; 2 ranks do communicate.
+        steps = server.metric("dtensor_serve_profiled_decode_steps_total")
+        step = server.metric("dtensor_serve_profiled_decode_seconds_total")
+        kernels = server.metric("dtensor_serve_profiled_local_kernel_seconds_total")
+        colls = server.metric("dtensor_serve_profiled_collective_seconds_total")
+        assert steps > 0 and 0 < kernels < step and 0 < colls < step
+        assert kernels + colls <= step * 1.001
+        # Weights: each rank holds its half of the sharded model (norms replicated, tiny).
+        model_bytes = server.metric("dtensor_serve_model_bytes")
+        assert model_bytes / 2 <= server.metric("dtensor_serve_weight_bytes") <= \
+            model_bytes / 2 * 1.01
         assert server.terminate() == 0
     finally:
         server.kill()
