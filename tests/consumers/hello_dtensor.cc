@@ -14,8 +14,7 @@
 #include <map>
 #include <string>
 
-#include "checkpoint/checkpoint.h"
-#include "dtensor/api.h"
+#include "dtensor_engine.h"  // the one public header
 
 namespace api = dtensor::api;
 namespace checkpoint = dtensor::checkpoint;
