@@ -104,15 +104,20 @@ void expect_plain_load(const std::string& dir, int64_t v) {
   EXPECT_EQ(std::get<int64_t>(state["step"]), v);
 }
 
-TEST(CheckpointProcesses, SavedOnFourLoadsOnTwoOnTwoByTwoAndOnOne) {
-  const std::string dir = fresh_dir("meshes");
+// Version `v` saved by 4 processes on mesh (4,) with Shard(0).
+void save_on_four(const std::string& dir, int64_t v, const std::string& what) {
   expect_codes(on_processes(4,
                             [&](int) {
                               const DeviceMesh mesh = api::init_device_mesh({4});
-                              save(state_of(1, mesh, {Shard(0)}), dir);
+                              save(state_of(v, mesh, {Shard(0)}), dir);
                               return 0;
                             }),
-               {0, 0, 0, 0}, "save on (4,)");
+               {0, 0, 0, 0}, what);
+}
+
+TEST(CheckpointProcesses, SavedOnFourLoadsOnTwoOnTwoByTwoAndOnOne) {
+  const std::string dir = fresh_dir("meshes");
+  save_on_four(dir, 1, "save on (4,)");
   expect_codes(
       on_processes(2, [&](int r) { return load_and_count_errors(dir, {2}, {Shard(1)}, 1, r); }),
       {0, 0}, "load on (2,) Shard(1)");
@@ -156,13 +161,7 @@ void kill_mid_save(int victim, const std::string& stage) {
       on_processes(2, [&](int r) { return load_and_count_errors(dir, {2}, {Shard(1)}, 1, r); }),
       {0, 0}, "load of the previous checkpoint on (2,)");
   expect_plain_load(dir, 1);
-  expect_codes(on_processes(4,
-                            [&](int) {
-                              const DeviceMesh mesh = api::init_device_mesh({4});
-                              save(state_of(3, mesh, {Shard(0)}), dir);
-                              return 0;
-                            }),
-               {0, 0, 0, 0}, "save after the crash");
+  save_on_four(dir, 3, "save after the crash");
   expect_plain_load(dir, 3);
   EXPECT_FALSE(fs::exists(dir + ".saving"));
 }

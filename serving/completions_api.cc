@@ -149,28 +149,12 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(const std::st
   return r;
 }
 
-std::string completion_body(const std::string& id, int64_t created, const std::string& model,
-                            const std::string& text, const std::vector<int64_t>& token_ids,
-                            const std::string& finish_reason, const Usage& usage) {
-  return dump({{"id", id},
-               {"object", "text_completion"},
-               {"created", created},
-               {"model", model},
-               {"choices",
-                {{{"index", 0},
-                  {"text", text},
-                  {"token_ids", token_ids},
-                  {"logprobs", nullptr},
-                  {"finish_reason", finish_reason}}}},
-               {"usage",
-                {{"prompt_tokens", usage.prompt_tokens},
-                 {"completion_tokens", usage.completion_tokens},
-                 {"total_tokens", usage.prompt_tokens + usage.completion_tokens}}}});
-}
+namespace {
 
-std::string stream_chunk(const std::string& id, int64_t created, const std::string& model,
-                         const std::string& text, const std::vector<int64_t>& token_ids,
-                         const std::string& finish_reason, const std::optional<Usage>& usage) {
+// A completion object (the response, or one streamed chunk): one choice, and usage when given.
+json completion_json(const std::string& id, int64_t created, const std::string& model,
+                     const std::string& text, const std::vector<int64_t>& token_ids,
+                     const std::string& finish_reason, const std::optional<Usage>& usage) {
   json j = {{"id", id},
             {"object", "text_completion"},
             {"created", created},
@@ -185,7 +169,22 @@ std::string stream_chunk(const std::string& id, int64_t created, const std::stri
     j["usage"] = {{"prompt_tokens", usage->prompt_tokens},
                   {"completion_tokens", usage->completion_tokens},
                   {"total_tokens", usage->prompt_tokens + usage->completion_tokens}};
-  return "data: " + dump(j) + "\n\n";
+  return j;
+}
+
+}  // namespace
+
+std::string completion_body(const std::string& id, int64_t created, const std::string& model,
+                            const std::string& text, const std::vector<int64_t>& token_ids,
+                            const std::string& finish_reason, const Usage& usage) {
+  return dump(completion_json(id, created, model, text, token_ids, finish_reason, usage));
+}
+
+std::string stream_chunk(const std::string& id, int64_t created, const std::string& model,
+                         const std::string& text, const std::vector<int64_t>& token_ids,
+                         const std::string& finish_reason, const std::optional<Usage>& usage) {
+  return "data: " +
+         dump(completion_json(id, created, model, text, token_ids, finish_reason, usage)) + "\n\n";
 }
 
 std::string stream_done() { return "data: [DONE]\n\n"; }
