@@ -1,10 +1,11 @@
 """./x bench serve: the inference server (tools/serve.cc) under load, from a real HTTP client.
 
-    ./x bench serve [--ranks 1,2,4] [--concurrency 1,8] [--requests 16] [--max-tokens 64]
-                    [--checkpoint DIR]
+    ./x bench serve [--models demo,large] [--ranks 1,2,4] [--concurrency 1,8] [--requests 16]
+                    [--max-tokens 64] [--checkpoint DIR]
 
-For each rank count the server starts on that many processes (shm), as ./x serve starts it, with
-the checkpoint ./x demo saved (default out/checkpoints/llama). For each concurrency C, C client
+For each model (MODELS: the demo's, from the checkpoint ./x demo saved, and a larger one with
+random weights) and rank count the server starts on that many processes (shm), as ./x serve
+starts it. For each concurrency C, C client
 threads send streamed greedy completions back to back until --requests are done (prompts of 8..40
 bytes, max_tokens each); then:
   tokens_per_s  generated tokens / wall time of the whole batch of requests;
@@ -32,6 +33,44 @@ import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# The models: the demo's (the checkpoint ./x demo saved) and a larger one of the same shape
+# with random weights, where a decode step is milliseconds of kernels, not tenths (the engine's
+# per-op cost is fixed; its share depends on the model's size).
+MODELS = {
+    "demo": dict(vocab=512, dim=128, heads=8, hidden=384),
+    "large": dict(vocab=8192, dim=1024, heads=16, hidden=4096),
+}
+
+
+def write_random_model(path, vocab, dim, heads, hidden):
+    """A one-file safetensors model (what a one-process checkpoint is) with random weights."""
+    import struct
+    import torch
+    shapes = {"tok_embeddings.weight": [vocab, dim], "attention_norm.weight": [dim],
+              "attention.wq.weight": [dim, dim], "attention.wk.weight": [dim, dim],
+              "attention.wv.weight": [dim, dim], "attention.wo.weight": [dim, dim],
+              "ffn_norm.weight": [dim], "feed_forward.w1.weight": [hidden, dim],
+              "feed_forward.w2.weight": [dim, hidden], "feed_forward.w3.weight": [hidden, dim],
+              "norm.weight": [dim], "output.weight": [vocab, dim]}
+    gen = torch.Generator().manual_seed(0)
+    header, blobs, offset = {}, [], 0
+    for name, shape in shapes.items():
+        t = (torch.ones(shape) if len(shape) == 1 else
+             torch.randn(shape, generator=gen) / shape[-1] ** 0.5).to(torch.float32)
+        b = t.numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + len(b)]}
+        blobs.append(b)
+        offset += len(b)
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
 
 
 def percentile(values, q):
@@ -68,14 +107,15 @@ def rss_mb(pid):
 
 
 class Server:
-    def __init__(self, n, serve_bin, checkpoint, max_batch, profile=False):
+    def __init__(self, n, serve_bin, checkpoint, max_batch, profile=False, model=None):
         self.port_file = f"/tmp/dtensor_serve_bench_port_{os.getpid()}_{n}"
         if os.path.exists(self.port_file):
             os.remove(self.port_file)
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(REPO, "tools", "launch.py"), "-n", str(n), "--",
              serve_bin, "--checkpoint", checkpoint, "--port", "0", "--port-file", self.port_file,
-             "--max-batch", str(max_batch)] + (["--profile"] if profile else []),
+             "--max-batch", str(max_batch)] + (["--profile"] if profile else []) +
+            [f"--{k}={v}" for k, v in (model or {}).items()],
             env=dict(os.environ, DTENSOR_LAUNCH_STOP_GRACE_S="60"),
             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
@@ -164,17 +204,28 @@ def main():
     parser.add_argument("--concurrency", default="1,8")
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--checkpoint", default=os.path.join(REPO, "out", "checkpoints", "llama"))
+    parser.add_argument("--checkpoint", default=os.path.join(REPO, "out", "checkpoints", "llama"),
+                        help="the demo model's checkpoint")
+    parser.add_argument("--models", default="demo,large", help="demo and/or large (MODELS)")
     args = parser.parse_args()
     serve_bin = os.environ["SERVE_BIN"]
     concurrencies = [int(c) for c in args.concurrency.split(",")]
-    print(f"{'ranks':>5} {'conc':>4} {'tokens/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
+    print(f"{'model':>5} {'ranks':>5} {'conc':>4} {'tokens/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
           f"{'ttft p50':>8} {'rss MB/rank':>12} {'overhead':>9}", flush=True)
-    for n in [int(r) for r in args.ranks.split(",")]:
+    runs = []
+    for name in args.models.split(","):
+        ckpt = args.checkpoint
+        if name != "demo":
+            ckpt = f"/tmp/dtensor_serve_bench_{name}"
+            if not os.path.exists(os.path.join(ckpt, "model.safetensors")):
+                write_random_model(ckpt, **MODELS[name])
+        runs += [(name, ckpt, int(r)) for r in args.ranks.split(",")]
+    for name, checkpoint, n in runs:
+        model = MODELS[name]
         # NOTE [step profile]: overhead from a profiled server (its callbacks slow it, so the
         # throughput rows come from an unprofiled one).
         overhead = {}
-        server = Server(n, serve_bin, args.checkpoint, max(concurrencies), profile=True)
+        server = Server(n, serve_bin, checkpoint, max(concurrencies), profile=True, model=model)
         try:
             run_load(server, 2, 4, 8)
             for c in concurrencies:
@@ -194,7 +245,7 @@ def main():
                 "dtensor_serve_kv_cache_bytes")}
         finally:
             server.stop()
-        server = Server(n, serve_bin, args.checkpoint, max(concurrencies))
+        server = Server(n, serve_bin, checkpoint, max(concurrencies), model=model)
         try:
             run_load(server, 2, 4, 8)  # warm-up
             by_c = {}
@@ -203,7 +254,7 @@ def main():
                 pids = rank_pids(server.proc.pid)
                 rss = [round(rss_mb(pids[r]), 1) for r in sorted(pids)]
                 by_c[c] = tps
-                row = {"bench": "serve", "ranks": n, "concurrency": c,
+                row = {"bench": "serve", "model": name, "ranks": n, "concurrency": c,
                        "tokens_per_s": round(tps, 1),
                        "p50_ms": round(percentile(gaps, 0.5) * 1e3, 3),
                        "p99_ms": round(percentile(gaps, 0.99) * 1e3, 3),
@@ -213,12 +264,12 @@ def main():
                        "model_mb": round(memory["dtensor_serve_model_bytes"] / 2**20, 3),
                        "kv_cache_mb_rank0": round(memory["dtensor_serve_kv_cache_bytes"] / 2**20,
                                                   3)}
-                print(f"{n:>5} {c:>4} {tps:>9.1f} {row['p50_ms']:>7.2f} {row['p99_ms']:>7.2f} "
+                print(f"{name:>5} {n:>5} {c:>4} {tps:>9.1f} {row['p50_ms']:>7.2f} {row['p99_ms']:>7.2f} "
                       f"{row['ttft_p50_ms']:>8.2f} {max(rss):>12.1f} {row['overhead']:>9.3f}",
                       flush=True)
                 print(json.dumps(row), flush=True)
             if 1 in by_c and 8 in by_c:
-                print(json.dumps({"bench": "serve", "ranks": n, "op": "batching_gain",
+                print(json.dumps({"bench": "serve", "model": name, "ranks": n, "op": "batching_gain",
                                   "c8_over_c1": round(by_c[8] / by_c[1], 2)}), flush=True)
         finally:
             server.stop()
