@@ -71,8 +71,8 @@ Scheduler::Admit Scheduler::submit(const std::shared_ptr<Request>& request) {
     if (!healthy_ || draining_) return Admit::kUnavailable;
     if (static_cast<int64_t>(queue_.size()) >= options_.max_queue) return Admit::kQueueFull;
     queue_.push_back(request);
-    metrics_.gauges(static_cast<int64_t>(queue_.size()), static_cast<int64_t>(running_.size()),
-                    healthy_);
+    // running_ belongs to the scheduler thread: its size as last published.
+    metrics_.gauges(static_cast<int64_t>(queue_.size()), running_count_, healthy_);
   }
   cv_.notify_all();
   return Admit::kOk;
@@ -263,8 +263,8 @@ void Scheduler::run_rank0() {
         admitted.push_back(r);
       }
       stop = draining_ && queue_.empty() && running_.empty() && admitted.empty();
-      metrics_.gauges(static_cast<int64_t>(queue_.size()),
-                      static_cast<int64_t>(running_.size() + admitted.size()), healthy_);
+      running_count_ = static_cast<int64_t>(running_.size() + admitted.size());
+      metrics_.gauges(static_cast<int64_t>(queue_.size()), running_count_, healthy_);
     }
     try {
       if (stop) {

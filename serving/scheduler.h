@@ -133,6 +133,7 @@ class Scheduler {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Request>> queue_;
   std::string error_;
+  int64_t running_count_ = 0;  // running_.size() as the scheduler last published it (under mu_)
   // Scheduler thread only.
   std::vector<std::shared_ptr<Request>> running_;
   std::vector<int> freed_;  // slots freed on rank 0 since the last plan
