@@ -1,4 +1,4 @@
-"""The C++ server's model (serving/llama.h, through the llama_generate binary) against the Python
+"""The C++ server's model (serving/llama.h, through tools/llama_generate) against the Python
 model (llama_model.py): greedy generations from the same checkpoint agree token for token on 1,
 2 and 4 ranks, for a checkpoint saved by one process and one saved sharded by 4 ranks (the demo's
 tensor-parallel layout: trained on 4, served on 1, 2 or 4). Nothing is trained and no expected
@@ -25,7 +25,7 @@ NEW_TOKENS = 24
 def _binary():
     root = os.environ.get("TEST_SRCDIR")
     assert root, "run under bazel test (the binary comes from the runfiles)"
-    return os.path.join(root, os.environ["TEST_WORKSPACE"], "serving", "llama_generate")
+    return os.path.join(root, os.environ["TEST_WORKSPACE"], "tools", "llama_generate")
 
 
 def _model(seed):

@@ -5,7 +5,8 @@
 //
 //   serve --checkpoint DIR [--port 8000] [--host 127.0.0.1] [--max-batch 8] [--max-queue 32]
 //         [--context 256] [--port-file FILE] [--profile]
-//         [--vocab 512 --dim 128 --heads 8 --hidden 384]   (the model's sizes; the demo's by default)
+//         [--vocab 512 --dim 128 --heads 8 --hidden 384]   (the model's sizes; the demo's by
+//         default)
 //
 // SIGTERM (or SIGINT) on rank 0 drains: new requests get 503, the admitted ones finish, then
 // every rank exits 0. The other ranks ignore SIGTERM and leave when rank 0 says so (NOTE [step
@@ -29,6 +30,7 @@
 #include "serving/scheduler.h"
 #include "serving/tokenizer.h"
 #include "tools/cli_args.h"
+#include "tools/llama_flags.h"
 
 ABSL_FLAG(std::string, checkpoint, "", "checkpoint directory of the demo's model (required)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "address to listen on");
@@ -37,10 +39,6 @@ ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once se
 ABSL_FLAG(int64_t, max_batch, 8, "requests decoded together (KV cache slots)");
 ABSL_FLAG(int64_t, max_queue, 32, "requests waiting for a slot; more get 429");
 ABSL_FLAG(int64_t, context, 256, "context length: prompt plus generated tokens");
-ABSL_FLAG(int64_t, vocab, 512, "model: vocabulary size (the demo's by default)");
-ABSL_FLAG(int64_t, dim, 128, "model: dim");
-ABSL_FLAG(int64_t, heads, 8, "model: attention heads");
-ABSL_FLAG(int64_t, hidden, 384, "model: MLP hidden dim");
 ABSL_FLAG(bool, profile, false,
           "time each decode step's local kernels and collectives (/metrics; NOTE [step profile])");
 
@@ -74,12 +72,7 @@ int main(int argc, char** argv) {
     ::signal(SIGTERM, SIG_IGN);
   }
 
-  LlamaConfig config;
-  config.max_seq = absl::GetFlag(FLAGS_context);
-  config.vocab = absl::GetFlag(FLAGS_vocab);
-  config.dim = absl::GetFlag(FLAGS_dim);
-  config.heads = absl::GetFlag(FLAGS_heads);
-  config.hidden = absl::GetFlag(FLAGS_hidden);
+  const LlamaConfig config = tools::llama_config_from_flags(absl::GetFlag(FLAGS_context));
   std::optional<DeviceMesh> mesh;
   if (world > 1) mesh = api::init_device_mesh({world});
   const int64_t max_batch = absl::GetFlag(FLAGS_max_batch);

@@ -16,22 +16,18 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "base/error.h"
 #include "collectives/rank_context.h"
 #include "dtensor/api.h"
 #include "serving/llama.h"
+#include "tools/cli_args.h"
+#include "tools/llama_flags.h"
 
 ABSL_FLAG(std::string, checkpoint, "",
           "checkpoint directory (dtensor.checkpoint / checkpoint::save)");
 ABSL_FLAG(std::string, prompt, "", "prompt token ids, comma-separated, e.g. 1,2,3");
 ABSL_FLAG(int64_t, max_new_tokens, 16, "tokens to generate");
 ABSL_FLAG(int64_t, ranks, 1, "tensor-parallel ranks as threads (1: one process, plain tensors)");
-ABSL_FLAG(int64_t, vocab, 512, "vocabulary size");
-ABSL_FLAG(int64_t, dim, 128, "model dim");
-ABSL_FLAG(int64_t, heads, 8, "attention heads");
-ABSL_FLAG(int64_t, hidden, 384, "MLP hidden dim");
 ABSL_FLAG(int64_t, max_seq, 256, "KV cache length per slot");
 ABSL_FLAG(int64_t, batch, 1, "copies of the prompt generated together (batched decode)");
 ABSL_FLAG(bool, timing, false, "print prefill and per-token decode times (rank 0) on stderr");
@@ -40,19 +36,6 @@ namespace {
 
 namespace serving = dtensor::serving;
 using Clock = std::chrono::steady_clock;
-
-std::vector<int64_t> parse_ids(const std::string& text) {
-  std::vector<int64_t> out;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    const size_t comma = text.find(',', pos);
-    const std::string item = text.substr(pos, comma == std::string::npos ? comma : comma - pos);
-    if (!item.empty()) out.push_back(std::stoll(item));
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return out;
-}
 
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -100,23 +83,20 @@ std::vector<int64_t> generate(serving::Llama& model, const std::vector<int64_t>&
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  dtensor::cli::parse_command_line(
+      argc, argv,
       "greedy generation with the demo's Llama model from a checkpoint:\n"
       "  llama_generate --checkpoint DIR --prompt 1,2,3 --max_new_tokens N [--ranks N]");
-  absl::ParseCommandLine(argc, argv);
   try {
     const std::string dir = absl::GetFlag(FLAGS_checkpoint);
-    const std::vector<int64_t> prompt = parse_ids(absl::GetFlag(FLAGS_prompt));
+    const std::vector<int64_t> prompt =
+        dtensor::cli::parse_ints("--prompt", absl::GetFlag(FLAGS_prompt));
     if (dir.empty() || prompt.empty()) {
       std::cerr << "llama_generate: --checkpoint and --prompt are required\n";
       return 2;
     }
-    serving::LlamaConfig config;
-    config.vocab = absl::GetFlag(FLAGS_vocab);
-    config.dim = absl::GetFlag(FLAGS_dim);
-    config.heads = absl::GetFlag(FLAGS_heads);
-    config.hidden = absl::GetFlag(FLAGS_hidden);
-    config.max_seq = absl::GetFlag(FLAGS_max_seq);
+    const serving::LlamaConfig config =
+        dtensor::tools::llama_config_from_flags(absl::GetFlag(FLAGS_max_seq));
     const int64_t ranks = absl::GetFlag(FLAGS_ranks);
     const int64_t max_new = absl::GetFlag(FLAGS_max_new_tokens);
     const bool timing = absl::GetFlag(FLAGS_timing);
