@@ -1,5 +1,6 @@
 #include "collectives/rank_context.h"
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -184,8 +185,28 @@ RankScope::RankScope(std::shared_ptr<RankContext> context) : previous_(std::move
 
 RankScope::~RankScope() { t_context = std::move(previous_); }
 
+void check_ranks_as_threads(int64_t world_size, const char* who) {
+  if (world_size < 2) return;
+  // Only a library this process already loaded (RTLD_NOLOAD): libtorch's BLAS, if it is OpenBLAS.
+  void* blas = ::dlopen("libopenblas.so.0", RTLD_LAZY | RTLD_NOLOAD);
+  if (blas == nullptr) return;
+  using GetParallel = int (*)();
+  const auto get_parallel = reinterpret_cast<GetParallel>(::dlsym(blas, "openblas_get_parallel"));
+  const bool serial = get_parallel != nullptr && get_parallel() == 0;
+  ::dlclose(blas);
+  if (serial) {
+    throw Error(std::string(who) + ": " + std::to_string(world_size) +
+                " ranks as threads of one process need a thread-safe BLAS, but this process "
+                "loaded OpenBLAS's serial build (libopenblas0-serial), which can mix the matrix "
+                "products of concurrent threads (NOTE [thread-safe BLAS]); install "
+                "libopenblas0-pthread (./x does) or select it with update-alternatives "
+                "--config libopenblas.so.0-x86_64-linux-gnu, or run the ranks as processes");
+  }
+}
+
 void run_threads(int64_t world_size, const std::function<void(int64_t)>& fn,
                  const std::string& backend, std::chrono::milliseconds timeout) {
+  check_ranks_as_threads(world_size, "run_threads");
   static std::atomic<uint64_t> counter{0};
   const std::string job = "threads-" + std::to_string(::getpid()) + "-" + std::to_string(++counter);
   std::vector<std::exception_ptr> errors(world_size);

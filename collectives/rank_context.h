@@ -106,8 +106,18 @@ class RankScope {
   std::shared_ptr<RankContext> previous_;
 };
 
+// Raises when this process cannot run several ranks as threads correctly; `who` names the caller.
+// NOTE [thread-safe BLAS]: OpenBLAS's serial build (Debian's libopenblas0-serial) takes its GEMM
+// work buffers from a table without a lock, so concurrent matrix products can share a buffer and
+// return each other's partial sums: ranks as threads got wrong results in 48 of 300 runs of a
+// 2-rank MLP (tests/model_test failed in CI), and 190 of 8000 concurrent products were wrong in
+// threads_blas_test. The build the process loaded is asked (openblas_get_parallel: 0 is serial);
+// the pthread build locks and is what ./x installs.
+void check_ranks_as_threads(int64_t world_size, const char* who);
+
 // Runs fn(rank) for rank 0..world_size-1, each on its own thread with its own RankContext on
 // `backend` (a fresh job name per call). Joins all threads, then rethrows the lowest rank's error.
+// Refuses (check_ranks_as_threads) a process whose BLAS is not thread-safe.
 void run_threads(int64_t world_size, const std::function<void(int64_t rank)>& fn,
                  const std::string& backend = "threads",
                  std::chrono::milliseconds timeout = default_timeout());

@@ -249,6 +249,7 @@ void bind_tensors(py::module& m) {
   m.def(
       "thread_contexts",
       [](int64_t world_size, const std::string& backend) {
+        collectives::check_ranks_as_threads(world_size, "dtensor.run_threads");
         static std::atomic<int64_t> jobs{0};
         const std::string job =
             "py-threads-" + std::to_string(::getpid()) + "-" + std::to_string(jobs++);

@@ -79,6 +79,10 @@ def main(argv):
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DTENSOR_JOB_TOKEN=token)
         if args.backend:
             env["DTENSOR_BACKEND"] = args.backend
+        # One compute thread per rank unless the caller says otherwise, as torchrun does for
+        # OpenMP; also OpenBLAS's own pool (NOTE [BLAS] in x).
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            env.setdefault(var, "1")
         try:
             p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  start_new_session=True)
