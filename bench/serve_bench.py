@@ -17,8 +17,9 @@ bytes, max_tokens each); then:
 One JSON line per (ranks, concurrency) with "bench": "serve", plus the ratio of concurrency 8's
 tokens/s to concurrency 1's on the same ranks. "overhead": the share of a decode step outside
 local ATen kernels and collectives, with "kernel_share" and "collective_share", from a second
-server started with --profile (NOTE [step profile] in serving/step_profile.h: an upper bound,
-the profiling callbacks' own cost lands in it); "weight_mb_rank0" against "model_mb" / ranks.
+server started with --profile under the same load (NOTE [step profile] in serving/metrics.h:
+an upper bound; "profiled_step_ms" against the unprofiled server's "step_ms", rank 0's mean
+decode step, shows what profiling costs); "weight_mb_rank0" against "model_mb" / ranks.
 """
 
 import argparse
@@ -222,24 +223,26 @@ def main():
         runs += [(name, ckpt, int(r)) for r in args.ranks.split(",")]
     for name, checkpoint, n in runs:
         model = MODELS[name]
-        # NOTE [step profile]: overhead from a profiled server (its callbacks slow it, so the
-        # throughput rows come from an unprofiled one).
-        overhead = {}
+        # NOTE [step profile]: the overhead comes from a profiled server; the throughput rows
+        # and "step_ms" from an unprofiled one under the same load ("profiled_step_ms" against
+        # it shows what the profiler's callbacks cost). Kernel and collective times are not
+        # taken across the two runs: on the large model their run-to-run noise is larger than
+        # the engine's share.
+        profiled = {}
         server = Server(n, serve_bin, checkpoint, max(concurrencies), profile=True, model=model)
         try:
             run_load(server, 2, 4, 8)
             for c in concurrencies:
                 before = server.metrics()
-                run_load(server, c, max(4, c), args.max_tokens)
+                run_load(server, c, args.requests, args.max_tokens)
                 after = server.metrics()
                 d = {k: after[k] - before[k] for k in (
+                    "dtensor_serve_profiled_decode_steps_total",
                     "dtensor_serve_profiled_decode_seconds_total",
                     "dtensor_serve_profiled_local_kernel_seconds_total",
                     "dtensor_serve_profiled_collective_seconds_total")}
-                step, kern, coll = d.values()
-                overhead[c] = {"overhead": round((step - kern - coll) / step, 4),
-                               "kernel_share": round(kern / step, 4),
-                               "collective_share": round(coll / step, 4)}
+                steps, step, kern, coll = d.values()
+                profiled[c] = (step / steps, kern / steps, coll / steps)
             memory = {k: server.metrics()[k] for k in (
                 "dtensor_serve_weight_bytes", "dtensor_serve_model_bytes",
                 "dtensor_serve_kv_cache_bytes")}
@@ -250,7 +253,19 @@ def main():
             run_load(server, 2, 4, 8)  # warm-up
             by_c = {}
             for c in concurrencies:
+                before = server.metrics()
                 tps, gaps, ttfts = run_load(server, c, args.requests, args.max_tokens)
+                after = server.metrics()
+                step = ((after["dtensor_serve_decode_seconds_total"]
+                         - before["dtensor_serve_decode_seconds_total"])
+                        / (after["dtensor_serve_decode_steps_total"]
+                           - before["dtensor_serve_decode_steps_total"]))
+                step_p, kern, coll = profiled[c]
+                overhead = {"overhead": round((step_p - kern - coll) / step_p, 4),
+                            "kernel_share": round(kern / step_p, 4),
+                            "collective_share": round(coll / step_p, 4),
+                            "step_ms": round(step * 1e3, 3),
+                            "profiled_step_ms": round(step_p * 1e3, 3)}
                 pids = rank_pids(server.proc.pid)
                 rss = [round(rss_mb(pids[r]), 1) for r in sorted(pids)]
                 by_c[c] = tps
@@ -259,7 +274,7 @@ def main():
                        "p50_ms": round(percentile(gaps, 0.5) * 1e3, 3),
                        "p99_ms": round(percentile(gaps, 0.99) * 1e3, 3),
                        "ttft_p50_ms": round(statistics.median(ttfts) * 1e3, 2),
-                       "rss_mb": max(rss), "rss_mb_per_rank": rss, **overhead[c],
+                       "rss_mb": max(rss), "rss_mb_per_rank": rss, **overhead,
                        "weight_mb_rank0": round(memory["dtensor_serve_weight_bytes"] / 2**20, 3),
                        "model_mb": round(memory["dtensor_serve_model_bytes"] / 2**20, 3),
                        "kv_cache_mb_rank0": round(memory["dtensor_serve_kv_cache_bytes"] / 2**20,

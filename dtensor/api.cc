@@ -8,6 +8,7 @@
 #include "collectives/launch_env.h"
 #include "dtensor/autograd.h"
 #include "dtensor/dtensor.h"
+#include "dtensor/engine_activity.h"
 #include "dtensor/local_tensor.h"
 #include "dtensor/redistribute.h"
 #include "layout/shard_layout.h"
@@ -118,6 +119,58 @@ at::Tensor to_local(const at::Tensor& dtensor, const std::optional<Placements>& 
   const DTensorSpec& s = spec_of(dtensor, "to_local");
   if (!records_grad(dtensor)) return local_of(dtensor);
   return autograd::to_local(dtensor, grad_spec(s, grad_placements));
+}
+
+std::vector<at::Tensor> local_map(
+    const std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>& fn,
+    const std::vector<at::Tensor>& inputs, const std::vector<Placements>& out_placements,
+    const std::optional<std::vector<Placements>>& in_placements, bool redistribute_inputs) {
+  if (in_placements && in_placements->size() != inputs.size()) {
+    throw Error("local_map: " + std::to_string(in_placements->size()) + " in_placements for " +
+                std::to_string(inputs.size()) + " inputs");
+  }
+  std::optional<DeviceMesh> mesh;
+  std::vector<at::Tensor> pieces;
+  pieces.reserve(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    at::Tensor t = inputs[i];
+    if (!is_dtensor(t)) {
+      pieces.push_back(t);
+      continue;
+    }
+    const DTensorSpec& s = spec_of(t, "local_map");
+    if (!mesh) {
+      mesh = s.mesh();
+    } else if (s.mesh() != *mesh) {
+      throw Error("local_map: input " + std::to_string(i) + " lives on " + s.mesh().to_string() +
+                  " but input 0 on " + mesh->to_string());
+    }
+    if (in_placements && (*in_placements)[i] != s.placements()) {
+      if (!redistribute_inputs) {
+        throw Error("local_map: input " + std::to_string(i) + " is " + to_string(t) +
+                    " but in_placements wants " + dtensor::to_string((*in_placements)[i]) +
+                    "; pass redistribute_inputs=true to move it");
+      }
+      t = api::redistribute(t, (*in_placements)[i]);
+    }
+    pieces.push_back(api::to_local(t));
+  }
+  if (!mesh) throw Error("local_map: no input is a distributed tensor");
+  std::vector<at::Tensor> results;
+  {
+    const LocalKernelScope local;  // NOTE [engine activity]: fn is this rank's local computation
+    results = fn(pieces);
+  }
+  if (results.size() != out_placements.size()) {
+    throw Error("local_map: the function returned " + std::to_string(results.size()) +
+                " tensors for " + std::to_string(out_placements.size()) + " out_placements");
+  }
+  std::vector<at::Tensor> out;
+  out.reserve(results.size());
+  for (size_t i = 0; i < results.size(); ++i) {
+    out.push_back(api::from_local(results[i], *mesh, out_placements[i]));
+  }
+  return out;
 }
 
 at::Tensor redistribute(const at::Tensor& dtensor, const Placements& placements, bool async_op) {

@@ -13,6 +13,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/TensorOptions.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -66,6 +67,20 @@ at::Tensor full_tensor(const at::Tensor& dtensor);
 // waited for on first use.
 at::Tensor redistribute(const at::Tensor& dtensor, const Placements& placements,
                         bool async_op = false);
+
+// ---- local computation (PyTorch's local_map) ----
+// Runs `fn` on this rank's pieces of `inputs` (distributed tensors; plain ones pass as they are)
+// and wraps its i-th result as a distributed tensor on the inputs' mesh with out_placements[i],
+// the global shape inferred from the piece as from_local does (even shards). fn must compute
+// exactly the piece those placements give this rank: nothing is checked or communicated, as in
+// PyTorch. in_placements (one per input; ignored for plain ones): each distributed input must
+// have them, or is moved to them when redistribute_inputs. Differentiable through to_local and
+// from_local. One engine entry per input and per result instead of one per op inside fn.
+std::vector<at::Tensor> local_map(
+    const std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>& fn,
+    const std::vector<at::Tensor>& inputs, const std::vector<Placements>& out_placements,
+    const std::optional<std::vector<Placements>>& in_placements = std::nullopt,
+    bool redistribute_inputs = false);
 
 // Makes the gradient that reaches `leaf` (a distributed leaf that requires grad) take the leaf's
 // placements before it is accumulated (NOTE [leaf gradients keep the parameter's placements]).

@@ -23,6 +23,7 @@
 #include "dtensor/dispatch_args.h"
 #include "dtensor/dispatch_internal.h"
 #include "dtensor/dtensor_impl.h"
+#include "dtensor/engine_activity.h"
 #include "dtensor/local_tensor.h"
 #include "dtensor/random.h"
 #include "dtensor/redistribute.h"
@@ -278,6 +279,7 @@ void run_random(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::S
     fill = [&, self_arg = inputs[0].arg](const at::Tensor& buffer) {
       call[self_arg] = buffer;
       for (const c10::IValue& v : call) stack->push_back(v);
+      const LocalKernelScope local;
       op.callBoxed(stack);
       at::Tensor drawn = stack->back().toTensor();
       stack->pop_back();
@@ -308,13 +310,15 @@ void run_dropout(const c10::IValue* args, torch::jit::Stack* stack, size_t n,
     const double p1m = 1. - p;
     const double scale = p1m == 0 ? 0. : 1. / p1m;
     const LocalBox box = local_box(out, my_coordinate(out.mesh()));
-    mask = at::empty(box.shape, input.options());
     const at::Generator gen = rank_generator();
+    const LocalKernelScope local;  // NOTE [engine activity]
+    mask = at::empty(box.shape, input.options());
     draw_box(out.shape(), box, draw_order_of("aten::bernoulli_.float"), gen, mask,
              [&](const at::Tensor& buffer) { return buffer.bernoulli_(p1m, gen); });
     result = input.mul(mask).mul_(scale);
     mask = mask.to(at::kBool);  // as ATen's CPU kernel returns it
   } else {
+    const LocalKernelScope local;
     mask = at::ones_like(input, input.options().dtype(at::kBool));
     result = input.clone();
   }
@@ -329,6 +333,7 @@ void run_replicated(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
   const DTensorSpec r = DTensorSpec::replicated(in.spec.mesh(), in.spec.meta());
   collectives::CommCause cause(info.name.c_str());
   put(args, in, redistribute_local(in.local, in.spec, r));
+  const LocalKernelScope local;
   op.callBoxed(stack);
 }
 
@@ -389,20 +394,29 @@ bool run_special(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::
       return true;
     case Execution::kMaskedEmbedding: {
       const auto& coord = my_coordinate(s.outputs[0].mesh());
+      const std::vector<int64_t> shape = local_box(s.outputs[0], coord).shape;
+      const LocalKernelScope local;  // NOTE [engine activity]
       out = masked_embedding(inputs.at(0).local, inputs.at(1).local, s.input_targets[0], coord,
-                             local_box(s.outputs[0], coord).shape);
+                             shape);
       break;
     }
-    case Execution::kReshapeByLocal:
+    case Execution::kReshapeByLocal: {
+      const LocalKernelScope local;
       out = at::reshape(inputs.at(0).local, args[1].toIntVector());
       break;
-    case Execution::kViewAsLocal:
-      out = inputs.at(0).local.view(
-          local_box(s.outputs[0], my_coordinate(s.outputs[0].mesh())).shape);
+    }
+    case Execution::kViewAsLocal: {
+      const std::vector<int64_t> shape =
+          local_box(s.outputs[0], my_coordinate(s.outputs[0].mesh())).shape;
+      const LocalKernelScope local;
+      out = inputs.at(0).local.view(shape);
       break;
-    case Execution::kEmptyByLocal:
+    }
+    case Execution::kEmptyByLocal: {
+      const LocalKernelScope local;
       out = at::empty(args[1].toIntVector(), inputs.at(0).local.options());
       break;
+    }
     default:
       return false;
   }
@@ -449,6 +463,7 @@ void wrap_returns(const OpInfo& info, const c10::FunctionSchema& schema,
 }
 
 void kernel_body(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const EngineScope engine;  // NOTE [engine activity]
   const OpInfo& info = info_for(op);
   const c10::FunctionSchema& schema = op.schema();
   const size_t n = schema.arguments().size();
@@ -488,7 +503,10 @@ void kernel_body(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     info.args.localize(args, local_box(s.outputs[0], my_coordinate(s.outputs[0].mesh())).shape);
   }
   if (run_special(op, info, stack, args, n, inputs, s, originals)) return;
-  op.callBoxed(stack);
+  {
+    const LocalKernelScope local;
+    op.callBoxed(stack);
+  }
   wrap_returns(info, schema, s, originals, stack);
 }
 

@@ -12,6 +12,7 @@
 #include "dtensor/dispatch.h"
 #include "dtensor/dispatch_internal.h"
 #include "dtensor/dtensor_impl.h"
+#include "dtensor/engine_activity.h"
 #include "dtensor/local_tensor.h"
 #include "dtensor/random.h"
 #include "dtensor/redistribute.h"
@@ -193,10 +194,13 @@ void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
     args[info.generator_arg] = rank_generator();
   }
   const DeviceMesh mesh = inputs.at(0).spec.mesh();
-  if (info.generator_arg < 0 && op.hasTag(at::Tag::nondeterministic_seeded)) {
-    draw_with_rank_generator([&] { op.callBoxed(stack); });
-  } else {
-    op.callBoxed(stack);
+  {
+    const LocalKernelScope local;  // NOTE [engine activity]
+    if (info.generator_arg < 0 && op.hasTag(at::Tag::nondeterministic_seeded)) {
+      draw_with_rank_generator([&] { op.callBoxed(stack); });
+    } else {
+      op.callBoxed(stack);
+    }
   }
   write_back(written, originals, written_whole.data());
   wrap_fallback_returns(info, schema.returns().size(), mesh, gathered, originals, stack);

@@ -10,6 +10,7 @@
 #include "collectives/functional.h"
 #include "collectives/rank_context.h"
 #include "dtensor/autograd.h"
+#include "dtensor/engine_activity.h"
 #include "dtensor/local_tensor.h"
 #include "dtensor/redistribute.h"
 #include "layout/shard_layout.h"
@@ -128,6 +129,7 @@ std::string DTensor::to_string() const {
 
 DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
                           const Placements& placements, std::optional<int64_t> src_rank) {
+  const EngineScope engine;  // NOTE [engine activity]
   refuse_partial(placements, "distribute_tensor");
   const DTensorSpec spec = DTensorSpec::make(
       mesh, placements, TensorMeta::make(tensor.sizes().vec(), tensor.scalar_type()));
@@ -178,6 +180,7 @@ DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
 DTensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placements& placements,
                    bool run_check, const std::optional<std::vector<int64_t>>& shape,
                    const std::optional<std::vector<int64_t>>& stride) {
+  const EngineScope engine;  // NOTE [engine activity]
   if (static_cast<int64_t>(placements.size()) != mesh.ndim()) {
     throw Error("from_local: " + std::to_string(placements.size()) + " placements for a " +
                 std::to_string(mesh.ndim()) + "-D mesh " + mesh.to_string());

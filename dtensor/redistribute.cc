@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "collectives/functional.h"
 #include "collectives/rank_context.h"
+#include "dtensor/engine_activity.h"
 #include "dtensor/local_tensor.h"
 #include "layout/shard_layout.h"
 
@@ -207,6 +208,7 @@ std::string group_over_dims(const DeviceMesh& mesh, const std::vector<int64_t>& 
 }
 
 at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& input, bool async_op) {
+  const EngineScope engine;                        // NOTE [engine activity]
   const at::Tensor local = c::wait_tensor(input);  // a pending async result is waited first
   if (plan.is_noop()) return local;
   c::RankContext& ranks = c::current_context();

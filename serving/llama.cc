@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <vector>
 
 #include "base/error.h"
 #include "checkpoint/checkpoint.h"
@@ -44,8 +46,28 @@ std::map<std::string, Placement> llama_placements() {
 
 namespace {
 
+using Pieces = std::vector<at::Tensor>;
+
+// NOTE [local chains]: the elementwise chains of a step (RMS norm on replicated activations,
+// RoPE on head-sharded q/k) run as one local computation each (api::local_map): every rank
+// computes exactly its piece, with one engine entry per tensor instead of propagation and
+// dispatch for each of the chain's ~8 ops (the decode step's engine time was ~100 such ops).
+// Inputs not yet in the given placements are moved to them first. Plain tensors (no mesh) run
+// the same function directly.
+at::Tensor on_pieces(const std::function<at::Tensor(const Pieces&)>& fn, const Pieces& inputs,
+                     const std::vector<Placements>& in, const Placements& out) {
+  if (!api::is_dtensor(inputs.at(0))) return fn(inputs);
+  return api::local_map([&](const Pieces& p) { return Pieces{fn(p)}; }, inputs, {out}, in,
+                        /*redistribute_inputs=*/true)
+      .at(0);
+}
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& g, double eps) {
-  return x * at::rsqrt(x.pow(2).mean({-1}, true) + eps) * g;
+  return on_pieces(
+      [eps](const Pieces& p) {
+        return p[0] * at::rsqrt(p[0].pow(2).mean({-1}, true) + eps) * p[1];
+      },
+      {x, g}, {{Replicate()}, {Replicate()}}, {Replicate()});
 }
 
 at::Tensor rotate_half(const at::Tensor& x) {
@@ -78,6 +100,15 @@ Llama::Llama(const LlamaConfig& config, std::optional<DeviceMesh> mesh, int64_t 
   for (at::Tensor* c : {&k_cache_, &v_cache_}) {
     *c = mesh_ ? api::zeros(cache, *mesh_, {Shard(0)}, opts) : at::zeros(cache, opts);
   }
+  // NOTE [rotary tables]
+  const int64_t hd = config_.dim / config_.heads;
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  const at::Tensor inv_freq =
+      at::pow(at::Scalar(config_.rope_theta), at::arange(0, hd, 2, f64) / hd).reciprocal();
+  const at::Tensor angles = at::outer(at::arange(config_.max_seq, f64), inv_freq);
+  const at::Tensor emb = at::cat({angles, angles}, -1);
+  rope_cos_ = replicated(emb.cos().to(at::kFloat));
+  rope_sin_ = replicated(emb.sin().to(at::kFloat));
 }
 
 void Llama::load(const std::string& dir) {
@@ -114,21 +145,23 @@ at::Tensor Llama::replicated(const at::Tensor& plain) const {
 // float32 transcendental kernels may differ by an ulp between their vectorized body and scalar
 // tail, so the same position could get different values in tables of different lengths; in
 // float64 such a difference vanishes in the rounding, and both sides get identical tables.
+// The tables cover every position once, at construction; a step selects its positions' rows.
 at::Tensor Llama::rope(const at::Tensor& x, const std::vector<int64_t>& positions,
                        bool per_batch) const {
   const int64_t hd = x.size(-1), m = static_cast<int64_t>(positions.size());
-  const auto f64 = at::TensorOptions().dtype(at::kDouble);
-  const at::Tensor inv_freq =
-      at::pow(at::Scalar(config_.rope_theta), at::arange(0, hd, 2, f64) / hd).reciprocal();
-  const at::Tensor pos = at::tensor(positions, at::kLong).to(at::kDouble);
-  const at::Tensor angles = at::outer(pos, inv_freq);
-  const at::Tensor emb = at::cat({angles, angles}, -1);
   // prefill: [S, hd] against [H, 1, S, hd]; batched decode: [n, 1, hd] against [H, n, 1, hd].
   const std::vector<int64_t> shape =
       per_batch ? std::vector<int64_t>{m, 1, hd} : std::vector<int64_t>{m, hd};
-  const at::Tensor cos = replicated(emb.cos().to(at::kFloat).view(shape));
-  const at::Tensor sin = replicated(emb.sin().to(at::kFloat).view(shape));
-  return x * cos + rotate_half(x) * sin;
+  // x's heads are sharded, the tables replicated, the positions a plain tensor (NOTE [local
+  // chains]).
+  return on_pieces(
+      [&](const Pieces& p) {
+        const at::Tensor cos = p[1].index_select(0, p[3]).view(shape);
+        const at::Tensor sin = p[2].index_select(0, p[3]).view(shape);
+        return p[0] * cos + rotate_half(p[0]) * sin;
+      },
+      {x, rope_cos_, rope_sin_, at::tensor(positions, at::kLong)},
+      {{Shard(0)}, {Replicate()}, {Replicate()}, {Replicate()}}, {Shard(0)});
 }
 
 // h: the block's input [n, S, D] (replicated); ctx: attention's output before wo [n, S, D].
@@ -183,9 +216,16 @@ at::Tensor Llama::prefill(const Sequence& seq) {
 // NOTE [batched decode]
 // n sequences with one new token each run as one batch: the tokens are [n, 1], each writes its
 // k/v at its own position of its own slot (one index_copy_ per cache), and attention reads the
-// slots' caches padded to the longest ([H, n, L, hd], gathered by index_select on the slot dim)
-// with a length mask, so a position beyond a sequence's length gets exp(-1e9 - max) = 0 weight
-// exactly. Heads stay first and sharded: every op of attention is local to the rank.
+// slots' caches padded to a length bucket ([H, n, L, hd], gathered by index_select on the slot
+// dim) with a length mask, so a position beyond a sequence's length gets exp(-1e9 - max) = 0
+// weight exactly. Heads stay first and sharded: every op of attention is local to the rank.
+// NOTE [decode length buckets]: L is the longest sequence rounded up to kDecodeBucket positions
+// (at most max_seq), not the longest itself: attention's shapes then repeat for kDecodeBucket
+// steps, so its ~8 distributed ops hit the propagation cache instead of missing it at every step
+// (a miss propagates and runs meta kernels: most of the engine's time in a decode step, as
+// vLLM and TGI pad to buckets for their CUDA graphs). The padded positions hold finite values
+// (zeros, or an earlier sequence's keys) and get weight 0.
+constexpr int64_t kDecodeBucket = 64;
 at::Tensor Llama::decode(const std::vector<Sequence>& batch) {
   const auto& w = weights_;
   const int64_t n = static_cast<int64_t>(batch.size());
@@ -202,6 +242,7 @@ at::Tensor Llama::decode(const std::vector<Sequence>& batch) {
     slots.push_back(s.slot);
     L = std::max(L, s.start + 1);
   }
+  L = std::min(config_.max_seq, (L + kDecodeBucket - 1) / kDecodeBucket * kDecodeBucket);
   const at::Tensor tok = replicated(at::tensor(tokens, at::kLong).view({n, 1}));
   at::Tensor h = at::embedding(w.at("tok_embeddings.weight"), tok);
   if (mesh_) h = api::redistribute(h, {Replicate()});

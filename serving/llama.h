@@ -94,7 +94,8 @@ class Llama {
   std::optional<DeviceMesh> mesh_;
   int64_t max_batch_;
   std::map<std::string, at::Tensor> weights_;
-  at::Tensor k_cache_, v_cache_;  // [heads, max_batch, max_seq, head_dim]
+  at::Tensor k_cache_, v_cache_;    // [heads, max_batch, max_seq, head_dim]
+  at::Tensor rope_cos_, rope_sin_;  // [max_seq, head_dim], replicated (NOTE [rotary tables])
   std::vector<bool> used_;
 };
 

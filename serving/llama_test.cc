@@ -104,6 +104,18 @@ TEST_F(LlamaTest, CacheEqualsRecomputeOnOneProcess) {
   EXPECT_GT(std::set<int64_t>(cached.begin(), cached.end()).size(), 1u);
 }
 
+// Decode attends over a length bucket of 64 positions (NOTE [decode length buckets]): a
+// generation past the first bucket still equals full recompute, and a slot reused after a longer
+// sequence (its padded positions hold that sequence's keys) generates what a fresh model does.
+TEST_F(LlamaTest, DecodePastTheLengthBucketAndInAReusedSlot) {
+  Llama model = one_process(/*max_batch=*/1);
+  const Tokens cached = greedy_generate(model, kPrompt, 70);
+  EXPECT_EQ(cached, greedy_generate(model, kPrompt, 70, /*recompute=*/true));
+  const Tokens other = {9, 8, 7};
+  Llama fresh = one_process(1);
+  EXPECT_EQ(greedy_generate(model, other, kNew), greedy_generate(fresh, other, kNew));
+}
+
 TEST_F(LlamaTest, RanksEqualOneProcessTokenForToken) {
   Llama model = one_process();
   const Tokens expected = greedy_generate(model, kPrompt, kNew);

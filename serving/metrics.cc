@@ -84,12 +84,15 @@ void Metrics::memory(int64_t weight_bytes, int64_t model_bytes, int64_t kv_cache
   kv_bytes_ = kv_cache_bytes;
 }
 
-void Metrics::decode_profile(double step, double kernels, double collectives) {
+void Metrics::decode_step(double step, const std::optional<StepProfile>& profile) {
   std::lock_guard<std::mutex> lock(mu_);
+  ++decode_steps_;
+  decode_s_ += step;
+  if (!profile) return;
   ++profiled_steps_;
   step_s_ += step;
-  kernel_s_ += kernels;
-  collective_s_ += collectives;
+  kernel_s_ += profile->kernel_s;
+  collective_s_ += profile->collective_s;
 }
 
 std::string Metrics::text() const {
@@ -139,6 +142,8 @@ std::string Metrics::text() const {
         static_cast<double>(model_bytes_));
   gauge("dtensor_serve_kv_cache_bytes", "Bytes of KV cache this rank (rank 0) holds.",
         static_cast<double>(kv_bytes_));
+  counter("dtensor_serve_decode_steps_total", "Batched decode steps.", decode_steps_);
+  counter_s("dtensor_serve_decode_seconds_total", "Wall time of the decode steps.", decode_s_);
   counter("dtensor_serve_profiled_decode_steps_total",
           "Decode steps profiled (serve --profile; NOTE [step profile]).", profiled_steps_);
   counter_s("dtensor_serve_profiled_decode_seconds_total",

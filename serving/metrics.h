@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,8 +38,20 @@ class Metrics {
   void gauges(int64_t queue_depth, int64_t running, bool healthy);
   // This rank's resident model memory: local weight bytes, their one-device total, KV cache bytes.
   void memory(int64_t weight_bytes, int64_t model_bytes, int64_t kv_cache_bytes);
-  // One profiled decode step (NOTE [step profile]): wall, local kernel and collective seconds.
-  void decode_profile(double step, double kernels, double collectives);
+  // NOTE [step profile]: where a decode step's time goes, for ./x bench serve's "overhead": the
+  // step's wall time T, the time in local ATen kernels K, and the time in collectives C
+  // (CommCounter::seconds: synchronous calls, their copies and waiting for peers included).
+  // Engine overhead = T - K - C. K is what the engine itself times as the local computation of
+  // each distributed op (dtensor::LocalKernelClock, NOTE [engine activity]): two clock reads per
+  // op and no RecordFunction observer (one that recorded every op's inputs cost the demo's model
+  // a quarter of its step). Everything else counts as overhead: propagation, redistribute
+  // planning and its local copies, dispatch, wrapping, and the model's own few ops on plain
+  // tensors (building the token and position tensors), so the figure is an upper bound.
+  struct StepProfile {
+    double kernel_s = 0, collective_s = 0;
+  };
+  // One decode step's wall seconds, with its profile when the server profiles.
+  void decode_step(double step, const std::optional<StepProfile>& profile);
   std::string text() const;
 
  private:
@@ -47,8 +60,9 @@ class Metrics {
   int64_t prompt_tokens_ = 0, generated_tokens_ = 0, steps_ = 0, collectives_ = 0;
   int64_t last_step_collectives_ = 0, last_batch_ = 0, queue_ = 0, running_ = 0;
   bool healthy_ = true;
-  int64_t profiled_steps_ = 0, weight_bytes_ = 0, model_bytes_ = 0, kv_bytes_ = 0;
-  double step_s_ = 0, kernel_s_ = 0, collective_s_ = 0;
+  int64_t decode_steps_ = 0, profiled_steps_ = 0, weight_bytes_ = 0, model_bytes_ = 0,
+          kv_bytes_ = 0;
+  double decode_s_ = 0, step_s_ = 0, kernel_s_ = 0, collective_s_ = 0;
   Histogram ttft_, tpot_;
 };
 

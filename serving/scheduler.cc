@@ -7,7 +7,7 @@
 #include "base/error.h"
 #include "collectives/functional.h"
 #include "collectives/rank_context.h"
-#include "serving/step_profile.h"
+#include "dtensor/engine_activity.h"
 
 namespace dtensor::serving {
 namespace {
@@ -233,7 +233,7 @@ void Scheduler::fail_all(const std::string& error) {
 
 void Scheduler::run_rank0() {
   auto last_plan = Clock::now();
-  std::optional<LocalKernelTimer> kernels;  // NOTE [step profile]: one callback for the run
+  std::optional<LocalKernelClock> kernels;  // NOTE [step profile] in metrics.h
   if (options_.profile) kernels.emplace();
   while (true) {
     std::vector<std::shared_ptr<Request>> admitted;
@@ -295,10 +295,11 @@ void Scheduler::run_rank0() {
         const double k0 = kernels ? kernels->seconds() : 0;
         const auto t0 = Clock::now();
         const at::Tensor logits = call(kForward, {}, batch, /*prefill=*/false);
+        const double step_s = seconds(Clock::now() - t0);
+        std::optional<Metrics::StepProfile> profile;
+        if (kernels) profile = Metrics::StepProfile{kernels->seconds() - k0, counter.seconds()};
         metrics_.step(counter.total(), static_cast<int64_t>(batch.size()));
-        if (kernels)
-          metrics_.decode_profile(seconds(Clock::now() - t0), kernels->seconds() - k0,
-                                  counter.seconds());
+        metrics_.decode_step(step_s, profile);
         for (size_t i = 0; i < batch.size(); ++i) {
           const auto& r = batch[i];
           ++r->position_;

@@ -17,8 +17,10 @@
 
 #include "absl/flags/flag.h"
 #include "base/error.h"
+#include "collectives/functional.h"
 #include "collectives/rank_context.h"
 #include "dtensor/api.h"
+#include "dtensor/engine_activity.h"
 #include "serving/llama.h"
 #include "tools/cli_args.h"
 #include "tools/llama_flags.h"
@@ -53,6 +55,10 @@ std::vector<int64_t> generate(serving::Llama& model, const std::vector<int64_t>&
   auto t0 = Clock::now();
   at::Tensor logits = model.forward(seqs);
   const double prefill_ms = ms_since(t0);
+  // NOTE [step profile] (serving/metrics.h): the decode steps' local kernels and collectives.
+  const dtensor::LocalKernelClock kernels;
+  const dtensor::collectives::CommCounter comms;
+  double forward_ms = 0;
   t0 = Clock::now();
   for (int64_t step = 0;; ++step) {
     for (int64_t i = 0; i < batch; ++i) out[i].push_back(serving::greedy_token(logits[i]));
@@ -61,7 +67,9 @@ std::vector<int64_t> generate(serving::Llama& model, const std::vector<int64_t>&
       seqs[i].tokens = {out[i].back()};
       seqs[i].start = static_cast<int64_t>(prompt.size()) + step;
     }
+    const auto f0 = Clock::now();
     logits = model.forward(seqs);
+    forward_ms += ms_since(f0);
   }
   const double decode_ms = ms_since(t0);
   for (const serving::Sequence& s : seqs) model.free_slot(s.slot);
@@ -70,12 +78,15 @@ std::vector<int64_t> generate(serving::Llama& model, const std::vector<int64_t>&
                   " of the prompt generated other tokens");
   }
   if (report) {
+    const auto per_step = [&](double ms) { return max_new > 1 ? ms / (max_new - 1) : 0.0; };
     std::fprintf(stderr,
                  "prefill %lld x %zu tokens: %.2f ms; decode (batch %lld): %.3f ms/step over %lld "
-                 "steps\n",
+                 "steps (local kernels %.3f, collectives %.3f, engine %.3f ms/step)\n",
                  static_cast<long long>(batch), prompt.size(), prefill_ms,
-                 static_cast<long long>(batch), max_new > 1 ? decode_ms / (max_new - 1) : 0.0,
-                 static_cast<long long>(max_new - 1));
+                 static_cast<long long>(batch), per_step(decode_ms),
+                 static_cast<long long>(max_new - 1), per_step(kernels.seconds() * 1e3),
+                 per_step(comms.seconds() * 1e3),
+                 per_step(forward_ms - (kernels.seconds() + comms.seconds()) * 1e3));
   }
   return out[0];
 }
