@@ -237,7 +237,9 @@ const std::vector<int64_t>& my_piece_shape(const DTensorSpec& spec) {
 
 // A local result becomes a distributed tensor of the propagated spec. Its dtype and shape must be
 // the spec's piece: a disagreement is a wrong rule, raised, never cast or relabelled.
-at::Tensor wrap(const std::string& op, at::Tensor local, const DTensorSpec& spec) {
+// `view_base`: the argument the result views, if it is a view (NOTE [views in inference mode]).
+at::Tensor wrap(const std::string& op, at::Tensor local, const DTensorSpec& spec,
+                const at::Tensor* view_base = nullptr) {
   TORCH_INTERNAL_ASSERT(local.scalar_type() == spec.meta().dtype, op, ": the local result is ",
                         local.scalar_type(), " but the propagated output ", spec.to_string(),
                         " says ", spec.meta().dtype, " (a wrong sharding rule; please report)");
@@ -246,7 +248,19 @@ at::Tensor wrap(const std::string& op, at::Tensor local, const DTensorSpec& spec
                         local.sizes(), " but the propagated output ", spec.to_string(),
                         " gives its piece the shape ", c10::IntArrayRef(want),
                         " (a wrong sharding rule; please report)");
+  if (view_base != nullptr) return make_dtensor_view(std::move(local), spec, *view_base);
   return make_dtensor(std::move(local), spec);
+}
+
+// The argument a view return aliases: the op's first tensor argument (self), or null when the
+// return `j` is not a view.
+const at::Tensor* view_base(const OpInfo& info, size_t j,
+                            const c10::SmallVector<at::Tensor, 8>& originals) {
+  if (j >= info.returns_view.size() || !info.returns_view[j]) return nullptr;
+  for (const at::Tensor& t : originals) {
+    if (t.defined()) return &t;
+  }
+  return nullptr;
 }
 
 // Runs a random op for the global tensor chunk by chunk and keeps this rank's box (NOTE [DTensor
@@ -421,7 +435,7 @@ bool run_special(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::
       return false;
   }
   torch::jit::drop(*stack, n);
-  stack->push_back(wrap(info.name, out, s.outputs[0]));
+  stack->push_back(wrap(info.name, out, s.outputs[0], view_base(info, 0, originals)));
   return true;
 }
 
@@ -443,7 +457,7 @@ void wrap_returns(const OpInfo& info, const c10::FunctionSchema& schema,
           dtensor_impl(originals[writes])->set(r.toTensor(), s.outputs.at(o));
         r = originals[writes];
       } else if (r.toTensor().defined()) {
-        r = wrap(info.name, r.toTensor(), s.outputs.at(o));
+        r = wrap(info.name, r.toTensor(), s.outputs.at(o), view_base(info, j, originals));
         // A view of a redistributed input views the moved copy: writes into it would be lost.
         if (info.returns_view[j] && s.needs_redistribute())
           dtensor_impl(r.toTensor())->set_detached_view_of(info.name);
@@ -453,7 +467,8 @@ void wrap_returns(const OpInfo& info, const c10::FunctionSchema& schema,
       c10::List<at::Tensor> wrapped;
       const bool detached = info.returns_view[j] && s.needs_redistribute();
       for (size_t k = 0; k < pieces.size(); ++k) {
-        at::Tensor w = wrap(info.name, pieces.get(k), s.outputs.at(next++));
+        at::Tensor w =
+            wrap(info.name, pieces.get(k), s.outputs.at(next++), view_base(info, j, originals));
         if (detached) dtensor_impl(w)->set_detached_view_of(info.name);
         wrapped.push_back(std::move(w));
       }

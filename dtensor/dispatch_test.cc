@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -382,6 +383,31 @@ TEST(Dispatch, AutogradThroughMovements) {
     EXPECT_TRUE(at::allclose(la.grad(), ga.chunk(2, 0)[rank]));
     EXPECT_EQ(api::spec(db.grad()).placements(), Placements{Shard(1)});
     expect_same(db.grad(), gb);
+  });
+}
+
+// NOTE [views in inference mode]: under c10::InferenceMode, views of normal distributed tensors
+// (a weight's t() inside linear) stay normal, other results are inference tensors, in-place
+// writes into a normal tensor work, and the values equal one device's. Before, the first view
+// raised "Cannot set version_counter for inference tensor".
+TEST(Dispatch, InferenceMode) {
+  const at::Tensor x = global_for({4, 8}), w = global_for({6, 8}, 1), c = global_for({4, 6}, 2);
+  run_threads(2, [&](int64_t) {
+    const DeviceMesh mesh = api::init_device_mesh({2});
+    const at::Tensor dx = api::distribute_tensor(x, mesh, {Replicate()});
+    const at::Tensor dw = api::distribute_tensor(w, mesh, {Shard(0)});
+    at::Tensor cache = api::distribute_tensor(c.clone(), mesh, {Shard(1)});
+    c10::InferenceMode guard;
+    const at::Tensor wt = dw.t();
+    EXPECT_FALSE(wt.is_inference());
+    const at::Tensor y = at::linear(dx, dw);
+    EXPECT_TRUE(y.is_inference());
+    expect_same(y, at::linear(x, w));
+    expect_same(dw.view({3, 16}).narrow(0, 1, 2), w.view({3, 16}).narrow(0, 1, 2));
+    cache.narrow(0, 0, 2).copy_(y.narrow(0, 0, 2));
+    at::Tensor want = c.clone();
+    want.narrow(0, 0, 2).copy_(at::linear(x, w).narrow(0, 0, 2));
+    expect_same(cache, want);
   });
 }
 

@@ -75,6 +75,20 @@ at::Tensor make_dtensor(at::Tensor local, DTensorSpec spec, bool pending) {
   return at::Tensor(c10::make_intrusive<DTensorImpl>(std::move(local), spec, pending));
 }
 
+void DTensorImpl::make_normal_view() {
+  if (!is_inference()) return;
+  key_set_ = key_set_ | c10::getAutogradRelatedKeySetFromBackend(key_set_.highestBackendKey());
+  version_counter_ = c10::VariableVersion(/*version=*/0);
+}
+
+at::Tensor make_dtensor_view(at::Tensor local, DTensorSpec spec, const at::Tensor& base) {
+  at::Tensor t = make_dtensor(std::move(local), spec);
+  if (base.defined() && !base.is_inference()) {
+    static_cast<DTensorImpl*>(t.unsafeGetTensorImpl())->make_normal_view();
+  }
+  return t;
+}
+
 DTensorImpl* dtensor_impl(const at::Tensor& t) {
   if (!is_dtensor(t)) return nullptr;
   return static_cast<DTensorImpl*>(t.unsafeGetTensorImpl());

@@ -22,6 +22,13 @@ class DTensorImpl final : public c10::TensorImpl {
   // `pending`: the piece is the output of an async collective, waited for on first use.
   DTensorImpl(at::Tensor local, DTensorSpec spec, bool pending = false);
 
+  // NOTE [views in inference mode]: under c10::InferenceMode a new tensor is an inference tensor,
+  // but a view of a normal tensor must stay normal (ATen's ADInplaceOrView kernel then gives it
+  // the base's version counter, which an inference tensor refuses: "Cannot set version_counter
+  // for inference tensor" on the first view of a weight). A distributed view of a normal base
+  // is therefore made normal, as ATen's own view kernels do (TensorImpl::VIEW).
+  void make_normal_view();
+
   // The piece as stored (possibly still pending).
   const at::Tensor& local() const { return local_; }
   // The piece, after waiting for its collective if it was pending.
@@ -60,6 +67,8 @@ constexpr c10::DispatchKey kDTensorKey = c10::DispatchKey::PrivateUse1;
 
 // Wraps a piece and its spec (no checks, no autograd: see api.h for the user-facing constructors).
 at::Tensor make_dtensor(at::Tensor local, DTensorSpec spec, bool pending = false);
+// make_dtensor for a result that views `base` (NOTE [views in inference mode]).
+at::Tensor make_dtensor_view(at::Tensor local, DTensorSpec spec, const at::Tensor& base);
 inline bool is_dtensor(const at::Tensor& t) {
   return t.defined() && t.unsafeGetTensorImpl()->key_set().has(kDTensorKey);
 }

@@ -2,6 +2,8 @@
 (simulation mode) and as real processes (shm), errors as Python exceptions carrying the C++
 message, and the public names."""
 
+import copy
+
 import pytest
 import torch
 
@@ -404,7 +406,6 @@ def test_deepcopy_of_distributed_tensors_and_modules():
     """copy.deepcopy of a distributed tensor is a new tensor with the same layout and values (the
     bug: torch 1.13 deep-copies through storage, which a distributed tensor lacks); a
     distributed module deep-copies with its parameters, which train as the original's."""
-    import copy
     torch.manual_seed(0)
     module, x = torch.nn.Linear(5, 6), torch.randn(4, 5)
     w = torch.randn(6, 5)
@@ -439,3 +440,28 @@ def test_deepcopy_of_distributed_tensors_and_modules():
         return True
 
     assert all(dtensor.run_threads(4, fn))
+
+
+def test_inference_mode_with_a_parallelized_module():
+    """torch.inference_mode() over a tensor-parallel module: the outputs equal one device's
+    (before, the first view of a weight raised "Cannot set version_counter for inference
+    tensor"; NOTE [views in inference mode] in dtensor/dtensor_impl.h)."""
+    from dtensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+    x = torch.randn(4, 8)
+    with torch.inference_mode():
+        want = mlp(x)
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (2,))
+        local = copy.deepcopy(mlp)
+        parallelize_module(local, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        with torch.inference_mode():
+            out = local(x)
+            torch.testing.assert_close(out, want)
+            w = local[0].weight
+            assert not w.t().is_inference() and local[0](x).is_inference()
+        return True
+
+    assert all(dtensor.run_threads(2, fn))
