@@ -258,28 +258,43 @@ at::Tensor Llama::decode(const std::vector<Sequence>& batch) {
   // flattened (slot, position) dim, not two copies per sequence.
   std::vector<int64_t> flat;
   for (int64_t i = 0; i < n; ++i) flat.push_back(slots[i] * config_.max_seq + positions[i]);
-  const at::Tensor where = replicated(at::tensor(flat, at::kLong));
-  k_cache_.view({H, max_batch_ * config_.max_seq, hd}).index_copy_(1, where, k.squeeze(2));
-  v_cache_.view({H, max_batch_ * config_.max_seq, hd}).index_copy_(1, where, v.squeeze(2));
-  // The batch's caches, [H, n, L, hd]: a view when the slots are 0..n-1 in order (the scheduler
-  // hands out the lowest free slots), else gathered.
+  // The batch's caches are a view when the slots are 0..n-1 in order (the scheduler hands out
+  // the lowest free slots), else gathered.
   bool leading = true;
   for (int64_t i = 0; i < n; ++i) leading = leading && slots[i] == i;
-  at::Tensor keys, vals;
-  if (leading) {
-    keys = k_cache_.narrow(1, 0, n).narrow(2, 0, L);
-    vals = v_cache_.narrow(1, 0, n).narrow(2, 0, L);
-  } else {
-    const at::Tensor index = replicated(at::tensor(slots, at::kLong));
-    keys = k_cache_.index_select(1, index).narrow(2, 0, L);
-    vals = v_cache_.index_select(1, index).narrow(2, 0, L);
-  }
-  const at::Tensor mask = replicated(at::arange(L, at::kLong).view({1, 1, L}) >
-                                     at::tensor(positions, at::kLong).view({n, 1, 1}));
-  const at::Tensor scores =
-      at::matmul(q, keys.transpose(-2, -1)).div(std::sqrt(static_cast<double>(hd)));
-  const at::Tensor attn = at::softmax(scores.masked_fill(mask, -1e9), -1);  // [H, n, 1, L]
-  const at::Tensor ctx = at::matmul(attn, vals).permute({1, 2, 0, 3}).reshape({n, 1, D});
+  const at::Tensor mask =
+      at::arange(L, at::kLong).view({1, 1, L}) > at::tensor(positions, at::kLong).view({n, 1, 1});
+  // Attention reads and writes only this rank's heads (q, k, v and both caches are sharded on
+  // heads), so it runs as one local computation (NOTE [local chains]); its output [n, 1, D] is
+  // sharded on D, head-major. Prefill keeps attention as distributed ops.
+  const int64_t rows = max_batch_ * config_.max_seq;
+  const at::Tensor ctx = on_pieces(
+      [&](const Pieces& p) {
+        const at::Tensor &q = p[0], &k = p[1], &v = p[2], &kc = p[3], &vc = p[4];
+        const int64_t h = q.size(0);  // this rank's heads
+        kc.view({h, rows, hd}).index_copy_(1, p[5], k.squeeze(2));
+        vc.view({h, rows, hd}).index_copy_(1, p[5], v.squeeze(2));
+        // [h, n, L, hd]
+        const at::Tensor keys =
+            (leading ? kc.narrow(1, 0, n) : kc.index_select(1, p[6])).narrow(2, 0, L);
+        const at::Tensor vals =
+            (leading ? vc.narrow(1, 0, n) : vc.index_select(1, p[6])).narrow(2, 0, L);
+        const at::Tensor scores =
+            at::matmul(q, keys.transpose(-2, -1)).div(std::sqrt(static_cast<double>(hd)));
+        const at::Tensor attn = at::softmax(scores.masked_fill(p[7], -1e9), -1);  // [h, n, 1, L]
+        return at::matmul(attn, vals).permute({1, 2, 0, 3}).reshape({n, 1, h * hd});
+      },
+      {q, k, v, k_cache_, v_cache_, at::tensor(flat, at::kLong), at::tensor(slots, at::kLong),
+       mask},
+      {{Shard(0)},
+       {Shard(0)},
+       {Shard(0)},
+       {Shard(0)},
+       {Shard(0)},
+       {Replicate()},
+       {Replicate()},
+       {Replicate()}},
+      {Shard(2)});
   return block_to_logits(h, ctx);
 }
 
