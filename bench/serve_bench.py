@@ -261,8 +261,9 @@ def main():
                         / (after["dtensor_serve_decode_steps_total"]
                            - before["dtensor_serve_decode_steps_total"]))
                 step_p, kern, coll = profiled[c]
-                overhead = {"overhead": round((step_p - kern - coll) / step_p, 4),
-                            "kernel_share": round(kern / step_p, 4),
+                # One process runs plain tensors: no engine, nothing for it to time (null).
+                overhead = {"overhead": round((step_p - kern - coll) / step_p, 4) if n > 1 else None,
+                            "kernel_share": round(kern / step_p, 4) if n > 1 else None,
                             "collective_share": round(coll / step_p, 4),
                             "step_ms": round(step * 1e3, 3),
                             "profiled_step_ms": round(step_p * 1e3, 3)}
@@ -280,7 +281,8 @@ def main():
                        "kv_cache_mb_rank0": round(memory["dtensor_serve_kv_cache_bytes"] / 2**20,
                                                   3)}
                 print(f"{name:>5} {n:>5} {c:>4} {tps:>9.1f} {row['p50_ms']:>7.2f} {row['p99_ms']:>7.2f} "
-                      f"{row['ttft_p50_ms']:>8.2f} {max(rss):>12.1f} {row['overhead']:>9.3f}",
+                      f"{row['ttft_p50_ms']:>8.2f} {max(rss):>12.1f} "
+                      f"{'-' if row['overhead'] is None else format(row['overhead'], '.3f'):>9}",
                       flush=True)
                 print(json.dumps(row), flush=True)
             if 1 in by_c and 8 in by_c:

@@ -82,6 +82,8 @@ class Llama {
   at::Tensor v_cache(int slot) const;
 
   const LlamaConfig& config() const { return config_; }
+  // Whether the weights are distributed tensors (a mesh was given).
+  bool distributed() const { return mesh_.has_value(); }
 
  private:
   at::Tensor replicated(const at::Tensor& plain) const;

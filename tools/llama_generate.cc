@@ -81,12 +81,18 @@ std::vector<int64_t> generate(serving::Llama& model, const std::vector<int64_t>&
     const auto per_step = [&](double ms) { return max_new > 1 ? ms / (max_new - 1) : 0.0; };
     std::fprintf(stderr,
                  "prefill %lld x %zu tokens: %.2f ms; decode (batch %lld): %.3f ms/step over %lld "
-                 "steps (local kernels %.3f, collectives %.3f, engine %.3f ms/step)\n",
+                 "steps",
                  static_cast<long long>(batch), prompt.size(), prefill_ms,
                  static_cast<long long>(batch), per_step(decode_ms),
-                 static_cast<long long>(max_new - 1), per_step(kernels.seconds() * 1e3),
-                 per_step(comms.seconds() * 1e3),
-                 per_step(forward_ms - (kernels.seconds() + comms.seconds()) * 1e3));
+                 static_cast<long long>(max_new - 1));
+    // Distributed: where a step goes (NOTE [step profile] in serving/metrics.h); one process
+    // runs plain tensors, all kernels.
+    if (model.distributed()) {
+      std::fprintf(stderr, " (local kernels %.3f, collectives %.3f, engine %.3f ms/step)",
+                   per_step(kernels.seconds() * 1e3), per_step(comms.seconds() * 1e3),
+                   per_step(forward_ms - (kernels.seconds() + comms.seconds()) * 1e3));
+    }
+    std::fprintf(stderr, "\n");
   }
   return out[0];
 }
