@@ -25,7 +25,6 @@
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/engine_activity.h"
 #include "dtensor/local_tensor.h"
-#include "dtensor/random.h"
 #include "dtensor/redistribute.h"
 #include "layout/shard_layout.h"
 #include "sharding_prop/propagator.h"
@@ -46,6 +45,41 @@ void put(c10::IValue* args, const Input& in, const at::Tensor& local) {
   c10::List<at::Tensor> list = args[in.arg].toTensorList().copy();
   list.set(in.element, local);
   args[in.arg] = std::move(list);
+}
+
+// This rank's piece shape of `spec`, memoized per thread (specs are interned: equal specs are one
+// object, so a slot holds a spec and this rank's coordinate).
+const std::vector<int64_t>& my_piece_shape(const DTensorSpec& spec) {
+  struct Slot {
+    std::optional<DTensorSpec> spec;
+    std::vector<int64_t> coord, shape;
+  };
+  thread_local std::array<Slot, 64> slots;
+  const std::vector<int64_t>& coord = my_coordinate(spec.mesh());
+  Slot& slot = slots[spec.hash() % slots.size()];
+  if (!slot.spec || *slot.spec != spec || slot.coord != coord) {
+    slot.shape = local_box(spec, coord).shape;
+    slot.spec = spec;
+    slot.coord = coord;
+  }
+  return slot.shape;
+}
+
+// A local result becomes a distributed tensor of the propagated spec. Its dtype and shape must be
+// the spec's piece: a disagreement is a wrong rule, raised, never cast or relabelled.
+// `view_base`: the argument the result views, if it is a view (NOTE [views in inference mode]).
+at::Tensor wrap(const std::string& op, at::Tensor local, const DTensorSpec& spec,
+                const at::Tensor* view_base) {
+  TORCH_INTERNAL_ASSERT(local.scalar_type() == spec.meta().dtype, op, ": the local result is ",
+                        local.scalar_type(), " but the propagated output ", spec.to_string(),
+                        " says ", spec.meta().dtype, " (a wrong sharding rule; please report)");
+  const std::vector<int64_t>& want = my_piece_shape(spec);
+  TORCH_INTERNAL_ASSERT(local.sizes().equals(want), op, ": this rank's local result has shape ",
+                        local.sizes(), " but the propagated output ", spec.to_string(),
+                        " gives its piece the shape ", c10::IntArrayRef(want),
+                        " (a wrong sharding rule; please report)");
+  if (view_base != nullptr) return make_dtensor_view(std::move(local), spec, *view_base);
+  return make_dtensor(std::move(local), spec);
 }
 
 }  // namespace dispatch_detail
@@ -217,41 +251,6 @@ std::shared_ptr<const sharding::OpSharding> propagate_inputs(const c10::Operator
   return sharding::propagate(*entry, specs, layout, options, &metas);
 }
 
-// This rank's piece shape of `spec`, memoized per thread (specs are interned: equal specs are one
-// object, so a slot holds a spec and this rank's coordinate).
-const std::vector<int64_t>& my_piece_shape(const DTensorSpec& spec) {
-  struct Slot {
-    std::optional<DTensorSpec> spec;
-    std::vector<int64_t> coord, shape;
-  };
-  thread_local std::array<Slot, 64> slots;
-  const std::vector<int64_t>& coord = my_coordinate(spec.mesh());
-  Slot& slot = slots[spec.hash() % slots.size()];
-  if (!slot.spec || *slot.spec != spec || slot.coord != coord) {
-    slot.shape = local_box(spec, coord).shape;
-    slot.spec = spec;
-    slot.coord = coord;
-  }
-  return slot.shape;
-}
-
-// A local result becomes a distributed tensor of the propagated spec. Its dtype and shape must be
-// the spec's piece: a disagreement is a wrong rule, raised, never cast or relabelled.
-// `view_base`: the argument the result views, if it is a view (NOTE [views in inference mode]).
-at::Tensor wrap(const std::string& op, at::Tensor local, const DTensorSpec& spec,
-                const at::Tensor* view_base = nullptr) {
-  TORCH_INTERNAL_ASSERT(local.scalar_type() == spec.meta().dtype, op, ": the local result is ",
-                        local.scalar_type(), " but the propagated output ", spec.to_string(),
-                        " says ", spec.meta().dtype, " (a wrong sharding rule; please report)");
-  const std::vector<int64_t>& want = my_piece_shape(spec);
-  TORCH_INTERNAL_ASSERT(local.sizes().equals(want), op, ": this rank's local result has shape ",
-                        local.sizes(), " but the propagated output ", spec.to_string(),
-                        " gives its piece the shape ", c10::IntArrayRef(want),
-                        " (a wrong sharding rule; please report)");
-  if (view_base != nullptr) return make_dtensor_view(std::move(local), spec, *view_base);
-  return make_dtensor(std::move(local), spec);
-}
-
 // The argument a view return aliases: the op's first tensor argument (self), or null when the
 // return `j` is not a view.
 const at::Tensor* view_base(const OpInfo& info, size_t j,
@@ -261,84 +260,6 @@ const at::Tensor* view_base(const OpInfo& info, size_t j,
     if (t.defined()) return &t;
   }
   return nullptr;
-}
-
-// Runs a random op for the global tensor chunk by chunk and keeps this rank's box (NOTE [DTensor
-// random]): each chunk is the op called on a 1-D buffer standing in for the global tensor, or for
-// the *_like factories (no generator argument) ATen's fill of it from the rank generator.
-void run_random(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
-                c10::IValue* args, const std::vector<Input>& inputs, const sharding::OpSharding& s,
-                const at::Tensor& self) {
-  const DTensorSpec& out = s.outputs.at(0);
-  const at::Tensor local = inputs.at(0).local;
-  const bool in_place = info.return_alias.at(0) >= 0;
-  const LocalBox box = local_box(out, my_coordinate(out.mesh()));
-  // In-place: self's piece is filled directly.
-  const at::Tensor piece =
-      in_place ? local : at::empty(box.shape, local.options().dtype(out.meta().dtype));
-  at::Generator gen = rank_generator();
-  if (info.generator_arg >= 0) {
-    if (args[info.generator_arg].isNone()) {
-      args[info.generator_arg] = gen;
-    } else {
-      gen = args[info.generator_arg].toGenerator();
-    }
-  }
-  RandomFill fill = like_fill(info.name, args, gen);  // rand_like & co.: from the rank generator
-  const bool own_generator = info.generator_arg >= 0 || fill != nullptr;
-  const size_t n = op.schema().arguments().size();
-  std::vector<c10::IValue> call(args, args + n);
-  torch::jit::drop(*stack, n);
-  if (!fill) {
-    fill = [&, self_arg = inputs[0].arg](const at::Tensor& buffer) {
-      call[self_arg] = buffer;
-      for (const c10::IValue& v : call) stack->push_back(v);
-      const LocalKernelScope local;
-      op.callBoxed(stack);
-      at::Tensor drawn = stack->back().toTensor();
-      stack->pop_back();
-      return drawn;
-    };
-  }
-  const DrawOrder order = draw_order_of(info.name);
-  if (own_generator) {
-    draw_box(out.shape(), box, order, gen, piece, fill);
-  } else {  // the op draws from the default generator, which holds the rank's state meanwhile
-    draw_with_rank_generator([&] {
-      draw_box(out.shape(), box, order, at::detail::getDefaultCPUGenerator(), piece, fill);
-    });
-  }
-  stack->push_back(in_place ? self : make_dtensor(piece, out));
-}
-
-// native_dropout as the CPU kernel computes it, with the mask drawn for the global tensor (in
-// chunks, as bernoulli_).
-void run_dropout(const c10::IValue* args, torch::jit::Stack* stack, size_t n,
-                 const at::Tensor& input, const sharding::OpSharding& s) {
-  const double p = args[1].toDouble();
-  const bool train = args[2].isNone() || args[2].toBool();
-  const DTensorSpec& out = s.outputs.at(0);
-  const DTensorSpec& mask_spec = s.outputs.at(1);
-  at::Tensor result, mask;
-  if (train) {
-    const double p1m = 1. - p;
-    const double scale = p1m == 0 ? 0. : 1. / p1m;
-    const LocalBox box = local_box(out, my_coordinate(out.mesh()));
-    const at::Generator gen = rank_generator();
-    const LocalKernelScope local;  // NOTE [engine activity]
-    mask = at::empty(box.shape, input.options());
-    draw_box(out.shape(), box, draw_order_of("aten::bernoulli_.float"), gen, mask,
-             [&](const at::Tensor& buffer) { return buffer.bernoulli_(p1m, gen); });
-    result = input.mul(mask).mul_(scale);
-    mask = mask.to(at::kBool);  // as ATen's CPU kernel returns it
-  } else {
-    const LocalKernelScope local;
-    mask = at::ones_like(input, input.options().dtype(at::kBool));
-    result = input.clone();
-  }
-  torch::jit::drop(*stack, n);
-  stack->push_back(wrap("aten::native_dropout", result, out));
-  stack->push_back(wrap("aten::native_dropout", mask, mask_spec));
 }
 
 // item(): every rank reads the whole value.

@@ -14,6 +14,7 @@
 #include "dtensor/dispatch_args.h"
 #include "layout/dtensor_spec.h"
 #include "sharding_prop/op_registry.h"
+#include "sharding_prop/propagator.h"
 
 namespace dtensor::dispatch_detail {
 
@@ -57,6 +58,22 @@ void encode_call(const OpInfo& info, const c10::IValue* args, size_t n, std::vec
 std::optional<std::vector<std::optional<TensorMeta>>> aten_output_metas(
     const c10::OperatorHandle& op, const OpInfo& info, const std::vector<Input>& inputs,
     const c10::IValue* args, size_t n);
+
+// This rank's piece shape of `spec` (memoized per thread).
+const std::vector<int64_t>& my_piece_shape(const DTensorSpec& spec);
+
+// A local result as a distributed tensor of the propagated spec; raises when its dtype or shape
+// is not the spec's piece. `view_base`: the argument the result views, if it is a view (NOTE
+// [views in inference mode]).
+at::Tensor wrap(const std::string& op, at::Tensor local, const DTensorSpec& spec,
+                const at::Tensor* view_base = nullptr);
+
+// Random ops and dropout on distributed tensors (dispatch_random.cc; NOTE [DTensor random]).
+void run_random(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
+                c10::IValue* args, const std::vector<Input>& inputs, const sharding::OpSharding& s,
+                const at::Tensor& self);
+void run_dropout(const c10::IValue* args, torch::jit::Stack* stack, size_t n,
+                 const at::Tensor& input, const sharding::OpSharding& s);
 
 // Runs `op`, which has no table entry, by the replicate fallback (dispatch_fallback.cc, NOTE
 // [replicate fallback]).
