@@ -76,6 +76,20 @@ at::TensorOptions options_for(const py::object& dtype, bool requires_grad) {
                                    reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type));
 }
 
+// A Python number as an at::Scalar of its own kind: an int stays an int64 (exact past 2**53,
+// where a double is not), a float a double, a bool a bool, a complex a complex<double>.
+at::Scalar scalar_from_python(const py::handle& v) {
+  if (py::isinstance<py::bool_>(v)) return at::Scalar(v.cast<bool>());
+  if (py::isinstance<py::int_>(v)) return at::Scalar(v.cast<int64_t>());
+  if (py::isinstance<py::float_>(v)) return at::Scalar(v.cast<double>());
+  if (PyComplex_Check(v.ptr())) {
+    return at::Scalar(c10::complex<double>(PyComplex_RealAsDouble(v.ptr()),
+                                           PyComplex_ImagAsDouble(v.ptr())));
+  }
+  throw Error("full: fill_value must be a bool, int, float or complex, got " +
+              py::repr(v).cast<std::string>());
+}
+
 // NOTE [caller locks and thread ranks] (dispatch.h): ops on distributed tensors never block in a
 // collective holding the GIL (torch's property getters such as .mT call ops with it held).
 void release_gil_if_held(void (*body)(void*), void* ctx) {
@@ -137,8 +151,9 @@ void bind_tensors(py::module& m) {
   factory("randn", &api::randn);
   m.def(
       "full",
-      [](const std::vector<int64_t>& size, double value, const DeviceMesh& mesh,
+      [](const std::vector<int64_t>& size, const py::object& fill_value, const DeviceMesh& mesh,
          const Placements& pl, py::object dtype, bool requires_grad) {
+        const at::Scalar value = scalar_from_python(fill_value);
         const at::TensorOptions o = options_for(dtype, requires_grad);
         py::gil_scoped_release release;
         return api::full(size, value, mesh, pl, o);

@@ -29,10 +29,11 @@ wrapped ones fall through to torch's own. Removing any of these would change the
   tensor it raises AttributeError, so ``hasattr(t, "placements")`` stays False.
 - ``torch.Tensor.device_mesh`` (property): ``DTensor.device_mesh``. Same reason, and the same
   AttributeError on a plain tensor.
-- ``torch.Tensor.__repr__``: a distributed tensor prints its layout and local piece
-  (``_C.to_string``); plain tensors go to torch's own ``__repr__`` unchanged. Reason: torch's
-  printer runs data ops on the tensor (e.g. ``masked_select``) that have no sharding rule, so
-  ``print(dtensor)`` would raise; PyTorch's DTensor prints its own repr too.
+- ``torch.Tensor.__repr__``: a distributed tensor prints PyTorch's DTensor repr,
+  ``DTensor(local_tensor=..., device_mesh=..., placements=(...))``; plain tensors go to torch's
+  own ``__repr__`` unchanged. Reason: torch's printer runs data ops on the tensor (e.g.
+  ``masked_select``) that have no sharding rule, so ``print(dtensor)`` would raise; PyTorch's
+  DTensor prints its own repr too.
 - ``torch.nn.Parameter.__new__``: wraps torch's own; when the data is a distributed tensor with
   ``requires_grad``, the new parameter keeps its gradient in the parameter's placements
   (``_C.keep_grad_layout``: a replicated weight used with a batch-sharded input gets its Partial

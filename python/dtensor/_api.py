@@ -11,7 +11,7 @@ clear error on a plain tensor.
 import torch
 
 from dtensor import _C
-from dtensor.device_mesh import DeviceMesh, _ensure_context
+from dtensor.device_mesh import DeviceMesh, _current_mesh_or, _ensure_context
 from dtensor.placement_types import Placement, Replicate, _from_c, _to_c_list
 
 __all__ = [
@@ -71,7 +71,9 @@ class DTensor(torch.Tensor, metaclass=_DTensorMeta):
     @staticmethod
     def from_local(local_tensor, device_mesh=None, placements=None, *, run_check=False,
                    shape=None, stride=None):
-        """Wraps this rank's piece (gradients flow back to ``local_tensor``)."""
+        """Wraps this rank's piece (gradients flow back to ``local_tensor``). ``device_mesh=None``:
+        the current mesh (``with mesh:``)."""
+        device_mesh = _current_mesh_or(device_mesh, "DTensor.from_local")
         c_pl = _check_mesh(device_mesh, placements, local_tensor.dim())
         return _C.from_local(local_tensor, device_mesh._mesh, c_pl, run_check,
                              None if shape is None else list(shape),
@@ -92,8 +94,13 @@ def _full_tensor(self, *, grad_placements=None):
     return replicated.to_local(grad_placements=grad_placements)
 
 
-def _redistribute(self, device_mesh=None, placements=None, *, async_op=False):
-    """The same tensor laid out by ``placements`` on the same mesh."""
+def _redistribute(self, device_mesh=None, placements=None, *, async_op=False, forward_dtype=None,
+                  backward_dtype=None):
+    """The same tensor laid out by ``placements`` on the same mesh.
+
+    ``forward_dtype``: the local piece is cast to it before the redistribute (the communication
+    runs in that dtype) and the result has that dtype. ``backward_dtype``: the gradient is
+    redistributed in that dtype, then cast back to this tensor's dtype. As in PyTorch."""
     if device_mesh is not None and device_mesh != self.device_mesh:
         raise ValueError(
             f"redistribute: target mesh {device_mesh} is not this tensor's mesh "
@@ -101,7 +108,60 @@ def _redistribute(self, device_mesh=None, placements=None, *, async_op=False):
         )
     if placements is None:
         raise ValueError("redistribute: placements must be given")
-    return _C.redistribute(self, _to_c_list(placements, self.dim()), async_op)
+    c_pl = _to_c_list(placements, self.dim())
+    for name, dt in (("forward_dtype", forward_dtype), ("backward_dtype", backward_dtype)):
+        if dt is not None and not isinstance(dt, torch.dtype):
+            raise TypeError(f"redistribute: {name} must be a torch.dtype, got {dt!r}")
+    if (forward_dtype is None or forward_dtype == self.dtype) and (
+            backward_dtype is None or backward_dtype == self.dtype):
+        return _C.redistribute(self, c_pl, async_op)
+    return _RedistributeWithDtypes.apply(self, c_pl, async_op, forward_dtype, backward_dtype)
+
+
+def _grad_placements(placements):
+    """The layout a gradient goes back in: Partial inputs get a Replicate gradient (PyTorch's
+    rule for the backward of a redistribute)."""
+    return [Replicate() if p.is_partial() else p for p in placements]
+
+
+def _cast_local(t, dtype):
+    """``t`` with its local piece cast to ``dtype``, in the same layout (no communication: a
+    Partial stays Partial, so a following reduction runs in ``dtype``). Not differentiable."""
+    if t.dtype == dtype:
+        return t
+    local = _C.to_local(t, None).to(dtype)
+    return _C.from_local(local, _C.mesh(t), _C.placements(t), False, list(t.shape),
+                         list(t.stride()))
+
+
+class _RedistributeWithDtypes(torch.autograd.Function):
+    """redistribute with a communication dtype for the forward and/or the backward."""
+
+    @staticmethod
+    def forward(ctx, x, c_pl, async_op, forward_dtype, backward_dtype):
+        ctx.input_dtype = x.dtype
+        ctx.input_placements = _grad_placements(_placements(x))
+        ctx.backward_dtype = backward_dtype or x.dtype
+        ctx.async_op = async_op
+        if forward_dtype is not None:
+            x = _cast_local(x, forward_dtype)
+        out = _C.redistribute(x, c_pl, async_op)
+        if out is x:
+            out = out.view_as(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        if grad is None:
+            return None, None, None, None, None
+        if not _C.is_dtensor(grad):
+            raise RuntimeError("redistribute: the gradient of a distributed tensor is not "
+                               "distributed")
+        with torch.no_grad():
+            grad = _cast_local(grad, ctx.backward_dtype)
+            grad = _C.redistribute(grad, _to_c_list(ctx.input_placements, grad.dim()), False)
+            grad = _cast_local(grad, ctx.input_dtype)
+        return grad, None, None, None, None
 
 
 def _placements(self):
@@ -111,7 +171,11 @@ def _placements(self):
 
 def _repr(self, *args, **kwargs):
     if _C.is_dtensor(self):
-        return _C.to_string(self)
+        # PyTorch's DTensor.__repr__.
+        with torch.no_grad():
+            local = _C.to_local(self, None)
+        return (f"DTensor(local_tensor={_plain_repr(local)}, device_mesh={_mesh_of(self)}, "
+                f"placements={_placements(self)})")
     return _plain_repr(self, *args, **kwargs)
 
 
@@ -166,8 +230,7 @@ def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_ran
     """Lays ``tensor`` out on ``device_mesh``. ``src_data_rank=None``: every rank passes the same
     data and keeps its piece (no communication); k: the data of the mesh's k-th rank (row-major
     order; 0 by default, as PyTorch) is scattered to the others."""
-    if device_mesh is None:
-        raise ValueError("distribute_tensor: device_mesh must be given")
+    device_mesh = _current_mesh_or(device_mesh, "distribute_tensor")
     c_pl = _check_mesh(device_mesh, placements, tensor.dim())
     src = None
     if src_data_rank is not None:
@@ -185,8 +248,7 @@ def distribute_module(module, device_mesh=None, partition_fn=None, input_fn=None
     """Distributes ``module``'s parameters with ``partition_fn(name, module, mesh)`` (default:
     replicate every parameter, broadcast from the mesh's first rank) and installs input/output
     hooks, as PyTorch does."""
-    if device_mesh is None:
-        raise ValueError("distribute_module: device_mesh must be given")
+    device_mesh = _current_mesh_or(device_mesh, "distribute_module")
 
     def replicate(name, mod, mesh):
         for key, p in list(mod._parameters.items()):
@@ -214,6 +276,7 @@ def _factory(name):
     def make(*size, device_mesh=None, placements=None, dtype=None, requires_grad=False):
         if len(size) == 1 and isinstance(size[0], (list, tuple, torch.Size)):
             size = tuple(size[0])
+        device_mesh = _current_mesh_or(device_mesh, f"dtensor.{name}")
         c_pl = _check_mesh(device_mesh, placements, len(size))
         return c_fn(list(size), device_mesh._mesh, c_pl, dtype, requires_grad)
 
@@ -232,6 +295,19 @@ randn = _factory("randn")
 
 def full(size, fill_value, *, device_mesh=None, placements=None, dtype=None,
          requires_grad=False):
-    """``torch.full`` laid out on ``device_mesh`` by ``placements``."""
+    """``torch.full`` laid out on ``device_mesh`` by ``placements`` (default replicated). An int
+    ``fill_value`` stays an int (int64 values past 2**53 are exact); with ``dtype=None`` the
+    dtype is inferred from ``fill_value`` as torch.full does (bool, int64, complex or the default
+    float dtype)."""
+    device_mesh = _current_mesh_or(device_mesh, "dtensor.full")
+    if isinstance(size, int):
+        size = (size,)
+    if isinstance(fill_value, torch.Tensor):
+        fill_value = fill_value.item()
+    if not isinstance(fill_value, (bool, int, float, complex)):
+        raise TypeError(f"dtensor.full: fill_value must be a number, got "
+                        f"{type(fill_value).__name__}")
+    if dtype is None:
+        dtype = torch.full((), fill_value).dtype
     c_pl = _check_mesh(device_mesh, placements, len(size))
-    return _C.full(list(size), float(fill_value), device_mesh._mesh, c_pl, dtype, requires_grad)
+    return _C.full(list(size), fill_value, device_mesh._mesh, c_pl, dtype, requires_grad)

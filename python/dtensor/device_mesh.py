@@ -1,6 +1,7 @@
 """DeviceMesh and init_device_mesh (torch.distributed.device_mesh's names)."""
 
 import os
+import threading
 
 import torch
 
@@ -50,8 +51,38 @@ def _ensure_context(device_type="cpu"):
     )
 
 
+class _MeshResources(threading.local):
+    """The stack of current meshes (``with mesh:``), one per thread: ranks may be threads of one
+    process (``dtensor.run_threads``), each with its own current mesh. PyTorch keeps the same
+    stack in ``torch.distributed.device_mesh._mesh_resources``."""
+
+    def __init__(self):
+        self.mesh_stack = []
+
+    def get_current_mesh(self):
+        if not self.mesh_stack:
+            raise RuntimeError("No device mesh is currently active!")
+        return self.mesh_stack[-1]
+
+
+_mesh_resources = _MeshResources()
+
+
+def _current_mesh_or(device_mesh, what):
+    """``device_mesh``, or the innermost ``with mesh:`` of this thread when it is None."""
+    if device_mesh is not None:
+        return device_mesh
+    if _mesh_resources.mesh_stack:
+        return _mesh_resources.mesh_stack[-1]
+    raise ValueError(f"{what}: device_mesh must be given: pass device_mesh, or call it inside "
+                     f"`with mesh:` to use that mesh as the default")
+
+
 class DeviceMesh:
-    """An N-D array of ranks. ``mesh`` is a nested list / tensor of global ranks."""
+    """An N-D array of ranks. ``mesh`` is a nested list / tensor of global ranks.
+
+    ``with mesh:`` makes it this thread's current mesh: APIs given ``device_mesh=None``
+    (distribute_tensor, DTensor.from_local, the factories, parallelize_module) use it."""
 
     def __init__(self, device_type, mesh, *, mesh_dim_names=None, _c_mesh=None):
         _check_device_type(device_type)
@@ -135,8 +166,19 @@ class DeviceMesh:
     def __hash__(self):
         return hash(self._mesh)
 
+    def __enter__(self):
+        _mesh_resources.mesh_stack.append(self)
+        return self
+
+    def __exit__(self, exc_type, exc_value, exc_traceback):
+        _mesh_resources.mesh_stack.pop()
+        return False
+
     def __repr__(self):
-        return f"DeviceMesh('{self.device_type}', {self.mesh.tolist()})"
+        if not self.mesh_dim_names:
+            return f"DeviceMesh('{self.device_type}', {self.mesh.tolist()})"
+        return (f"DeviceMesh('{self.device_type}', {self.mesh.tolist()}, "
+                f"mesh_dim_names={self.mesh_dim_names})")
 
 
 def init_device_mesh(device_type, mesh_shape, *, mesh_dim_names=None):

@@ -14,7 +14,7 @@ class Placement:
     def is_replicate(self):
         return False
 
-    def is_partial(self):
+    def is_partial(self, reduce_op=None):
         return False
 
     def _text(self):
@@ -29,6 +29,10 @@ class Placement:
     def __hash__(self):
         return hash(self._text())
 
+    def __str__(self):
+        # PyTorch's human-readable form: S(0), R, P(sum).
+        return self._text()
+
 
 class Shard(Placement):
     """The tensor is split along tensor dim ``dim`` (torch.chunk semantics) over the mesh dim."""
@@ -38,6 +42,24 @@ class Shard(Placement):
 
     def is_shard(self, dim=None):
         return dim is None or dim == self.dim
+
+    @staticmethod
+    def local_shard_size_and_offset(curr_local_size, num_chunks, rank):
+        """(size, offset) of piece ``rank`` when ``curr_local_size`` elements are split into
+        ``num_chunks`` pieces by torch.chunk's rule: every piece but the trailing ones holds
+        ceil(size / num_chunks); pieces past the end are empty, with offset ``curr_local_size``.
+        The offset is relative to the tensor being split (as PyTorch's)."""
+        if num_chunks <= 0:
+            raise ValueError(f"Shard.local_shard_size_and_offset: num_chunks must be positive, "
+                             f"got {num_chunks}")
+        full = -(-curr_local_size // num_chunks)
+        start = full * rank
+        if start >= curr_local_size:
+            return 0, curr_local_size
+        return min(full, curr_local_size - start), start
+
+    def _local_shard_size_and_offset(self, curr_local_size, num_chunks, rank):
+        return Shard.local_shard_size_and_offset(curr_local_size, num_chunks, rank)
 
     def _text(self):
         return f"S({self.dim})"
@@ -65,8 +87,8 @@ class Partial(Placement):
     def __init__(self, reduce_op="sum"):
         self.reduce_op = reduce_op
 
-    def is_partial(self):
-        return True
+    def is_partial(self, reduce_op=None):
+        return reduce_op is None or reduce_op == self.reduce_op
 
     def _text(self):
         return f"P({self.reduce_op})"

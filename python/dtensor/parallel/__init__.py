@@ -12,19 +12,25 @@ Differences from PyTorch:
 * ``src_data_rank`` defaults to 0, as in PyTorch: the mesh's first rank's parameter values are
   scattered to the others; ``None`` keeps each rank's own copy (every rank must hold the same
   module), with no communication.
+* A user's ``ParallelStyle`` implements PyTorch's ``_apply(module, device_mesh)``; on an N-D mesh
+  it is given the tp dim's 1-D sub-mesh that holds this rank. This package's styles also take
+  ``_apply(..., tp_mesh_dim=...)`` (the whole mesh and the tp dim).
+* ``device_mesh=None`` uses the current mesh (``with mesh:``), as PyTorch.
 * ``RowwiseParallel`` on ``nn.Embedding`` reads a plain input as Replicate by default.
 * ``loss_parallel`` computes the exact loss but does not do the sharded-class-dim optimisation.
 """
 
 import contextlib
+import inspect
 from fnmatch import fnmatch
 
 import dtensor
-from dtensor.device_mesh import DeviceMesh
+from dtensor.device_mesh import DeviceMesh, _current_mesh_or
 from dtensor.parallel.style import (
     ColwiseParallel,
     ParallelStyle,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
@@ -34,6 +40,7 @@ __all__ = [
     "ColwiseParallel",
     "ParallelStyle",
     "PrepareModuleInput",
+    "PrepareModuleInputOutput",
     "PrepareModuleOutput",
     "RowwiseParallel",
     "SequenceParallel",
@@ -60,6 +67,40 @@ def _tp_dim(device_mesh, tp_mesh_dim):
     return tp_mesh_dim % device_mesh.ndim
 
 
+def _tp_submesh(device_mesh, tp):
+    """The 1-D sub-mesh along mesh dim ``tp`` that holds this rank (the mesh itself if 1-D)."""
+    if device_mesh.ndim == 1:
+        return device_mesh
+    names = device_mesh.mesh_dim_names
+    if names:
+        return device_mesh[names[tp]]
+    coord = device_mesh.get_coordinate()
+    if coord is None:
+        raise ValueError(f"parallelize_module: this rank is not in the mesh {device_mesh}")
+    index = list(coord)
+    index[tp] = slice(None)
+    return DeviceMesh(device_mesh.device_type, device_mesh.mesh[tuple(index)].tolist())
+
+
+def _takes_tp_mesh_dim(style):
+    try:
+        return "tp_mesh_dim" in inspect.signature(style._apply).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _apply_style(style, module, device_mesh, tp, src_data_rank):
+    """PyTorch's contract: ``style.src_data_rank`` is set, then ``style._apply(module, mesh)``.
+    A style whose ``_apply`` takes ``tp_mesh_dim`` (this package's) gets the whole mesh and the tp
+    dim; any other (a user's ParallelStyle) gets the tp dim's 1-D sub-mesh."""
+    style.src_data_rank = src_data_rank
+    if _takes_tp_mesh_dim(style):
+        out = style._apply(module, device_mesh, tp_mesh_dim=tp)
+    else:
+        out = style._apply(module, _tp_submesh(device_mesh, tp))
+    return module if out is None else out
+
+
 def _matches(module, path):
     """The submodules of ``module`` at the dotted ``path``; each atom is an fnmatch pattern."""
     found = [module]
@@ -76,16 +117,17 @@ def parallelize_module(module, device_mesh=None, parallelize_plan=None, *, tp_me
     ``parallelize_plan`` is a ``ParallelStyle`` (applied to ``module`` itself) or a dict from a
     submodule's fully-qualified name (each dotted part may be an fnmatch pattern: ``"layers.*.w1"``)
     to a style. A name that matches no submodule raises ValueError. ``device_mesh`` is 1-D, or N-D
-    with ``tp_mesh_dim`` (index or name, default the last dim) naming the tensor-parallel dim.
+    with ``tp_mesh_dim`` (index or name, default the last dim) naming the tensor-parallel dim;
+    None: the current mesh (``with mesh:``). A user's ``ParallelStyle`` whose
+    ``_apply(module, device_mesh)`` has PyTorch's two arguments gets the tp dim's 1-D mesh.
     ``src_data_rank``: k (default 0) scatters the parameter values of the mesh's k-th rank;
     None keeps each rank's own copy of the parameters (no communication)."""
-    if device_mesh is None:
-        raise ValueError("parallelize_module: device_mesh must be given")
+    device_mesh = _current_mesh_or(device_mesh, "parallelize_module")
     tp = _tp_dim(device_mesh, tp_mesh_dim)
     if parallelize_plan is None:
         return module
     if isinstance(parallelize_plan, ParallelStyle):
-        return parallelize_plan._apply(module, device_mesh, tp, src_data_rank)
+        return _apply_style(parallelize_plan, module, device_mesh, tp, src_data_rank)
     if not isinstance(parallelize_plan, dict):
         raise TypeError(f"parallelize_module: parallelize_plan must be a ParallelStyle or a dict "
                         f"of submodule names to styles, got {type(parallelize_plan).__name__}")
@@ -98,7 +140,7 @@ def parallelize_module(module, device_mesh=None, parallelize_plan=None, *, tp_me
             raise ValueError(f"parallelize_module: no submodule of {type(module).__name__} "
                              f"matches {path!r} in the plan")
         for sub in targets:
-            style._apply(sub, device_mesh, tp, src_data_rank)
+            _apply_style(style, sub, device_mesh, tp, src_data_rank)
     return module
 
 

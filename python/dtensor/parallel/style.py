@@ -4,7 +4,14 @@ A style says how one module is laid out on the tensor-parallel ("tp") dim of a m
 parameters are sharded, and how its inputs and outputs are converted with ``DTensor.from_local``,
 ``redistribute`` and ``to_local`` in forward hooks. On a mesh of more than one dim every placement
 on the other dims is Replicate (see ``parallelize_module``'s ``tp_mesh_dim``).
+
+Writing a style: subclass ``ParallelStyle`` and implement ``_apply(self, module, device_mesh)``
+(PyTorch's contract); ``parallelize_module`` gives it a 1-D mesh (the tp dim's sub-mesh that
+holds this rank when the mesh is N-D) and sets ``self.src_data_rank`` first. This package's own
+styles take an extra keyword ``tp_mesh_dim`` (see ``ParallelStyle``).
 """
+
+from abc import ABC, abstractmethod
 
 import torch
 from torch import nn
@@ -19,6 +26,7 @@ __all__ = [
     "SequenceParallel",
     "PrepareModuleInput",
     "PrepareModuleOutput",
+    "PrepareModuleInputOutput",
 ]
 
 
@@ -91,12 +99,26 @@ def _output_hook(tp, output_layout, use_local_output):
     return hook
 
 
-class ParallelStyle:
-    """Base class of the styles: ``_apply(module, device_mesh, tp_mesh_dim, src_data_rank)``
-    parallelizes ``module`` in place and returns it."""
+def _tp(device_mesh, tp_mesh_dim):
+    """The tp dim of ``device_mesh``: ``tp_mesh_dim`` (an index), or its last dim when None."""
+    return device_mesh.ndim - 1 if tp_mesh_dim is None else tp_mesh_dim % device_mesh.ndim
 
-    def _apply(self, module, device_mesh, tp_mesh_dim, src_data_rank):
-        raise NotImplementedError
+
+class ParallelStyle(ABC):
+    """Base class of the styles (PyTorch's contract): ``_apply(module, device_mesh)`` parallelizes
+    ``module`` in place and returns it; ``src_data_rank`` (default 0, set by
+    ``parallelize_module``) is the mesh rank whose parameter values are scattered (None: each
+    rank keeps its own copy).
+
+    Extension: this package's styles take ``_apply(module, device_mesh, *, tp_mesh_dim=None)``,
+    an N-D mesh with the tp dim's index (default the last dim); ``parallelize_module`` passes
+    ``tp_mesh_dim`` to any ``_apply`` that declares it, and the tp dim's 1-D sub-mesh to others."""
+
+    src_data_rank = 0
+
+    @abstractmethod
+    def _apply(self, module, device_mesh):
+        ...
 
 
 class ColwiseParallel(ParallelStyle):
@@ -111,7 +133,8 @@ class ColwiseParallel(ParallelStyle):
         self.output_layouts = output_layouts or Shard(-1)
         self.use_local_output = use_local_output
 
-    def _apply(self, module, device_mesh, tp_mesh_dim, src_data_rank):
+    def _apply(self, module, device_mesh, *, tp_mesh_dim=None):
+        tp_mesh_dim, src_data_rank = _tp(device_mesh, tp_mesh_dim), self.src_data_rank
         if isinstance(module, nn.Linear):
             layouts = {"weight": Shard(0), "bias": Shard(0)}
         elif isinstance(module, nn.Embedding):
@@ -139,7 +162,8 @@ class RowwiseParallel(ParallelStyle):
         self.output_layouts = output_layouts or Replicate()
         self.use_local_output = use_local_output
 
-    def _apply(self, module, device_mesh, tp_mesh_dim, src_data_rank):
+    def _apply(self, module, device_mesh, *, tp_mesh_dim=None):
+        tp_mesh_dim, src_data_rank = _tp(device_mesh, tp_mesh_dim), self.src_data_rank
         if isinstance(module, nn.Linear):
             layouts, desired = {"weight": Shard(1), "bias": Replicate()}, Shard(-1)
         elif isinstance(module, nn.Embedding):
@@ -165,7 +189,8 @@ class SequenceParallel(ParallelStyle):
         self.sequence_dim = sequence_dim
         self.use_local_output = use_local_output
 
-    def _apply(self, module, device_mesh, tp_mesh_dim, src_data_rank):
+    def _apply(self, module, device_mesh, *, tp_mesh_dim=None):
+        tp_mesh_dim, src_data_rank = _tp(device_mesh, tp_mesh_dim), self.src_data_rank
         params = dict(module.named_parameters())
         norm_like = "weight" in params and all(p.dim() == 1 for p in params.values())
         if not isinstance(module, (nn.LayerNorm, nn.Dropout)) and not norm_like:
@@ -227,7 +252,8 @@ class PrepareModuleInput(ParallelStyle):
         return tuple(self._prepare(x, mesh, tp, lay, want) for x, lay, want in
                      zip(inputs, self.input_layouts, self.desired_input_layouts))
 
-    def _apply(self, module, device_mesh, tp_mesh_dim, src_data_rank):
+    def _apply(self, module, device_mesh, *, tp_mesh_dim=None):
+        tp_mesh_dim = _tp(device_mesh, tp_mesh_dim)
         if not self.input_kwarg_layouts:
             module.register_forward_pre_hook(
                 lambda _m, inputs: self._prepare_args(inputs, device_mesh, tp_mesh_dim))
@@ -275,7 +301,37 @@ class PrepareModuleOutput(ParallelStyle):
             prepared.append(out)
         return prepared[0] if single else tuple(prepared)
 
-    def _apply(self, module, device_mesh, tp_mesh_dim, src_data_rank):
+    def _apply(self, module, device_mesh, *, tp_mesh_dim=None):
+        tp_mesh_dim = _tp(device_mesh, tp_mesh_dim)
         module.register_forward_hook(
             lambda _m, _i, outputs: self._prepare(outputs, device_mesh, tp_mesh_dim))
+        return module
+
+
+class PrepareModuleInputOutput(ParallelStyle):
+    """``PrepareModuleInput`` and ``PrepareModuleOutput`` on one module: the inputs are laid out
+    by ``input_layouts`` / ``desired_input_layouts`` (and the keyword ones), passed on as local
+    pieces if ``use_local_input``; the outputs by ``output_layouts`` /
+    ``desired_output_layouts``, returned as local pieces if ``use_local_output``."""
+
+    def __init__(self, *, input_layouts=None, desired_input_layouts=None,
+                 input_kwarg_layouts=None, desired_input_kwarg_layouts=None,
+                 use_local_input=False, output_layouts, desired_output_layouts,
+                 use_local_output=True):
+        self.prepare_module_input = PrepareModuleInput(
+            input_layouts=input_layouts,
+            desired_input_layouts=desired_input_layouts,
+            input_kwarg_layouts=input_kwarg_layouts,
+            desired_input_kwarg_layouts=desired_input_kwarg_layouts,
+            use_local_output=use_local_input,
+        )
+        self.prepare_module_output = PrepareModuleOutput(
+            output_layouts=output_layouts,
+            desired_output_layouts=desired_output_layouts,
+            use_local_output=use_local_output,
+        )
+
+    def _apply(self, module, device_mesh, *, tp_mesh_dim=None):
+        self.prepare_module_input._apply(module, device_mesh, tp_mesh_dim=tp_mesh_dim)
+        self.prepare_module_output._apply(module, device_mesh, tp_mesh_dim=tp_mesh_dim)
         return module
