@@ -362,3 +362,47 @@ def test_with_mesh_is_the_default_mesh():
     assert _mesh_resources.mesh_stack == []
     with pytest.raises(RuntimeError, match="No device mesh is currently active"):
         _mesh_resources.get_current_mesh()
+
+
+# ---- local_map and implicit_replication (torch.distributed.tensor.experimental) -----------------
+
+def test_local_map_and_implicit_replication():
+    from dtensor.experimental import implicit_replication, local_map
+    torch.manual_seed(0)
+    x, w = torch.randn(8, 6), torch.randn(6)
+
+    def scale_and_norm(xl, wl):  # a row-local computation: rows are independent
+        y = xl * wl
+        return y, y.pow(2).sum(-1)
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (2,))
+        dx = distribute_tensor(x.clone().requires_grad_(), mesh, [Shard(0)])
+        dw = distribute_tensor(w, mesh, [Replicate()])
+        f = local_map(scale_and_norm, out_placements=((Shard(0),), (Shard(0),)),
+                      in_placements=((Shard(0),), (Replicate(),)))
+        y, n = f(dx, dw)
+        assert isinstance(y, DTensor) and y.placements == (Shard(0),)
+        torch.testing.assert_close(y.full_tensor(), x * w)
+        torch.testing.assert_close(n.full_tensor(), (x * w).pow(2).sum(-1))
+        n.sum().backward()
+        torch.testing.assert_close(dx.grad.full_tensor(), 2 * x * w * w)
+        # A Shard(1) argument where Shard(0) is wanted: an error, or moved when asked.
+        d1 = distribute_tensor(x, mesh, [Shard(1)])
+        with pytest.raises(ValueError, match="argument 0"):
+            f(d1, dw)
+        g = local_map(scale_and_norm, ((Shard(0),), (Shard(0),)),
+                      ((Shard(0),), (Replicate(),)), redistribute_inputs=True)
+        torch.testing.assert_close(g(d1, dw)[0].full_tensor(), x * w)
+        # No distributed argument: func on the plain ones, its result as it is; a plain tensor
+        # given placements is an error.
+        plain = local_map(scale_and_norm, ((Shard(0),), (Shard(0),)))
+        torch.testing.assert_close(plain(x, w)[0], x * w)
+        with pytest.raises(ValueError, match="plain tensor"):
+            f(x, w)
+        # implicit_replication: a plain tensor mixed in is read as replicated.
+        with implicit_replication():
+            torch.testing.assert_close((dx.detach() * w).full_tensor(), x * w)
+        return True
+
+    assert all(dtensor.run_threads(2, fn))
