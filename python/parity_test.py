@@ -406,3 +406,17 @@ def test_local_map_and_implicit_replication():
         return True
 
     assert all(dtensor.run_threads(2, fn))
+
+
+def test_visualize_sharding_prints_once(capsys):
+    """PyTorch prints the layout on the rank at coordinate 0 of every mesh dim only."""
+    from dtensor.debug import visualize_sharding
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (2, 2))
+        visualize_sharding(distribute_tensor(torch.ones(4, 4), mesh, [Shard(0), Shard(1)]),
+                           header="layout-header")
+        return True
+
+    assert all(dtensor.run_threads(4, fn))
+    assert capsys.readouterr().out.count("layout-header") == 1

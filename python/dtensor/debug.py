@@ -73,7 +73,11 @@ class CommDebugMode:
 
 
 def visualize_sharding(dtensor, header=""):
-    """Prints which rank holds which block of ``dtensor``."""
+    """Prints which rank holds which block of ``dtensor``, once: on the rank at coordinate 0 of
+    every mesh dim, as PyTorch (other ranks, and ranks outside the mesh, print nothing)."""
+    coordinate = dtensor.device_mesh.get_coordinate()
+    if coordinate is None or any(c != 0 for c in coordinate):
+        return
     text = _C.visualize(dtensor)
     print((header + "\n" if header else "") + text)
 
