@@ -420,3 +420,16 @@ def test_visualize_sharding_prints_once(capsys):
 
     assert all(dtensor.run_threads(4, fn))
     assert capsys.readouterr().out.count("layout-header") == 1
+
+
+def test_get_local_rank():
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        assert (mesh.get_local_rank(0), mesh.get_local_rank("tp")) == tuple(mesh.get_coordinate())
+        assert mesh.get_local_rank("dp") == rank // 2 and mesh.get_local_rank(1) == rank % 2
+        with pytest.raises(RuntimeError, match="mesh_dim must be given"):
+            mesh.get_local_rank()
+        assert mesh["tp"].get_local_rank() == rank % 2
+        return True
+
+    assert all(dtensor.run_threads(4, fn))

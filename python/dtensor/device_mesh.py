@@ -160,6 +160,24 @@ class DeviceMesh:
     def get_coordinate(self):
         return self._mesh.coordinate(_C.rank())
 
+    def get_local_rank(self, mesh_dim=None):
+        """This rank's index along ``mesh_dim`` (an int or a dim name; may be omitted on a 1-D
+        mesh), as PyTorch's ``DeviceMesh.get_local_rank``."""
+        if mesh_dim is None:
+            if self.ndim > 1:
+                raise RuntimeError(f"get_local_rank: mesh_dim must be given for a {self.ndim}-D "
+                                   f"mesh {self}")
+            mesh_dim = 0
+        if isinstance(mesh_dim, str):
+            if not self.mesh_dim_names or mesh_dim not in self.mesh_dim_names:
+                raise KeyError(f"get_local_rank: no dim named {mesh_dim!r} in "
+                               f"{self.mesh_dim_names}")
+            mesh_dim = self.mesh_dim_names.index(mesh_dim)
+        coordinate = self.get_coordinate()
+        if coordinate is None:
+            raise RuntimeError(f"get_local_rank: rank {self.get_rank()} is not in {self}")
+        return coordinate[mesh_dim]
+
     def __eq__(self, other):
         return isinstance(other, DeviceMesh) and self._mesh == other._mesh
 
