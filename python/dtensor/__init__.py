@@ -47,6 +47,12 @@ wrapped ones fall through to torch's own. Removing any of these would change the
   distributed tensor has none of, so ``copy.deepcopy(model)`` and
   ``optimizer.load_state_dict`` (which deep-copies the state) raised on distributed state.
 
+- ``torch.distributed.Backend.DTENSOR``: the backend name "dtensor", registered through
+  ``Backend.register_backend`` (PyTorch's API for third-party backends), so that
+  ``init_process_group(backend="dtensor")`` runs torch.distributed's collectives on the engine
+  (``dtensor/_c10d_backend.py``). Reason: it is the documented way to plug in; nothing of torch's
+  own backends changes.
+
 Loading the extension ``dtensor._C`` also registers, in torch's C++ dispatcher (not Python
 attributes, listed for completeness): a boxed fallback kernel on the ``PrivateUse1`` dispatch
 key plus explicit ``aten`` kernels at that key for the ops with CompositeExplicitAutograd
@@ -74,6 +80,7 @@ except ImportError as e:
         f"`./x run script.py`."
     ) from e
 
+from dtensor import _c10d_backend
 from dtensor import _functional_collectives  # noqa: F401
 from dtensor import checkpoint  # noqa: F401
 from dtensor import debug  # noqa: F401
@@ -90,6 +97,8 @@ from dtensor._api import (
 )
 from dtensor.device_mesh import DeviceMesh, init_device_mesh
 from dtensor.placement_types import Partial, Placement, Replicate, Shard
+
+_c10d_backend.register()  # torch.distributed's backend "dtensor" (NOTE [dtensor c10d backend])
 
 __all__ = [
     "DTensor",
