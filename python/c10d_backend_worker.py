@@ -2,8 +2,9 @@
 
 Every collective of torch.distributed through the default group (the engine) against the
 values computed locally from every rank's deterministic inputs; the same through a subgroup;
-then DistributedDataParallel trains one model on the engine's group and one on a Gloo group from
-the same start, and their losses and parameters must be equal at every step."""
+then DistributedDataParallel trains one model on the engine's default group, one on a 1-D mesh's
+get_group() and one on a Gloo group from the same start, and their losses and parameters must be
+equal at every step."""
 
 import sys
 
@@ -62,8 +63,9 @@ def check_collectives(group, ranks):
 
 def check_ddp():
     gloo = dist.new_group(backend="gloo")
+    mesh = dtensor.init_device_mesh("cpu", (dist.get_world_size(),))
     losses = {}
-    for name, group in (("dtensor", None), ("gloo", gloo)):
+    for name, group in (("dtensor", None), ("gloo", gloo), ("mesh", mesh.get_group())):
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
         ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
@@ -78,9 +80,10 @@ def check_ddp():
             opt.step()
             seq.append(loss.item())
         losses[name] = (seq, [p.detach().clone() for p in model.parameters()])
-    torch.testing.assert_close(losses["dtensor"][0], losses["gloo"][0], rtol=1e-6, atol=0)
-    for a, b in zip(losses["dtensor"][1], losses["gloo"][1]):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    for name in ("dtensor", "mesh"):
+        torch.testing.assert_close(losses[name][0], losses["gloo"][0], rtol=1e-6, atol=0)
+        for a, b in zip(losses[name][1], losses["gloo"][1]):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
 def main():

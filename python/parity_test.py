@@ -433,3 +433,31 @@ def test_get_local_rank():
         return True
 
     assert all(dtensor.run_threads(4, fn))
+
+
+def test_get_group_is_a_torch_process_group():
+    """mesh.get_group(dim) is a torch.distributed.ProcessGroup over that mesh dim's ranks: torch's
+    own collectives (global src ranks included) run on it and equal the local computation."""
+    import torch.distributed as dist
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        tp, dp = mesh.get_group("tp"), mesh.get_group(0)
+        assert isinstance(tp, dist.ProcessGroup) and mesh.get_group(1) is tp
+        assert mesh.get_all_groups() == [dp, tp]
+        assert (tp.size(), tp.rank()) == (2, mesh.get_local_rank("tp"))
+        t = torch.full((3,), float(rank + 1))
+        dist.all_reduce(t, group=tp)
+        row = [r for r in range(4) if r // 2 == rank // 2]
+        torch.testing.assert_close(t, torch.full((3,), float(sum(r + 1 for r in row))))
+        b = torch.full((2,), float(rank))
+        dist.broadcast(b, src=row[1], group=tp)  # a global rank, as torch.distributed takes it
+        torch.testing.assert_close(b, torch.full((2,), float(row[1])))
+        outs = [torch.empty(1) for _ in range(2)]
+        dist.all_gather(outs, torch.tensor([float(rank)]), group=dp)
+        assert [o.item() for o in outs] == [float(rank % 2), float(rank % 2 + 2)]
+        with pytest.raises(RuntimeError, match="mesh_dim must be given"):
+            mesh.get_group()
+        return True
+
+    assert all(dtensor.run_threads(4, fn))

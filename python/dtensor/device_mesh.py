@@ -58,6 +58,7 @@ class _MeshResources(threading.local):
 
     def __init__(self):
         self.mesh_stack = []
+        self.groups = {}  # (mesh, dim) -> its ProcessGroup (DeviceMesh.get_group)
 
     def get_current_mesh(self):
         if not self.mesh_stack:
@@ -160,6 +161,44 @@ class DeviceMesh:
     def get_coordinate(self):
         return self._mesh.coordinate(_C.rank())
 
+    def get_group(self, mesh_dim=None):
+        """The ``torch.distributed.ProcessGroup`` of ``mesh_dim`` (an int or a dim name; may be
+        omitted on a 1-D mesh) holding this rank: its collectives run on the engine's group of
+        that mesh dim (NOTE [dtensor c10d backend]), and it works with torch.distributed's
+        collectives and DistributedDataParallel. One object per mesh dim and thread."""
+        if mesh_dim is None:
+            if self.ndim > 1:
+                raise RuntimeError(f"get_group: mesh_dim must be given for a {self.ndim}-D mesh "
+                                   f"{self}")
+            mesh_dim = 0
+        dim = self._dim_index(mesh_dim, "get_group")
+        cache = _mesh_resources.groups
+        key = (self, dim)
+        if key not in cache:
+            from dtensor import _c10d_backend
+            coordinate = self.get_coordinate()
+            if coordinate is None:
+                raise RuntimeError(f"get_group: rank {self.get_rank()} is not in {self}")
+            index = list(coordinate)
+            index[dim] = slice(None)
+            ranks = [int(r) for r in self.mesh[tuple(index)].reshape(-1).tolist()]
+            cache[key] = _c10d_backend.DTensorProcessGroup._of_engine_group(
+                _C.mesh_group_name(self._mesh, dim), ranks, self.get_rank())
+        return cache[key]
+
+    def get_all_groups(self):
+        """``get_group(d)`` for every mesh dim, as PyTorch."""
+        return [self.get_group(d) for d in range(self.ndim)]
+
+    def _dim_index(self, mesh_dim, what):
+        if isinstance(mesh_dim, str):
+            if not self.mesh_dim_names or mesh_dim not in self.mesh_dim_names:
+                raise KeyError(f"{what}: no dim named {mesh_dim!r} in {self.mesh_dim_names}")
+            return self.mesh_dim_names.index(mesh_dim)
+        if not -self.ndim <= mesh_dim < self.ndim:
+            raise IndexError(f"{what}: mesh dim {mesh_dim} of a {self.ndim}-D mesh")
+        return mesh_dim % self.ndim
+
     def get_local_rank(self, mesh_dim=None):
         """This rank's index along ``mesh_dim`` (an int or a dim name; may be omitted on a 1-D
         mesh), as PyTorch's ``DeviceMesh.get_local_rank``."""
@@ -168,11 +207,7 @@ class DeviceMesh:
                 raise RuntimeError(f"get_local_rank: mesh_dim must be given for a {self.ndim}-D "
                                    f"mesh {self}")
             mesh_dim = 0
-        if isinstance(mesh_dim, str):
-            if not self.mesh_dim_names or mesh_dim not in self.mesh_dim_names:
-                raise KeyError(f"get_local_rank: no dim named {mesh_dim!r} in "
-                               f"{self.mesh_dim_names}")
-            mesh_dim = self.mesh_dim_names.index(mesh_dim)
+        mesh_dim = self._dim_index(mesh_dim, "get_local_rank")
         coordinate = self.get_coordinate()
         if coordinate is None:
             raise RuntimeError(f"get_local_rank: rank {self.get_rank()} is not in {self}")
