@@ -18,6 +18,12 @@ median over --reps of per-call averages of N calls each (the Python loop is on b
 garbage collector off inside the loops (as timeit does), dtensor and local loops interleaved.
 One JSON object per op:
   {"bench":"python","op":"add","dtensor_us":...,"local_us":...,"ratio":...}
+
+Then (procs mode; --c10d-ranks, default 2 and 4 processes) torch.distributed.all_reduce of float32
+tensors of --c10d-sizes bytes on the engine's torch.distributed backend ("dtensor", NOTE [dtensor
+c10d backend]) and on a gloo group of the same processes, interleaved in one run, medians of 5
+loops: {"bench":"python","op":"c10d_all_reduce","ranks":2,"bytes":...,"dtensor_us":...,
+"gloo_us":...,"ratio_to_gloo":...}
 """
 
 import argparse
@@ -46,6 +52,11 @@ def parse_args(argv):
     p.add_argument("--batch", type=int, default=32, help="linear_step input rows")
     p.add_argument("--backend", default=None,
                    help="procs mode: collectives backend (default $DTENSOR_BACKEND or shm)")
+    p.add_argument("--c10d-ranks", default="2,4",
+                   help="procs mode: rank counts of the torch.distributed all_reduce rows "
+                        "(backend dtensor next to gloo); empty: skip them")
+    p.add_argument("--c10d-sizes", default="4096,65536,1048576,33554432,67108864",
+                   help="all_reduce sizes in bytes (float32)")
     return p.parse_args(argv)
 
 
@@ -200,6 +211,40 @@ def body(rank, args):
     return None
 
 
+# --- torch.distributed.all_reduce: backend "dtensor" next to gloo ------------------------------
+
+def c10d_body(rank, args):
+    """One rank: the default group on backend "dtensor" and a gloo group over the same ranks, the
+    same all_reduce on each, interleaved; rank 0 prints one JSON line per size."""
+    import torch
+    import torch.distributed as dist
+
+    import dtensor  # noqa: F401  (registers the backend)
+
+    dist.init_process_group(backend="dtensor")
+    gloo = dist.new_group(backend="gloo")
+    n = dist.get_world_size()
+    for nbytes in [int(b) for b in args.c10d_sizes.split(",")]:
+        t = torch.ones(nbytes // 4)
+        calls = max(3, min(200, (8 << 20) // nbytes))
+        times = {"dtensor": [], "gloo": []}
+        for group in (None, gloo):  # warm-up
+            dist.all_reduce(t, group=group)
+        for _ in range(5):
+            for name, group in (("dtensor", None), ("gloo", gloo)):
+                dist.barrier(group=gloo)
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    dist.all_reduce(t, group=group)
+                times[name].append((time.perf_counter() - t0) / calls * 1e6)
+        if rank == 0:
+            d, g = statistics.median(times["dtensor"]), statistics.median(times["gloo"])
+            print(json.dumps({"bench": "python", "op": "c10d_all_reduce", "ranks": n,
+                              "bytes": nbytes, "dtensor_us": round(d, 1), "gloo_us": round(g, 1),
+                              "ratio_to_gloo": round(g / d, 2)}), flush=True)
+    dist.destroy_process_group()
+
+
 # --- entry points -------------------------------------------------------------------------------
 
 def free_port():
@@ -208,15 +253,15 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch_self(argv, args):
-    """Starts rank 0 (output here) and rank 1 (output kept, shown if something fails)."""
+def launch_self(argv, args, n=2, extra_env=None):
+    """Starts rank 0 (output here) and ranks 1.. (output kept, shown if something fails)."""
     port = free_port()
     procs = []
     with tempfile.TemporaryFile() as log1:
-        for rank in range(2):
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
-                       LOCAL_WORLD_SIZE="2", GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        for rank in range(n):
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank),
+                       LOCAL_WORLD_SIZE=str(n), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port), OMP_NUM_THREADS="1", **(extra_env or {}))
             if args.backend:
                 env["DTENSOR_BACKEND"] = args.backend
             out = None if rank == 0 else log1
@@ -226,7 +271,8 @@ def launch_self(argv, args):
         codes = [p.wait() for p in procs]
         if any(codes):
             log1.seek(0)
-            sys.stderr.write("python bench: rank 1 output:\n" + log1.read().decode(errors="replace"))
+            sys.stderr.write("python bench: ranks 1.. output:\n" +
+                             log1.read().decode(errors="replace"))
             sys.stderr.write(f"python bench: exit codes {codes}\n")
             return 1
     return 0
@@ -243,11 +289,17 @@ def main(argv):
         dtensor.run_threads(2, lambda rank: body(rank, args))
         return 0
     if "RANK" not in os.environ:
-        return launch_self(argv, args)
+        rc = launch_self(argv, args)
+        for n in [int(x) for x in args.c10d_ranks.split(",") if x]:
+            rc = rc or launch_self(argv, args, n, {"DTENSOR_BENCH_C10D": "1"})
+        return rc
     import torch
 
     torch.set_num_threads(1)
-    body(int(os.environ["RANK"]), args)
+    if os.environ.get("DTENSOR_BENCH_C10D") == "1":
+        c10d_body(int(os.environ["RANK"]), args)
+    else:
+        body(int(os.environ["RANK"]), args)
     return 0
 
 

@@ -219,6 +219,27 @@ at::Tensor all_reduce(const at::Tensor& input, ReduceOp op, const std::string& g
   return all_reduce_coalesced({input}, op, group, async_op)[0];
 }
 
+void all_reduce_into(const at::Tensor& input, const at::Tensor& output, ReduceOp op,
+                     const std::string& group) {
+  const std::string what = "all_reduce on group '" + group + "'";
+  check_reduce_op(op, input.scalar_type(), what);
+  DTENSOR_CHECK(output.is_contiguous() && output.numel() == input.numel() &&
+                    output.scalar_type() == input.scalar_type() &&
+                    output.device() == input.device(),
+                what, ": the output must be contiguous with the input's numel, dtype and device");
+  DTENSOR_CHECK(!output.is_alias_of(input), what,
+                ": the output must not share the input's storage");
+  auto job = std::make_shared<Job>();
+  CollectiveCall c;
+  c.kind = CollectiveKind::kAllReduce;
+  c.label = "all_reduce";
+  c.input = flat(input);
+  c.output = output.view({-1});
+  c.op = op;
+  job->calls.push_back(std::move(c));
+  submit(group, job, {output}, /*async_op=*/false);
+}
+
 std::vector<at::Tensor> all_reduce_coalesced(const std::vector<at::Tensor>& inputs, ReduceOp op,
                                              const std::string& group, bool async_op) {
   auto job = std::make_shared<Job>();

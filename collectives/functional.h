@@ -20,6 +20,11 @@ namespace dtensor::collectives {
 
 at::Tensor all_reduce(const at::Tensor& input, ReduceOp op, const std::string& group,
                       bool async_op = false);
+// all_reduce into the caller's `output` (contiguous, input's numel and dtype, never input's
+// storage), synchronously: nothing is allocated, so a caller that reuses one buffer pays no page
+// faults for fresh output memory (the torch.distributed backend, NOTE [dtensor c10d backend]).
+void all_reduce_into(const at::Tensor& input, const at::Tensor& output, ReduceOp op,
+                     const std::string& group);
 // One round of synchronisation per dtype present in `inputs`.
 std::vector<at::Tensor> all_reduce_coalesced(const std::vector<at::Tensor>& inputs, ReduceOp op,
                                              const std::string& group, bool async_op = false);

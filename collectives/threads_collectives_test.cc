@@ -122,6 +122,26 @@ TEST_P(ThreadsCollectivesTest, ReduceScatterAnyDimEveryOp) {
   }
 }
 
+// all_reduce_into: the caller's buffer (reused across calls) gets all_reduce's result; a buffer
+// that aliases the input or has another numel is refused.
+TEST_P(ThreadsCollectivesTest, AllReduceIntoACallersBuffer) {
+  const int64_t n = GetParam();
+  run_threads(n, [&](int64_t r) {
+    const at::Tensor out = at::empty({6}, at::kDouble);
+    for (int round = 0; round < 3; ++round) {
+      const at::Tensor in = at::arange(6, at::kDouble).view({2, 3}) * (r + 1) + round;
+      all_reduce_into(in, out, ReduceOp::kMax, RankContext::kWorld);
+      expect_same(out.view({2, 3}), all_reduce(in, ReduceOp::kMax, RankContext::kWorld),
+                  "all_reduce_into");
+    }
+    const at::Tensor in = at::ones({6}, at::kDouble);
+    EXPECT_THROW(all_reduce_into(in, in, ReduceOp::kSum, RankContext::kWorld), dtensor::Error);
+    EXPECT_THROW(
+        all_reduce_into(in, at::empty({5}, at::kDouble), ReduceOp::kSum, RankContext::kWorld),
+        dtensor::Error);
+  });
+}
+
 TEST_P(ThreadsCollectivesTest, ReduceScatterNeedsDivisibleDim) {
   const int64_t n = GetParam();
   if (n == 1) return;

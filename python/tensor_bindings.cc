@@ -19,6 +19,7 @@
 
 #include "base/error.h"
 #include "collectives/c10d_backend.h"
+#include "collectives/functional.h"
 #include "collectives/rank_context.h"
 #include "dtensor/api.h"
 #include "dtensor/dispatch.h"
@@ -83,8 +84,8 @@ at::Scalar scalar_from_python(const py::handle& v) {
   if (py::isinstance<py::int_>(v)) return at::Scalar(v.cast<int64_t>());
   if (py::isinstance<py::float_>(v)) return at::Scalar(v.cast<double>());
   if (PyComplex_Check(v.ptr())) {
-    return at::Scalar(c10::complex<double>(PyComplex_RealAsDouble(v.ptr()),
-                                           PyComplex_ImagAsDouble(v.ptr())));
+    return at::Scalar(
+        c10::complex<double>(PyComplex_RealAsDouble(v.ptr()), PyComplex_ImagAsDouble(v.ptr())));
   }
   throw Error("full: fill_value must be a bool, int, float or complex, got " +
               py::repr(v).cast<std::string>());
@@ -166,6 +167,14 @@ void bind_tensors(py::module& m) {
   m.def("init_device_mesh", &api::init_device_mesh, py::arg("shape"),
         py::arg("dim_names") = std::vector<std::string>{}, Release());
   m.def("has_context", &collectives::has_current_context);
+  m.def(
+      "all_reduce_into",
+      [](const at::Tensor& input, const at::Tensor& output, const std::string& op,
+         const std::string& group) {
+        collectives::all_reduce_into(input, output, dtensor::parse_reduce_op(op), group);
+      },
+      py::call_guard<py::gil_scoped_release>(),
+      "all_reduce into a preallocated output (collectives::all_reduce_into).");
   m.def(
       "context_register_mesh",
       [](const DeviceMesh& mesh) {

@@ -81,6 +81,7 @@ class DTensorProcessGroup(ProcessGroup):
         else:
             self._group = fc.new_group(ranks, "c10d")
         self._ranks = ranks
+        self._buffers = {}
 
     @classmethod
     def _of_engine_group(cls, group, ranks, rank):
@@ -89,7 +90,7 @@ class DTensorProcessGroup(ProcessGroup):
         global ranks as they do for groups of ``new_group``."""
         pg = cls.__new__(cls)
         ProcessGroup.__init__(pg, ranks.index(rank), len(ranks))
-        pg._group, pg._ranks = group, list(ranks)
+        pg._group, pg._ranks, pg._buffers = group, list(ranks), {}
         c10d = dist.distributed_c10d
         c10d._pg_map[pg] = ("dtensor", None)
         c10d._pg_names[pg] = f"dtensor:{group}"
@@ -109,10 +110,21 @@ class DTensorProcessGroup(ProcessGroup):
             t.copy_(fc.broadcast(t.contiguous(), opts.rootRank, self._group))
         return _done(tensors)
 
+    def _scratch(self, t):
+        """A reused buffer of t's numel, dtype and device: collectives write into it with no
+        fresh memory (whose first touch costs a page fault per 4 KiB)."""
+        key = (t.dtype, t.device)
+        buf = self._buffers.get(key)
+        if buf is None or buf.numel() < t.numel():
+            buf = self._buffers[key] = torch.empty(t.numel(), dtype=t.dtype, device=t.device)
+        return buf[:t.numel()]
+
     def allreduce(self, tensors, opts):
         op = _op_name(opts.reduceOp)
         for t in tensors:
-            t.copy_(fc.all_reduce(t.contiguous(), op, self._group))
+            out = self._scratch(t)
+            _C.all_reduce_into(t.contiguous(), out, op, self._group)
+            t.copy_(out.view(t.shape))
         return _done(tensors)
 
     def allreduce_coalesced(self, tensors, opts):
