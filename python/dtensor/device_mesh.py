@@ -166,20 +166,12 @@ class DeviceMesh:
         omitted on a 1-D mesh) holding this rank: its collectives run on the engine's group of
         that mesh dim (NOTE [dtensor c10d backend]), and it works with torch.distributed's
         collectives and DistributedDataParallel. One object per mesh dim and thread."""
-        if mesh_dim is None:
-            if self.ndim > 1:
-                raise RuntimeError(f"get_group: mesh_dim must be given for a {self.ndim}-D mesh "
-                                   f"{self}")
-            mesh_dim = 0
         dim = self._dim_index(mesh_dim, "get_group")
         cache = _mesh_resources.groups
         key = (self, dim)
         if key not in cache:
             from dtensor import _c10d_backend
-            coordinate = self.get_coordinate()
-            if coordinate is None:
-                raise RuntimeError(f"get_group: rank {self.get_rank()} is not in {self}")
-            index = list(coordinate)
+            index = list(self._my_coordinate("get_group"))
             index[dim] = slice(None)
             ranks = [int(r) for r in self.mesh[tuple(index)].reshape(-1).tolist()]
             cache[key] = _c10d_backend.DTensorProcessGroup._of_engine_group(
@@ -191,6 +183,12 @@ class DeviceMesh:
         return [self.get_group(d) for d in range(self.ndim)]
 
     def _dim_index(self, mesh_dim, what):
+        """A mesh dim given as an int or a name (None: the only dim of a 1-D mesh)."""
+        if mesh_dim is None:
+            if self.ndim > 1:
+                raise RuntimeError(f"{what}: mesh_dim must be given for a {self.ndim}-D mesh "
+                                   f"{self}")
+            return 0
         if isinstance(mesh_dim, str):
             if not self.mesh_dim_names or mesh_dim not in self.mesh_dim_names:
                 raise KeyError(f"{what}: no dim named {mesh_dim!r} in {self.mesh_dim_names}")
@@ -202,16 +200,13 @@ class DeviceMesh:
     def get_local_rank(self, mesh_dim=None):
         """This rank's index along ``mesh_dim`` (an int or a dim name; may be omitted on a 1-D
         mesh), as PyTorch's ``DeviceMesh.get_local_rank``."""
-        if mesh_dim is None:
-            if self.ndim > 1:
-                raise RuntimeError(f"get_local_rank: mesh_dim must be given for a {self.ndim}-D "
-                                   f"mesh {self}")
-            mesh_dim = 0
-        mesh_dim = self._dim_index(mesh_dim, "get_local_rank")
+        return self._my_coordinate("get_local_rank")[self._dim_index(mesh_dim, "get_local_rank")]
+
+    def _my_coordinate(self, what):
         coordinate = self.get_coordinate()
         if coordinate is None:
-            raise RuntimeError(f"get_local_rank: rank {self.get_rank()} is not in {self}")
-        return coordinate[mesh_dim]
+            raise RuntimeError(f"{what}: rank {self.get_rank()} is not in {self}")
+        return coordinate
 
     def __eq__(self, other):
         return isinstance(other, DeviceMesh) and self._mesh == other._mesh
