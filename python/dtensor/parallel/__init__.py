@@ -17,15 +17,16 @@ Differences from PyTorch:
   ``_apply(..., tp_mesh_dim=...)`` (the whole mesh and the tp dim).
 * ``device_mesh=None`` uses the current mesh (``with mesh:``), as PyTorch.
 * ``RowwiseParallel`` on ``nn.Embedding`` reads a plain input as Replicate by default.
-* ``loss_parallel`` computes the exact loss but does not do the sharded-class-dim optimisation.
+* ``loss_parallel`` also takes ``label_smoothing``, an N-D mesh (one mesh dim shards the class
+  dim), and leaves inputs not sharded on the class dim to the engine (PyTorch raises).
 """
 
-import contextlib
 import inspect
 from fnmatch import fnmatch
 
 import dtensor
 from dtensor.device_mesh import DeviceMesh, _current_mesh_or
+from dtensor.parallel.loss import loss_parallel
 from dtensor.parallel.style import (
     ColwiseParallel,
     ParallelStyle,
@@ -142,17 +143,3 @@ def parallelize_module(module, device_mesh=None, parallelize_plan=None, *, tp_me
         for sub in targets:
             _apply_style(style, sub, device_mesh, tp, src_data_rank)
     return module
-
-
-@contextlib.contextmanager
-def loss_parallel():
-    """``with loss_parallel():`` ``F.cross_entropy(logits, target)`` on logits sharded on the
-    class dim (Shard(-1), e.g. a ``ColwiseParallel(use_local_output=False)`` output) gives the
-    single-device loss and gradients; call ``loss.backward()`` inside the block too, as PyTorch
-    requires. Plain targets (and other plain tensors) are read as replicated.
-
-    Not done: PyTorch's optimisation that keeps the class dim sharded (a distributed log-softmax
-    with all-reduced max and sum); the engine's rules gather the class dim instead, so the result
-    is exact but the logits are communicated."""
-    with dtensor.replicate_plain_tensors():
-        yield
