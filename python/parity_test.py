@@ -461,3 +461,74 @@ def test_get_group_is_a_torch_process_group():
         return True
 
     assert all(dtensor.run_threads(4, fn))
+
+
+# ---- CommDebugMode: per-module counts, parameter and sharding info, tables (PyTorch's API) ------
+
+class _TpMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1 = nn.Linear(8, 16)
+        self.relu = nn.ReLU()
+        self.w2 = nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.w2(self.relu(self.w1(x)))
+
+
+def test_comm_debug_mode_module_view_and_tables(tmp_path):
+    import json
+
+    from dtensor.debug import CommDebugMode
+    from dtensor.parallel import RowwiseParallel
+    torch.manual_seed(0)
+    ref = _TpMLP()
+    x = torch.randn(4, 8)
+
+    def rank_fn(rank):
+        mesh = init_device_mesh("cpu", (2,))
+        model = parallelize_module(copy.deepcopy(ref), mesh,
+                                   {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+        inp = x.clone().requires_grad_()
+        with CommDebugMode() as comm:
+            model(inp).sum().backward()
+        table0 = comm.generate_comm_debug_tracing_table(noise_level=0)
+        table1 = comm.generate_comm_debug_tracing_table(noise_level=1)
+        log = tmp_path / f"log{rank}.txt"
+        dump = tmp_path / f"dump{rank}.json"
+        comm.log_comm_debug_tracing_table_to_file(str(log), noise_level=1)
+        comm.generate_json_dump(str(dump), noise_level=1)
+        return (comm.get_total_counts(), comm.get_comm_counts(),
+                copy.deepcopy(comm.comm_module_counts), comm.get_sharding_info(),
+                {k: sorted(v) for k, v in comm.get_parameter_info().items()},
+                table0, table1, log.read_text(), json.loads(dump.read_text()))
+
+    for total, counts, modules, sharding, params, t0, t1, log, dump in dtensor.run_threads(
+            2, rank_fn):
+        # Forward: w2's Partial output becomes Replicate (one all_reduce, in w2's output hook);
+        # backward: w1's Replicate input gets a Partial gradient (one all_reduce, in w1).
+        assert total == 2 and counts == {"all_reduce": 2}
+        assert modules["Global"] == {"forward": {"all_reduce": 1}, "backward": {"all_reduce": 1}}
+        assert modules["_TpMLP"] == modules["Global"]
+        assert modules["_TpMLP.w2"] == {"forward": {"all_reduce": 1}, "backward": {}}
+        assert modules["_TpMLP.w1"] == {"forward": {}, "backward": {"all_reduce": 1}}
+        assert "_TpMLP.relu" not in modules
+        assert sharding == {"_TpMLP.w1.weight": (Shard(0),), "_TpMLP.w1.bias": (Shard(0),),
+                            "_TpMLP.w2.weight": (Shard(1),), "_TpMLP.w2.bias": (Replicate(),)}
+        assert params == {"_TpMLP.w1": ["bias", "weight"], "_TpMLP.w2": ["bias", "weight"]}
+        # noise 0: modules and collectives only; noise 1 adds module types, parameters and the
+        # ops on distributed tensors with their shapes and placements.
+        assert "_TpMLP.w2" in t0 and "FORWARD PASS" in t0 and "BACKWARD PASS" in t0
+        assert "*all_reduce: 1" in t0 and "shape:" not in t0 and "module type" not in t0
+        assert "*module type: class 'torch.nn.modules.linear.Linear'" in t1
+        assert " *weight: (Shard(dim=0),)" in t1 and "**torch.nn.functional.linear" in t1
+        assert "sharding: [(Replicate(),), (Shard(dim=0),), (Shard(dim=0),)]" in t1
+        assert "\033[" not in log and "shape: [(4, 8), (16, 8), (16,)]" in log
+        assert "torch.Tensor.dim" not in t1  # metadata reads: noise level 3 only
+        assert dump["fqn"] == "Global"
+        (mlp,) = dump["children"]
+        assert [c["fqn"] for c in mlp["children"]] == ["_TpMLP.w1", "_TpMLP.relu", "_TpMLP.w2"]
+        w2 = mlp["children"][2]
+        assert w2["collectives_forward"] == [["all_reduce", 1]]
+        assert ["weight", "(Shard(dim=1),)"] in w2["parameters"]
+        assert any(op["input_sharding"] for op in w2["operations_forward"])

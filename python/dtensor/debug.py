@@ -1,6 +1,7 @@
 """Debugging: CommDebugMode (counts collectives), visualize_sharding, cache statistics, explain."""
 
 from dtensor import _C
+from dtensor._comm_mode import CommDebugMode
 
 __all__ = [
     "CommDebugMode",
@@ -11,65 +12,6 @@ __all__ = [
     "set_propagation_cache_capacity",
     "visualize_sharding",
 ]
-
-# Our collective kinds under the names PyTorch's CommDebugMode reports.
-_NAMES = {
-    "all_reduce": "all_reduce",
-    "all_gather": "all_gather_into_tensor",
-    "reduce_scatter": "reduce_scatter_tensor",
-    "all_to_all": "all_to_all_single",
-    "broadcast": "broadcast",
-    "barrier": "barrier",
-}
-
-
-class CommDebugMode:
-    """Counts the collectives this rank issues inside ``with CommDebugMode() as m:``.
-
-    ``get_comm_counts()`` is keyed by collective name (``"all_reduce"``,
-    ``"all_gather_into_tensor"``, ``"reduce_scatter_tensor"``, ``"all_to_all_single"``);
-    ``get_comm_counts_by_op()`` by (ATen op that caused it, name).
-    """
-
-    def __init__(self):
-        self._counter = None
-        self._result = None
-
-    def __enter__(self):
-        self._counter = _C.CommCounter()
-        self._result = None
-        return self
-
-    def __exit__(self, *exc):
-        # Stop counting: later collectives belong to no block.
-        self._result = self._snapshot()
-        self._counter = None
-        return False
-
-    def _snapshot(self):
-        c = self._counter
-        if c is None:
-            if self._result is None:
-                raise RuntimeError("CommDebugMode: use it as a context manager first")
-            return self._result
-        return {
-            "total": c.total(),
-            "kinds": {_NAMES.get(k, k): n for k, n in c.kinds().items()},
-            "by_op": dict(c.counts_by_cause()),
-            "text": str(c),
-        }
-
-    def get_total_counts(self):
-        return self._snapshot()["total"]
-
-    def get_comm_counts(self):
-        return dict(self._snapshot()["kinds"])
-
-    def get_comm_counts_by_op(self):
-        return dict(self._snapshot()["by_op"])
-
-    def __str__(self):
-        return self._snapshot()["text"]
 
 
 def visualize_sharding(dtensor, header=""):
