@@ -122,10 +122,17 @@ def main(argv):
         sys.stdout.flush()
         os._exit(0 if all(p.returncode == 0 for p in procs) else code)
 
-    signal.signal(signal.SIGINT, lambda *_: stop(130))
-    signal.signal(signal.SIGTERM, lambda *_: stop(143))
+    # NOTE [launcher signals]: the handlers only record the signal; the loop below stops the
+    # ranks. A handler runs between two bytecodes of the main thread, which may be inside
+    # Popen.poll() holding that Popen's lock: stop()'s p.wait() in the handler then waited on
+    # a lock its own thread held, forever (a server's SIGTERM hung the launcher in CI).
+    interrupted = []
+    signal.signal(signal.SIGINT, lambda *_: interrupted.append(130))
+    signal.signal(signal.SIGTERM, lambda *_: interrupted.append(143))
     first_failure, failed_at = None, None
     while any(p.poll() is None for p in procs):
+        if interrupted:
+            stop(interrupted[0])
         for rank, p in enumerate(procs):
             if p.poll() not in (None, 0) and first_failure is None:
                 first_failure, failed_at = (rank, p.returncode), time.monotonic()

@@ -265,6 +265,37 @@ def test_exit_right_after_async_collectives_is_clean(tmp_path):
         assert code == 0 and "terminate" not in out and out.count("ok") == 2, out
 
 
+def test_launcher_stops_when_sigterm_lands_inside_popen_poll(tmp_path):
+    # NOTE [launcher signals]: the launcher's SIGTERM handler used to stop the ranks itself; a
+    # signal landing while the main thread held a Popen's lock inside poll() made the handler's
+    # wait() block on that lock forever (CI: a server's SIGTERM hung ./x launch). Here the
+    # signal is made to land exactly there.
+    driver = tmp_path / "driver.py"
+    driver.write_text(textwrap.dedent(f"""
+        import os, signal, subprocess, sys
+        sys.path.insert(0, {TOOLS!r})
+        import launch
+        original, calls = subprocess.Popen._internal_poll, [0]
+
+        def poll(self, *args, **kwargs):
+            calls[0] += 1
+            if calls[0] == 40:
+                with self._waitpid_lock:
+                    os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, lock held
+            return original(self, *args, **kwargs)
+
+        subprocess.Popen._internal_poll = poll
+        sys.exit(launch.main(["-n", "2", "--", sys.executable, "-c",
+                              "import time; time.sleep(60)"]))
+    """))
+    start_time = time.monotonic()
+    out = subprocess.run([sys.executable, str(driver)], capture_output=True, text=True,
+                         timeout=60)
+    # The ranks got SIGTERM (then SIGKILL after the grace) and the launcher exited 143.
+    assert out.returncode == 143, out.stdout + out.stderr
+    assert time.monotonic() - start_time < 20, out.stdout + out.stderr
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_sigint_to_a_blocked_rank_raises_keyboard_interrupt_within_a_second(tmp_path, backend):
     pidfile = tmp_path / "pid"
