@@ -5,7 +5,7 @@
 //  - CPU (and CUDA when built) kernels issue the collective asynchronously; outputs are valid
 //    after dtensor_c10d::wait_tensor, as in PyTorch;
 //  - Meta kernels compute output shapes with no communication and no context (tracing);
-//  - Autograd kernels: all_gather_into_tensor <-> reduce_scatter_tensor(sum), and
+//  - Autograd kernels: all_gather_into_tensor <-> reduce_scatter_tensor(sum, avg), and
 //    all_to_all_single swaps its split sizes. The backward waits for its collective.
 
 #include <ATen/ATen.h>
@@ -129,23 +129,31 @@ struct AllGatherFn : torch::autograd::Function<AllGatherFn> {
   }
 };
 
+const c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, c10::string_view, int64_t,
+                                         c10::string_view, int64_t)>&
+op_handle_reduce_scatter() {
+  static const auto handle =
+      op<at::Tensor(const at::Tensor&, c10::string_view, int64_t, c10::string_view, int64_t)>(
+          "dtensor_c10d::reduce_scatter_tensor");
+  return handle;
+}
+
 struct ReduceScatterFn : torch::autograd::Function<ReduceScatterFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& t, std::string reduce_op,
                             int64_t group_size, std::string group, int64_t dim) {
-    TORCH_CHECK(reduce_op == "sum", "reduce_scatter_tensor: autograd supports reduce op sum, got ",
-                reduce_op);
+    ctx->saved_data["avg"] = reduce_op == "avg";
     ctx->saved_data["group"] = group;
     ctx->saved_data["dim"] = dim;
     at::AutoDispatchBelowADInplaceOrView guard;
-    static const auto handle =
-        op<at::Tensor(const at::Tensor&, c10::string_view, int64_t, c10::string_view, int64_t)>(
-            "dtensor_c10d::reduce_scatter_tensor");
-    return handle.call(t, reduce_op, group_size, group, dim);
+    return op_handle_reduce_scatter().call(t, reduce_op, group_size, group, dim);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto group = ctx->saved_data["group"].toStringRef();
     at::Tensor g =
         all_gather_into_tensor(grads[0].contiguous(), ctx->saved_data["dim"].toInt(), group);
+    if (ctx->saved_data["avg"].toBool()) {
+      g.div_(static_cast<double>(current_context().group(group).ranks.size()));
+    }
     return {g, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -177,8 +185,20 @@ at::Tensor all_gather_autograd(const at::Tensor& t, int64_t group_size, c10::str
   return AllGatherFn::apply(t, group_size, std::string(group), dim);
 }
 
+// sum and avg have a gradient (all_gather, divided by the group size for avg); the other reduce
+// ops run without one, and refuse an input that requires grad (before, every op but sum was
+// refused, even on inputs without grad).
 at::Tensor reduce_scatter_autograd(const at::Tensor& t, c10::string_view op, int64_t group_size,
                                    c10::string_view group, int64_t dim) {
+  if (op != "sum" && op != "avg") {
+    if (t.requires_grad() && at::GradMode::is_enabled()) {
+      throw Error("reduce_scatter_tensor: reduce op '" + std::string(op) +
+                  "' has no gradient (sum and avg have one); the input requires grad (group '" +
+                  std::string(group) + "')");
+    }
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return op_handle_reduce_scatter().call(t, op, group_size, group, dim);
+  }
   return ReduceScatterFn::apply(t, std::string(op), group_size, std::string(group), dim);
 }
 

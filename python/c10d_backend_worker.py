@@ -86,6 +86,22 @@ def check_ddp():
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
+def check_functional_collectives_on_process_groups():
+    """PyTorch's functional collectives take a ProcessGroup: the default (dtensor) group, a
+    Gloo group and a mesh dim's group; all run on the engine."""
+    from dtensor import _functional_collectives as funcol
+    world = dist.get_world_size()
+    mine = torch.full((3,), float(dist.get_rank() + 1))
+    expect = torch.full((3,), float(world * (world + 1) // 2))
+    gloo = dist.new_group(backend="gloo")
+    mesh = dtensor.init_device_mesh("cpu", (world,))
+    for group in (dist.group.WORLD, gloo, mesh.get_group()):
+        torch.testing.assert_close(funcol.all_reduce(mine, "sum", group).wait(), expect)
+        gathered = funcol.all_gather_tensor(mine, 0, group).wait()
+        torch.testing.assert_close(gathered, torch.cat([torch.full((3,), r + 1.0)
+                                                        for r in range(world)]))
+
+
 def main():
     dist.init_process_group(backend="dtensor")
     assert dist.get_backend() == "dtensor", dist.get_backend()
@@ -96,6 +112,7 @@ def main():
         if dist.get_rank() in (0, 1):
             check_collectives(sub, [0, 1])
     check_ddp()
+    check_functional_collectives_on_process_groups()
     try:
         dist.send(torch.zeros(1), dst=(dist.get_rank() + 1) % world)
         raise AssertionError("send should raise")

@@ -532,3 +532,82 @@ def test_comm_debug_mode_module_view_and_tables(tmp_path):
         assert w2["collectives_forward"] == [["all_reduce", 1]]
         assert ["weight", "(Shard(dim=1),)"] in w2["parameters"]
         assert any(op["input_sharding"] for op in w2["operations_forward"])
+
+
+# ---- functional collectives: PyTorch's signatures, group forms, waits, autograd, permute ----------
+
+def test_functional_collectives_pytorch_signatures_and_group_forms():
+    from dtensor import _functional_collectives as funcol
+    n = 4
+
+    def rank_fn(rank):
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        t = torch.full((2,), float(rank + 1))
+        tp_ranks = mesh["tp"].mesh.tolist()
+        out = {}
+        # PyTorch's positional order (self, reduceOp, group, tag) and every group form.
+        for name, group in [("ranks", tp_ranks), ("rank lists", [[0, 1], [2, 3]]),
+                            ("mesh dim", (mesh, 1)), ("1-D mesh", mesh["tp"])]:
+            res = funcol.all_reduce(t, "sum", group, "tag")
+            assert isinstance(res, funcol.AsyncCollectiveTensor), name
+            out[name] = res.wait()
+            assert type(out[name]) is torch.Tensor
+        # trigger_wait returns the same object, usable afterwards; elem is the plain tensor.
+        g = funcol.all_gather_tensor(t, 0, (mesh, 0), "")
+        assert g.trigger_wait() is g and type(g.elem) is torch.Tensor
+        out["gathered"] = g + 0
+        out["scattered"] = funcol.reduce_scatter_tensor(torch.arange(4.) * (rank + 1), "avg", 0,
+                                                        list(range(n))).wait()
+        out["coalesced"] = [x.wait() for x in funcol.all_reduce_coalesced([t, t * 2], "max",
+                                                                          "world")]
+        # permute_tensor: group rank m sends to src_dst[m].
+        out["permuted"] = funcol.permute_tensor(t, [1, 2, 3, 0], list(range(n))).wait()
+        return rank, out
+
+    for rank, out in dtensor.run_threads(n, rank_fn):
+        tp_partner = rank ^ 1
+        dp_partner = rank ^ 2
+        expect = float(rank + 1 + tp_partner + 1)
+        for name in ("ranks", "rank lists", "mesh dim", "1-D mesh"):
+            torch.testing.assert_close(out[name], torch.full((2,), expect))
+        first, second = sorted([rank, dp_partner])
+        torch.testing.assert_close(out["gathered"], torch.tensor(
+            [first + 1.0] * 2 + [second + 1.0] * 2))
+        torch.testing.assert_close(out["scattered"], torch.tensor([rank * 2.5]))
+        torch.testing.assert_close(out["coalesced"][0], torch.full((2,), 4.))
+        torch.testing.assert_close(out["coalesced"][1], torch.full((2,), 8.))
+        torch.testing.assert_close(out["permuted"], torch.full((2,), float((rank - 1) % n + 1)))
+
+
+def test_functional_collectives_autograd_variants():
+    from dtensor import _functional_collectives as funcol
+    n = 2
+    torch.manual_seed(0)
+    weights = torch.randn(4, 3)
+
+    def rank_fn(rank):
+        x = (torch.arange(6.).view(2, 3) + 10 * rank).requires_grad_()
+        gathered = funcol.all_gather_tensor_autograd(x, 0, "world")
+        (gathered * weights).sum().backward()
+        g_gather = x.grad.clone()
+        x.grad = None
+        scattered = funcol.reduce_scatter_tensor_autograd(torch.cat([x, x]), "sum", 0, "world")
+        (scattered * weights[2 * rank:2 * rank + 2]).sum().backward()
+        g_scatter = x.grad.clone()
+        x.grad = None
+        swapped = funcol.all_to_all_single_autograd(x, [1, 1], [1, 1], "world")
+        (swapped * torch.tensor([[1.], [2.]])).sum().backward()
+        return gathered.detach(), g_gather, scattered.detach(), g_scatter, x.grad
+
+    results = dtensor.run_threads(n, rank_fn)
+    xs = [torch.arange(6.).view(2, 3) + 10 * r for r in range(n)]
+    for rank, (gathered, g_gather, scattered, g_scatter, g_swap) in enumerate(results):
+        torch.testing.assert_close(gathered, torch.cat(xs))
+        # Each rank's loss reads every rank's x: x's gradient sums the ranks' weights for it.
+        torch.testing.assert_close(g_gather, n * weights[2 * rank:2 * rank + 2])
+        # Both halves of cat([x, x]) are x: each rank's piece of the sum is the sum of the xs.
+        torch.testing.assert_close(scattered, sum(xs))
+        # The first half of x's copies went to rank 0, the second to rank 1.
+        torch.testing.assert_close(g_scatter, weights[0:2] + weights[2:4])
+        # Row i of x went to rank i, which weighs what it received from rank r by r + 1.
+        torch.testing.assert_close(g_swap, torch.full((2, 3), float(rank + 1)))

@@ -191,6 +191,9 @@ void bind_tensors(py::module& m) {
   m.def("group_size", [](const std::string& name) {
     return static_cast<int64_t>(collectives::current_context().group(name).ranks.size());
   });
+  m.def("group_ranks", [](const std::string& name) {
+    return collectives::current_context().group(name).ranks;
+  });
   m.def(
       "new_group",
       [](const std::vector<int64_t>& ranks) {

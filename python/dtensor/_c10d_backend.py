@@ -107,7 +107,7 @@ class DTensorProcessGroup(ProcessGroup):
 
     def broadcast(self, tensors, opts):
         for t in tensors:
-            t.copy_(fc.broadcast(t.contiguous(), opts.rootRank, self._group))
+            t.copy_(fc.broadcast(t.contiguous(), opts.rootRank, self._group, async_op=False))
         return _done(tensors)
 
     def _scratch(self, t):
@@ -133,14 +133,15 @@ class DTensorProcessGroup(ProcessGroup):
     def reduce(self, tensors, opts):
         op = _op_name(opts.reduceOp)
         for t in tensors:
-            out = fc.all_reduce(t.contiguous(), op, self._group)
+            out = fc.all_reduce(t.contiguous(), op, self._group, async_op=False)
             if self.rank() == opts.rootRank:
                 t.copy_(out)
         return _done(tensors)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         for outs, t in zip(output_tensors, input_tensors):
-            gathered = fc.all_gather_into_tensor(t.contiguous().unsqueeze(0), 0, self._group)
+            gathered = fc.all_gather_into_tensor(t.contiguous().unsqueeze(0), 0, self._group,
+                                                 async_op=False)
             for o, g in zip(outs, gathered.unbind(0)):
                 o.copy_(g)
         return _done(output_tensors)
@@ -149,7 +150,7 @@ class DTensorProcessGroup(ProcessGroup):
         return self.allgather(output_lists, input_list, opts)
 
     def _allgather_base(self, output, input, opts=None):
-        output.copy_(fc.all_gather_into_tensor(input.contiguous(), 0, self._group)
+        output.copy_(fc.all_gather_into_tensor(input.contiguous(), 0, self._group, async_op=False)
                      .view(output.shape))
         return _done([output])
 
@@ -157,32 +158,35 @@ class DTensorProcessGroup(ProcessGroup):
         op = _op_name(opts.reduceOp)
         for o, ins in zip(output_tensors, input_tensors):
             stacked = torch.stack([t.contiguous() for t in ins])
-            o.copy_(fc.reduce_scatter_tensor(stacked, op, 0, self._group).squeeze(0))
+            o.copy_(fc.reduce_scatter_tensor(stacked, op, 0, self._group,
+                                            async_op=False).squeeze(0))
         return _done(output_tensors)
 
     def _reduce_scatter_base(self, output, input, opts):
         op = _op_name(opts.reduceOp)
-        output.copy_(fc.reduce_scatter_tensor(input.contiguous(), op, 0, self._group)
+        output.copy_(fc.reduce_scatter_tensor(input.contiguous(), op, 0, self._group,
+                                              async_op=False)
                      .view(output.shape))
         return _done([output])
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         out = fc.all_to_all_single(input.contiguous(), output_split_sizes or None,
-                                   input_split_sizes or None, self._group)
+                                   input_split_sizes or None, self._group, async_op=False)
         output.copy_(out.view(output.shape))
         return _done([output])
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         flat = torch.cat([t.contiguous().reshape(-1) for t in input_tensors])
         out = fc.all_to_all_single(flat, [o.numel() for o in output_tensors],
-                                   [t.numel() for t in input_tensors], self._group)
+                                   [t.numel() for t in input_tensors], self._group, async_op=False)
         for o, piece in zip(output_tensors, out.split([o.numel() for o in output_tensors])):
             o.copy_(piece.view(o.shape))
         return _done(output_tensors)
 
     def gather(self, output_tensors, input_tensors, opts):
         for t in input_tensors:
-            gathered = fc.all_gather_into_tensor(t.contiguous().unsqueeze(0), 0, self._group)
+            gathered = fc.all_gather_into_tensor(t.contiguous().unsqueeze(0), 0, self._group,
+                                                 async_op=False)
             if self.rank() == opts.rootRank:
                 for o, g in zip(output_tensors[0], gathered.unbind(0)):
                     o.copy_(g)
@@ -195,12 +199,12 @@ class DTensorProcessGroup(ProcessGroup):
             else:
                 whole = torch.empty((self.size(),) + tuple(o.shape), dtype=o.dtype,
                                     device=o.device)
-            whole = fc.broadcast(whole, opts.rootRank, self._group)
+            whole = fc.broadcast(whole, opts.rootRank, self._group, async_op=False)
             o.copy_(whole[self.rank()])
         return _done(output_tensors)
 
     def barrier(self, opts=None):
-        fc.all_reduce(torch.zeros(1), "sum", self._group)
+        fc.all_reduce(torch.zeros(1), "sum", self._group, async_op=False)
         return _done([])
 
     def send(self, tensors, dst, tag):
