@@ -360,6 +360,40 @@ def test_from_group_wraps_a_torch_distributed_gloo_group(tmp_path):
     run_on_ranks(FROM_GROUP_WORKER, 2, tmp_path)
 
 
+def test_from_group_builds_a_2d_mesh_from_two_gloo_groups(tmp_path):
+    run_on_ranks(FROM_GROUPS_2D_WORKER, 4, tmp_path)
+
+
+FROM_GROUPS_2D_WORKER = r'''
+import pytest
+import torch
+import torch.distributed as dist
+from dtensor import DeviceMesh, Shard, Replicate, distribute_tensor
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+layout = [[0, 1], [2, 3]]
+# Every rank creates every group (torch.distributed's rule); each keeps its own.
+columns = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+rows = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+dp, tp = columns[rank % 2], rows[rank // 2]
+mesh = DeviceMesh.from_group([dp, tp], "cpu", mesh=layout, mesh_dim_names=("dp", "tp"))
+assert mesh.shape == (2, 2) and mesh.mesh_dim_names == ("dp", "tp")
+assert mesh.get_coordinate() == [rank // 2, rank % 2]
+torch.manual_seed(0)
+a, b = torch.randn(8, 6), torch.randn(6, 4)
+da = distribute_tensor(a, mesh, [Shard(0), Shard(1)])
+db = distribute_tensor(b, mesh, [Replicate(), Shard(0)])
+torch.testing.assert_close(torch.mm(da, db).full_tensor(), a @ b)
+# The groups in the wrong order do not match the layout: a clear error, not another mesh.
+with pytest.raises(ValueError, match="group 0 has ranks"):
+    DeviceMesh.from_group([tp, dp], "cpu", mesh=layout)
+with pytest.raises(ValueError, match="pass `mesh`"):
+    DeviceMesh.from_group([dp, tp], "cpu")
+print("ok")
+'''
+
+
 FROM_GROUP_WORKER = r'''
 import torch
 import torch.distributed as dist

@@ -359,7 +359,6 @@ def test_unknown_submodule_name_raises():
 @pytest.mark.parametrize("style,module,name", [
     (ColwiseParallel(), nn.LayerNorm(8), "LayerNorm"),
     (RowwiseParallel(), nn.Conv1d(2, 2, 3), "Conv1d"),
-    (SequenceParallel(), nn.Linear(8, 8), "Linear"),
 ])
 def test_unsupported_module_type_raises(style, module, name):
     with pytest.raises(NotImplementedError, match=name):

@@ -611,3 +611,67 @@ def test_functional_collectives_autograd_variants():
         torch.testing.assert_close(g_scatter, weights[0:2] + weights[2:4])
         # Row i of x went to rank i, which weighs what it received from rank r by r + 1.
         torch.testing.assert_close(g_swap, torch.full((2, 3), float(rank + 1)))
+
+
+# ---- SequenceParallel on any module; distribute_module's buffers and single use ---------------
+
+class _MixesPositions(nn.Module):
+    """Mixes positions along the sequence (dim 1): not a norm."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(6, 6)
+
+    def forward(self, x):
+        return self.proj(x).cumsum(1)
+
+
+@pytest.mark.parametrize("make", [lambda: nn.Linear(6, 6), _MixesPositions,
+                                  lambda: nn.LayerNorm(6)])
+def test_sequence_parallel_accepts_any_module_and_stays_exact(make):
+    from dtensor.parallel import SequenceParallel
+    torch.manual_seed(0)
+    ref = make()
+    x = torch.randn(2, 8, 6)
+    expected = ref(x)
+    expected.sum().backward()
+
+    def rank_fn(rank):
+        mesh = init_device_mesh("cpu", (2,))
+        model = parallelize_module(copy.deepcopy(ref), mesh, SequenceParallel())
+        out = model(x.chunk(2, dim=1)[rank])  # a plain input is this rank's piece, Shard(1)
+        out.sum().backward()
+        return out.full_tensor().detach(), {k: p.grad.full_tensor()
+                                             for k, p in model.named_parameters()}
+
+    for out, grads in dtensor.run_threads(2, rank_fn):
+        torch.testing.assert_close(out, expected.detach())
+        for k, p in ref.named_parameters():
+            torch.testing.assert_close(grads[k], p.grad)
+
+
+def test_distribute_module_replicates_buffers_and_refuses_a_second_call():
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    x = torch.randn(8, 4)
+    expected = copy.deepcopy(ref)(x)
+
+    def rank_fn(rank):
+        mesh = init_device_mesh("cpu", (2,))
+        m = dtensor.distribute_module(copy.deepcopy(ref), mesh)
+        buffers = {k: type(b) for k, b in m.named_buffers()}
+        placements = {k: b.placements for k, b in m.named_buffers() if isinstance(b, DTensor)}
+        out = m(distribute_tensor(x, mesh, [Replicate()])).full_tensor()
+        running = m[1].running_mean.full_tensor()
+        with pytest.raises(RuntimeError, match="only be called once"):
+            dtensor.distribute_module(m, mesh)
+        return buffers, placements, out, running
+
+    ref_model = copy.deepcopy(ref)
+    ref_model(x)
+    for buffers, placements, out, running in dtensor.run_threads(2, rank_fn):
+        assert set(buffers) == {"1.running_mean", "1.running_var", "1.num_batches_tracked"}
+        assert set(placements) == set(buffers)
+        assert all(p == (Replicate(),) for p in placements.values())
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(running, ref_model[1].running_mean)

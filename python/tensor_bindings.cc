@@ -191,9 +191,8 @@ void bind_tensors(py::module& m) {
   m.def("group_size", [](const std::string& name) {
     return static_cast<int64_t>(collectives::current_context().group(name).ranks.size());
   });
-  m.def("group_ranks", [](const std::string& name) {
-    return collectives::current_context().group(name).ranks;
-  });
+  m.def("group_ranks",
+        [](const std::string& name) { return collectives::current_context().group(name).ranks; });
   m.def(
       "new_group",
       [](const std::vector<int64_t>& ranks) {
@@ -248,10 +247,14 @@ void bind_tensors(py::module& m) {
   // DeviceMesh.from_group: a 1-D mesh over an existing torch.distributed process group, whose
   // collectives run through that group (backend c10d).
   m.def(
-      "mesh_from_process_group",
-      [](const py::object& group, int64_t rank, int64_t world_size,
-         const std::vector<int64_t>& ranks, const std::vector<std::string>& dim_names) {
-        auto pg = group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
+      "mesh_from_process_groups",
+      [](const std::vector<std::pair<std::vector<int64_t>, py::object>>& groups, int64_t rank,
+         int64_t world_size, const std::vector<int64_t>& shape, const std::vector<int64_t>& ranks,
+         const std::vector<std::string>& dim_names) {
+        std::vector<std::pair<std::vector<int64_t>, c10::intrusive_ptr<c10d::ProcessGroup>>> pgs;
+        for (const auto& [members, g] : groups) {
+          pgs.emplace_back(members, g.cast<c10::intrusive_ptr<c10d::ProcessGroup>>());
+        }
         py::gil_scoped_release release;
         if (!collectives::has_current_context()) {
           collectives::set_process_context(std::make_shared<collectives::RankContext>(
@@ -264,12 +267,16 @@ void bind_tensors(py::module& m) {
                       ", but torch.distributed says rank " + std::to_string(rank) + " of " +
                       std::to_string(world_size));
         }
-        DeviceMesh mesh({static_cast<int64_t>(ranks.size())}, ranks, dim_names);
-        collectives::use_process_group(mesh.group_name(0, rank), pg);
-        ctx.register_group(mesh.group_name(0, rank), ranks, "c10d");
-        return mesh;
+        // Each of this rank's groups (over one mesh dim, or several) runs through its
+        // ProcessGroup: the engine names a group by its ranks (group_name_for_ranks).
+        for (const auto& [members, pg] : pgs) {
+          const std::string name = group_name_for_ranks(members);
+          collectives::use_process_group(name, pg);
+          ctx.register_group(name, members, "c10d");
+        }
+        return DeviceMesh(shape, ranks, dim_names);
       },
-      py::arg("group"), py::arg("rank"), py::arg("world_size"), py::arg("ranks"),
+      py::arg("groups"), py::arg("rank"), py::arg("world_size"), py::arg("shape"), py::arg("ranks"),
       py::arg("dim_names"));
 
   // Simulation mode: N ranks as threads of this process.

@@ -245,28 +245,36 @@ def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_ran
 
 def distribute_module(module, device_mesh=None, partition_fn=None, input_fn=None,
                       output_fn=None):
-    """Distributes ``module``'s parameters with ``partition_fn(name, module, mesh)`` (default:
-    replicate every parameter, broadcast from the mesh's first rank) and installs input/output
-    hooks, as PyTorch does."""
+    """PyTorch's: distributes ``module``'s parameters with ``partition_fn(name, module, mesh)``
+    (called on every submodule), then replicates every parameter and buffer still plain
+    (broadcast from the mesh's first rank; with no ``partition_fn`` that is all of them), and
+    installs ``input_fn(module, inputs, mesh)`` / ``output_fn(module, outputs, mesh)`` hooks.
+    A module may be distributed once; a second call raises RuntimeError, as PyTorch's."""
     device_mesh = _current_mesh_or(device_mesh, "distribute_module")
+    if getattr(module, "_distribute_module_applied", False):
+        raise RuntimeError("distribute_module should only be called once on a module, but it "
+                           "has already been called on this module!")
+    replicate = [Replicate()] * device_mesh.ndim
 
-    def replicate(name, mod, mesh):
+    def replicate_rest(mod):
         for key, p in list(mod._parameters.items()):
             if p is not None and not isinstance(p, DTensor):
                 mod.register_parameter(key, torch.nn.Parameter(
-                    distribute_tensor(p.detach(), mesh, [Replicate()] * mesh.ndim),
-                    p.requires_grad))
+                    distribute_tensor(p.detach(), device_mesh, replicate), p.requires_grad))
+        for key, b in list(mod._buffers.items()):
+            if b is not None and not isinstance(b, DTensor):
+                mod._buffers[key] = distribute_tensor(b, device_mesh, replicate)
 
-    fn = partition_fn or replicate
     for name, sub in module.named_modules():
-        fn(name, sub, device_mesh)
         if partition_fn is not None:
-            replicate(name, sub, device_mesh)
+            partition_fn(name, sub, device_mesh)
+        replicate_rest(sub)
     if input_fn is not None:
         module.register_forward_pre_hook(lambda mod, inputs: input_fn(mod, inputs, device_mesh))
     if output_fn is not None:
         module.register_forward_hook(
             lambda mod, inputs, outputs: output_fn(mod, outputs, device_mesh))
+    module._distribute_module_applied = True
     return module
 
 

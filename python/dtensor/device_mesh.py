@@ -98,21 +98,64 @@ class DeviceMesh:
 
     @staticmethod
     def from_group(group, device_type="cpu", mesh=None, *, mesh_dim_names=None):
-        """A 1-D mesh over an existing ``torch.distributed`` process group (Gloo): the engine's
-        collectives on this mesh run through that group. ``mesh``, when given, must list the
-        group's ranks in order."""
+        """A mesh over existing ``torch.distributed`` process groups (Gloo), as PyTorch's: one
+        group gives a 1-D mesh (``mesh``, when given, lists the group's ranks in order); a list
+        of N groups gives an N-D mesh, with ``mesh`` (required) the global ranks' layout and
+        the k-th group this rank's group along mesh dim k. The engine's collectives on mesh dim
+        k run through the k-th group. NOTE [from_group groups]: the engine also communicates
+        over several mesh dims at once (a redistribute that moves a tensor dim between mesh
+        dims); for those groups an N-D ``from_group`` calls ``torch.distributed.new_group``, so
+        on N-D meshes it is collective: every rank of the default group calls it."""
         _check_device_type(device_type)
+        import itertools
+
         import torch.distributed as dist
 
-        if isinstance(group, (list, tuple)):
-            if len(group) != 1:
-                raise NotImplementedError("DeviceMesh.from_group: only a 1-D mesh (one group)")
-            group = group[0]
-        ranks = dist.get_process_group_ranks(group)
-        if mesh is not None and torch.as_tensor(mesh).flatten().tolist() != list(ranks):
-            raise ValueError(f"DeviceMesh.from_group: mesh {mesh} is not the group's ranks {ranks}")
-        c_mesh = _C.mesh_from_process_group(group, dist.get_rank(), dist.get_world_size(),
-                                            list(ranks), list(mesh_dim_names or []))
+        groups = list(group) if isinstance(group, (list, tuple)) else [group]
+        if not groups:
+            raise ValueError("DeviceMesh.from_group: no group given")
+        if mesh is None:
+            if len(groups) != 1:
+                raise ValueError(f"DeviceMesh.from_group: {len(groups)} groups make an "
+                                 f"{len(groups)}-D mesh; pass `mesh`, the ranks' layout")
+            mesh = dist.get_process_group_ranks(groups[0])
+        layout = torch.as_tensor(mesh, dtype=torch.int64)
+        ndim = layout.dim()
+        if ndim != len(groups):
+            raise ValueError(f"DeviceMesh.from_group: mesh {layout.tolist()} has {ndim} dims "
+                             f"but {len(groups)} groups were given")
+        rank = dist.get_rank()
+        where = (layout == rank).nonzero().tolist()
+        coord = where[0] if where else None
+
+        def members(dims, at):
+            return layout[tuple(slice(None) if d in dims else at[d]
+                                for d in range(ndim))].flatten().tolist()
+
+        # Groups over several mesh dims: every rank creates every one (new_group's rule).
+        mine = []
+        for k in range(2, ndim + 1):
+            for dims in itertools.combinations(range(ndim), k):
+                rest = [range(layout.shape[d]) if d not in dims else [0] for d in range(ndim)]
+                for at in itertools.product(*rest):
+                    ranks = members(dims, at)
+                    pg = dist.new_group(ranks)
+                    if rank in ranks:
+                        mine.append((ranks, pg))
+        if coord is None:
+            raise ValueError(f"DeviceMesh.from_group: rank {rank} is not in mesh "
+                             f"{layout.tolist()}")
+        for d, g in enumerate(groups):
+            along = members((d,), coord)
+            ranks = list(dist.get_process_group_ranks(g))
+            if ranks != along:
+                raise ValueError(f"DeviceMesh.from_group: group {d} has ranks {ranks}, but "
+                                 f"rank {rank}'s group along mesh dim {d} of "
+                                 f"{layout.tolist()} is {along}")
+            mine.append((along, g))
+        c_mesh = _C.mesh_from_process_groups(mine, rank, dist.get_world_size(),
+                                             list(layout.shape), layout.flatten().tolist(),
+                                             list(mesh_dim_names or []))
         return DeviceMesh._wrap(c_mesh, device_type)
 
     @classmethod

@@ -179,11 +179,13 @@ class RowwiseParallel(ParallelStyle):
 
 
 class SequenceParallel(ParallelStyle):
-    """Sequence parallelism for norm layers (``nn.LayerNorm``, an RMSNorm-like module whose
-    parameters are 1-D, e.g. a ``weight`` scale) and ``nn.Dropout``: the parameters are replicated
-    and the computation runs on the input sharded on ``sequence_dim``. A plain input is read as
-    Shard(sequence_dim), a DTensor input is redistributed to it; the output stays
-    Shard(sequence_dim) (the local piece if ``use_local_output``)."""
+    """Sequence parallelism, as PyTorch's: the module's parameters are replicated and its
+    computation runs on the input sharded on ``sequence_dim``. Meant for norms (``nn.LayerNorm``,
+    RMSNorm) and ``nn.Dropout``, where that needs no communication; any module is accepted, and
+    one that mixes positions along the sequence (attention) stays exact, the engine
+    communicating what it needs. A plain input is read as Shard(sequence_dim), a DTensor input
+    is redistributed to it; the output stays as computed, Shard(sequence_dim) for a norm (the
+    local piece if ``use_local_output``)."""
 
     def __init__(self, *, sequence_dim=1, use_local_output=False):
         self.sequence_dim = sequence_dim
@@ -191,11 +193,6 @@ class SequenceParallel(ParallelStyle):
 
     def _apply(self, module, device_mesh, *, tp_mesh_dim=None):
         tp_mesh_dim, src_data_rank = _tp(device_mesh, tp_mesh_dim), self.src_data_rank
-        params = dict(module.named_parameters())
-        norm_like = "weight" in params and all(p.dim() == 1 for p in params.values())
-        if not isinstance(module, (nn.LayerNorm, nn.Dropout)) and not norm_like:
-            raise _unsupported("SequenceParallel", module,
-                               "nn.LayerNorm, nn.Dropout, RMSNorm-like modules with 1-D weights")
         for sub in module.modules():
             _distribute_params(sub, device_mesh, tp_mesh_dim,
                                {name: Replicate() for name in sub._parameters}, src_data_rank)
