@@ -34,11 +34,12 @@ namespace {
 // whole computation on every rank. It warns once per op, naming the collectives of its first
 // call; dtensor::fallback_counts() counts calls per op. Strict mode and DTENSOR_FALLBACK=error
 // turn it into the "no sharding rule" error. An argument the op writes (in-place self, out=,
-// rrelu's noise) is gathered too, and afterwards each rank copies its box of the written whole
-// back into its piece, so the tensor keeps its layout; a Partial one, or one the op resizes,
-// becomes Replicate instead (write_back). A view it returns of an input it had to gather views
-// the gathered copy, not the input's pieces: reading it is right, writing into it would not
-// reach the input, so such a view is marked and any later write into it raises.
+// rrelu's noise, each distributed element of a written tensor list) is gathered too, and
+// afterwards each rank copies its box of the written whole back into its piece, so the tensor keeps
+// its layout; a Partial one, or one the op resizes, becomes Replicate instead (write_back). A view
+// it returns of an input it had to gather views the gathered copy, not the input's pieces: reading
+// it is right, writing into it would not reach the input, so such a view is marked and any later
+// write into it raises.
 
 struct FallbackRecord {
   absl::Mutex mu;
@@ -83,20 +84,55 @@ std::vector<int> fallback_written_args(const OpInfo& info, const c10::FunctionSc
 // shared with any tensor they alias). One that was Partial, or that the op resized (squeeze_,
 // resize_, transpose_), becomes Replicate holding the written whole: the same global values,
 // a new layout.
+void write_back_one(const at::Tensor& original, const at::Tensor& whole) {
+  DTensorImpl* impl = dtensor_impl(original);
+  const DTensorSpec spec = impl->spec();
+  if (spec.has_partial() || whole.sizes().vec() != spec.shape() ||
+      whole.scalar_type() != spec.meta().dtype) {
+    impl->set(whole, DTensorSpec::replicated(spec.mesh(), meta_of(whole)));
+    return;
+  }
+  const at::Tensor piece = impl->ready_local();
+  if (!piece.is_same(whole))
+    piece.copy_(slice_box(whole, local_box(spec, my_coordinate(spec.mesh()))));
+}
+
 void write_back(const std::vector<int>& written, const c10::SmallVector<at::Tensor, 8>& originals,
                 const c10::IValue* args) {
-  for (const int i : written) {
-    DTensorImpl* impl = dtensor_impl(originals[i]);
-    const DTensorSpec spec = impl->spec();
-    const at::Tensor whole = args[i].toTensor();
-    if (spec.has_partial() || whole.sizes().vec() != spec.shape() ||
-        whole.scalar_type() != spec.meta().dtype) {
-      impl->set(whole, DTensorSpec::replicated(spec.mesh(), meta_of(whole)));
-      continue;
+  for (const int i : written) write_back_one(originals[i], args[i].toTensor());
+}
+
+// A written tensor list (the self of the _foreach_*_ ops): its elements as the caller holds them.
+// Each distributed one takes back its box of the whole the op wrote, as a written tensor does
+// (before, a list's writes stayed in the gathered copies: an optimizer with foreach=True left
+// sharded parameters unchanged).
+struct WrittenList {
+  int arg;
+  c10::List<at::Tensor> original;
+};
+
+std::vector<WrittenList> fallback_written_lists(const OpInfo& info, const c10::IValue* args) {
+  std::vector<WrittenList> lists;
+  for (const int i : info.written) {
+    if (!args[i].isTensorList()) continue;
+    const c10::List<at::Tensor> list = args[i].toTensorList();
+    for (const at::Tensor& t : list) {
+      if (t.defined() && is_dtensor(t)) {
+        lists.push_back({i, list.copy()});
+        break;
+      }
     }
-    const at::Tensor piece = impl->ready_local();
-    if (!piece.is_same(whole))
-      piece.copy_(slice_box(whole, local_box(spec, my_coordinate(spec.mesh()))));
+  }
+  return lists;
+}
+
+void write_back_lists(const std::vector<WrittenList>& lists, const c10::IValue* whole_args) {
+  for (const WrittenList& w : lists) {
+    const c10::List<at::Tensor> wholes = whole_args[w.arg].toTensorList();
+    for (size_t k = 0; k < w.original.size(); ++k) {
+      const at::Tensor original = w.original.get(k);
+      if (original.defined() && is_dtensor(original)) write_back_one(original, wholes.get(k));
+    }
   }
 }
 
@@ -185,11 +221,13 @@ void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   if (fallback_disabled_by_env()) no_rule(info, inputs, " (DTENSOR_FALLBACK=error)");
   const c10::FunctionSchema& schema = op.schema();
   const std::vector<int> written = fallback_written_args(info, schema, originals);
+  const std::vector<WrittenList> written_lists = fallback_written_lists(info, args);
   collectives::CommCounter counter;
   const bool gathered = gather_arguments(info, inputs, originals, args, n);
   // The whole tensors the call writes, to hand each rank's box back afterwards.
   c10::SmallVector<c10::IValue, 8> written_whole(n);
   for (const int i : written) written_whole[i] = args[i];
+  for (const WrittenList& w : written_lists) written_whole[w.arg] = args[w.arg];
   if (info.generator_arg >= 0 && args[info.generator_arg].isNone()) {
     args[info.generator_arg] = rank_generator();
   }
@@ -203,6 +241,7 @@ void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
     }
   }
   write_back(written, originals, written_whole.data());
+  write_back_lists(written_lists, written_whole.data());
   wrap_fallback_returns(info, schema.returns().size(), mesh, gathered, originals, stack);
   note_fallback(info, counter);
 }

@@ -171,6 +171,30 @@ TEST(Dispatch, ReplicateFallbackMatchesOneDevice) {
   EXPECT_EQ(counts.at("aten::clamp_min_"), 2);
 }
 
+TEST(Dispatch, FallbackWritesBackEveryElementOfAWrittenTensorList) {
+  // The _foreach_*_ ops (an optimizer with foreach=True) write a list of tensors. Before, the
+  // fallback wrote back only single tensors: the sharded elements kept their old values.
+  const at::Tensor a = global_for({8, 4}), b = global_for({8, 4}, 1), c = global_for({5}, 2);
+  run_threads(4, [&](int64_t) {
+    const DeviceMesh mesh = api::init_device_mesh({4});
+    const at::Tensor da = api::distribute_tensor(a, mesh, {Shard(0)});
+    const at::Tensor db = api::distribute_tensor(b, mesh, {Shard(1)});
+    const at::Tensor dc = api::distribute_tensor(c, mesh, {Replicate()});
+    std::vector<at::Tensor> list = {da.clone(), dc.clone()};
+    at::_foreach_mul_(list, 0.5);
+    expect_same(list[0], a * 0.5);
+    expect_same(list[1], c * 0.5);
+    EXPECT_EQ(api::spec(list[0]).placements()[0], Shard(0));
+    at::_foreach_add_(list, std::vector<at::Tensor>{db, dc}, 2.0);
+    expect_same(list[0], a * 0.5 + b * 2.0);
+    expect_same(list[1], c * 2.5);
+    at::_foreach_addcdiv_(list, std::vector<at::Tensor>{da, dc},
+                          std::vector<at::Tensor>{db.abs() + 1, dc.abs() + 1}, 0.1);
+    expect_same(list[0], a * 0.5 + b * 2.0 + 0.1 * a / (b.abs() + 1));
+    EXPECT_EQ(api::spec(list[0]).placements()[0], Shard(0));
+  });
+}
+
 TEST(Dispatch, PlainScalarTensorsAreReplicatedInputs) {
   // 0-dim and one-element plain tensors are read as replicated scalars (as in PyTorch), in any
   // argument position (where's condition, addcmul's tensors).
