@@ -487,6 +487,14 @@ void ensure_dispatch_installed() {
   std::call_once(once, [] {
     auto* fallback = new torch::Library(torch::Library::IMPL, "_", kDTensorKey, __FILE__, __LINE__);
     fallback->fallback(torch::CppFunction::makeFromBoxedFunction<&kernel>());
+    // Ops with no autograd kernel (custom ops of torch.library or TORCH_LIBRARY) pass through the
+    // autograd key to the kernel above, as ATen's backend fallback does for AutogradCPU (torch
+    // 1.13 has none for AutogradPrivateUse1: such ops raised "Could not run ... with arguments
+    // from the 'AutogradPrivateUse1' backend" on distributed tensors).
+    auto* no_autograd = new torch::Library(torch::Library::IMPL, "_",
+                                           c10::DispatchKey::AutogradPrivateUse1, __FILE__,
+                                           __LINE__);
+    no_autograd->fallback(torch::CppFunction::makeFallthrough());
     auto* lib = new torch::Library(torch::Library::IMPL, "aten", kDTensorKey, __FILE__, __LINE__);
     auto& d = c10::Dispatcher::singleton();
     for (const c10::OperatorName& name : d.getAllOpNames()) {

@@ -16,6 +16,7 @@ using namespace dtensor;
 
 void bind_tensors(py::module& m);     // tensor_bindings.cc
 void bind_checkpoint(py::module& m);  // checkpoint_bindings.cc
+void bind_sharding(py::module& m);    // sharding_bindings.cc
 
 namespace {
 
@@ -32,6 +33,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "Native DTensor sharding engine";
   bind_tensors(m);
   bind_checkpoint(m);
+  bind_sharding(m);
 
   // NOTE [interrupts]: Ctrl-C reaches a rank blocked in a collective as KeyboardInterrupt within
   // kInterruptPoll. Only the main thread runs Python's signal handlers; threads Python did not

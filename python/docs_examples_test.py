@@ -14,6 +14,19 @@ IMPORTS = {
         "import dtensor._functional_collectives as funcol",
 }
 
+# The model of PyTorch's TP and SP examples (two linears around a ReLU), in our words.
+TWO_LAYERS = r"""
+class TwoLayers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.in_proj = nn.Linear(10, 32)
+        self.relu = nn.ReLU()
+        self.out_proj = nn.Linear(32, 5)
+
+    def forward(self, x):
+        return self.out_proj(self.relu(self.in_proj(x)))
+"""
+
 # The tensor-parallel tutorial's plan (sequence parallel norms, PrepareModuleInput before attention
 # and feed-forward, local heads, a vocabulary-sharded output under loss_parallel) on a small
 # Llama-shaped model of our own.
@@ -274,16 +287,7 @@ import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import parallelize_module, ColwiseParallel, RowwiseParallel
 
-
-class TwoLayers(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.in_proj = nn.Linear(10, 32)
-        self.relu = nn.ReLU()
-        self.out_proj = nn.Linear(32, 5)
-
-    def forward(self, x):
-        return self.out_proj(self.relu(self.in_proj(x)))
+''' + TWO_LAYERS + r'''
 
 
 device_mesh = init_device_mesh(device_type="cpu", mesh_shape=(4,))
@@ -317,16 +321,7 @@ from torch.distributed.tensor import Shard
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import parallelize_module, ColwiseParallel, RowwiseParallel
 
-
-class TwoLayers(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.in_proj = nn.Linear(10, 32)
-        self.relu = nn.ReLU()
-        self.out_proj = nn.Linear(32, 5)
-
-    def forward(self, x):
-        return self.out_proj(self.relu(self.in_proj(x)))
+''' + TWO_LAYERS + r'''
 
 
 device_mesh = init_device_mesh(device_type="cpu", mesh_shape=(4,))

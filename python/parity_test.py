@@ -675,3 +675,81 @@ def test_distribute_module_replicates_buffers_and_refuses_a_second_call():
         assert all(p == (Replicate(),) for p in placements.values())
         torch.testing.assert_close(out, expected)
         torch.testing.assert_close(running, ref_model[1].running_mean)
+
+
+# ---- register_sharding (torch.distributed.tensor.experimental) ----------------------------------
+
+_LIB = torch.library.Library("dtensor_parity", "DEF")
+for _name in ("softmax_a", "softmax_b"):
+    _LIB.define(f"{_name}(Tensor x, int dim) -> Tensor")
+    _LIB.impl(_name, lambda x, dim: torch.softmax(x, dim), "CPU")
+    _LIB.impl(_name, lambda x, dim: torch.empty_like(x), "Meta")
+_LIB.define("rowdot(Tensor a, Tensor b) -> Tensor")
+_LIB.impl("rowdot", lambda a, b: (a * b).sum(-1), "CPU")
+_LIB.impl("rowdot", lambda a, b: a.new_empty(a.shape[:-1]), "Meta")
+
+
+def test_register_sharding_custom_ops():
+    from dtensor.debug import CommDebugMode
+    from dtensor.experimental import register_sharding
+    ops = torch.ops.dtensor_parity
+
+    @register_sharding(ops.softmax_a)
+    def softmax_strategies(x, dim):  # PyTorch's docs example, for a custom softmax
+        softmax_dim = dim if dim >= 0 else dim + x.ndim
+        acceptable = [([Replicate()], [Replicate(), None])]
+        for d in range(x.ndim):
+            if d != softmax_dim:
+                acceptable.append(([Shard(d)], [Shard(d), None]))
+        return acceptable
+
+    @register_sharding(ops.rowdot)
+    def rowdot_strategies(a, b):
+        return [([Replicate()], [Replicate(), Replicate()]),
+                ([Shard(0)], [Shard(0), Shard(0)]),
+                ([Partial()], [Shard(1), Shard(1)])]
+
+    with pytest.raises(RuntimeError, match="already has a rule"):
+        register_sharding(torch.ops.aten._softmax.default)(softmax_strategies)
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 6, 4)
+    a, b = torch.randn(8, 6), torch.randn(8, 6)
+
+    def rank_fn(rank):
+        mesh = init_device_mesh("cpu", (2, 2))
+        out = {}
+        dx = distribute_tensor(x, mesh, [Shard(0), Shard(2)])
+        with CommDebugMode() as comm:
+            y = ops.softmax_a(dx, 1)  # dims 0 and 2 may stay sharded: no communication
+        out["kept"] = (y.placements, comm.get_total_counts(), y.full_tensor())
+        y = ops.softmax_a(dx, 0)  # dim 0 must be whole: moved, still exact
+        out["moved"] = (y.placements, y.full_tensor())
+        z = ops.softmax_b(dx, 1)  # not registered: the replicate fallback
+        out["fallback"] = (z.placements, z.full_tensor())
+        da = distribute_tensor(a, mesh, [Replicate(), Shard(1)])
+        db = distribute_tensor(b, mesh, [Replicate(), Shard(1)])
+        with CommDebugMode() as comm:
+            d = ops.rowdot(da, db)  # a contraction: Partial on the mesh dim sharding it
+        out["dot"] = (d.placements, comm.get_total_counts(), d.full_tensor())
+        return out
+
+    from dtensor.debug import fallback_counts, reset_fallback_counts
+    reset_fallback_counts()
+    results = dtensor.run_threads(4, rank_fn)
+    counts = fallback_counts()
+    assert counts.get("dtensor_parity::softmax_b") == 4
+    assert "dtensor_parity::softmax_a" not in counts and "dtensor_parity::rowdot" not in counts
+    for out in results:
+        placements, comms, y = out["kept"]
+        assert placements == (Shard(0), Shard(2)) and comms == 0
+        torch.testing.assert_close(y, torch.softmax(x, 1))
+        placements, y = out["moved"]
+        assert all(not p.is_shard(0) for p in placements)
+        torch.testing.assert_close(y, torch.softmax(x, 0))
+        placements, z = out["fallback"]
+        assert placements == (Replicate(), Replicate())
+        torch.testing.assert_close(z, torch.softmax(x, 1))
+        placements, comms, d = out["dot"]
+        assert placements == (Replicate(), Partial()) and comms == 0
+        torch.testing.assert_close(d, (a * b).sum(-1))

@@ -412,17 +412,22 @@ std::vector<std::string> nearest_ops(std::string_view name, size_t count) {
   return out;
 }
 
-void register_rule(const std::string& name, const std::string& rule_text, Linearity linearity) {
-  OpEntry e{name, "custom", {}, false, [rule_text, linearity](const Metas& m, const LayoutArgs&) {
-              std::vector<std::vector<int64_t>> shapes;
-              for (const auto& x : m) shapes.push_back(x.shape);
-              return BuiltRule{parse_rule(rule_text, shapes, linearity), {m.at(0).dtype}};
-            }};
+void register_custom_op(const std::string& name, std::vector<LayoutArg> layout_args,
+                        RuleBuilder build) {
+  OpEntry e{name, "custom", std::move(layout_args), false, std::move(build)};
   Table& t = op_table();
   absl::MutexLock lock(&t.mu);
   if (t.builtin.count(name) != 0 || !t.custom.emplace(name, std::move(e)).second) {
     throw Error("register_rule: '" + name + "' already has a rule");
   }
+}
+
+void register_rule(const std::string& name, const std::string& rule_text, Linearity linearity) {
+  register_custom_op(name, {}, [rule_text, linearity](const Metas& m, const LayoutArgs&) {
+    std::vector<std::vector<int64_t>> shapes;
+    for (const auto& x : m) shapes.push_back(x.shape);
+    return BuiltRule{parse_rule(rule_text, shapes, linearity), {m.at(0).dtype}};
+  });
 }
 
 }  // namespace dtensor::sharding

@@ -132,5 +132,10 @@ std::vector<std::string> nearest_ops(std::string_view name, size_t count = 3);
 // first input's. Throws when the name exists already.
 void register_rule(const std::string& name, const std::string& rule_text,
                    Linearity linearity = Linearity::kMultilinear);
+// Registers an op with no entry from a rule builder (family "custom"): register_rule's and the
+// Python package's register_sharding (a Python function turned into factors) both end here.
+// Throws when the name has an entry already (built-in entries are not replaced).
+void register_custom_op(const std::string& name, std::vector<LayoutArg> layout_args,
+                        RuleBuilder build);
 
 }  // namespace dtensor::sharding

@@ -1,4 +1,5 @@
-"""torch.distributed.tensor.experimental's names: ``local_map`` and ``implicit_replication``."""
+"""torch.distributed.tensor.experimental's names: ``local_map``, ``implicit_replication`` and
+``register_sharding``."""
 
 import functools
 
@@ -6,9 +7,10 @@ import torch
 
 from dtensor._api import DTensor
 from dtensor.device_mesh import _current_mesh_or
+from dtensor._register_sharding import register_sharding
 from dtensor.placement_types import Placement
 
-__all__ = ["implicit_replication", "local_map"]
+__all__ = ["implicit_replication", "local_map", "register_sharding"]
 
 
 def implicit_replication():

@@ -257,36 +257,26 @@ def _plain_weight(weight, lay, what):
     return weight.detach()
 
 
-def _cross_entropy(bound):
+def _loss(bound, what):
+    """cross_entropy or nll_loss on class-sharded input (None: not sharded on the class dim)."""
     a = bound.arguments
     x, target = a["input"], a["target"]
-    lay = _Layout(x, _class_dim(x), "cross_entropy")
+    lay = _Layout(x, _class_dim(x), what)
     if lay.mesh_dim is None:
         return None
     if target.dtype.is_floating_point:
-        raise NotImplementedError("loss_parallel: cross_entropy with class-probability targets "
-                                  "(a floating target) is not supported; pass class indices")
-    weight = _plain_weight(a.get("weight"), lay, "cross_entropy")
+        raise NotImplementedError(f"loss_parallel: {what} with class-probability targets "
+                                  f"(a floating target) is not supported; pass class indices")
+    weight = _plain_weight(a.get("weight"), lay, what)
     ignore_index = a.get("ignore_index", -100)
-    eps = float(a.get("label_smoothing", 0.0))
-    tgt = lay.local_rows(target, "cross_entropy")
-    loss = _CrossEntropy.apply(x.to_local(), lay, tgt, weight, ignore_index, eps)
+    tgt = lay.local_rows(target, what)
+    if what == "cross_entropy":
+        eps = float(a.get("label_smoothing", 0.0))
+        loss = _CrossEntropy.apply(x.to_local(), lay, tgt, weight, ignore_index, eps)
+    else:
+        loss = _NllLoss.apply(x.to_local(), lay, tgt, weight, ignore_index)
     _, w_row, _, _, _ = _target_terms(lay, tgt, weight, ignore_index, loss.dtype)
-    return _reduce(lay, loss, w_row, _reduction(a), "cross_entropy")
-
-
-def _nll_loss(bound):
-    a = bound.arguments
-    x, target = a["input"], a["target"]
-    lay = _Layout(x, _class_dim(x), "nll_loss")
-    if lay.mesh_dim is None:
-        return None
-    weight = _plain_weight(a.get("weight"), lay, "nll_loss")
-    ignore_index = a.get("ignore_index", -100)
-    tgt = lay.local_rows(target, "nll_loss")
-    loss = _NllLoss.apply(x.to_local(), lay, tgt, weight, ignore_index)
-    _, w_row, _, _, _ = _target_terms(lay, tgt, weight, ignore_index, loss.dtype)
-    return _reduce(lay, loss, w_row, _reduction(a), "nll_loss")
+    return _reduce(lay, loss, w_row, _reduction(a), what)
 
 
 def _log_softmax(func, args, kwargs):
@@ -314,9 +304,9 @@ class _LossParallelMode(TorchFunctionMode):
         first = args[0] if args else kwargs.get("input")
         if isinstance(first, DTensor):
             if func is F.cross_entropy:
-                out = _cross_entropy(_bind(_CE_SIG, args, kwargs))
+                out = _loss(_bind(_CE_SIG, args, kwargs), "cross_entropy")
             elif func is F.nll_loss:
-                out = _nll_loss(_bind(_NLL_SIG, args, kwargs))
+                out = _loss(_bind(_NLL_SIG, args, kwargs), "nll_loss")
             elif func in _LOG_SOFTMAX:
                 out = _log_softmax(func, args, kwargs)
         return func(*args, **kwargs) if out is None else out
