@@ -491,9 +491,8 @@ void ensure_dispatch_installed() {
     // autograd key to the kernel above, as ATen's backend fallback does for AutogradCPU (torch
     // 1.13 has none for AutogradPrivateUse1: such ops raised "Could not run ... with arguments
     // from the 'AutogradPrivateUse1' backend" on distributed tensors).
-    auto* no_autograd = new torch::Library(torch::Library::IMPL, "_",
-                                           c10::DispatchKey::AutogradPrivateUse1, __FILE__,
-                                           __LINE__);
+    auto* no_autograd = new torch::Library(
+        torch::Library::IMPL, "_", c10::DispatchKey::AutogradPrivateUse1, __FILE__, __LINE__);
     no_autograd->fallback(torch::CppFunction::makeFallthrough());
     auto* lib = new torch::Library(torch::Library::IMPL, "aten", kDTensorKey, __FILE__, __LINE__);
     auto& d = c10::Dispatcher::singleton();
