@@ -65,3 +65,75 @@ EXPECTED_FAILURES = {
     "linalg.matrix_rank.hermitian":
         "aten::sum.IntList_out: out= argument 'out' is a plain tensor but the inputs are distributed; pass a distributed out tensor (e.g. api::empty on the same mesh)",
 }
+
+
+# In-place variants (sweep.sweep_inplace_one): the written self must hold one device's values.
+# Same rules: wrong answers and hangs are never listed; the list may only shrink.
+_SIZE_ONE = (
+    "a piece of a dim of size 1 (or of an empty tensor) is sharded: the pointwise rules give "
+    "size-1 dims no factor, so no sharding keeps self's Shard there and an in-place op cannot"
+    " move self (the engine raises, naming the remedy; the out-of-place op works)"
+)
+_NEEDS_WHOLE = (
+    "the op's rule needs the sharded dim of self whole (a scan, a triangle, a scatter or "
+    "index along it); an in-place op cannot move self, so the engine raises, naming the "
+    "remedy (redistribute self first, or use the out-of-place op)"
+)
+_AS_STRIDED = (
+    "uses aten::as_strided_, refused on distributed tensors (no single storage to address)"
+)
+_OWN_PLAIN = (
+    "the OpInfo's in-place variant writes into a plain tensor it makes itself, mixed with "
+    "distributed ones: refused with an error naming the argument"
+)
+
+INPLACE_EXPECTED_FAILURES = {
+    "acos": _SIZE_ONE,
+    "acosh": _SIZE_ONE,
+    "cos": _SIZE_ONE,
+    "cosh": _SIZE_ONE,
+    "cumsum": _NEEDS_WHOLE,
+    "cumprod": _NEEDS_WHOLE,
+    "deg2rad": _SIZE_ONE,
+    "exp": _SIZE_ONE,
+    "frac": _SIZE_ONE,
+    "log": _SIZE_ONE,
+    "log10": _SIZE_ONE,
+    "log2": _SIZE_ONE,
+    "logical_not": _SIZE_ONE,
+    "as_strided": _AS_STRIDED,
+    "nn.functional.elu": _SIZE_ONE,
+    "nn.functional.celu": _SIZE_ONE,
+    "nn.functional.selu": _SIZE_ONE,
+    "nn.functional.silu": _SIZE_ONE,
+    "nn.functional.hardsigmoid": _SIZE_ONE,
+    "nn.functional.mish": _SIZE_ONE,
+    "rad2deg": _SIZE_ONE,
+    "round.decimals_0": _SIZE_ONE,
+    "round.decimals_3": _SIZE_ONE,
+    "round.decimals_neg_3": _SIZE_ONE,
+    "sinc": _SIZE_ONE,
+    "exp2": _SIZE_ONE,
+    "nan_to_num": _SIZE_ONE,
+    "reciprocal": _SIZE_ONE,
+    "rsqrt": _SIZE_ONE,
+    "square": _SIZE_ONE,
+    "index_fill": _SIZE_ONE,
+    "index_copy": _SIZE_ONE,
+    "index_put": _OWN_PLAIN,
+    "scatter": _NEEDS_WHOLE,
+    "scatter_add": _NEEDS_WHOLE,
+    "renorm": _NEEDS_WHOLE,
+    "fill": _SIZE_ONE,
+    "tril": _NEEDS_WHOLE,
+    "triu": _NEEDS_WHOLE,
+    "sigmoid": _SIZE_ONE,
+    "digamma": _SIZE_ONE,
+    "erfc": _SIZE_ONE,
+    "lgamma": _SIZE_ONE,
+    "scatter_reduce.sum": _NEEDS_WHOLE,
+    "scatter_reduce.prod": _NEEDS_WHOLE,
+    "scatter_reduce.mean": _NEEDS_WHOLE,
+    "scatter_reduce.amin": _NEEDS_WHOLE,
+    "scatter_reduce.amax": _NEEDS_WHOLE,
+}

@@ -8,6 +8,9 @@ so the test log shows progress and each chunk fails on its own. A chunk fails wh
 And once every chunk ran, fewer OpInfos than NATIVE_AT_LEAST passed on native rules alone (no op
 run by the replicate fallback): coverage by native rules may only grow (raise the floor with it).
 Each OpInfo's outcome is printed (pytest -s, or the test log).
+The in-place variants (x.add_(y): the written self) follow the same rules with their own list,
+INPLACE_EXPECTED_FAILURES; torch's foreach OpInfos (torch._foreach_* and their in-place forms,
+what optimizers with foreach=True run) must all pass.
 """
 
 import os
@@ -17,7 +20,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # sweep.py and its list
 import sweep  # noqa: E402
-from expected_failures import EXPECTED_FAILURES  # noqa: E402
+from expected_failures import EXPECTED_FAILURES, INPLACE_EXPECTED_FAILURES  # noqa: E402
 
 CHUNKS = 12
 NATIVE_AT_LEAST = 490  # 494 on 2026-11-24; PyTorch's own DTensor test passes 369
@@ -63,3 +66,42 @@ def test_native_rules_do_not_regress():
     assert total >= NATIVE_AT_LEAST, (
         f"{total} OpInfos pass on native rules alone, fewer than {NATIVE_AT_LEAST}: an op lost its "
         "rule (its OpInfo now prints 'pass ... (fallback: ...)')")
+
+
+def _problems(name, outcome, detail, listed):
+    if outcome in ("wrong", "hang"):
+        return [f"{name}: {outcome}: {detail}"]
+    if outcome not in ("pass", "skip") and not listed:
+        return [f"{name}: {outcome} and not in the expected failures: {detail}"]
+    if outcome == "pass" and listed:
+        return [f"{name}: passes now; remove its entry from the expected failures"]
+    return []
+
+
+def test_inplace_variants(capsys):
+    stale = sorted(set(INPLACE_EXPECTED_FAILURES) - {sweep.opinfo_name(op) for op in _OPS})
+    assert not stale, f"INPLACE_EXPECTED_FAILURES names OpInfos that op_db has not: {stale}"
+    problems = []
+    for op in _OPS:
+        name = sweep.opinfo_name(op)
+        outcome, detail = sweep.sweep_inplace_one(op)
+        if outcome == "skip":
+            continue
+        listed = name in INPLACE_EXPECTED_FAILURES
+        with capsys.disabled():
+            print(f"op_db in-place {outcome:6s} {name:40s} {'(listed) ' if listed else ''}"
+                  f"{detail[:200]}")
+        problems += _problems(name, outcome, detail, listed)
+    assert not problems, "\n".join(problems)
+
+
+def test_foreach_ops(capsys):
+    cases = sweep.foreach_cases()
+    assert len(cases) >= 30, "torch's foreach OpInfos went missing"
+    problems = []
+    for case in cases:
+        outcome, detail = sweep.sweep_foreach(case)
+        with capsys.disabled():
+            print(f"op_db foreach {outcome:6s} {case.name:40s} {detail[:200]}")
+        problems += _problems(case.name, outcome, detail, False)
+    assert not problems, "\n".join(problems)

@@ -21,6 +21,10 @@ Outcomes per OpInfo, worst first:
            op_db_expected_failures.py, with its reason
   pass     every mode and sample matched
 
+In-place variants (``x.add_(y)``, sweep_inplace_one) run the same modes and compare the written
+self (never a wrong answer; errors only when listed in INPLACE_EXPECTED_FAILURES); so do torch's
+foreach OpInfos (``torch._foreach_*`` and their in-place forms, sweep_foreach), which must pass.
+
 Used by op_db_test.py (the project test) and as a script:
   ./x run python/op_db/sweep.py [--ops NAME,...] [--samples 2] [--verbose]
 """
@@ -39,6 +43,7 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 _argv, sys.argv = sys.argv, sys.argv[:1]  # common_utils parses sys.argv when imported
 from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
+from torch.testing._internal.opinfo.core import SampleInput  # noqa: E402
 sys.argv = _argv
 from torch.utils._pytree import tree_flatten, tree_map  # noqa: E402
 
@@ -269,6 +274,11 @@ def run_mode(op, sample, mode, want, want_grads, compare_values):
                     _check(f"grad {k}", g, w, mesh, compare_values, rank)
         return True
 
+    _run_on_ranks(world, fn)
+
+
+def _run_on_ranks(world, fn):
+    """Runs fn(rank) on `world` thread ranks; classifies what they raised as a Failure."""
     def guarded(rank):
         try:
             return fn(rank)
@@ -298,6 +308,130 @@ def run_mode(op, sample, mode, want, want_grads, compare_values):
     if isinstance(e, Failure):
         raise e
     raise Failure("error", f"{type(e).__name__}: {text(e)}")
+
+
+def _clone_args(sample):
+    clone = lambda t: t.detach().clone() if _is_tensor(t) else t  # noqa: E731
+    return tree_map(clone, sample.input), tree_map(clone, sample.args), tree_map(clone,
+                                                                                 sample.kwargs)
+
+
+def _inplace_expected(fn, sample):
+    """The in-place variant's written self on one device, or None when one device refuses it."""
+    inp, args, kwargs = _clone_args(sample)
+    try:
+        torch.manual_seed(SEED)
+        fn(inp, *args, **kwargs)
+    except Exception:  # noqa: BLE001
+        return None
+    return inp
+
+
+def run_inplace_mode(fn, sample, mode, want_self, compare_values):
+    """The in-place variant on distributed arguments: the written self (each element of a list)
+    must hold one device's values. Raises Failure."""
+    world = 1
+    for s in mode.mesh_shape:
+        world *= s
+
+    def body(rank):
+        mesh = init_device_mesh("cpu", mode.mesh_shape)
+        inp, args, kwargs = _clone_args(sample)
+        inp, args, kwargs, _ = _distribute(SampleInput(inp, args=args, kwargs=kwargs), mode,
+                                           mesh, False)
+        torch.manual_seed(SEED)
+        fn(inp, *args, **kwargs)
+        for i, (g, w) in enumerate(zip(tree_flatten(inp)[0], tree_flatten(want_self)[0])):
+            _check(f"self {i} after the in-place variant", g, w, mesh, compare_values, rank)
+        return True
+
+    _run_on_ranks(world, body)
+
+
+def _sweep_inplace(fn, sample_list, compare_values):
+    """(outcome, detail) of the in-place variant ``fn`` over the samples one device accepts."""
+    worst, detail = "pass", ""
+    rank = {"pass": 0, "error": 1, "hang": 2, "wrong": 3}
+    for si, sample in enumerate(sample_list):
+        if not any(_is_tensor(t) for t in tree_flatten(sample.input)[0]):
+            continue
+        want_self = _inplace_expected(fn, sample)
+        if want_self is None:
+            continue
+        for mode in modes_for(sample, si == 0):
+            try:
+                run_inplace_mode(fn, sample, mode, want_self, compare_values)
+            except Failure as f:
+                if rank[f.kind] > rank[worst]:
+                    worst, detail = f.kind, f"in-place sample {si} mode {mode.name}: {f}"
+                if f.kind in ("wrong", "hang"):
+                    return worst, detail
+    return worst, detail
+
+
+# ---- the _foreach_* ops (torch's foreach OpInfos) -----------------------------------------------
+# torch 1.13's ForeachFuncInfo samples are bare tensor lists; the arguments of each family are
+# built here as torch's test_foreach does: a second list, a scalar or a scalar list (binary), two
+# lists and a value (pointwise), an ord (norm). Values lie in [0.5, 1.5) (no zero divisors).
+
+class ForeachCase:
+    def __init__(self, info, samples):
+        self.info = info
+        self.name = info.name
+        self.variant_test_name = ""
+        self.samples = samples
+
+
+def _foreach_lists(seed, count=3):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(5, 4), (3,), (6, 2)][:count]
+    return [torch.rand(s, generator=g) + 0.5 for s in shapes]
+
+
+def foreach_cases():
+    from torch.testing._internal import common_methods_invocations as cmi
+    cases = []
+    x = lambda: _foreach_lists(1)  # noqa: E731
+    y = lambda: _foreach_lists(2)  # noqa: E731
+    z = lambda: _foreach_lists(3)  # noqa: E731
+    for info in cmi.foreach_unary_op_db:
+        cases.append(ForeachCase(info, [SampleInput(x())]))
+    for info in cmi.foreach_binary_op_db:
+        cases.append(ForeachCase(info, [SampleInput(x(), args=(y(),)),
+                                        SampleInput(x(), args=(1.5,)),
+                                        SampleInput(x(), args=([0.5, 2.0, -1.0],))]))
+    for info in cmi.foreach_pointwise_op_db:
+        cases.append(ForeachCase(info, [SampleInput(x(), args=(y(), z()), kwargs={"value": 0.5}),
+                                        SampleInput(x(), args=(y(), z(), [0.5, 2.0, -1.0]))]))
+    for info in cmi.foreach_minmax_op_db:
+        cases.append(ForeachCase(info, [SampleInput(x(), args=(y(),))]))
+    for info in getattr(cmi, "foreach_reduce_op_db", []):
+        cases.append(ForeachCase(info, [SampleInput(x(), args=(2,))]))
+    return cases
+
+
+def sweep_foreach(case):
+    """(outcome, detail) for one foreach op: its out-of-place and in-place variants."""
+    dtensor.debug.reset_fallback_counts()
+    worst, detail = "pass", ""
+    rank = {"pass": 0, "error": 1, "hang": 2, "wrong": 3}
+    for si, sample in enumerate(case.samples):
+        try:
+            want = case.info.op(*_clone_args(sample)[:1], *sample.args, **sample.kwargs)
+        except Exception:  # noqa: BLE001
+            continue
+        for mode in modes_for(sample, si == 0):
+            try:
+                run_mode(lambda inp, *a, **k: case.info.op(inp, *a, **k), sample, mode, want, None,
+                         True)
+            except Failure as f:
+                if rank[f.kind] > rank[worst]:
+                    worst, detail = f.kind, f"sample {si} mode {mode.name}: {f}"
+    if case.info.inplace_variant is not None and worst not in ("wrong", "hang"):
+        outcome, d = _sweep_inplace(case.info.inplace_variant, case.samples, True)
+        if rank[outcome] > rank[worst]:
+            worst, detail = outcome, d
+    return worst, detail
 
 
 def sweep_one(op, samples=3):
@@ -339,6 +473,19 @@ def _sweep_one(op, samples):
                 if f.kind in ("wrong", "hang"):
                     return worst, detail
     return worst, detail
+
+
+def sweep_inplace_one(op, samples=3):
+    """(outcome, detail) of an OpInfo's in-place variant (``x.add_``): the written self must hold
+    one device's values in every mode; "skip" when the OpInfo has none."""
+    if op.inplace_variant is None:
+        return "skip", "no in-place variant"
+    torch.manual_seed(SEED)
+    try:
+        sample_list = list(op.sample_inputs("cpu", torch.float32, requires_grad=False))[:samples]
+    except Exception as e:  # noqa: BLE001
+        return "skip", f"sample_inputs raised {type(e).__name__}: {e}"
+    return _sweep_inplace(op.inplace_variant, sample_list, op.name not in UNDEFINED_VALUES)
 
 
 def main():
