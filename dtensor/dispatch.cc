@@ -433,6 +433,10 @@ void kernel_body(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     run_fallback(op, info, stack, args, n, inputs, originals);
     return;
   }
+  if (s.in_place_by_copy) {
+    run_in_place_by_copy(op, info, stack, n, originals);
+    return;
+  }
   redistribute_inputs(info, s, inputs, args);
   prepare_out_args(info, schema, s, originals, args, n);
   if (info.args.needs_local_shapes() && !s.outputs.empty()) {

@@ -1,11 +1,13 @@
 // The replicate fallback of the dispatch kernel: NOTE [replicate fallback] below.
 
 #include <ATen/ATen.h>
+#include <absl/strings/str_join.h>
 #include <absl/synchronization/mutex.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <optional>
 
 #include "base/error.h"
 #include "collectives/functional.h"
@@ -244,6 +246,64 @@ void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   write_back_lists(written_lists, written_whole.data());
   wrap_fallback_returns(info, schema.returns().size(), mesh, gathered, originals, stack);
   note_fallback(info, counter);
+}
+
+// NOTE [in-place by copy]: an in-place op whose rule keeps no layout of self (a scan or a
+// triangle along self's sharded dim, a pointwise op on a sharded size-1 dim, exp_ of a Partial
+// self) runs as its out-of-place overload, laid out as the propagator chooses, and the result is
+// copied into self, which copy_ redistributes to self's layout: one device's values, self keeps
+// its layout and its pieces (and so every view of them), at the cost of the out-of-place op plus
+// one redistribute. The propagation decides it from global metadata, so every rank takes this
+// path. Before, such calls raised "no sharding keeps self's placements". That error stays for an
+// op whose out-of-place overload takes other arguments (pow_.Scalar), and for a self copy_ cannot
+// write into: a Partial one (a redistribute never makes a Partial), or one sharding a dim of size
+// 1 or 0.
+void run_in_place_by_copy(const c10::OperatorHandle& op, const OpInfo& info,
+                          torch::jit::Stack* stack, size_t n,
+                          const c10::SmallVector<at::Tensor, 8>& originals) {
+  const c10::FunctionSchema& schema = op.schema();
+  std::string base = schema.name();
+  c10::optional<c10::OperatorHandle> functional;
+  // copy_ is how the result gets into self: it cannot itself go this way.
+  if (base != "aten::copy_" && !base.empty() && base.back() == '_') {
+    base.pop_back();
+    functional = c10::Dispatcher::singleton().findSchema({base, schema.overload_name()});
+  }
+  // copy_ can write into self's own pieces only when self is not Partial (a redistribute never
+  // makes a Partial) and shards no dim of size 1 or 0 (rules give such dims no factor).
+  bool copy_keeps_self = originals[0].defined() && is_dtensor(originals[0]);
+  if (copy_keeps_self) {
+    const DTensorSpec& self = spec_of(originals[0]);
+    copy_keeps_self = !self.has_partial();
+    for (const Placement& p : self.placements()) {
+      if (p.is_shard() && self.shape()[p.dim()] <= 1) copy_keeps_self = false;
+    }
+  }
+  bool same_arguments = copy_keeps_self && functional.has_value() &&
+                        functional->schema().arguments().size() == n &&
+                        functional->schema().returns().size() == 1;
+  for (size_t i = 0; same_arguments && i < n; ++i) {
+    same_arguments = *functional->schema().arguments()[i].type() == *schema.arguments()[i].type();
+  }
+  if (!same_arguments) {
+    std::vector<DTensorSpec> specs;
+    for (const at::Tensor& t : originals) {
+      if (t.defined() && is_dtensor(t)) specs.push_back(spec_of(t));
+    }
+    std::vector<std::string> texts;
+    for (const DTensorSpec& sp : specs) texts.push_back(sp.to_string());
+    throw Error(info.name + " (in-place) on " + absl::StrJoin(texts, ", ") +
+                ": no sharding keeps self's placements; redistribute self first or use the "
+                "out-of-place op");
+  }
+  // Below autograd: the in-place op's own autograd kernel has recorded the call already.
+  at::AutoDispatchBelowADInplaceOrView below;
+  torch::jit::Stack call(stack->end() - static_cast<std::ptrdiff_t>(n), stack->end());
+  functional->callBoxed(&call);
+  at::Tensor self = originals[0];
+  self.copy_(call.back().toTensor());
+  torch::jit::drop(*stack, n);
+  stack->emplace_back(std::move(self));
 }
 
 }  // namespace dispatch_detail

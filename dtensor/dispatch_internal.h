@@ -80,5 +80,10 @@ void run_dropout(const c10::IValue* args, torch::jit::Stack* stack, size_t n,
 void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
                   c10::IValue* args, size_t n, std::vector<Input>& inputs,
                   const c10::SmallVector<at::Tensor, 8>& originals);
+// Runs an in-place op as its out-of-place overload, then copies into self (NOTE [in-place by
+// copy], dispatch_fallback.cc).
+void run_in_place_by_copy(const c10::OperatorHandle& op, const OpInfo& info,
+                          torch::jit::Stack* stack, size_t n,
+                          const c10::SmallVector<at::Tensor, 8>& originals);
 
 }  // namespace dtensor::dispatch_detail

@@ -195,6 +195,28 @@ TEST(Dispatch, FallbackWritesBackEveryElementOfAWrittenTensorList) {
   });
 }
 
+TEST(Dispatch, InPlaceOpsThatCannotKeepSelfRunOutOfPlaceAndCopyBack) {
+  // NOTE [in-place by copy]: before, each of these raised "no sharding keeps self's placements".
+  const at::Tensor a = global_for({8, 6}), b = global_for({8, 6}, 1);
+  run_threads(4, [&](int64_t) {
+    const DeviceMesh mesh = api::init_device_mesh({4});
+    const at::Tensor scan = api::distribute_tensor(a, mesh, {Shard(0)});
+    scan.cumsum_(0);  // a scan along the sharded dim
+    expect_same(scan, at::cumsum(a, 0));
+    EXPECT_EQ(api::spec(scan).placements()[0], Shard(0));
+    const at::Tensor tri = api::distribute_tensor(a, mesh, {Shard(1)});
+    const at::Tensor view = tri.narrow(0, 0, 8);  // shares tri's pieces
+    tri.tril_(1);
+    expect_same(tri, at::tril(a, 1));
+    expect_same(view, at::tril(a, 1));  // the write reached self's own pieces
+    EXPECT_EQ(api::spec(tri).placements()[0], Shard(1));
+    // A Partial self cannot take a copy (a redistribute never makes a Partial): the error names
+    // the op the caller called.
+    const at::Tensor partial = api::from_local(b / 4, mesh, {Partial()});
+    expect_error([&] { partial.exp_(); }, "aten::exp_ (in-place) on [P(sum)]");
+  });
+}
+
 TEST(Dispatch, PlainScalarTensorsAreReplicatedInputs) {
   // 0-dim and one-element plain tensors are read as replicated scalars (as in PyTorch), in any
   // argument position (where's condition, addcmul's tensors).

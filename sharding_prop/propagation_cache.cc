@@ -124,6 +124,10 @@ bool OpSharding::needs_redistribute() const {
 }
 
 std::string OpSharding::to_string() const {
+  if (in_place_by_copy) {
+    return op + " (rule " + rule +
+           "): no layout keeps self's placements; runs out of place, then copies into self";
+  }
   std::vector<std::string> ins, outs;
   for (const auto& s : input_targets) ins.push_back(dtensor::to_string(s.placements()));
   for (const auto& s : outputs) outs.push_back(dtensor::to_string(s.placements()));

@@ -415,10 +415,15 @@ std::shared_ptr<const OpSharding> compute(const OpEntry& entry,
     replicated->run_replicated = true;
     return replicated;
   }
-  DTENSOR_CHECK(best != nullptr, entry.name, entry.in_place ? " (in-place)" : "", " on ",
-                specs_text(inputs),
-                ": no sharding keeps self's placements; redistribute self first or use the "
-                "out-of-place op");
+  if (best == nullptr && entry.in_place) {
+    auto by_copy = std::make_shared<OpSharding>();
+    by_copy->op = entry.name;
+    by_copy->rule = rule.to_string();
+    by_copy->in_place_by_copy = true;
+    return by_copy;
+  }
+  DTENSOR_CHECK(best != nullptr, entry.name, " on ", specs_text(inputs),
+                ": no sharding keeps the written inputs' placements; redistribute them first");
   std::vector<TensorMeta> out_metas = output_metas(entry, built, inputs, aten_metas);
   for (size_t o = 0; o < rule.outputs.size(); ++o) {
     best->outputs.push_back(

@@ -70,14 +70,10 @@ EXPECTED_FAILURES = {
 # In-place variants (sweep.sweep_inplace_one): the written self must hold one device's values.
 # Same rules: wrong answers and hangs are never listed; the list may only shrink.
 _SIZE_ONE = (
-    "a piece of a dim of size 1 (or of an empty tensor) is sharded: the pointwise rules give "
-    "size-1 dims no factor, so no sharding keeps self's Shard there and an in-place op cannot"
-    " move self (the engine raises, naming the remedy; the out-of-place op works)"
-)
-_NEEDS_WHOLE = (
-    "the op's rule needs the sharded dim of self whole (a scan, a triangle, a scatter or "
-    "index along it); an in-place op cannot move self, so the engine raises, naming the "
-    "remedy (redistribute self first, or use the out-of-place op)"
+    "a dim of size 1 (or of an empty tensor) is sharded: the rules give size-1 dims no "
+    "factor, so no layout keeps self's Shard there, and copy_ (how an in-place op that cannot "
+    "keep self writes its out-of-place result: NOTE [in-place by copy]) cannot either; the "
+    "engine raises, naming the remedy (redistribute self first, or the out-of-place op)"
 )
 _AS_STRIDED = (
     "uses aten::as_strided_, refused on distributed tensors (no single storage to address)"
@@ -92,8 +88,6 @@ INPLACE_EXPECTED_FAILURES = {
     "acosh": _SIZE_ONE,
     "cos": _SIZE_ONE,
     "cosh": _SIZE_ONE,
-    "cumsum": _NEEDS_WHOLE,
-    "cumprod": _NEEDS_WHOLE,
     "deg2rad": _SIZE_ONE,
     "exp": _SIZE_ONE,
     "frac": _SIZE_ONE,
@@ -121,19 +115,9 @@ INPLACE_EXPECTED_FAILURES = {
     "index_fill": _SIZE_ONE,
     "index_copy": _SIZE_ONE,
     "index_put": _OWN_PLAIN,
-    "scatter": _NEEDS_WHOLE,
-    "scatter_add": _NEEDS_WHOLE,
-    "renorm": _NEEDS_WHOLE,
     "fill": _SIZE_ONE,
-    "tril": _NEEDS_WHOLE,
-    "triu": _NEEDS_WHOLE,
     "sigmoid": _SIZE_ONE,
     "digamma": _SIZE_ONE,
     "erfc": _SIZE_ONE,
     "lgamma": _SIZE_ONE,
-    "scatter_reduce.sum": _NEEDS_WHOLE,
-    "scatter_reduce.prod": _NEEDS_WHOLE,
-    "scatter_reduce.mean": _NEEDS_WHOLE,
-    "scatter_reduce.amin": _NEEDS_WHOLE,
-    "scatter_reduce.amax": _NEEDS_WHOLE,
 }
