@@ -597,6 +597,10 @@ def test_functional_collectives_autograd_variants():
         x.grad = None
         swapped = funcol.all_to_all_single_autograd(x, [1, 1], [1, 1], "world")
         (swapped * torch.tensor([[1.], [2.]])).sum().backward()
+        # async_op=True on an input that requires grad: a plain tensor in the graph, complete.
+        early = funcol.all_gather_tensor(x, 0, "world", async_op=True)
+        assert type(early) is torch.Tensor and early.requires_grad
+        torch.testing.assert_close(early.detach(), gathered.detach())
         return gathered.detach(), g_gather, scattered.detach(), g_scatter, x.grad
 
     results = dtensor.run_threads(n, rank_fn)

@@ -142,9 +142,9 @@ def _done(t, async_op):
     # valid after wait_tensor. async_op=False (default) waits here, so a failed collective raises
     # at the call, and returns the result as a completed AsyncCollectiveTensor, so PyTorch code
     # that calls .wait() works; async_op=True returns it unwaited (waited at first use). A result
-    # in the autograd graph (the operators are differentiable) stays a plain tensor: a subclass
-    # wrapper would cut the graph.
-    if not async_op:
+    # in the autograd graph (the operators are differentiable) stays a plain tensor, waited even
+    # with async_op=True: a subclass wrapper would cut the graph.
+    if not async_op or t.requires_grad:  # a plain result must be complete: nothing waits on it
         t = torch.ops.dtensor_c10d.wait_tensor(t)
     return t if t.requires_grad else AsyncCollectiveTensor._wrap(t)
 
