@@ -12,9 +12,10 @@ then chooses per mesh dim among "replicate" and these factors, as for any op. Th
 on a propagation cache miss (never per call), with the op's int and bool arguments (other
 non-tensor arguments arrive as their defaults, or None); the outputs' shapes and dtypes come
 from the op's Meta kernel. Not expressible, and refused with an error naming the op: a Partial
-input, two strategies sharding one dim, inputs sharded into a replicated output. Ops with a
-built-in rule keep it (register_sharding refuses them); custom ops (``torch.library``) and ATen
-ops that run by the replicate fallback can be registered.
+input, two strategies sharding one dim, inputs sharded into a replicated output, outputs
+sharded (or Partial) from replicated inputs. Ops with a built-in rule keep it (register_sharding
+refuses them); custom ops (``torch.library``) and ATen ops that run by the replicate fallback
+can be registered.
 """
 
 import torch
@@ -148,6 +149,10 @@ class _Translator:
             if isinstance(p, Shard):
                 claim(shapes[j], inputs[j], p.dim, f"input {j}'s")
                 sharded_input = True
+        if not sharded_input:
+            raise NotImplementedError(
+                f"register_sharding: {self.name}: a strategy ({out_pl}, {in_pl}) shards outputs "
+                f"of replicated inputs; the op run on whole inputs gives whole outputs")
         for k, p in enumerate(out_pl):
             if isinstance(p, Shard):
                 claim(list(outs[k].shape), outputs[k], p.dim, f"output {k}'s")
