@@ -56,8 +56,10 @@ wrapped ones fall through to torch's own. Removing any of these would change the
 Loading the extension ``dtensor._C`` also registers, in torch's C++ dispatcher (not Python
 attributes, listed for completeness): a boxed fallback kernel on the ``PrivateUse1`` dispatch
 key plus explicit ``aten`` kernels at that key for the ops with CompositeExplicitAutograd
-kernels (only tensors made by this package carry that key; the engine's dispatch), and the
-operator namespace ``torch.ops.dtensor_c10d`` (the functional collectives). ``DTensor`` (an
+kernels (only tensors made by this package carry that key; the engine's dispatch), a
+fallthrough on ``AutogradPrivateUse1`` for ops with no autograd kernel (custom ops reach the
+engine, as ATen's own fallthrough does for AutogradCPU), and the operator namespace
+``torch.ops.dtensor_c10d`` (the functional collectives). ``DTensor`` (an
 ``isinstance`` check over ``torch.Tensor``) and ``AsyncCollectiveTensor`` are subclasses, not
 patches.
 """
