@@ -248,9 +248,8 @@ void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   note_fallback(info, counter);
 }
 
-// NOTE [in-place by copy]: an in-place op whose rule keeps no layout of self (a scan or a
-// triangle along self's sharded dim, a pointwise op on a sharded size-1 dim, exp_ of a Partial
-// self) runs as its out-of-place overload, laid out as the propagator chooses, and the result is
+// NOTE [in-place by copy]: an in-place op whose rule keeps no layout of self (a scan, a
+// triangle or a scatter along self's sharded dim) runs as its out-of-place overload, laid out as the propagator chooses, and the result is
 // copied into self, which copy_ redistributes to self's layout: one device's values, self keeps
 // its layout and its pieces (and so every view of them), at the cost of the out-of-place op plus
 // one redistribute. The propagation decides it from global metadata, so every rank takes this

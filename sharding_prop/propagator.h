@@ -46,9 +46,9 @@ struct OpSharding {
   // statistics sharded so unevenly that the kernel would see an empty piece): the dispatcher
   // runs the op by the replicate fallback, which writes them back. No targets, no outputs.
   bool run_replicated = false;
-  // An in-place op whose rule keeps no layout of self (a scan along self's sharded dim, a
-  // pointwise op on a sharded size-1 dim): the dispatcher runs its out-of-place overload and
-  // copies the result into self (NOTE [in-place by copy] in dtensor/dispatch_fallback.cc). No
+  // An in-place op whose rule keeps no layout of self (a scan along self's sharded dim): the
+  // dispatcher runs its out-of-place overload and copies the result into self, or raises where
+  // copy_ cannot write into self (NOTE [in-place by copy] in dtensor/dispatch_fallback.cc). No
   // targets, no outputs.
   bool in_place_by_copy = false;
 
