@@ -249,14 +249,14 @@ void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
 }
 
 // NOTE [in-place by copy]: an in-place op whose rule keeps no layout of self (a scan, a
-// triangle or a scatter along self's sharded dim) runs as its out-of-place overload, laid out as the propagator chooses, and the result is
-// copied into self, which copy_ redistributes to self's layout: one device's values, self keeps
-// its layout and its pieces (and so every view of them), at the cost of the out-of-place op plus
-// one redistribute. The propagation decides it from global metadata, so every rank takes this
-// path. Before, such calls raised "no sharding keeps self's placements". That error stays for an
-// op whose out-of-place overload takes other arguments (pow_.Scalar), and for a self copy_ cannot
-// write into: a Partial one (a redistribute never makes a Partial), or one sharding a dim of size
-// 1 or 0.
+// triangle or a scatter along self's sharded dim) runs as its out-of-place overload, laid out as
+// the propagator chooses, and the result is copied into self, which copy_ redistributes to self's
+// layout: one device's values, self keeps its layout and its pieces (and so every view of them), at
+// the cost of the out-of-place op plus one redistribute. The propagation decides it from global
+// metadata, so every rank takes this path. Before, such calls raised "no sharding keeps self's
+// placements". That error stays for an op whose out-of-place overload takes other arguments
+// (pow_.Scalar), and for a self copy_ cannot write into: a Partial one (a redistribute never makes
+// a Partial), or one sharding a dim of size 1 or 0.
 void run_in_place_by_copy(const c10::OperatorHandle& op, const OpInfo& info,
                           torch::jit::Stack* stack, size_t n,
                           const c10::SmallVector<at::Tensor, 8>& originals) {
