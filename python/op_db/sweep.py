@@ -316,6 +316,30 @@ def _clone_args(sample):
                                                                                  sample.kwargs)
 
 
+class Outcome:
+    """The worst result over an OpInfo's samples and modes: pass < error < hang < wrong."""
+
+    RANK = {"pass": 0, "error": 1, "hang": 2, "wrong": 3}
+
+    def __init__(self):
+        self.kind, self.detail = "pass", ""
+
+    def add(self, kind, detail):
+        if self.RANK[kind] > self.RANK[self.kind]:
+            self.kind, self.detail = kind, detail
+
+    def attempt(self, label, run):
+        """Runs one mode, recording a Failure; True when the OpInfo's sweep must stop there."""
+        try:
+            run()
+        except Failure as f:
+            self.add(f.kind, f"{label}: {f}")
+        return self.kind in ("wrong", "hang")
+
+    def result(self):
+        return self.kind, self.detail
+
+
 def _inplace_expected(fn, sample):
     """The in-place variant's written self on one device, or None when one device refuses it."""
     inp, args, kwargs = _clone_args(sample)
@@ -350,8 +374,7 @@ def run_inplace_mode(fn, sample, mode, want_self, compare_values):
 
 def _sweep_inplace(fn, sample_list, compare_values):
     """(outcome, detail) of the in-place variant ``fn`` over the samples one device accepts."""
-    worst, detail = "pass", ""
-    rank = {"pass": 0, "error": 1, "hang": 2, "wrong": 3}
+    out = Outcome()
     for si, sample in enumerate(sample_list):
         if not any(_is_tensor(t) for t in tree_flatten(sample.input)[0]):
             continue
@@ -359,14 +382,10 @@ def _sweep_inplace(fn, sample_list, compare_values):
         if want_self is None:
             continue
         for mode in modes_for(sample, si == 0):
-            try:
-                run_inplace_mode(fn, sample, mode, want_self, compare_values)
-            except Failure as f:
-                if rank[f.kind] > rank[worst]:
-                    worst, detail = f.kind, f"in-place sample {si} mode {mode.name}: {f}"
-                if f.kind in ("wrong", "hang"):
-                    return worst, detail
-    return worst, detail
+            if out.attempt(f"in-place sample {si} mode {mode.name}",
+                           lambda: run_inplace_mode(fn, sample, mode, want_self, compare_values)):
+                return out.result()
+    return out.result()
 
 
 # ---- the _foreach_* ops (torch's foreach OpInfos) -----------------------------------------------
@@ -413,25 +432,19 @@ def foreach_cases():
 def sweep_foreach(case):
     """(outcome, detail) for one foreach op: its out-of-place and in-place variants."""
     dtensor.debug.reset_fallback_counts()
-    worst, detail = "pass", ""
-    rank = {"pass": 0, "error": 1, "hang": 2, "wrong": 3}
+    out = Outcome()
     for si, sample in enumerate(case.samples):
         try:
             want = case.info.op(*_clone_args(sample)[:1], *sample.args, **sample.kwargs)
         except Exception:  # noqa: BLE001
             continue
         for mode in modes_for(sample, si == 0):
-            try:
-                run_mode(lambda inp, *a, **k: case.info.op(inp, *a, **k), sample, mode, want, None,
-                         True)
-            except Failure as f:
-                if rank[f.kind] > rank[worst]:
-                    worst, detail = f.kind, f"sample {si} mode {mode.name}: {f}"
-    if case.info.inplace_variant is not None and worst not in ("wrong", "hang"):
-        outcome, d = _sweep_inplace(case.info.inplace_variant, case.samples, True)
-        if rank[outcome] > rank[worst]:
-            worst, detail = outcome, d
-    return worst, detail
+            if out.attempt(f"sample {si} mode {mode.name}",
+                           lambda: run_mode(case.info.op, sample, mode, want, None, True)):
+                return out.result()
+    if case.info.inplace_variant is not None:
+        out.add(*_sweep_inplace(case.info.inplace_variant, case.samples, True))
+    return out.result()
 
 
 def sweep_one(op, samples=3):
@@ -453,8 +466,7 @@ def _sweep_one(op, samples):
         sample_list = list(op.sample_inputs("cpu", torch.float32, requires_grad=backward))[:samples]
     except Exception as e:  # noqa: BLE001
         return "skip", f"sample_inputs raised {type(e).__name__}: {e}"
-    worst, detail = "pass", ""
-    rank = {"pass": 0, "error": 1, "hang": 2, "wrong": 3}
+    out = Outcome()
     compare_values = op.name not in UNDEFINED_VALUES
     for si, sample in enumerate(sample_list):
         if not any(_is_tensor(t) for t in
@@ -465,14 +477,10 @@ def _sweep_one(op, samples):
         except Exception:  # noqa: BLE001  (one device refuses this sample too)
             continue
         for mode in modes_for(sample, si == 0):
-            try:
-                run_mode(op, sample, mode, want, want_grads, compare_values)
-            except Failure as f:
-                if rank[f.kind] > rank[worst]:
-                    worst, detail = f.kind, f"sample {si} mode {mode.name}: {f}"
-                if f.kind in ("wrong", "hang"):
-                    return worst, detail
-    return worst, detail
+            if out.attempt(f"sample {si} mode {mode.name}",
+                           lambda: run_mode(op, sample, mode, want, want_grads, compare_values)):
+                return out.result()
+    return out.result()
 
 
 def sweep_inplace_one(op, samples=3):
