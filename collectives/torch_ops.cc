@@ -130,7 +130,7 @@ struct AllGatherFn : torch::autograd::Function<AllGatherFn> {
 };
 
 const c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, c10::string_view, int64_t,
-                                         c10::string_view, int64_t)>&
+                                          c10::string_view, int64_t)>&
 op_handle_reduce_scatter() {
   static const auto handle =
       op<at::Tensor(const at::Tensor&, c10::string_view, int64_t, c10::string_view, int64_t)>(
