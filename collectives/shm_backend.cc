@@ -14,10 +14,6 @@
 // every rank). Messages of any size pass through the fixed-size buffers chunk by chunk (or, on
 // request and when larger than one step, straight from the peers' inputs: NOTE [shm cross memory
 // attach]).
-//
-// Length: one backend, one class (ShmCommunicator) whose steps share its segment state; the
-// segment itself already lives in shm_segment.{h,cc}. Splitting the protocol further would
-// spread one handshake over several files.
 
 #include <ATen/ATen.h>
 #include <sys/mman.h>

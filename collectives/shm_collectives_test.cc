@@ -7,9 +7,6 @@
 //
 // Each test forks its ranks (tests/fork_ranks.h) before any ATen work in the parent: the parent
 // only forks, waits and looks at /dev/shm, so the children never inherit a thread pool.
-//
-// Length: every test here drives the same forked-process harness for the one shm backend
-// (conformance, chunking, CMA, failures, leftovers); kept together so the harness is defined once.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

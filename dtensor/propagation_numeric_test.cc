@@ -4,9 +4,6 @@
 // input (R, P(sum), S(d) per mesh dim) on meshes (4) and (2,2), with even and uneven shapes, each
 // rank propagates, redistributes its inputs as planned, runs the local ATen op, and the gathered
 // output (full_tensor) must equal the op on the global tensors. Runs on the threads backend.
-//
-// Length: most of the file is the table of op cases (one entry per op, read as a list); the
-// harness and the chain tests reuse its input makers.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
