@@ -136,6 +136,7 @@ class CommDebugMode:
         self.comm_module_counts.clear()
         self.comm_module_counts["Global"] = {"forward": {}, "backward": {}}
         self._last_kinds = {}
+        self._last_total = 0
         self._stack = ["Global"]
         self._parents = {"Global": []}
         self._children = {}
@@ -157,8 +158,9 @@ class CommDebugMode:
     def _flush(self):
         """Charges the collectives counted since the last mark to the running module and its
         parents."""
-        if self._counter is None:
-            return
+        if self._counter is None or self._counter.total() == self._last_total:
+            return  # nothing new: skip the per-kind count, which walks every record
+        self._last_total = self._counter.total()
         kinds = self._kinds()
         delta = {k: n - self._last_kinds.get(k, 0) for k, n in kinds.items()
                  if n != self._last_kinds.get(k, 0)}

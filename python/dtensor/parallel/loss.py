@@ -37,7 +37,7 @@ from torch.overrides import TorchFunctionMode
 import dtensor
 from dtensor import _C
 from dtensor._api import DTensor
-from dtensor.placement_types import Partial, Replicate, Shard
+from dtensor.placement_types import Replicate, Shard
 
 __all__ = ["loss_parallel"]
 
@@ -103,9 +103,17 @@ class _Layout:
                                   stride=stride)
 
 
+class _Terms:
+    """The target's terms, computed once per call: per-row validity and weight (0 for ignored
+    rows), the local index of the target class and whether this rank holds it, the local slice
+    of the class weights (None: all ones) and their sum over every class."""
+
+    def __init__(self, valid, w_row, held, local, w_local, w_sum):
+        self.valid, self.w_row, self.held, self.local = valid, w_row, held, local
+        self.w_local, self.w_sum = w_local, w_sum
+
+
 def _target_terms(lay, target, weight, ignore_index, dtype):
-    """Per-row weight (0 for ignored rows), the local index of the target class and whether this
-    rank holds it, and the local slice of the class weights (None: all ones)."""
     valid = target != ignore_index
     safe = torch.where(valid, target, torch.zeros_like(target))
     if weight is None:
@@ -117,7 +125,8 @@ def _target_terms(lay, target, weight, ignore_index, dtype):
     local = safe - lay.offset
     held = valid & (local >= 0) & (local < lay.local_classes)
     local = torch.where(held, local, torch.zeros_like(local))
-    return valid, w_row, held, local, w_local
+    w_sum = float(lay.classes if weight is None else weight.sum())
+    return _Terms(valid, w_row, held, local, w_local, w_sum)
 
 
 def _unsq(t, lay):
@@ -149,34 +158,31 @@ class _CrossEntropy(torch.autograd.Function):
     piece of class-sharded logits; saves only logp."""
 
     @staticmethod
-    def forward(ctx, x, lay, target, weight, ignore_index, eps):
-        valid, w_row, held, local, w_local = _target_terms(lay, target, weight, ignore_index,
-                                                           x.dtype)
+    def forward(ctx, x, lay, t, eps):
         logp = _local_log_softmax(x, lay)
-        loss = -_picked(logp, lay, held, local) * w_row
+        loss = -_picked(logp, lay, t.held, t.local) * t.w_row
         if eps > 0:
-            lp = logp if w_local is None else logp * _w_view(w_local, lay, logp)
+            lp = logp if t.w_local is None else logp * _w_view(t.w_local, lay, logp)
             smooth = _all_reduce(-lp.sum(lay.class_dim), "sum", lay.group)
-            loss = (1 - eps) * loss + (eps / lay.classes) * smooth * valid
-        ctx.lay, ctx.eps = lay, eps
-        ctx.w_sum = float(lay.classes if weight is None else weight.sum())
-        ctx.save_for_backward(logp, valid, w_row, held, local, w_local)
+            loss = (1 - eps) * loss + (eps / lay.classes) * smooth * t.valid
+        ctx.lay, ctx.terms, ctx.eps = lay, t, eps
+        ctx.save_for_backward(logp)
         return loss
 
     @staticmethod
     def backward(ctx, g):
-        logp, valid, w_row, held, local, w_local = ctx.saved_tensors
-        lay, eps = ctx.lay, ctx.eps
+        (logp,) = ctx.saved_tensors
+        lay, t, eps = ctx.lay, ctx.terms, ctx.eps
         # d loss / d x = a - p * sum(a), a = d loss / d logp.
-        sum_a = -(1 - eps) * w_row - (eps / lay.classes) * ctx.w_sum * valid
+        sum_a = -(1 - eps) * t.w_row - (eps / lay.classes) * t.w_sum * t.valid
         grad = logp.exp().mul_(_unsq(-sum_a * g, lay))
         if eps > 0:
-            gv = _unsq(g * valid * (eps / lay.classes), lay)
-            grad.sub_(gv if w_local is None else gv * _w_view(w_local, lay, grad))
+            gv = _unsq(g * t.valid * (eps / lay.classes), lay)
+            grad.sub_(gv if t.w_local is None else gv * _w_view(t.w_local, lay, grad))
         if lay.local_classes:
-            grad.scatter_add_(lay.class_dim, _unsq(local, lay),
-                              _unsq(-(1 - eps) * w_row * g * held, lay))
-        return grad, None, None, None, None, None
+            grad.scatter_add_(lay.class_dim, _unsq(t.local, lay),
+                              _unsq(-(1 - eps) * t.w_row * g * t.held, lay))
+        return grad, None, None, None
 
 
 class _LogSoftmax(torch.autograd.Function):
@@ -197,22 +203,17 @@ class _LogSoftmax(torch.autograd.Function):
 
 class _NllLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logp, lay, target, weight, ignore_index):
-        valid, w_row, held, local, _ = _target_terms(lay, target, weight, ignore_index,
-                                                     logp.dtype)
-        ctx.lay = lay
-        ctx.shape = logp.shape
-        ctx.save_for_backward(w_row, held, local)
-        return -_picked(logp, lay, held, local) * w_row
+    def forward(ctx, logp, lay, t):
+        ctx.lay, ctx.terms, ctx.shape = lay, t, logp.shape
+        return -_picked(logp, lay, t.held, t.local) * t.w_row
 
     @staticmethod
     def backward(ctx, g):
-        w_row, held, local = ctx.saved_tensors
-        lay = ctx.lay
+        lay, t = ctx.lay, ctx.terms
         grad = torch.zeros(ctx.shape, dtype=g.dtype)
         if lay.local_classes:
-            grad.scatter_(lay.class_dim, _unsq(local, lay), _unsq(-w_row * g * held, lay))
-        return grad, None, None, None, None
+            grad.scatter_(lay.class_dim, _unsq(t.local, lay), _unsq(-t.w_row * g * t.held, lay))
+        return grad, None, None
 
 
 def _w_view(w_local, lay, like):
@@ -270,13 +271,13 @@ def _loss(bound, what):
     weight = _plain_weight(a.get("weight"), lay, what)
     ignore_index = a.get("ignore_index", -100)
     tgt = lay.local_rows(target, what)
+    terms = _target_terms(lay, tgt, weight, ignore_index, x.dtype)
     if what == "cross_entropy":
         eps = float(a.get("label_smoothing", 0.0))
-        loss = _CrossEntropy.apply(x.to_local(), lay, tgt, weight, ignore_index, eps)
+        loss = _CrossEntropy.apply(x.to_local(), lay, terms, eps)
     else:
-        loss = _NllLoss.apply(x.to_local(), lay, tgt, weight, ignore_index)
-    _, w_row, _, _, _ = _target_terms(lay, tgt, weight, ignore_index, loss.dtype)
-    return _reduce(lay, loss, w_row, _reduction(a), what)
+        loss = _NllLoss.apply(x.to_local(), lay, terms)
+    return _reduce(lay, loss, terms.w_row, _reduction(a), what)
 
 
 def _log_softmax(func, args, kwargs):
