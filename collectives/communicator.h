@@ -32,7 +32,14 @@ enum class CollectiveKind : uint8_t {
 const char* collective_name(CollectiveKind kind);
 
 // One collective as plain data. Tensors are flat (1-D) and contiguous, on the backend's device;
-// `output` is preallocated by the caller and is never the same storage as `input`.
+// `output` is preallocated by the caller and is never the same storage as `input`, except that an
+// all_reduce may be in place.
+//
+// NOTE [in-place all_reduce]
+// An all_reduce whose output is its input (the same tensor: torch.distributed's all_reduce is in
+// place) runs without a copy where the backend can: shm folds its own part from the copy it
+// posted for the peers, Gloo and NCCL reduce in place; the threads backend, whose peers read the
+// caller's input directly, posts a copy. Any other overlap of output and input is refused.
 struct CollectiveCall {
   CollectiveKind kind = CollectiveKind::kBarrier;
   ReduceOp op = ReduceOp::kSum;

@@ -227,8 +227,9 @@ void all_reduce_into(const at::Tensor& input, const at::Tensor& output, ReduceOp
                     output.scalar_type() == input.scalar_type() &&
                     output.device() == input.device(),
                 what, ": the output must be contiguous with the input's numel, dtype and device");
-  DTENSOR_CHECK(!output.is_alias_of(input), what,
-                ": the output must not share the input's storage");
+  const bool in_place = output.data_ptr() == input.data_ptr() && input.is_contiguous();
+  DTENSOR_CHECK(in_place || !output.is_alias_of(input), what,
+                ": the output must be the input itself (in place) or not share its storage");
   auto job = std::make_shared<Job>();
   CollectiveCall c;
   c.kind = CollectiveKind::kAllReduce;

@@ -234,9 +234,14 @@ class ShmCommunicator : public Communicator {
   }
   // Where rank r's data of the current step starts: its buffer, or for this rank its own input
   // (the same bytes, without reading them back).
+  // An in-place all_reduce reads its own part from its posted copy (NOTE [in-place all_reduce]):
+  // the fold writes the output, which is the input, before it reads the last ranks' parts.
   const char* source(const CollectiveCall& call, int64_t r, uint64_t t, int64_t lo) const {
-    if (r != rank()) return buffer(r, t);
+    if (r != rank() || (size() > 1 && in_place(call))) return buffer(r, t);
     return static_cast<const char*>(call.input.data_ptr()) + lo * call.input.element_size();
+  }
+  static bool in_place(const CollectiveCall& call) {
+    return call.input.defined() && call.input.data_ptr() == call.output.data_ptr();
   }
   int64_t window(int64_t r, int64_t lo, int64_t per_round) const {
     return std::clamp<int64_t>(payload_of(snaps_[r].d, r) - lo, 0, per_round);
@@ -427,7 +432,7 @@ void ShmCommunicator::exchange(const Op& op, CollectiveCall& call) {
   const Desc mine = describe(call, size());
   const size_t isz = call.input.defined() ? call.input.element_size() : 1;
   const int64_t per_round = static_cast<int64_t>(half_ / isz);  // elements per step
-  const bool cma = cma_ == Cma::kYes && call.kind != CollectiveKind::kBarrier &&
+  const bool cma = cma_ == Cma::kYes && call.kind != CollectiveKind::kBarrier && !in_place(call) &&
                    std::max(call.input.nbytes(), call.output.nbytes()) > half_;
   uint64_t t = step_ + 1;
   // Step 1 carries the descriptors: check that the calls agree before computing anything.

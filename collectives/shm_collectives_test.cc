@@ -133,6 +133,9 @@ void check_all_reduce(int64_t n, int64_t r, int64_t m) {
         const at::Tensor out = all_reduce(in, op, kWorld);
         expect_same(out, want, "all_reduce " + std::string(reduce_op_name(op)));
         expect(at::equal(in, before), "all_reduce modified its input");
+        // In place (NOTE [in-place all_reduce]): the output is the input.
+        all_reduce_into(in, in, op, kWorld);
+        expect_same(in, want, "in-place all_reduce " + std::string(reduce_op_name(op)));
       }
     }
   }

@@ -121,6 +121,12 @@ class ThreadsCommunicator : public Communicator {
     // calls are told apart by NOTE [issuing thread]).
     std::lock_guard<std::mutex> mine(mu_);
     call.seq = ++calls_;
+    // An in-place all_reduce (NOTE [in-place all_reduce] in communicator.h): the peers read this
+    // rank's input while it writes its output, so they read a copy.
+    if (call.kind == CollectiveKind::kAllReduce &&
+        call.output.data_ptr() == call.input.data_ptr()) {
+      call.input = call.input.clone();
+    }
     SharedGroup& g = *shared_;
     const auto start = Clock::now();
     const auto deadline = start + timeout();

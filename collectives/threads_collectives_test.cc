@@ -122,8 +122,8 @@ TEST_P(ThreadsCollectivesTest, ReduceScatterAnyDimEveryOp) {
   }
 }
 
-// all_reduce_into: the caller's buffer (reused across calls) gets all_reduce's result; a buffer
-// that aliases the input or has another numel is refused.
+// all_reduce_into: the caller's buffer (reused across calls) gets all_reduce's result, the input
+// itself too (in place); a buffer that partly overlaps the input or has another numel is refused.
 TEST_P(ThreadsCollectivesTest, AllReduceIntoACallersBuffer) {
   const int64_t n = GetParam();
   run_threads(n, [&](int64_t r) {
@@ -134,8 +134,16 @@ TEST_P(ThreadsCollectivesTest, AllReduceIntoACallersBuffer) {
       expect_same(out.view({2, 3}), all_reduce(in, ReduceOp::kMax, RankContext::kWorld),
                   "all_reduce_into");
     }
+    // In place (NOTE [in-place all_reduce]); a partial overlap is refused.
+    const at::Tensor x = at::arange(6, at::kDouble) * (r + 1);
+    const at::Tensor want = all_reduce(x, ReduceOp::kSum, RankContext::kWorld);
+    all_reduce_into(x, x, ReduceOp::kSum, RankContext::kWorld);
+    expect_same(x, want, "in-place all_reduce_into");
     const at::Tensor in = at::ones({6}, at::kDouble);
-    EXPECT_THROW(all_reduce_into(in, in, ReduceOp::kSum, RankContext::kWorld), dtensor::Error);
+    const at::Tensor wide = at::ones({12}, at::kDouble);
+    EXPECT_THROW(all_reduce_into(wide.narrow(0, 0, 6), wide.narrow(0, 3, 6), ReduceOp::kSum,
+                                 RankContext::kWorld),
+                 dtensor::Error);
     EXPECT_THROW(
         all_reduce_into(in, at::empty({5}, at::kDouble), ReduceOp::kSum, RankContext::kWorld),
         dtensor::Error);

@@ -122,6 +122,9 @@ class DTensorProcessGroup(ProcessGroup):
     def allreduce(self, tensors, opts):
         op = _op_name(opts.reduceOp)
         for t in tensors:
+            if t.is_contiguous():  # in place, no copy (NOTE [in-place all_reduce])
+                _C.all_reduce_into(t, t, op, self._group)
+                continue
             out = self._scratch(t)
             _C.all_reduce_into(t.contiguous(), out, op, self._group)
             t.copy_(out.view(t.shape))
