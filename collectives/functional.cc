@@ -262,6 +262,32 @@ std::vector<at::Tensor> all_reduce_coalesced(const std::vector<at::Tensor>& inpu
   return submit(group, job, results, async_op);
 }
 
+void all_gather_into(const at::Tensor& input, const at::Tensor& output, const std::string& group) {
+  const int64_t n = group_size(group);
+  const std::string what = "all_gather on group '" + group + "'";
+  DTENSOR_CHECK(output.is_contiguous() && output.numel() == input.numel() * n &&
+                    output.scalar_type() == input.scalar_type() &&
+                    output.device() == input.device(),
+                what, ": the output must be contiguous with ", n,
+                " times the input's numel and its dtype and device");
+  auto job = std::make_shared<Job>();
+  CollectiveCall c;
+  c.kind = CollectiveKind::kAllGather;
+  c.label = "all_gather_into_tensor";
+  c.input = flat(input);
+  c.output = output.view({-1});
+  // The input may be this rank's own place in the output (in place); any other overlap is not.
+  const int64_t me = my_group_rank(group);
+  const bool in_place =
+      c.input.data_ptr() == static_cast<char*>(c.output.data_ptr()) +
+                                me * input.numel() * static_cast<int64_t>(input.element_size());
+  DTENSOR_CHECK(in_place || !output.is_alias_of(input), what,
+                ": the input must be this rank's chunk of the output or not share its storage");
+  c.output_splits.assign(n, input.numel());
+  job->calls.push_back(std::move(c));
+  submit(group, job, {output}, /*async_op=*/false);
+}
+
 at::Tensor all_gather_into_tensor(const at::Tensor& input, int64_t gather_dim,
                                   const std::string& group, bool async_op) {
   return all_gather_into_tensor_coalesced({input}, gather_dim, group, async_op)[0];

@@ -29,6 +29,11 @@ void all_reduce_into(const at::Tensor& input, const at::Tensor& output, ReduceOp
 std::vector<at::Tensor> all_reduce_coalesced(const std::vector<at::Tensor>& inputs, ReduceOp op,
                                              const std::string& group, bool async_op = false);
 
+// all_gather along dim 0 into the caller's `output` (contiguous, group size x input's numel, its
+// dtype), synchronously (torch.distributed's all_gather_into_tensor). The input may be this rank's
+// own chunk of the output (in place: nothing of it is copied).
+void all_gather_into(const at::Tensor& input, const at::Tensor& output, const std::string& group);
+
 // Concatenation of every rank's `input` along `gather_dim` (any dim; negative counts from the
 // end). Inputs must have equal shapes.
 at::Tensor all_gather_into_tensor(const at::Tensor& input, int64_t gather_dim,

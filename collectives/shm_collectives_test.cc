@@ -1,12 +1,10 @@
-// Why one file past 600 lines: one backend's cases, each a short test over real processes;
-// splitting them would scatter one backend's behaviour over several targets.
 // The shm backend across real processes: every functional collective for world sizes 1-4 against
 // the single-device result computed from all ranks' deterministic inputs, chunking through small
 // and default buffers, mismatched calls, dead peers turning into bounded named errors, and no
 // segment left in /dev/shm by any of it.
 //
-// Each test forks its ranks (tests/fork_ranks.h) before any ATen work in the parent: the parent
-// only forks, waits and looks at /dev/shm, so the children never inherit a thread pool.
+// The harness (forked ranks of a fresh job, /dev/shm leftovers) is testing/shm_ranks.h;
+// symmetric_memory_test.cc runs the same collectives on symmetric memory.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -26,6 +24,7 @@
 #include "collectives/shm_segment.h"
 #include "collectives/testing/collective_reference.h"
 #include "collectives/testing/fork_ranks.h"
+#include "collectives/testing/shm_ranks.h"
 
 namespace dtensor::collectives {
 namespace {
@@ -41,82 +40,6 @@ const std::vector<c10::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFlo
 const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAvg,     ReduceOp::kMin,
                                     ReduceOp::kMax, ReduceOp::kProduct, ReduceOp::kBand,
                                     ReduceOp::kBor, ReduceOp::kBxor};
-
-// Children cannot report through gtest (their failures would die with them): they throw, the
-// fork harness prints the message and the child exits non-zero.
-void expect(bool ok, const std::string& what) {
-  if (!ok) throw std::runtime_error(what);
-}
-
-void expect_same(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
-  if (got.scalar_type() == want.scalar_type() && got.sizes() == want.sizes() &&
-      at::equal(got, want)) {
-    return;
-  }
-  std::ostringstream os;
-  os << what << ": got " << got.scalar_type() << got.sizes() << "\n"
-     << got << "\nwant " << want.scalar_type() << want.sizes() << "\n"
-     << want;
-  throw std::runtime_error(os.str());
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const CollectiveError& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
-// ---- the fork harness ----
-
-std::string new_job() {
-  static std::atomic<int> counter{0};
-  return "shm-test-" + std::to_string(::getpid()) + "-" + std::to_string(++counter);
-}
-
-std::vector<std::string> leftover_segments(const std::string& job) {
-  std::vector<std::string> found;
-  const std::string tag = shm_job_tag(job);
-  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("dtensor-", 0) == 0 && contains(name, tag)) found.push_back(name);
-  }
-  return found;
-}
-
-struct RunOptions {
-  milliseconds timeout{30000};
-  std::string buffer_bytes;  // DTENSOR_SHM_BUFFER_BYTES in the children; empty = default
-  std::string cma;           // DTENSOR_SHM_CMA in the children; empty = unset (off)
-  int64_t cma_rank = -1;     // >= 0: only this rank gets `cma`
-};
-
-// Runs body(n, rank) on n forked ranks of a fresh job on the shm backend, then checks that every
-// rank exited 0 and that no segment of the job is left in /dev/shm.
-void run_ranks(int64_t n, const std::function<void(int64_t n, int64_t rank)>& body,
-               const RunOptions& options = {}, const std::string& job = new_job()) {
-  const auto codes = testing::run_forked(static_cast<int>(n), [&](int rank) {
-    at::set_num_threads(1);  // n processes share the machine's cores
-    if (!options.buffer_bytes.empty()) {
-      ::setenv("DTENSOR_SHM_BUFFER_BYTES", options.buffer_bytes.c_str(), 1);
-    }
-    if (!options.cma.empty() && (options.cma_rank < 0 || options.cma_rank == rank)) {
-      ::setenv("DTENSOR_SHM_CMA", options.cma.c_str(), 1);
-    }
-    auto ctx = std::make_shared<RankContext>(rank, n, "shm", job, options.timeout);
-    RankScope scope(ctx);
-    body(n, rank);
-    return 0;
-  });
-  for (int64_t r = 0; r < n; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r << " of " << n;
-  EXPECT_EQ(leftover_segments(job), std::vector<std::string>{}) << "job " << job;
-}
 
 const std::string kWorld = RankContext::kWorld;
 

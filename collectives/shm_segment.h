@@ -60,6 +60,10 @@ struct Desc {
   int32_t n_in = 0, n_out = 0;  // number of input / output splits (0 or the group size)
   int32_t cma = 0;              // 1: peers read `input` directly, no data was posted (see
                                 // NOTE [shm cross memory attach] in shm_backend.cc)
+  int32_t sym = 0;              // 1: input / output are symmetric as below, no data was posted
+                                // (NOTE [symmetric collectives] in shm_backend.cc)
+  int64_t sym_in = -1, sym_out = -1;       // SymmetricMemory::id of the input's / output's memory
+  uint64_t sym_in_at = 0, sym_out_at = 0;  // their byte offsets in this rank's buffer
   int64_t src = 0, numel = 0;
   uint64_t input = 0;    // cma: the address of the input's data in the rank's process (Ctrl::pid)
   uint64_t seq = 0;      // CollectiveCall::seq

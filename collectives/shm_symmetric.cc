@@ -1,0 +1,178 @@
+// The shm backend's collectives on symmetric memory (collectives/symmetric_memory.h).
+//
+// NOTE [symmetric collectives]
+// Through the segment's buffers every byte is copied twice: the sender copies it in, each reader
+// copies it out. When the ranks' tensors are symmetric memory rendezvoused on the group, peers
+// address them directly and each byte is copied once, by the rank that needs it:
+//   all_gather      pull (inputs symmetric): each rank copies every peer's shard into its output,
+//                   starting at the next rank (rank r reads r+1, r+2, ...), so no two ranks read
+//                   one peer at once; push (outputs symmetric): each rank copies its shard into
+//                   every peer's output, in the same rotated order. An input that already is its
+//                   place in the output (in place) is not copied.
+//   reduce_scatter  each rank reduces only its own chunk, reading the peers' inputs in one pass
+//                   of pieces that stay in cache (kPieceBytes).
+//   all_reduce      one-shot (inputs symmetric): each rank reduces the whole tensor from every
+//                   input; two-shot (inputs and outputs symmetric, from kTwoShotBytes, and always
+//                   in place): each rank reduces its 1/n chunk into its output, then copies the
+//                   peers' reduced chunks from their outputs.
+//   all_to_all, broadcast: pull from the peers' inputs.
+// Folds run in group-rank order, as through the buffers, so results are bit-identical to the
+// other paths and to the threads backend. The call still starts with the descriptor step (the
+// ranks check that their calls agree and learn where each rank's buffers are: the rendezvous id
+// and offset), posts no data, and ends when every rank has marked the last step consumed, so no
+// rank returns while a peer may still read its input or write its output. The ranks choose the
+// algorithm from the descriptors alone (sym_mode), so they always agree; when some rank's
+// tensors are not symmetric (or belong to another rendezvous), the call runs through the buffers
+// from the next step, as when ranks disagree on cross memory attach. Only the calling thread
+// copies; it waits as every shm wait does (spin briefly, then yield, then sleep), bounded by the
+// timeout.
+// Tensors that are not symmetric are staged through the segment's data area, a symmetric buffer
+// pool every peer addresses, reused by every call of the group: copied in once by their owner,
+// read out by each peer in pipelined chunks (shm_backend.cc), which costs no more copies than
+// staging a whole tensor into a symmetric buffer would.
+
+#include "collectives/shm_communicator.h"
+
+namespace dtensor::collectives::shm_detail {
+namespace {
+
+// all_reduce of at least this many bytes runs two-shot when the outputs are symmetric too.
+constexpr size_t kTwoShotBytes = size_t{256} << 10;
+
+}  // namespace
+
+bool ShmCommunicator::find_symmetric_buffers(const CollectiveCall& call) {
+  sym_in_.reset();
+  sym_out_.reset();
+  if (size() == 1 || call.kind == CollectiveKind::kBarrier) return false;
+  sym_in_ = find_symmetric(call.input.data_ptr(), call.input.nbytes(), group().name);
+  sym_out_ = find_symmetric(call.output.data_ptr(), call.output.nbytes(), group().name);
+  if (call.kind == CollectiveKind::kAllGather) return sym_in_ || sym_out_;
+  return sym_in_.has_value();
+}
+
+ShmCommunicator::SymMode ShmCommunicator::sym_mode(const CollectiveCall& call) const {
+  const auto all_same = [&](int64_t Desc::*id) {
+    for (const Snap& s : snaps_) {
+      if (s.d.*id < 0 || s.d.*id != snaps_[0].d.*id) return false;
+    }
+    return true;
+  };
+  const bool in = all_same(&Desc::sym_in) && sym_in_;
+  const bool out = all_same(&Desc::sym_out) && sym_out_;
+  bool any_in_place = false;  // some rank's output is its input
+  for (const Snap& s : snaps_) {
+    any_in_place = any_in_place || (s.d.sym_in >= 0 && s.d.sym_in == s.d.sym_out &&
+                                    s.d.sym_in_at == s.d.sym_out_at);
+  }
+  switch (call.kind) {
+    case CollectiveKind::kAllGather:
+      return out ? SymMode::kPush : in ? SymMode::kPull : SymMode::kNone;
+    case CollectiveKind::kAllReduce: {
+      const size_t bytes = static_cast<size_t>(snaps_[0].d.numel) * call.input.element_size();
+      if (in && out && (any_in_place || bytes >= kTwoShotBytes)) return SymMode::kTwoShot;
+      return in && !any_in_place ? SymMode::kOneShot : SymMode::kNone;
+    }
+    case CollectiveKind::kReduceScatter:
+    case CollectiveKind::kAllToAll:
+    case CollectiveKind::kBroadcast:
+      return in ? SymMode::kPull : SymMode::kNone;
+    case CollectiveKind::kBarrier:
+      break;
+  }
+  return SymMode::kNone;
+}
+
+uint64_t ShmCommunicator::run_symmetric(const Op& op, CollectiveCall& call, uint64_t t,
+                                        SymMode mode) {
+  count_symmetric_collective();
+  const int64_t n = size(), me = rank();
+  const size_t isz = call.output.element_size();
+  char* out = static_cast<char*>(call.output.data_ptr());
+  const char* in = static_cast<const char*>(call.input.data_ptr());
+  const auto copy = [](char* dst, const char* src, int64_t bytes) {
+    if (bytes > 0 && dst != src) std::memcpy(dst, src, bytes);
+  };
+  // output[out_at, out_at + len) = the fold of src(r)[0, len) over the ranks, in pieces that stay
+  // in cache. This rank's own piece is read from a copy when the output overwrites it.
+  const auto reduce = [&](int64_t out_at, int64_t len, auto&& src) {
+    const int64_t piece = static_cast<int64_t>(kPieceBytes / isz);
+    for (int64_t x = 0; x < len; x += piece) {
+      const int64_t k = std::min(piece, len - x);
+      const char* own = src(me) + x * isz;
+      if (own == out + (out_at + x) * isz && n > 1) {
+        scratch_.resize(kPieceBytes);
+        std::memcpy(scratch_.data(), own, k * isz);
+        own = scratch_.data();
+      }
+      fold(call, out_at + x, k, [&](int64_t r, char*) {
+        return r == me ? own : static_cast<const char*>(src(r) + x * isz);
+      });
+    }
+  };
+  // Every rank has finished the steps up to `last`: then no peer reads this rank's input or
+  // writes its output any more.
+  const auto finish = [&](uint64_t last) {
+    ctrl(me)->consumed.store(last, std::memory_order_release);
+    await(op, &Ctrl::consumed, last, "did not finish");
+    return last;
+  };
+  switch (mode) {
+    case SymMode::kPull:
+      switch (call.kind) {
+        case CollectiveKind::kAllGather:
+          for (int64_t k = 0; k < n; ++k) {
+            const int64_t r = (me + k) % n;
+            copy(out + offset_of(call.output_splits, r) * isz, peer_input(r),
+                 call.output_splits[r] * isz);
+          }
+          break;
+        case CollectiveKind::kReduceScatter: {
+          const int64_t off = offset_of(call.output_splits, me) * isz;
+          reduce(0, call.output_splits[me], [&](int64_t r) { return peer_input(r) + off; });
+          break;
+        }
+        case CollectiveKind::kAllToAll:
+          for (int64_t k = 0; k < n; ++k) {
+            const int64_t s = (me + k) % n;
+            copy(out + offset_of(call.output_splits, s) * isz,
+                 peer_input(s) + offset_of(snaps_[s].in, me) * isz, snaps_[s].in[me] * isz);
+          }
+          break;
+        case CollectiveKind::kBroadcast:
+          copy(out, peer_input(call.src), call.output.numel() * isz);
+          break;
+        default:
+          break;
+      }
+      return finish(t);
+    case SymMode::kPush: {  // all_gather: this rank's shard into every output
+      const int64_t at = offset_of(call.output_splits, me) * isz;
+      for (int64_t k = 0; k < n; ++k) {
+        copy(peer_output((me + k) % n) + at, in, call.input.numel() * isz);
+      }
+      return finish(t);
+    }
+    case SymMode::kOneShot:
+      reduce(0, call.output.numel(), [&](int64_t r) { return peer_input(r); });
+      return finish(t);
+    case SymMode::kTwoShot: {
+      const int64_t numel = call.output.numel(), chunk = (numel + n - 1) / n;
+      const auto lo = [&](int64_t r) { return std::min(r * chunk, numel); };
+      const auto len = [&](int64_t r) { return std::min(lo(r) + chunk, numel) - lo(r); };
+      reduce(lo(me), len(me), [&](int64_t r) { return peer_input(r) + lo(me) * isz; });
+      ctrl(me)->posted.store(t + 1, std::memory_order_release);  // this rank's chunk is reduced
+      await(op, &Ctrl::posted, t + 1, "did not arrive");
+      for (int64_t k = 1; k < n; ++k) {
+        const int64_t r = (me + k) % n;
+        copy(out + lo(r) * isz, peer_output(r) + lo(r) * isz, len(r) * isz);
+      }
+      return finish(t + 1);
+    }
+    case SymMode::kNone:
+      break;
+  }
+  return finish(t);
+}
+
+}  // namespace dtensor::collectives::shm_detail
