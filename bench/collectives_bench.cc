@@ -1,15 +1,19 @@
 // ./x bench collectives: time, algbw and busbw (nccl-tests' definitions) of all_reduce,
-// all_gather, reduce_scatter and all_to_all on the threads, shm and c10d (Gloo) backends, for 2
-// and 4 ranks and 4 KiB .. 64 MiB (powers of 4, and 32 MiB), next to the single-thread memcpy
-// bandwidth and the cost of first-touch page faults measured in the same run. Prints a table and
-// one JSON object per measurement.
+// all_gather, reduce_scatter and all_to_all on the threads, shm and c10d (Gloo) backends and on
+// shm with symmetric memory ("shm-symmetric": inputs and outputs from symmetric_empty, NOTE
+// [symmetric collectives]; it adds all_gather_in_place, whose input is its chunk of the output),
+// for 2 and 4 ranks and 4 KiB .. 256 MiB (powers of 4, and 32 MiB), next to the single-thread
+// memcpy bandwidth and the cost of first-touch page faults measured in the same run. Prints a
+// table and one JSON object per measurement.
 //
-//   collectives_bench [--backends threads,shm,c10d] [--ranks 2,4] [--max-bytes 67108864]
+//   collectives_bench [--backends threads,shm,shm-symmetric,c10d] [--ranks 2,4]
+//                     [--max-bytes 268435456] [--overlap=false]
 //
 // "bytes" is nccl-tests' size: the full buffer (all_reduce: the tensor; all_gather: the gathered
 // output; reduce_scatter: the input; all_to_all: what one rank sends). algbw = bytes / time;
 // busbw = algbw * 2(n-1)/n for all_reduce and (n-1)/n for the others.
-// With 2 ranks it also reports how much CPU a rank burns while waiting for a late peer.
+// With 2 ranks it also reports how much CPU a rank burns while waiting for a late peer, and on shm
+// what the collectives cost a matmul loop they overlap with (NOTE [overlap benchmark]).
 // DTENSOR_BENCH_NO_CACHING=1 measures with libtorch's default CPU allocator (fresh memory and its
 // page faults on every call of 32 MiB or more, see main()).
 
@@ -35,14 +39,19 @@
 #include "bench/bench_support.h"
 #include "collectives/functional.h"
 #include "collectives/launch_env.h"
+#include "collectives/symmetric_memory.h"
 #include "collectives/testing/fork_ranks.h"
 #include "tools/cli_args.h"
 
-ABSL_FLAG(std::vector<std::string>, backends, (std::vector<std::string>{"threads", "shm", "c10d"}),
-          "backends to sweep: threads, shm, c10d");
+ABSL_FLAG(std::vector<std::string>, backends,
+          (std::vector<std::string>{"threads", "shm", "shm-symmetric", "c10d"}),
+          "backends to sweep: threads, shm, shm-symmetric (shm on symmetric memory), c10d");
 ABSL_FLAG(dtensor::cli::IntList, ranks, (dtensor::cli::IntList{{2, 4}}),
           "rank counts to sweep, e.g. 2,4");
-ABSL_FLAG(int64_t, max_bytes, 64ll << 20, "largest buffer in bytes (also --max-bytes)");
+ABSL_FLAG(int64_t, max_bytes, 256ll << 20, "largest buffer in bytes (also --max-bytes)");
+ABSL_FLAG(bool, overlap, true,
+          "with shm and 2 ranks: a matmul loop overlapped with async collectives, copy-based "
+          "and on symmetric memory");
 
 using namespace dtensor;
 using namespace dtensor::collectives;
@@ -54,6 +63,7 @@ struct Options {  // from the flags (their defaults: the ABSL_FLAGs above)
   std::vector<std::string> backends;
   std::vector<int> ranks;
   int64_t max_bytes = 0;
+  bool overlap = true;
 };
 
 // Microseconds per 4 KiB page to first touch fresh memory (what a call pays when its output is
@@ -78,14 +88,53 @@ std::vector<int64_t> sizes_up_to(int64_t max_bytes) {
   return sizes;
 }
 
-const char* kOps[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"};
+// all_gather_in_place: the input is this rank's chunk of the output (symmetric memory only).
+const char* kOps[] = {"all_reduce", "all_gather", "all_gather_in_place", "reduce_scatter",
+                      "all_to_all"};
 
-// One collective of `bytes` (nccl-tests' size) on the world group.
-void run_op(const std::string& op, const at::Tensor& full, const at::Tensor& part) {
-  if (op == "all_reduce") all_reduce(full, ReduceOp::kSum, RankContext::kWorld);
-  if (op == "all_gather") all_gather_into_tensor(part, 0, RankContext::kWorld);
-  if (op == "reduce_scatter") reduce_scatter_tensor(full, ReduceOp::kSum, 0, RankContext::kWorld);
-  if (op == "all_to_all") all_to_all_single(full, {}, {}, RankContext::kWorld);
+// The tensors of one measurement: plain ones, or for "shm-symmetric" symmetric memory
+// (NOTE [symmetric memory]) rendezvoused on the world group, outputs included.
+struct Buffers {
+  at::Tensor full, part, out;  // out: the gathered / reduced output (symmetric only)
+};
+
+at::Tensor symmetric_buffer(int64_t numel) {
+  at::Tensor t = symmetric_empty({numel}, at::kFloat);
+  t.fill_(1);
+  rendezvous(t, RankContext::kWorld);
+  return t;
+}
+
+Buffers buffers_for(bool symmetric, int64_t numel, int64_t n) {
+  if (!symmetric) return {at::ones({numel}, at::kFloat), at::ones({numel / n}, at::kFloat), {}};
+  return {symmetric_buffer(numel), symmetric_buffer(numel / n), symmetric_buffer(numel)};
+}
+
+// One collective of `bytes` (nccl-tests' size) on the world group. On symmetric memory the
+// outputs are symmetric too where the call takes one (all_reduce two-shot, all_gather push).
+void run_op(const std::string& op, const Buffers& b, int64_t rank) {
+  const std::string& w = RankContext::kWorld;
+  const bool sym = b.out.defined();
+  if (op == "all_reduce") {
+    if (sym) {
+      all_reduce_into(b.full, b.out, ReduceOp::kSum, w);
+    } else {
+      all_reduce(b.full, ReduceOp::kSum, w);
+    }
+  }
+  if (op == "all_gather") {
+    if (sym) {
+      all_gather_into(b.part, b.out, w);
+    } else {
+      all_gather_into_tensor(b.part, 0, w);
+    }
+  }
+  if (op == "all_gather_in_place") {
+    const int64_t k = b.part.numel();
+    all_gather_into(b.out.narrow(0, rank * k, k), b.out, w);
+  }
+  if (op == "reduce_scatter") reduce_scatter_tensor(b.full, ReduceOp::kSum, 0, w);
+  if (op == "all_to_all") all_to_all_single(b.full, {}, {}, w);
 }
 
 // Page faults this process (rank 0 of a forked run; the whole process for threads) has taken.
@@ -97,17 +146,22 @@ long minor_faults() {
 
 // Runs the sweep on this rank; rank 0 prints (flt/call: rank 0's page faults per call).
 void sweep(const std::string& backend, int64_t rank, int64_t n, int64_t max_bytes, double mc) {
+  const bool sym = backend == "shm-symmetric";
   for (const char* op : kOps) {
+    if (!sym && std::string(op) == "all_gather_in_place") continue;
     for (int64_t bytes : sizes_up_to(max_bytes)) {
       const int64_t numel = bytes / 4 / n * n;  // float32, divisible by n
-      const at::Tensor full = at::ones({numel}, at::kFloat);
-      const at::Tensor part = at::ones({numel / n}, at::kFloat);
+      const Buffers b = buffers_for(sym, numel, n);
       const int iters = static_cast<int>(std::clamp<int64_t>((256ll << 20) / bytes, 3, 200));
-      run_op(op, full, part);  // warm up (and create the communicator)
+      run_op(op, b, rank);  // warm up (and create the communicator)
       barrier(RankContext::kWorld);
+      const int64_t sym_calls = symmetric_collectives_run();
       const auto t0 = Clock::now();
       const long faults0 = minor_faults();
-      for (int i = 0; i < iters; ++i) run_op(op, full, part);
+      for (int i = 0; i < iters; ++i) run_op(op, b, rank);
+      if (sym && numel > 0 && symmetric_collectives_run() - sym_calls != iters) {
+        throw std::runtime_error(std::string(op) + " did not run on symmetric memory");
+      }
       const double faults = static_cast<double>(minor_faults() - faults0) / iters;
       barrier(RankContext::kWorld);
       const double us =
@@ -159,6 +213,79 @@ void wait_cost(const std::string& backend, int64_t rank, clockid_t clock) {
   std::fflush(stdout);
 }
 
+// NOTE [overlap benchmark]
+// What a collective costs the compute it overlaps with: every rank runs a matmul loop (kMatmuls
+// products of kDim x kDim floats per step, one BLAS thread) while the step's collectives (an
+// all_gather and a reduce_scatter of kOverlapBytes) run asynchronously on the group's worker
+// thread beside it; the same loop with no collectives is the baseline. Reported per path (shm:
+// plain tensors, staged through the segment; shm-symmetric: symmetric inputs, no staging): the
+// loop's slowdown, the collectives' time alone, and the step's time. The loop is sized to take
+// about as long as the copy-based collectives, the case where overlapping matters. On a machine
+// with no spare core (2 vCPUs, 2 ranks: each rank's copying thread shares a core with another
+// rank's matmul) every copied byte slows the matmul, so the slowdown measures the copies' CPU cost.
+constexpr int64_t kOverlapBytes = 8ll << 20;
+constexpr int64_t kDim = 384;
+constexpr int kMatmuls = 6, kSteps = 30;
+
+void overlap(const std::string& backend, int64_t rank, int64_t n) {
+  const std::string& w = RankContext::kWorld;
+  const int64_t numel = kOverlapBytes / 4 / n * n;
+  const Buffers b = buffers_for(backend == "shm-symmetric", numel, n);
+  const at::Tensor x = at::randn({kDim, kDim}), y = at::randn({kDim, kDim});
+  at::Tensor z = at::empty({kDim, kDim});
+  const auto matmuls = [&] {
+    for (int k = 0; k < kMatmuls; ++k) at::mm_out(z, x, y);
+  };
+  const auto collectives = [&](bool async) {
+    return std::vector<at::Tensor>{all_gather_into_tensor(b.part, 0, w, async),
+                                   reduce_scatter_tensor(b.full, ReduceOp::kSum, 0, w, async)};
+  };
+  const auto seconds = [](Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  matmuls();
+  collectives(false);
+  double alone = 0, comm = 0, overlapped = 0, step = 0;
+  for (int rep = 0; rep < 3; ++rep) {  // interleaved, best of 3 each
+    barrier(w);
+    auto t0 = Clock::now();
+    for (int i = 0; i < kSteps; ++i) matmuls();
+    const double a = seconds(t0);
+    barrier(w);
+    t0 = Clock::now();
+    for (int i = 0; i < kSteps; ++i) collectives(false);
+    const double c = seconds(t0);
+    barrier(w);
+    double mm = 0;
+    t0 = Clock::now();
+    for (int i = 0; i < kSteps; ++i) {
+      const auto outs = collectives(true);
+      const auto m0 = Clock::now();
+      matmuls();
+      mm += seconds(m0);
+      for (const auto& o : outs) wait_tensor(o);
+    }
+    const double st = seconds(t0);
+    if (rep == 0 || a < alone) alone = a;
+    if (rep == 0 || c < comm) comm = c;
+    if (rep == 0 || mm < overlapped) overlapped = mm, step = st;
+  }
+  if (rank != 0) return;
+  const double us = 1e6 / kSteps;
+  std::printf(
+      "%-13s overlap: matmul loop %.0f us alone, %.0f us beside the collectives "
+      "(slowdown %.1f%%); collectives alone %.0f us; overlapped step %.0f us\n",
+      backend.c_str(), alone * us, overlapped * us, 100 * (overlapped / alone - 1), comm * us,
+      step * us);
+  std::printf(
+      "{\"bench\":\"collectives\",\"backend\":\"%s\",\"op\":\"overlap_matmul\",\"ranks\":%lld,"
+      "\"bytes\":%lld,\"matmul_alone_us\":%.1f,\"matmul_overlapped_us\":%.1f,\"slowdown\":%.4f,"
+      "\"collectives_us\":%.1f,\"step_us\":%.1f}\n",
+      backend.c_str(), static_cast<long long>(n), static_cast<long long>(numel * 4), alone * us,
+      overlapped * us, overlapped / alone - 1, comm * us, step * us);
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -178,6 +305,7 @@ int main(int argc, char** argv) {
     o.ranks.push_back(static_cast<int>(r));
   }
   o.max_bytes = absl::GetFlag(FLAGS_max_bytes);
+  o.overlap = absl::GetFlag(FLAGS_overlap);
   const bool cache = bench::install_caching_allocator();
   at::set_num_threads(1);
   const double mc = bench::memcpy_gbs();
@@ -208,9 +336,10 @@ int main(int argc, char** argv) {
           [&](int r) {
             dtensor::testing::set_launch_env(r, n, port);
             at::set_num_threads(1);
-            auto ctx = init_from_env(backend);
+            auto ctx = init_from_env(backend == "shm-symmetric" ? "shm" : backend);
             sweep(backend, r, n, o.max_bytes, mc);
             if (n == 2) wait_cost(backend, r, CLOCK_PROCESS_CPUTIME_ID);
+            if (n == 2 && o.overlap && backend != "c10d") overlap(backend, r, n);
             return 0;
           },
           std::chrono::seconds(1800));

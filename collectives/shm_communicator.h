@@ -97,7 +97,8 @@ class ShmCommunicator : public Communicator {
         // Read on every rank (only group rank 0 sizes the segment), so that a malformed
         // DTENSOR_SHM_BUFFER_BYTES fails every rank at once instead of leaving the others
         // waiting out the timeout for a segment that never comes.
-        requested_half_(shm::half_buffer_bytes()) {}
+        requested_half_(shm::half_buffer_bytes()),
+        symmetric_min_bytes_(shm::symmetric_min_bytes()) {}
   ~ShmCommunicator() override;
 
   void run(CollectiveCall& call) override;
@@ -204,6 +205,7 @@ class ShmCommunicator : public Communicator {
   Cma cma_;
   std::vector<char> scratch_;  // a peer's piece of a reduction read by cross memory attach
   std::optional<SymmetricView> sym_in_, sym_out_;  // this call's symmetric buffers
+  size_t symmetric_min_bytes_;                     // smaller calls go through the buffers
   size_t requested_half_;  // DTENSOR_SHM_BUFFER_BYTES / 2 (rank 0 sizes the segment by it)
 };
 

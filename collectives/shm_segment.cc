@@ -74,6 +74,17 @@ size_t half_buffer_bytes() {
   return bytes / 2 / 64 * 64;
 }
 
+size_t symmetric_min_bytes() {
+  const char* env = std::getenv("DTENSOR_SHM_SYMMETRIC_MIN_BYTES");
+  if (env == nullptr || *env == '\0') return kDefaultSymmetricMinBytes;
+  char* end = nullptr;
+  const long long v = std::strtoll(env, &end, 10);
+  if (end == env || *end != '\0' || v < 0) {
+    throw Error("DTENSOR_SHM_SYMMETRIC_MIN_BYTES='" + std::string(env) + "' is not a byte count");
+  }
+  return static_cast<size_t>(v);
+}
+
 bool process_alive(int64_t pid) {
   if (pid <= 0) return false;
   if (pid == ::getpid()) return true;

@@ -101,6 +101,13 @@ Layout layout_for(int64_t group_size, size_t half_bytes);
 // every element size divides it. throws dtensor::Error on a malformed value.
 size_t half_buffer_bytes();
 
+// Calls on symmetric memory smaller than this (in the input's or output's bytes) go through the
+// buffers all the same: a copy into the buffer costs less than the extra round a zero-copy call
+// needs before it may return (NOTE [symmetric collectives]). DTENSOR_SHM_SYMMETRIC_MIN_BYTES sets
+// it (tests: 0). throws dtensor::Error on a malformed value.
+constexpr size_t kDefaultSymmetricMinBytes = size_t{64} << 10;
+size_t symmetric_min_bytes();
+
 // Whether a process with this id exists (a segment whose creator is gone is a leftover).
 bool process_alive(int64_t pid);
 

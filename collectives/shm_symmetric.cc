@@ -25,7 +25,10 @@
 // tensors are not symmetric (or belong to another rendezvous), the call runs through the buffers
 // from the next step, as when ranks disagree on cross memory attach. Only the calling thread
 // copies; it waits as every shm wait does (spin briefly, then yield, then sleep), bounded by the
-// timeout.
+// timeout. Calls under DTENSOR_SHM_SYMMETRIC_MIN_BYTES (64 KiB) go through the buffers: a zero-copy
+// call must wait for every peer to finish reading before it returns, a second round that costs
+// more than copying a small message into the buffer (whose readers the next call waits for).
+// Ranks may disagree on it (an all_to_all's sizes differ): those calls run through the buffers.
 // Tensors that are not symmetric are staged through the segment's data area, a symmetric buffer
 // pool every peer addresses, reused by every call of the group: copied in once by their owner,
 // read out by each peer in pipelined chunks (shm_backend.cc), which costs no more copies than
@@ -44,7 +47,10 @@ constexpr size_t kTwoShotBytes = size_t{256} << 10;
 bool ShmCommunicator::find_symmetric_buffers(const CollectiveCall& call) {
   sym_in_.reset();
   sym_out_.reset();
-  if (size() == 1 || call.kind == CollectiveKind::kBarrier) return false;
+  if (size() == 1 || call.kind == CollectiveKind::kBarrier ||
+      std::max(call.input.nbytes(), call.output.nbytes()) < symmetric_min_bytes_) {
+    return false;
+  }
   sym_in_ = find_symmetric(call.input.data_ptr(), call.input.nbytes(), group().name);
   sym_out_ = find_symmetric(call.output.data_ptr(), call.output.nbytes(), group().name);
   if (call.kind == CollectiveKind::kAllGather) return sym_in_ || sym_out_;

@@ -239,6 +239,8 @@ std::shared_ptr<SymmetricMemory> rendezvous(const at::Tensor& t, const std::stri
     if (h->attached.fetch_add(1, std::memory_order_acq_rel) + 1 == n) peers[r].unlink_if_current();
   }
   if (n == 1) alloc->seg.unlink_if_current();
+  // No rank returns (and may free its tensor) before every peer has mapped its segment.
+  barrier(group);
   int64_t id;
   {
     absl::MutexLock lock(&symmetric::g_mu);

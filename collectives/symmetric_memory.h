@@ -8,7 +8,8 @@
 // "/dtensor-<job tag>-sym<pid>-<n>", mode 0600, reserved up front like the shm backend's, so a
 // full /dev/shm is an error at allocation, never a SIGBUS later). rendezvous(t, group) is a
 // collective on `group`: the ranks all_gather their segments' names and sizes over the group's
-// own backend, each maps every peer's segment, and the rank that completes a segment's attach
+// own backend, each maps every peer's segment (a barrier ends it, so no rank frees its tensor
+// before every peer has mapped it), and the rank that completes a segment's attach
 // count unlinks its name: from then on the memory lives exactly as long as the mappings, so no
 // crash after rendezvous leaves anything in /dev/shm (NOTE [shm segment lifetime] holds as for
 // the shm backend's segments; a rank that dies between symmetric_empty and rendezvous leaves its

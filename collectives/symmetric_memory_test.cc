@@ -197,6 +197,28 @@ TEST_P(SymmetricMemoryTest, RanksMixingSymmetricAndPlainTensors) {
   run_ranks(GetParam(), check_mixed, options);
 }
 
+// By default calls under 64 KiB go through the buffers (DTENSOR_SHM_SYMMETRIC_MIN_BYTES).
+TEST(SymmetricMemoryThreshold, SmallCallsGoThroughTheBuffers) {
+  RunOptions options;
+  options.symmetric_min_bytes = "";  // the default
+  run_ranks(
+      2,
+      [](int64_t n, int64_t r) {
+        for (int64_t numel : {int64_t{1000}, int64_t{64 << 10}}) {
+          const auto inputs = all_inputs(n, {numel}, at::kFloat);
+          const at::Tensor in = symmetric_copy(inputs[r]);
+          expect_symmetric(
+              numel * 4 >= (64 << 10) ? 1 : 0,
+              [&] {
+                expect_same(all_reduce(in, ReduceOp::kSum, kWorld),
+                            reference_reduce(inputs, ReduceOp::kSum), "all_reduce");
+              },
+              "all_reduce of " + std::to_string(numel * 4) + " bytes");
+        }
+      },
+      options);
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, SymmetricMemoryTest, ::testing::Values(2, 3, 4),
                          [](const auto& info) { return std::to_string(info.param) + "ranks"; });
 
