@@ -17,6 +17,7 @@ using namespace dtensor;
 void bind_tensors(py::module& m);     // tensor_bindings.cc
 void bind_checkpoint(py::module& m);  // checkpoint_bindings.cc
 void bind_sharding(py::module& m);    // sharding_bindings.cc
+void bind_symmetric_memory(py::module& m);  // symmetric_memory_bindings.cc
 
 namespace {
 
@@ -34,6 +35,7 @@ PYBIND11_MODULE(_C, m) {
   bind_tensors(m);
   bind_checkpoint(m);
   bind_sharding(m);
+  bind_symmetric_memory(m);
 
   // NOTE [interrupts]: Ctrl-C reaches a rank blocked in a collective as KeyboardInterrupt within
   // kInterruptPoll. Only the main thread runs Python's signal handlers; threads Python did not

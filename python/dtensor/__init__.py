@@ -86,6 +86,7 @@ from dtensor import _c10d_backend
 from dtensor import _functional_collectives  # noqa: F401
 from dtensor import checkpoint  # noqa: F401
 from dtensor import debug  # noqa: F401
+from dtensor import symmetric_memory  # noqa: F401
 from dtensor._api import (
     DTensor,
     distribute_module,

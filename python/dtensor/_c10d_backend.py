@@ -153,6 +153,9 @@ class DTensorProcessGroup(ProcessGroup):
         return self.allgather(output_lists, input_list, opts)
 
     def _allgather_base(self, output, input, opts=None):
+        if output.is_contiguous():  # straight into the caller's tensor (in place too)
+            _C.all_gather_into(input.contiguous(), output, self._group)
+            return _done([output])
         output.copy_(fc.all_gather_into_tensor(input.contiguous(), 0, self._group, async_op=False)
                      .view(output.shape))
         return _done([output])
