@@ -59,6 +59,41 @@ void combine(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, ReduceOp
   }
 }
 
+namespace {
+template <class T>
+void combine_loop(void* out, const void* a, const void* b, int64_t n, ReduceOp op) {
+  T* o = static_cast<T*>(out);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  if (op == ReduceOp::kProduct) {
+    for (int64_t i = 0; i < n; ++i) o[i] = x[i] * y[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
+  }
+}
+}  // namespace
+
+bool combine_raw(void* out, const void* a, const void* b, int64_t n, c10::ScalarType dtype,
+                 ReduceOp op) {
+  if (op != ReduceOp::kSum && op != ReduceOp::kAvg && op != ReduceOp::kProduct) return false;
+  switch (dtype) {
+    case c10::kFloat:
+      combine_loop<float>(out, a, b, n, op);
+      return true;
+    case c10::kDouble:
+      combine_loop<double>(out, a, b, n, op);
+      return true;
+    case c10::kInt:
+      combine_loop<int32_t>(out, a, b, n, op);
+      return true;
+    case c10::kLong:
+      combine_loop<int64_t>(out, a, b, n, op);
+      return true;
+    default:
+      return false;
+  }
+}
+
 void reduce_into(at::Tensor& acc, const at::Tensor& other, ReduceOp op) {
   combine(acc, acc, other, op);
 }

@@ -216,8 +216,16 @@ template <class Piece>
 void ShmCommunicator::fold(CollectiveCall& call, int64_t out_at, int64_t len, Piece&& piece) {
   if (len <= 0) return;
   const size_t isz = call.output.element_size();
+  char* dst = static_cast<char*>(call.output.data_ptr()) + out_at * isz;
+  const c10::ScalarType dtype = call.output.scalar_type();
+  if (size() > 1 && combine_raw(dst, dst, dst, 0, dtype, call.op)) {  // a plain loop serves
+    const char* first = piece(0, dst);
+    combine_raw(dst, first, piece(1, nullptr), len, dtype, call.op);
+    for (int64_t r = 2; r < size(); ++r)
+      combine_raw(dst, dst, piece(r, nullptr), len, dtype, call.op);
+    return;
+  }
   at::Tensor acc = call.output.narrow(0, out_at, len);
-  char* dst = static_cast<char*>(acc.data_ptr());
   const char* first = piece(0, dst);
   int64_t r = 1;
   if (first != dst && size() > 1) {  // acc = first op second, in one pass over the output
