@@ -246,7 +246,9 @@ std::vector<at::Tensor> all_reduce_coalesced(const std::vector<at::Tensor>& inpu
   auto job = std::make_shared<Job>();
   std::vector<at::Tensor> results(inputs.size());
   for (const auto& idx : by_dtype(inputs)) {
-    check_reduce_op(op, inputs[idx[0]].scalar_type(), "all_reduce on group '" + group + "'");
+    if (reduce_op_problem(op, inputs[idx[0]].scalar_type()) != nullptr) {
+      check_reduce_op(op, inputs[idx[0]].scalar_type(), "all_reduce on group '" + group + "'");
+    }
     std::vector<at::Tensor> flats;
     for (size_t i : idx) flats.push_back(flat(inputs[i]));
     at::Tensor packed = flats.size() == 1 ? flats[0] : at::cat(flats);

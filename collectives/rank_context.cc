@@ -122,6 +122,11 @@ const GroupInfo& RankContext::group(const std::string& name) {
 }
 
 RankContext::Endpoint& RankContext::endpoint(const std::string& name) {
+  {  // every collective comes here: the common case copies nothing
+    absl::MutexLock lock(&mu_);
+    auto it = endpoints_.find(name);
+    if (it != endpoints_.end()) return *it->second;
+  }
   const GroupInfo info = group(name);
   absl::MutexLock lock(&mu_);
   auto it = endpoints_.find(name);

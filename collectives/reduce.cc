@@ -8,7 +8,7 @@
 
 namespace dtensor::collectives {
 
-void check_reduce_op(ReduceOp op, c10::ScalarType dtype, const std::string& what) {
+const char* reduce_op_problem(ReduceOp op, c10::ScalarType dtype) {
   const bool integral = c10::isIntegralType(dtype, /*includeBool=*/true);
   const bool is_bool = dtype == c10::kBool;
   const char* problem = nullptr;
@@ -22,7 +22,11 @@ void check_reduce_op(ReduceOp op, c10::ScalarType dtype, const std::string& what
   if (c10::isComplexType(dtype) && (op == ReduceOp::kMin || op == ReduceOp::kMax)) {
     problem = "min/max of complex tensors is not defined";
   }
-  if (problem) {
+  return problem;
+}
+
+void check_reduce_op(ReduceOp op, c10::ScalarType dtype, const std::string& what) {
+  if (const char* problem = reduce_op_problem(op, dtype)) {
     throw Error(what + ": reduce op " + std::string(reduce_op_name(op)) + " on " +
                 c10::toString(dtype) + ": " + problem);
   }

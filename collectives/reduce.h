@@ -13,6 +13,9 @@ namespace dtensor::collectives {
 // throws dtensor::Error naming `what` when `op` makes no sense for `dtype`:
 // bitwise ops need integer or bool tensors; sum/avg need non-bool; avg needs floating point.
 void check_reduce_op(ReduceOp op, c10::ScalarType dtype, const std::string& what);
+// What makes `op` meaningless for `dtype`, or nullptr (no message is built: collectives check
+// this first on every call and build check_reduce_op's message only on failure).
+const char* reduce_op_problem(ReduceOp op, c10::ScalarType dtype);
 
 // out = op(a, b), elementwise; `out` may be `a` (reduce_into). avg combines as sum (the caller
 // divides). Every CPU backend folds through it, so all of them produce the same bits.

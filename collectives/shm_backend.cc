@@ -73,7 +73,8 @@ int64_t sum(const std::vector<int64_t>& v) {
 
 // Checks what this rank alone can check before it takes part (a bad call would make the backend
 // read or write out of bounds). Agreement across ranks is checked on the descriptors.
-void check_call(const CollectiveCall& c, int64_t n, int64_t me, const std::string& where) {
+// `group` names the group in the message (built only on failure).
+void check_call(const CollectiveCall& c, int64_t n, int64_t me, const std::string& group) {
   if (c.kind == CollectiveKind::kBarrier) return;
   const auto fits = [n](const std::vector<int64_t>& s) {
     return static_cast<int64_t>(s.size()) == n &&
@@ -105,7 +106,7 @@ void check_call(const CollectiveCall& c, int64_t n, int64_t me, const std::strin
       break;
   }
   if (!ok) {
-    throw Error(where +
+    throw Error(label_of(c) + " on group '" + group + "' (shm)" +
                 ": needs flat contiguous CPU tensors of one dtype whose sizes "
                 "match the split sizes (one per rank) and the source rank");
   }
@@ -143,7 +144,7 @@ void ShmCommunicator::run(CollectiveCall& call) {
   const auto start = Clock::now();
   const Op op{call, start, start + timeout()};
   if (!broken_.empty()) throw CollectiveError(broken_);
-  check_call(call, size(), rank(), label_of(call) + " on group '" + group().name + "' (shm)");
+  check_call(call, size(), rank(), group().name);
   if (hdr_ == nullptr) attach(op);
   if (hdr_->broken.load(std::memory_order_acquire) != 0) throw_peer_broken();
   call.seq = ++calls_;

@@ -38,7 +38,9 @@ struct Allocation {
   ShmSegment seg;
   size_t bytes = 0;                         // of data
   std::unique_ptr<SymmetricMemory> handle;  // set by rendezvous, under g_mu
-  char* data() const { return seg.data() + kDataOffset; }
+  c10::Device device = c10::kCPU;
+  char* device_data = nullptr;  // CUDA: the data, from DeviceHooks::alloc (the segment has none)
+  char* data() const { return device_data != nullptr ? device_data : seg.data() + kDataOffset; }
   // Serialises rendezvous of this allocation (a collective: held across it).
   absl::Mutex rendezvous_mu;
   ~Allocation();
@@ -72,9 +74,11 @@ struct Record {
   uint64_t bytes = 0;
   uint64_t total = 0;
   int64_t pid = 0;
-  int64_t pad = 0;
+  int64_t device = -1;  // CUDA device index, -1: CPU
+  char ipc[kIpcHandleBytes] = {};
+  char unused[64] = {};
 };
-static_assert(sizeof(Record) == 128);
+static_assert(sizeof(Record) == 256);
 
 Entry* entry_of(const void* ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_mu) {
   const auto p = reinterpret_cast<uintptr_t>(ptr);
@@ -87,14 +91,23 @@ Entry* entry_of(const void* ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_mu) {
 
 }  // namespace
 
+DeviceHooks& device_hooks() {
+  static DeviceHooks hooks;
+  return hooks;
+}
+
 Allocation::~Allocation() {
   seg.unlink_if_current();  // never rendezvoused (or a peer never attached): the name goes now
   {
     absl::MutexLock lock(&g_mu);
     entries().erase(reinterpret_cast<uintptr_t>(data()));
   }
+  handle.reset();  // closes the peers' device buffers before this one goes
+  if (device_data != nullptr) device_hooks().free(device_data, device.index());
   g_live.fetch_sub(1, std::memory_order_relaxed);
 }
+
+void set_device_hooks(const DeviceHooks& hooks) { device_hooks() = hooks; }
 
 }  // namespace symmetric
 
@@ -102,17 +115,21 @@ using symmetric::Allocation;
 using symmetric::kDataOffset;
 using symmetric::kPadOffset;
 
-at::Tensor symmetric_empty(at::IntArrayRef sizes, c10::ScalarType dtype) {
+at::Tensor symmetric_empty(at::IntArrayRef sizes, c10::ScalarType dtype, c10::Device device) {
   RankContext& ctx = current_context();
+  DTENSOR_CHECK(device.is_cpu() || (device.is_cuda() && symmetric::device_hooks().alloc),
+                "symmetric_empty on ", device.str(),
+                ": this build has no CUDA symmetric memory (build with --config=cuda)");
   int64_t numel = 1;
   for (int64_t s : sizes) {
     DTENSOR_CHECK(s >= 0, "symmetric_empty: negative size in ", sizes);
     numel *= s;
   }
   const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
-  const size_t total =
-      kDataOffset +
-      std::max<size_t>(1, (bytes + symmetric::kPage - 1) / symmetric::kPage) * symmetric::kPage;
+  // On CUDA the segment holds the header and the signal pads; the data is device memory.
+  const size_t data_pages =
+      device.is_cpu() ? std::max<size_t>(1, (bytes + symmetric::kPage - 1) / symmetric::kPage) : 0;
+  const size_t total = kDataOffset + data_pages * symmetric::kPage;
   static std::once_flag reclaimed;  // leftovers of killed jobs (NOTE [stale segments])
   std::call_once(reclaimed, [] { shm::reclaim_stale_segments(); });
   static std::atomic<uint64_t> counter{0};
@@ -130,6 +147,11 @@ at::Tensor symmetric_empty(at::IntArrayRef sizes, c10::ScalarType dtype) {
   symmetric::g_live.fetch_add(1, std::memory_order_relaxed);
   alloc->seg.populate();
   alloc->bytes = bytes;
+  alloc->device = device;
+  if (device.is_cuda()) {
+    alloc->device_data = static_cast<char*>(
+        symmetric::device_hooks().alloc(std::max<size_t>(bytes, 1), device.index()));
+  }
   auto* h = new (alloc->seg.data()) shm::Header();
   h->total_bytes = total;
   h->half_bytes = bytes;
@@ -145,7 +167,8 @@ at::Tensor symmetric_empty(at::IntArrayRef sizes, c10::ScalarType dtype) {
   }
   char* data = alloc->data();
   return at::from_blob(
-      data, sizes, [alloc](void*) mutable { alloc.reset(); }, at::TensorOptions().dtype(dtype));
+      data, sizes, [alloc](void*) mutable { alloc.reset(); },
+      at::TensorOptions().dtype(dtype).device(device));
 }
 
 namespace {
@@ -199,9 +222,16 @@ std::shared_ptr<SymmetricMemory> rendezvous(const at::Tensor& t, const std::stri
   mine.bytes = alloc->bytes;
   mine.total = own_header->total_bytes;
   mine.pid = ::getpid();
+  const bool cuda = alloc->device_data != nullptr;
+  if (cuda) {
+    mine.device = alloc->device.index();
+    symmetric::device_hooks().export_handle(alloc->device_data, mine.ipc);
+  }
   const at::Tensor rec = at::empty({static_cast<int64_t>(sizeof(mine))}, at::kByte);
   std::memcpy(rec.data_ptr(), &mine, sizeof(mine));
-  const at::Tensor all = all_gather_into_tensor(rec, 0, group);
+  // Over the group's own backend: on CUDA tensors (nccl) the record travels on the device.
+  const at::Tensor all =
+      all_gather_into_tensor(cuda ? rec.to(alloc->device) : rec, 0, group).cpu().contiguous();
   std::vector<symmetric::Record> recs(n);
   std::memcpy(recs.data(), all.data_ptr(), sizeof(mine) * n);
   bool same = true;
@@ -246,8 +276,16 @@ std::shared_ptr<SymmetricMemory> rendezvous(const at::Tensor& t, const std::stri
     absl::MutexLock lock(&symmetric::g_mu);
     id = ++symmetric::rendezvous_counts()[absl::StrCat(ctx.job(), "\n", group, "\n", ctx.rank())];
   }
-  auto handle = std::make_unique<SymmetricMemory>(alloc, std::move(peers), info.ranks, me, group,
-                                                  id, ctx.timeout());
+  std::vector<char*> device_data(n, nullptr);  // CUDA: the peers' buffers, opened by IPC handle
+  if (cuda) {
+    for (int64_t r = 0; r < n; ++r) {
+      device_data[r] = r == me ? alloc->device_data
+                               : static_cast<char*>(symmetric::device_hooks().open_handle(
+                                     recs[r].ipc, alloc->device.index()));
+    }
+  }
+  auto handle = std::make_unique<SymmetricMemory>(alloc, std::move(peers), std::move(device_data),
+                                                  info.ranks, me, group, id, ctx.timeout());
   SymmetricMemory* raw = handle.get();
   {
     absl::MutexLock lock(&symmetric::g_mu);
@@ -279,25 +317,32 @@ std::optional<SymmetricView> find_symmetric(const void* ptr, size_t bytes,
 }
 
 SymmetricMemory::SymmetricMemory(const std::shared_ptr<Allocation>& own,
-                                 std::vector<ShmSegment> peers, std::vector<int64_t> ranks,
-                                 int64_t group_rank, std::string group, int64_t id,
-                                 std::chrono::milliseconds timeout)
+                                 std::vector<ShmSegment> peers, std::vector<char*> device_data,
+                                 std::vector<int64_t> ranks, int64_t group_rank, std::string group,
+                                 int64_t id, std::chrono::milliseconds timeout)
     : own_(own),
       peers_(std::move(peers)),
+      device_(own->device),
       ranks_(std::move(ranks)),
       rank_(group_rank),
       group_(std::move(group)),
       id_(id),
       bytes_(own->bytes),
-      data_offset_(kDataOffset),
       timeout_(timeout) {
   bases_.resize(ranks_.size());
+  data_.resize(ranks_.size());
   for (size_t r = 0; r < ranks_.size(); ++r) {
     bases_[r] = static_cast<int64_t>(r) == rank_ ? own->seg.data() : peers_[r].data();
+    data_[r] = device_.is_cuda() ? device_data[r] : bases_[r] + kDataOffset;
   }
 }
 
-SymmetricMemory::~SymmetricMemory() = default;
+SymmetricMemory::~SymmetricMemory() {
+  if (!device_.is_cuda()) return;
+  for (int64_t r = 0; r < world_size(); ++r) {
+    if (r != rank_) symmetric::device_hooks().close_handle(data_[r], device_.index());
+  }
+}
 
 void SymmetricMemory::check_peer(int64_t peer, const char* what) const {
   DTENSOR_CHECK(peer >= 0 && peer < world_size(), "symmetric memory ", what, " on group '", group_,
@@ -306,7 +351,7 @@ void SymmetricMemory::check_peer(int64_t peer, const char* what) const {
 
 char* SymmetricMemory::buffer_ptr(int64_t peer) const {
   check_peer(peer, "buffer_ptr");
-  return bases_[peer] + data_offset_;
+  return data_[peer];
 }
 
 at::Tensor SymmetricMemory::buffer_of(int64_t peer, at::IntArrayRef sizes, c10::ScalarType dtype,
@@ -322,7 +367,7 @@ at::Tensor SymmetricMemory::buffer_of(int64_t peer, at::IntArrayRef sizes, c10::
   // The view keeps the mappings alive (a peer's mapping belongs to this handle).
   return at::from_blob(
       buffer_ptr(peer) + storage_offset * esz, sizes, [keep = own_.lock()](void*) {},
-      at::TensorOptions().dtype(dtype));
+      at::TensorOptions().dtype(dtype).device(device_));
 }
 
 shm::Header& SymmetricMemory::header(int64_t r) const {

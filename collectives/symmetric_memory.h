@@ -28,6 +28,7 @@
 // without staging copies (NOTE [symmetric collectives] in shm_backend.cc).
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <atomic>
 #include <chrono>
@@ -43,7 +44,20 @@ namespace dtensor::collectives {
 
 namespace symmetric {
 struct Allocation;  // one rank's segment (symmetric_memory.cc)
-}
+
+// CUDA symmetric memory: the data is device memory each peer opens by IPC handle; the signal
+// pads stay in the rank's shared-memory segment (host flags). symmetric_memory_cuda.cc (built
+// with --config=cuda) installs these at load; without them CUDA allocations are refused.
+constexpr size_t kIpcHandleBytes = 64;  // cudaIpcMemHandle_t
+struct DeviceHooks {
+  void* (*alloc)(size_t bytes, int device) = nullptr;
+  void (*free)(void* ptr, int device) = nullptr;
+  void (*export_handle)(void* ptr, char* handle) = nullptr;        // kIpcHandleBytes
+  void* (*open_handle)(const char* handle, int device) = nullptr;  // a peer's buffer
+  void (*close_handle)(void* ptr, int device) = nullptr;
+};
+void set_device_hooks(const DeviceHooks& hooks);
+}  // namespace symmetric
 
 class SymmetricMemory {
  public:
@@ -51,8 +65,8 @@ class SymmetricMemory {
   static constexpr int kMaxRanks = 256;  // ranks a pad has slots for
 
   SymmetricMemory(const std::shared_ptr<symmetric::Allocation>& own, std::vector<ShmSegment> peers,
-                  std::vector<int64_t> ranks, int64_t group_rank, std::string group, int64_t id,
-                  std::chrono::milliseconds timeout);
+                  std::vector<char*> device_data, std::vector<int64_t> ranks, int64_t group_rank,
+                  std::string group, int64_t id, std::chrono::milliseconds timeout);
   ~SymmetricMemory();
   SymmetricMemory(const SymmetricMemory&) = delete;
   SymmetricMemory& operator=(const SymmetricMemory&) = delete;
@@ -87,19 +101,22 @@ class SymmetricMemory {
 
   std::weak_ptr<symmetric::Allocation> own_;  // which owns this handle
   std::vector<ShmSegment> peers_;             // by group rank; this rank's is empty (own_ maps it)
-  std::vector<char*> bases_;                  // segment start by group rank
+  c10::Device device_;                        // of the buffers (CPU, or the CUDA device)
+  std::vector<char*> bases_;                  // segment start by group rank (header, signal pad)
+  std::vector<char*> data_;  // buffer start by group rank (CUDA: opened IPC handles)
   std::vector<int64_t> ranks_;
   int64_t rank_;
   std::string group_;
   int64_t id_;
   size_t bytes_;
-  size_t data_offset_;
   std::chrono::milliseconds timeout_;
 };
 
-// A tensor of `sizes` and `dtype` in symmetric memory (CPU, contiguous, uninitialised). Needs
-// the calling thread's rank context (its job names the segment).
-at::Tensor symmetric_empty(at::IntArrayRef sizes, c10::ScalarType dtype);
+// A tensor of `sizes` and `dtype` in symmetric memory (contiguous, uninitialised) on `device`
+// (CPU, or CUDA in a --config=cuda build). Needs the calling thread's rank context (its job names
+// the segment).
+at::Tensor symmetric_empty(at::IntArrayRef sizes, c10::ScalarType dtype,
+                           c10::Device device = c10::kCPU);
 // Whether `t`'s data lies in memory from symmetric_empty.
 bool is_symmetric(const at::Tensor& t);
 // Collective on `group`: maps every peer's buffer of the tensors the ranks pass (each allocated by
