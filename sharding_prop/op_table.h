@@ -29,8 +29,9 @@ struct Adder {
                   LocalShapeArg shape = {}, Execution execution = Execution::kPieces) {
     const bool in_place =
         name.find("_.") != std::string::npos || (name.size() > 1 && name.back() == '_');
+    const Flops flops = flops_of_family(family);
     entries.push_back({std::move(name), std::move(family), std::move(args), in_place, std::move(b),
-                       std::move(shape), execution});
+                       std::move(shape), execution, false, flops});
   }
 };
 
