@@ -25,6 +25,8 @@ struct Adder {
     e.in_place = false;
     entries.push_back(std::move(e));
   }
+  // The entry added last only moves data (a copy, a fill, a cast): it counts no FLOPs.
+  void moves_data() { entries.back().flops = Flops::kNone; }
   void operator()(std::string name, std::string family, std::vector<LayoutArg> args, RuleBuilder b,
                   LocalShapeArg shape = {}, Execution execution = Execution::kPieces) {
     const bool in_place =
