@@ -28,15 +28,19 @@
 // metadata enters (shapes, placements, mesh sizes), never a timing at run time, so every rank
 // makes the same choice; equal costs still go to the earlier candidate.
 // The rate is configured, not measured at run time: flops_per_us = 50e3 (50 GFLOP/s) is this
-// machine kind's single-thread fp32 GEMM rate, measured once with torch.mm of two 512x512
-// float32 matrices under torch.set_num_threads(1) (median of 15 timings of 20 calls: 36 to 92
-// GFLOP/s over five runs on the 2-core machine shared with a build, 50 the typical figure;
-// 256x32 @ 32x256, the TP linear step's weight-gradient product, ran at about 20). Only the ratio
-// to the communication figures matters, as for them.
+// machine kind's single-thread fp32 GEMM rate, measured once (2026-11-26) with torch.mm of two
+// 512x512 float32 matrices under torch.set_num_threads(1): medians of 15 timings of 20 calls
+// gave 36, 50, 62, 84 and 160 GFLOP/s over five runs on the 2-core machine shared with a build,
+// 50 the typical figure (256x32 @ 32x256, the TP linear step's weight-gradient product, ran at
+// about 20). Only its ratio to the communication figures matters, as for them.
 // A candidate the propagator adds only for compute (an op whose inputs are all replicated on a
 // mesh dim, sharded there so each rank computes a piece: propagator.cc) is also charged the
 // all_gather that would bring its output back to Replicate, so it wins only where it cannot lose
-// even when the result is needed whole.
+// even when the result is needed whole. For linear_step's weight gradient (mm of [256,32] and
+// [32,256], 4.2 MFLOP) on 2 ranks: whole 83.9 us against 41.9 (half the product) + 0.4 (the
+// local chunk) + 23.1 (the all_gather charge) = 65.4 us; it would stay whole at a rate above
+// about 89e3 FLOP/us, or for a batch below about 18 rows. Copies, fills and casts count no FLOPs
+// (op_table_pointwise.cc: moves_data).
 
 #include <cstdint>
 #include <string_view>
