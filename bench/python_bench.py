@@ -18,6 +18,10 @@ median over --reps of per-call averages of N calls each (the Python loop is on b
 garbage collector off inside the loops (as timeit does), dtensor and local loops interleaved.
 One JSON object per op:
   {"bench":"python","op":"add","dtensor_us":...,"local_us":...,"ratio":...}
+and the matmul FLOPs of one linear_step on rank 0 next to the whole step in one process
+(dtensor.debug.FlopCounterMode; NOTE [compute in the cost model]: ratio 1 is 1/2 per rank):
+  {"bench":"python","op":"linear_step_flops","ranks":2,"single_flops":...,"per_rank_flops":...,
+   "ratio":...}
 
 Then (procs mode; --c10d-ranks, default 2 and 4 processes) torch.distributed.all_reduce of float32
 tensors of --c10d-sizes bytes on the engine's torch.distributed backend ("dtensor", NOTE [dtensor
@@ -27,6 +31,7 @@ loops: {"bench":"python","op":"c10d_all_reduce","ranks":2,"bytes":...,"dtensor_u
 """
 
 import argparse
+import copy
 import gc
 import json
 import os
@@ -80,6 +85,15 @@ def loop_step(model, x, opt, n):
         opt.step()
 
 
+MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot", "addbmm", "addr"}
+
+
+def matmul_flops(counter):
+    """The matmul family's FLOPs in a dtensor.debug.FlopCounterMode."""
+    return sum(n for op, n in counter.get_flop_counts()["Global"].items()
+               if op.__name__.split(".")[-1] in MATMUL_OPS)
+
+
 def per_call_us(fn, n):
     gc_was = gc.isenabled()
     gc.disable()
@@ -101,7 +115,7 @@ def body(rank, args):
     import dtensor
     from dtensor import Replicate, Shard, distribute_tensor, init_device_mesh
     from dtensor import _functional_collectives as funcol
-    from dtensor.debug import CommDebugMode, propagation_cache_stats
+    from dtensor.debug import CommDebugMode, FlopCounterMode, propagation_cache_stats
 
     mesh = init_device_mesh("cpu", (2,))
 
@@ -140,9 +154,15 @@ def body(rank, args):
     lopt = torch.optim.SGD(lmod.parameters(), lr=1e-4)
     # Counts are read right after each with-block: dtensor.debug.CommDebugMode's counter goes on
     # counting while the object lives.
-    with CommDebugMode() as comm:
+    with CommDebugMode() as comm, FlopCounterMode(display=False) as dflops:
         loop_step(dmod, x, dopt, 1)
     step_comms = (comm.get_total_counts(), comm.get_comm_counts())
+    # The same step of the whole nn.Linear(256, 256) in one process, FLOPs counted alike (NOTE
+    # [compute in the cost model]: each rank should run 1/2 of its matmul FLOPs).
+    whole = copy.deepcopy(ref)
+    with FlopCounterMode(display=False) as sflops:
+        loop_step(whole, x.to_local(), torch.optim.SGD(whole.parameters(), lr=1e-4), 1)
+    step_flops = (matmul_flops(sflops), matmul_flops(dflops))
     loop_step(lmod, lx, lopt, 1)
     # Same math on this rank's piece: the distributed step must update it as the local one does.
     torch.testing.assert_close(dmod.weight.to_local(), lmod.weight.detach())
@@ -186,6 +206,8 @@ def body(rank, args):
           f"torch {torch.__version__}, intra-op threads {torch.get_num_threads()}, "
           f"median of {args.reps} reps")
     print(f"linear_step collectives per step (rank 0): {step_comms[0]} {step_comms[1]}")
+    print(f"linear_step matmul FLOPs per step: one process {step_flops[0]}, rank 0 "
+          f"{step_flops[1]} ({step_flops[1] / (step_flops[0] / 2):.2f} x one process's / 2)")
     print()
     hdr = (f"{'op':<12} {'calls':>6} {'dtensor_us':>11} {'local_us':>9} {'ratio':>7}   "
            f"{'dtensor min..max':>17} {'local min..max':>17}")
@@ -207,6 +229,10 @@ def body(rank, args):
                           "dtensor_us": round(r["dtensor_us"], 4),
                           "local_us": round(r["local_us"], 4),
                           "ratio": round(r["ratio"], 4)}, separators=(",", ":")))
+    print(json.dumps({"bench": "python", "op": "linear_step_flops", "ranks": 2,
+                      "single_flops": step_flops[0], "per_rank_flops": step_flops[1],
+                      "ratio": round(step_flops[1] / (step_flops[0] / 2), 4)},
+                     separators=(",", ":")))
     sys.stdout.flush()
     return None
 

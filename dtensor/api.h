@@ -24,6 +24,7 @@
 #include "device_mesh/device_mesh.h"
 #include "dtensor/dispatch.h"
 #include "dtensor/dtensor_impl.h"
+#include "dtensor/flop_counter.h"
 #include "dtensor/random.h"
 #include "layout/placement.h"
 
@@ -123,5 +124,9 @@ using dtensor::StrictModeGuard;
 // Counts the collectives the calling rank issues while alive, with the op that caused each
 // (CommCounter::counts_by_cause, to_string).
 using CommDebugMode = collectives::CommCounter;
+// Counts the FLOPs of the local ATen calls the calling rank runs while alive, by op (NOTE [FLOP
+// counter]); op_flops gives the same count for plain tensors.
+using dtensor::FlopCounter;
+using dtensor::op_flops;
 
 }  // namespace dtensor::api

@@ -24,6 +24,7 @@
 #include "dtensor/dispatch_internal.h"
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/engine_activity.h"
+#include "dtensor/flop_counter.h"
 #include "dtensor/local_tensor.h"
 #include "dtensor/redistribute.h"
 #include "layout/shard_layout.h"
@@ -360,6 +361,14 @@ bool run_special(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::
   return true;
 }
 
+// NOTE [FLOP counter]: the FLOPs of the op on this rank's pieces (their shapes, after the moves).
+void count_local_flops(const OpInfo& info, const std::vector<Input>& inputs,
+                       const c10::IValue* args) {
+  std::vector<at::Tensor> locals;
+  for (const Input& in : inputs) locals.push_back(in.local);
+  count_flops(*entry_of(info), locals, info.args.layout(args));
+}
+
 // Wraps the returns: tensors and tensor-list elements take the propagated specs in order;
 // in-place and out= returns are the caller's distributed tensors.
 void wrap_returns(const OpInfo& info, const c10::FunctionSchema& schema,
@@ -443,6 +452,7 @@ void kernel_body(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     info.args.localize(args, local_box(s.outputs[0], my_coordinate(s.outputs[0].mesh())).shape);
   }
   if (run_special(op, info, stack, args, n, inputs, s, originals)) return;
+  if (flop_counting()) count_local_flops(info, inputs, args);
   {
     const LocalKernelScope local;
     op.callBoxed(stack);

@@ -23,6 +23,7 @@
 #include "collectives/rank_context.h"
 #include "dtensor/api.h"
 #include "dtensor/dispatch.h"
+#include "dtensor/flop_counter.h"
 #include "dtensor/random.h"
 #include "layout/visualize.h"
 #include "sharding_prop/propagator.h"
@@ -227,6 +228,15 @@ void bind_tensors(py::module& m) {
              return out;
            })
       .def("__str__", &collectives::CommCounter::to_string);
+  // NOTE [FLOP counter]: per-thread, so stop() on the thread that made it (FlopCounterMode).
+  py::class_<FlopCounter>(m, "FlopCounter")
+      .def(py::init<>())
+      .def("stop", &FlopCounter::stop)
+      .def("total", &FlopCounter::total)
+      .def("by_op", &FlopCounter::by_op);
+  m.def("op_flops", [](const std::string& op, const std::vector<at::Tensor>& tensors) {
+    return op_flops(op, tensors);
+  });
   m.def("explain", [](const std::string& op, const std::vector<py::object>& args) {
     std::vector<c10::IValue> ivalues;
     for (const py::object& a : args) ivalues.push_back(to_ivalue(a));

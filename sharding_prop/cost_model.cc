@@ -47,6 +47,8 @@ double CostModel::step_cost(CommKind kind, int64_t group_size, int64_t bytes) co
   return latency_us + bus / (bandwidth_gbs * 1e3);
 }
 
+double CostModel::compute_cost(double flops) const { return flops / flops_per_us; }
+
 const CostModel& default_cost_model() {
   static const CostModel model;
   return model;

@@ -377,6 +377,38 @@ std::string LayoutArgs::to_string() const {
   return s + ")";
 }
 
+Flops flops_of_family(std::string_view family) {
+  if (family == "matmul" || family == "custom") return Flops::kContraction;
+  if (family == "pointwise") return Flops::kOutputElements;
+  return Flops::kNone;
+}
+
+double rule_flops(Flops kind, const Rule& rule, const std::vector<int64_t>& shards) {
+  auto local = [&](size_t f) {
+    const int64_t k = f < shards.size() ? std::max<int64_t>(shards[f], 1) : 1;
+    return static_cast<double>((rule.factors[f].size + k - 1) / k);
+  };
+  double flops = 0;
+  switch (kind) {
+    case Flops::kNone:
+      break;
+    case Flops::kOutputElements:
+      for (const TensorFactors& out : rule.outputs) {
+        double n = 1;
+        for (const DimFactors& dim : out) {
+          for (int f : dim) n *= local(static_cast<size_t>(f));
+        }
+        flops += n;
+      }
+      break;
+    case Flops::kContraction:
+      flops = 2;
+      for (size_t f = 0; f < rule.factors.size(); ++f) flops *= local(f);
+      break;
+  }
+  return flops;
+}
+
 const OpEntry* find_op(std::string_view name) {
   Table& t = op_table();
   const absl::string_view key(name.data(), name.size());  // Debian's Abseil has its own
@@ -415,6 +447,7 @@ std::vector<std::string> nearest_ops(std::string_view name, size_t count) {
 void register_custom_op(const std::string& name, std::vector<LayoutArg> layout_args,
                         RuleBuilder build) {
   OpEntry e{name, "custom", std::move(layout_args), false, std::move(build)};
+  e.flops = flops_of_family(e.family);
   Table& t = op_table();
   absl::MutexLock lock(&t.mu);
   if (t.builtin.count(name) != 0 || !t.custom.emplace(name, std::move(e)).second) {

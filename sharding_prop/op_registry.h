@@ -27,7 +27,9 @@ namespace dtensor::sharding {
 //     a rank's piece (LocalShapeArg);
 //   - how it executes when that is not "the same op on every piece" (Execution);
 //   - whether it is in-place (self keeps its layout), derived from its name;
-//   - whether the engine runs it although ATen would decompose it (run_composite).
+//   - whether the engine runs it although ATen would decompose it (run_composite);
+//   - how its floating-point work is counted (Flops, from its family: NOTE [compute in the cost
+//     model] in cost_model.h), for the propagator's prices and the FLOP counter alike.
 // Adding an op is one add(...) line in the op table, in the file of its family (README: "Adding an
 // op").
 
@@ -95,6 +97,19 @@ enum class Execution : uint8_t {
                      // have a size-1 dim the global tensor has not)
 };
 
+// How an op's FLOPs follow from its rule's factors (NOTE [compute in the cost model]).
+enum class Flops : uint8_t {
+  kNone,            // priced by communication only (views, shape ops, most families)
+  kOutputElements,  // one per element of its outputs (elementwise)
+  kContraction,     // 2 x the product of every factor's size (the matmul family, einsum rules)
+};
+// The counting of a family: "matmul" and "custom" (einsum-like rules) contract, "pointwise" is
+// elementwise, every other family kNone.
+Flops flops_of_family(std::string_view family);
+// The FLOPs of one call with rule `rule` on the largest piece, a factor f's size taken as
+// ceil(size / shards[f]) (shards empty: every factor whole; the rule of a local call).
+double rule_flops(Flops kind, const Rule& rule, const std::vector<int64_t>& shards = {});
+
 struct BuiltRule {
   Rule rule;
   std::vector<c10::ScalarType> out_dtypes;  // one per output
@@ -116,6 +131,7 @@ struct OpEntry {
   // scatters distributed values into it. Only backward ops are marked: on distributed tensors
   // they then have no autograd formula of their own (a double backward through them raises).
   bool run_composite = false;
+  Flops flops = Flops::kNone;  // set from the family (flops_of_family)
 
   // The layout arguments for humans: "keepdim, dim..." (empty when none).
   std::string args_text() const;

@@ -25,12 +25,15 @@ struct Adder {
     e.in_place = false;
     entries.push_back(std::move(e));
   }
+  // The entry added last only moves data (a copy, a fill, a cast): it counts no FLOPs.
+  void moves_data() { entries.back().flops = Flops::kNone; }
   void operator()(std::string name, std::string family, std::vector<LayoutArg> args, RuleBuilder b,
                   LocalShapeArg shape = {}, Execution execution = Execution::kPieces) {
     const bool in_place =
         name.find("_.") != std::string::npos || (name.size() > 1 && name.back() == '_');
+    const Flops flops = flops_of_family(family);
     entries.push_back({std::move(name), std::move(family), std::move(args), in_place, std::move(b),
-                       std::move(shape), execution});
+                       std::move(shape), execution, false, flops});
   }
 };
 

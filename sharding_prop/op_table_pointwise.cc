@@ -33,14 +33,23 @@ void add_unary_pointwise(Adder& add) {
   add("aten::pow.Tensor_Scalar", "pointwise", {}, pointwise(1, lin));
   add("aten::pow_.Tensor_Scalar", "pointwise", {}, pointwise(1, lin));
   add("aten::pow.Tensor_Tensor", "pointwise", {}, pointwise(2, lin));
+  // Copies, fills and casts move data and compute nothing (NOTE [compute in the cost model]).
   add("aten::fill_.Scalar", "pointwise", {}, pointwise(1, lin));
+  add.moves_data();
   add("aten::zero_", "pointwise", {}, pointwise(1, Linearity::kMove));
+  add.moves_data();
   add("aten::clone", "pointwise", {}, pointwise(1, Linearity::kMove));
+  add.moves_data();
   add("aten::contiguous", "pointwise", {}, pointwise(1, Linearity::kMove));
+  add.moves_data();
   add("aten::detach", "pointwise", {}, pointwise(1, Linearity::kMove));
+  add.moves_data();
   add("aten::alias", "pointwise", {}, pointwise(1, Linearity::kMove));
+  add.moves_data();
   add("aten::copy_", "pointwise", {}, pointwise(2, lin));
+  add.moves_data();
   add("aten::_to_copy", "pointwise", {int_arg("dtype", -1)}, cast_rule);
+  add.moves_data();
   add("aten::masked_fill.Scalar", "pointwise", {}, pointwise(2, lin));
   add("aten::masked_fill_.Scalar", "pointwise", {}, pointwise(2, lin));
   add("aten::where.self", "pointwise", {}, where_rule);

@@ -131,10 +131,14 @@ std::string OpSharding::to_string() const {
   std::vector<std::string> ins, outs;
   for (const auto& s : input_targets) ins.push_back(dtensor::to_string(s.placements()));
   for (const auto& s : outputs) outs.push_back(dtensor::to_string(s.placements()));
-  char cost_text[32];
-  std::snprintf(cost_text, sizeof(cost_text), "%.2f", cost);
+  char cost_text[96];
+  if (flops > 0) {
+    std::snprintf(cost_text, sizeof(cost_text), "%.2f us, %.0f FLOPs per rank", cost, flops);
+  } else {
+    std::snprintf(cost_text, sizeof(cost_text), "%.2f us", cost);
+  }
   std::string s = op + " " + absl::StrJoin(ins, ",") + " -> " + absl::StrJoin(outs, ",") +
-                  " (rule " + rule + ", cost " + cost_text + " us)";
+                  " (rule " + rule + ", cost " + cost_text + ")";
   for (size_t i = 0; i < input_plans.size(); ++i) {
     if (!input_plans[i]->is_noop())
       s += "\n  input " + std::to_string(i) + ": " + input_plans[i]->to_string();

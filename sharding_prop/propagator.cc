@@ -22,9 +22,12 @@
 namespace dtensor::sharding::detail {
 namespace {
 
-// One mesh dim's choice: every input's and output's placement there.
+// One mesh dim's choice: every input's and output's placement there, the factor it shards (-1:
+// none; the pieces then compute the whole op) and whether it was added for compute only.
 struct Choice {
   std::vector<Placement> in, out;
+  int factor = -1;
+  bool introduced = false;
 };
 
 }  // namespace
@@ -52,6 +55,7 @@ int64_t dim_of(const TensorFactors& t, int f) {
 std::optional<Choice> shard_choice(const Rule& rule, int f) {
   const Factor& factor = rule.factors[f];
   Choice c;
+  c.factor = f;
   for (size_t i = 0; i < rule.inputs.size(); ++i) {
     const int64_t d = dim_of(rule.inputs[i], f);
     if (d == -2) return std::nullopt;
@@ -83,8 +87,10 @@ std::optional<Choice> shard_choice(const Rule& rule, int f) {
 }
 
 // The choices for mesh dim m, best-first for ties: shardings, kept Partials, replication.
-std::vector<Choice> choices_for(const Rule& rule, const std::vector<DTensorSpec>& inputs,
-                                int64_t m) {
+// `compute_shardings`: when every input is replicated on m, also offer to shard each pass factor
+// there for compute alone (NOTE [compute in the cost model]).
+std::vector<Choice> choices_for(const Rule& rule, const std::vector<DTensorSpec>& inputs, int64_t m,
+                                bool compute_shardings) {
   // Shardings that follow an input cost it nothing. An input that must change anyway (a Partial
   // the op cannot keep, or a Shard of a dim the op cannot shard) may move to any sharding more
   // cheaply than to Replicate (reduce_scatter, all_to_all), so then every factor is a choice.
@@ -145,6 +151,19 @@ std::vector<Choice> choices_for(const Rule& rule, const std::vector<DTensorSpec>
     Choice c{{}, std::vector<Placement>(rule.outputs.size(), Replicate())};
     for (const auto& in : inputs) c.in.push_back(in.placement(m));
     out.push_back(std::move(c));
+  }
+  if (compute_shardings && !any_partial && !any_shard && inputs[0].mesh().shape()[m] > 1) {
+    // Inputs chunked locally (Replicate -> Shard is free of communication), each rank computing
+    // its piece of the output; never a Partial output, whose later reduction is not priced.
+    for (size_t f = 0; f < rule.factors.size(); ++f) {
+      if (rule.factors[f].kind != FactorKind::kPass || rule.factors[f].size <= 1) continue;
+      auto c = shard_choice(rule, static_cast<int>(f));
+      if (!c || std::any_of(c->out.begin(), c->out.end(),
+                            [](const Placement& p) { return p.is_partial(); }))
+        continue;
+      c->introduced = true;
+      out.push_back(std::move(*c));
+    }
   }
   out.push_back({std::vector<Placement>(inputs.size(), Replicate()),
                  std::vector<Placement>(rule.outputs.size(), Replicate())});
@@ -229,14 +248,28 @@ BuiltRule checked_rule(const OpEntry& entry, const std::vector<DTensorSpec>& inp
   return built;
 }
 
+// Whether the op is offered shardings of replicated inputs for compute alone: a contraction of
+// the built-in matmul family (custom rules are priced but keep their declared strategies),
+// neither in-place nor out= (those keep their tensors' layouts).
+bool offers_compute_shardings(const OpEntry& entry, const Rule& rule) {
+  const std::string_view name = entry.name;
+  const bool out_overload = name.size() > 4 && name.substr(name.size() - 4) == ".out";
+  const bool contracts = std::any_of(rule.factors.begin(), rule.factors.end(), [](const Factor& f) {
+    return f.kind == FactorKind::kContract;
+  });
+  return entry.family == "matmul" && entry.flops == Flops::kContraction && contracts &&
+         !entry.in_place && !out_overload;
+}
+
 // Per mesh dim, the choices to combine (their product is bounded by kMaxCandidates).
-std::vector<std::vector<Choice>> choices_per_dim(const Rule& rule,
+std::vector<std::vector<Choice>> choices_per_dim(const OpEntry& entry, const Rule& rule,
                                                  const std::vector<DTensorSpec>& inputs) {
   const DeviceMesh& mesh = inputs[0].mesh();
+  const bool compute_shardings = offers_compute_shardings(entry, rule);
   std::vector<std::vector<Choice>> per_dim;
   size_t total = 1;
   for (int64_t m = 0; m < mesh.ndim(); ++m) {
-    per_dim.push_back(choices_for(rule, inputs, m));
+    per_dim.push_back(choices_for(rule, inputs, m, compute_shardings));
     total *= per_dim.back().size();
     if (total > kMaxCandidates) {  // keep only shardings that follow an input and replication
       per_dim.back().erase(per_dim.back().begin() + 1, per_dim.back().end() - 1);
@@ -245,22 +278,52 @@ std::vector<std::vector<Choice>> choices_per_dim(const Rule& rule,
   return per_dim;
 }
 
-// One candidate: the placements of every input and output.
+// One candidate: the placements of every input and output, how many ranks share each factor,
+// and the mesh dims it shards for compute alone (Choice::introduced).
 struct Candidate {
   std::vector<Placements> in, out;
+  std::vector<int64_t> shards;
+  std::vector<int64_t> introduced;
 };
 
 Candidate candidate_at(const std::vector<std::vector<Choice>>& per_dim,
-                       const std::vector<size_t>& pick, size_t n_in, size_t n_out) {
+                       const std::vector<size_t>& pick, const Rule& rule, size_t n_in,
+                       const DeviceMesh& mesh) {
   const int64_t ndim = static_cast<int64_t>(per_dim.size());
+  const size_t n_out = rule.outputs.size();
   Candidate c{std::vector<Placements>(n_in, Placements(ndim)),
-              std::vector<Placements>(n_out, Placements(ndim))};
+              std::vector<Placements>(n_out, Placements(ndim)),
+              std::vector<int64_t>(rule.factors.size(), 1),
+              {}};
   for (int64_t m = 0; m < ndim; ++m) {
     const Choice& choice = per_dim[m][pick[m]];
     for (size_t i = 0; i < n_in; ++i) c.in[i][m] = choice.in[i];
     for (size_t o = 0; o < n_out; ++o) c.out[o][m] = choice.out[o];
+    if (choice.factor >= 0) c.shards[choice.factor] *= mesh.shape()[m];
+    if (choice.introduced) c.introduced.push_back(m);
   }
   return c;
+}
+
+// What a candidate costs besides moving its inputs (NOTE [compute in the cost model]): the op's
+// compute on its largest piece, and for the mesh dims it shards for compute alone the
+// all_gather that would bring each output back to Replicate there. Null when such an undo is
+// not allowed (then the candidate is not taken).
+std::optional<double> extra_cost(const OpEntry& entry, const BuiltRule& built, const Candidate& c,
+                                 const DeviceMesh& mesh, double* flops) {
+  const Rule& rule = built.rule;
+  *flops = rule_flops(entry.flops, rule, c.shards);
+  double cost = default_cost_model().compute_cost(*flops);
+  for (size_t o = 0; o < rule.outputs.size() && !c.introduced.empty(); ++o) {
+    const TensorMeta meta = TensorMeta::make(rule.output_shape(o), built.out_dtypes.at(o));
+    Placements whole = c.out[o];
+    for (int64_t m : c.introduced) whole[m] = Replicate();
+    auto undo = try_plan_redistribute(DTensorSpec::make(mesh, c.out[o], meta),
+                                      DTensorSpec::make(mesh, whole, meta));
+    if (!undo) return std::nullopt;
+    cost += undo->cost;
+  }
+  return cost;
 }
 
 // Whether the candidate gives a layout at all (merged dims and contractions split evenly) and
@@ -283,18 +346,22 @@ bool admissible(const OpEntry& entry, const Rule& rule, const Candidate& c,
 }
 
 // The candidate's input targets and plans, or null when a move is not allowed (a Partial(max)
-// bias cannot join a Partial(sum) product) or its cost cannot beat `best`.
+// bias cannot join a Partial(sum) product) or its cost cannot beat `best`. `extra`: its cost
+// besides the moves (extra_cost), `flops` its compute.
 std::shared_ptr<OpSharding> priced(const std::string& op, const Candidate& c,
                                    const std::vector<DTensorSpec>& inputs,
-                                   const std::vector<TensorMeta>& metas, const OpSharding* best) {
+                                   const std::vector<TensorMeta>& metas, const OpSharding* best,
+                                   double extra, double flops) {
   const DeviceMesh& mesh = inputs[0].mesh();
   auto cand = std::make_shared<OpSharding>();
   cand->op = op;
+  cand->cost = extra;
+  cand->flops = flops;
   for (size_t i = 0; i < inputs.size(); ++i) {
     cand->input_targets.push_back(DTensorSpec::make(mesh, c.in[i], metas[i]));
   }
   if (best) {  // a bound that cannot beat the best skips the plan searches
-    double bound = 0;
+    double bound = extra;
     for (size_t i = 0; i < inputs.size(); ++i) {
       bound += plan_cost_lower_bound(inputs[i], cand->input_targets[i], default_cost_model());
     }
@@ -389,18 +456,22 @@ std::shared_ptr<const OpSharding> compute(const OpEntry& entry,
   for (const auto& s : inputs) metas.push_back(s.meta());
   const BuiltRule built = checked_rule(entry, inputs, metas, args);
   const Rule& rule = built.rule;
-  const std::vector<std::vector<Choice>> per_dim = choices_per_dim(rule, inputs);
+  const std::vector<std::vector<Choice>> per_dim = choices_per_dim(entry, rule, inputs);
+  const DeviceMesh& mesh = inputs[0].mesh();
   const double latency = default_cost_model().step_cost(CommKind::kAllReduce, 2, 0);
   std::shared_ptr<OpSharding> best;
   Candidate best_layout;
   std::vector<size_t> pick(per_dim.size(), 0);
   do {
-    Candidate c = candidate_at(per_dim, pick, inputs.size(), rule.outputs.size());
+    Candidate c = candidate_at(per_dim, pick, rule, inputs.size(), mesh);
     if (!admissible(entry, rule, c, inputs)) continue;
+    double flops = 0;
+    const std::optional<double> extra = extra_cost(entry, built, c, mesh, &flops);
+    if (!extra) continue;
     // A candidate that needs a collective costs at least one latency: once a cheaper one is
     // known, it cannot win (ties go to the earlier), so its plans are never searched.
-    if (best && needs_collective(inputs, c.in) && latency >= best->cost) continue;
-    auto cand = priced(entry.name, c, inputs, metas, best.get());
+    if (best && needs_collective(inputs, c.in) && latency + *extra >= best->cost) continue;
+    auto cand = priced(entry.name, c, inputs, metas, best.get(), *extra, flops);
     if (cand && (!best || cand->cost < best->cost)) {
       best = std::move(cand);
       best_layout = std::move(c);

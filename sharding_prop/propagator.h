@@ -11,9 +11,12 @@
 //    "replicate". A candidate is one choice per mesh dim (their product); choices that would
 //    shard a merged dim unevenly or through a minor factor are dropped.
 // 3. Each candidate costs the sum over inputs of the redistribute plan from the input's spec to
-//    the candidate's (redistribute_plan.h: the same planner and cost model as redistribute).
+//    the candidate's (redistribute_plan.h: the same planner and cost model as redistribute),
+//    plus the op's compute on the candidate's largest piece (NOTE [compute in the cost model]).
 //    The cheapest wins; ties go to the earlier candidate (shardings before replication, factors
-//    in rule order), so every rank picks the same.
+//    in rule order), so every rank picks the same. A contraction whose inputs are all
+//    replicated on a mesh dim also gets the candidates "shard pass factor f" there (inputs
+//    chunked locally, each rank computing its piece), charged the all_gather that undoes them.
 // 4. In-place ops keep self's layout: only candidates that leave self as it is and give the
 //    output self's placements count. Strict mode refuses any implicit redistribute and names the
 //    one the caller must write.
@@ -41,7 +44,10 @@ struct OpSharding {
   std::vector<DTensorSpec> input_targets;  // what each input must be for the local op
   std::vector<std::shared_ptr<const RedistributePlan>> input_plans;  // from each input's spec
   std::vector<DTensorSpec> outputs;
-  double cost = 0;  // of the input redistributes, under the planner's cost model
+  // Of the input redistributes and the local compute, under the one cost model (NOTE [compute
+  // in the cost model]); `flops`: the op's FLOPs on the largest piece (0 for ops not priced so).
+  double cost = 0;
+  double flops = 0;
   // No layout keeps the op's written inputs (Rule::written_inputs: batch norm's running
   // statistics sharded so unevenly that the kernel would see an empty piece): the dispatcher
   // runs the op by the replicate fallback, which writes them back. No targets, no outputs.

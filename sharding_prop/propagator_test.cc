@@ -233,6 +233,46 @@ TEST(PropagatorTest, CustomRuleWithARepeatedLetterKeepsItWhole) {
             "[R]");
 }
 
+// NOTE [compute in the cost model]: the weight gradient of a column-parallel nn.Linear(in, out)
+// whose output gradient arrives replicated (loss = out.sum()) is mm(grad_out.t() [out,B],
+// x [B,in]), both replicated. Computed whole, every rank does the full product before the
+// parameter's hook keeps its S(0) rows; chunking grad_out.t() locally (no communication) gives
+// each rank its [out/N, in] block, which the hook then keeps as it is.
+TEST(PropagatorTest, ReplicatedWeightGradientProductIsComputedSharded) {
+  const int64_t out = 256, in = 256, batch = 32;
+  for (const int64_t n : {2, 4}) {
+    const auto grad_t = spec({n}, "R", {out, batch}), x = spec({n}, "R", {batch, in});
+    const auto s = propagate("aten::mm", {grad_t, x});
+    EXPECT_EQ(placements_of(s->input_targets), "[S(0)];[R]") << s->to_string();
+    EXPECT_EQ(placements_of(s->outputs), "[S(0)]") << s->to_string();
+    for (const auto& plan : s->input_plans) EXPECT_EQ(plan->num_collectives(), 0);
+    const double whole = 2.0 * out * batch * in;
+    EXPECT_DOUBLE_EQ(s->flops, whole / static_cast<double>(n)) << s->to_string();
+    // Its transpose (the gradient of w.t()) keeps the rows of w sharded: S(1) of [in, out].
+    const auto t = propagate("aten::t", {s->outputs[0]});
+    EXPECT_EQ(placements_of(t->outputs), "[S(1)]");
+  }
+  // A product too small to pay for gathering its output later stays replicated, as before.
+  const auto small = propagate("aten::mm", {spec({4}, "R", {8, 8}), spec({4}, "R", {8, 4})});
+  EXPECT_EQ(placements_of(small->outputs), "[R]") << small->to_string();
+  // Elementwise ops of replicated inputs are never split for compute.
+  const auto add =
+      propagate("aten::add.Tensor", {spec({4}, "R", {512, 512}), spec({4}, "R", {512, 512})});
+  EXPECT_EQ(placements_of(add->outputs), "[R]") << add->to_string();
+}
+
+// Among candidates of equal communication, the one computing less per rank wins; the FLOPs are
+// those of the largest piece (uneven: ceil).
+TEST(PropagatorTest, ComputeIsPricedOnTheLargestPiece) {
+  const auto a = spec({4}, "S(0)", {10, 6}), b = spec({4}, "R", {6, 4});
+  const auto s = propagate("aten::mm", {a, b});
+  EXPECT_EQ(placements_of(s->outputs), "[S(0)]");
+  EXPECT_DOUBLE_EQ(s->flops, 2.0 * 3 * 6 * 4);  // rows 3,3,3,1: the largest piece has 3
+  const auto r = propagate("aten::mm", {spec({4}, "R", {10, 6}), b});
+  EXPECT_DOUBLE_EQ(r->flops, 2.0 * 10 * 6 * 4);
+  EXPECT_GT(r->cost, s->cost);
+}
+
 TEST(PropagatorTest, CacheHitsOnSpecsAndArgsOnlyAndIsBounded) {
   const auto a = spec({2}, "S(0)", {6, 4}), b = spec({2}, "S(0)", {2, 4});
   const auto before = propagation_cache_stats();

@@ -4,7 +4,8 @@ NOTE [register_sharding]: PyTorch's ``@register_sharding(op)`` function receives
 arguments (distributed tensors as specs with ``shape``, ``ndim``, ``dtype``) and returns the
 acceptable shardings, each ``(output placements, input placements)`` with one placement per
 tensor (``None`` for a non-tensor argument); on an N-D mesh each mesh dim picks one of them, and
-the choice minimises the cost of redistributing the inputs. The engine's rules say the same in
+the choice minimises the cost of redistributing the inputs (the engine adds the op's compute on
+each rank's piece, NOTE [compute in the cost model]). The engine's rules say the same in
 factors (NOTE [sharding rules as factors]): each strategy that shards something becomes one
 factor carried by the dims it shards (a Partial output makes it a contraction with that reduce
 op); a dim no strategy shards gets a factor that is never sharded. The engine's one cost model

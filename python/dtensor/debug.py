@@ -1,10 +1,13 @@
-"""Debugging: CommDebugMode (counts collectives), visualize_sharding, cache statistics, explain."""
+"""Debugging: CommDebugMode (counts collectives), FlopCounterMode (counts FLOPs per rank),
+visualize_sharding, cache statistics, explain."""
 
 from dtensor import _C
 from dtensor._comm_mode import CommDebugMode
+from dtensor._flop_counter import FlopCounterMode
 
 __all__ = [
     "CommDebugMode",
+    "FlopCounterMode",
     "explain",
     "fallback_counts",
     "propagation_cache_stats",
