@@ -153,22 +153,30 @@ void sweep(const std::string& backend, int64_t rank, int64_t n, int64_t max_byte
     for (int64_t bytes : sizes_up_to(max_bytes)) {
       const int64_t numel = bytes / 4 / n * n;  // float32, divisible by n
       const Buffers b = buffers_for(sym, numel, n);
-      const int iters = static_cast<int>(std::clamp<int64_t>((256ll << 20) / bytes, 3, 200));
+      // The median of `reps` loops' per-call averages: one scheduler hiccup of this VM (a
+      // millisecond) would otherwise move a 4 KiB average by several microseconds.
+      const int iters = static_cast<int>(std::clamp<int64_t>((256ll << 20) / bytes, 3, 1000));
+      const int reps = bytes < (16ll << 20) ? 5 : 3;
       run_op(op, b, rank);  // warm up (and create the communicator)
-      barrier(RankContext::kWorld);
       const int64_t sym_calls = symmetric_collectives_run();
-      const auto t0 = Clock::now();
       const long faults0 = minor_faults();
-      for (int i = 0; i < iters; ++i) run_op(op, b, rank);
+      std::vector<double> per_call;
+      for (int rep = 0; rep < reps; ++rep) {
+        barrier(RankContext::kWorld);
+        const auto t0 = Clock::now();
+        for (int i = 0; i < iters; ++i) run_op(op, b, rank);
+        barrier(RankContext::kWorld);
+        per_call.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() /
+                           iters);
+      }
       // Calls under DTENSOR_SHM_SYMMETRIC_MIN_BYTES go through the buffers by design.
       const bool direct = static_cast<size_t>(numel * 4) >= shm::symmetric_min_bytes();
-      if (sym && direct && numel > 0 && symmetric_collectives_run() - sym_calls != iters) {
+      if (sym && direct && numel > 0 && symmetric_collectives_run() - sym_calls != iters * reps) {
         throw std::runtime_error(std::string(op) + " did not run on symmetric memory");
       }
-      const double faults = static_cast<double>(minor_faults() - faults0) / iters;
-      barrier(RankContext::kWorld);
-      const double us =
-          std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters;
+      const double faults = static_cast<double>(minor_faults() - faults0) / (iters * reps);
+      std::sort(per_call.begin(), per_call.end());
+      const double us = per_call[per_call.size() / 2];
       if (rank != 0) continue;
       const double algbw = static_cast<double>(numel * 4) / (us * 1e-6) / 1e9;
       const double factor =

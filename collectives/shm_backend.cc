@@ -58,9 +58,9 @@ CallSignature signature_of(const Snap& s) {
 }
 
 // How the ranks' calls disagree, or "": the same checks and wording as the threads backend.
-std::string snap_mismatch(const std::vector<Snap>& calls) {
-  std::vector<CallSignature> sigs;
-  sigs.reserve(calls.size());
+// `sigs` is reused across calls (no allocation per call).
+std::string snap_mismatch(const std::vector<Snap>& calls, std::vector<CallSignature>& sigs) {
+  sigs.clear();
   for (const Snap& s : calls) sigs.push_back(signature_of(s));
   return mismatch(sigs);
 }
@@ -275,7 +275,7 @@ void ShmCommunicator::exchange(const Op& op, CollectiveCall& call) {
   uint64_t t = step_ + 1;
   // Step 1 carries the descriptors: check that the calls agree before computing anything.
   await(op, &Ctrl::consumed, t >= 2 ? t - 2 : 0, "did not finish");
-  write_desc(call, t, cma, sym);
+  write_desc(call, mine, t, cma, sym);
   if (cma || sym) {
     ctrl(rank())->posted.store(t, std::memory_order_release);
   } else {
@@ -283,7 +283,7 @@ void ShmCommunicator::exchange(const Op& op, CollectiveCall& call) {
   }
   await(op, &Ctrl::posted, t, "did not arrive");
   snapshot(t);
-  const std::string bad = snap_mismatch(snaps_);
+  const std::string bad = snap_mismatch(snaps_, sigs_);
   if (!bad.empty()) {
     ctrl(rank())->consumed.store(t, std::memory_order_release);
     step_ = t;
@@ -400,9 +400,10 @@ void ShmCommunicator::await(const Op& op, std::atomic<uint64_t> Ctrl::*field, ui
   fail(op, missing, what);
 }
 
-void ShmCommunicator::write_desc(const CollectiveCall& call, uint64_t t, bool cma, bool sym) {
+void ShmCommunicator::write_desc(const CollectiveCall& call, const Desc& mine, uint64_t t, bool cma,
+                                 bool sym) {
   const uint64_t p = t & 1;
-  Desc d = describe(call, size());
+  Desc d = mine;
   if (cma) {
     d.cma = 1;
     d.input = reinterpret_cast<uint64_t>(call.input.data_ptr());

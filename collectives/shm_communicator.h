@@ -121,7 +121,7 @@ class ShmCommunicator : public Communicator {
   int64_t rounds_of(const CollectiveCall& call, int64_t per_round) const;
   void post(const CollectiveCall& call, const Desc& mine, uint64_t t, int64_t c, int64_t per_round);
   void await(const Op& op, std::atomic<uint64_t> Ctrl::*field, uint64_t step, const char* what);
-  void write_desc(const CollectiveCall& call, uint64_t t, bool cma, bool sym);
+  void write_desc(const CollectiveCall& call, const Desc& mine, uint64_t t, bool cma, bool sym);
   void snapshot(uint64_t t);
   void probe_cma();
   void consume(CollectiveCall& call, uint64_t t, int64_t c, int64_t per_round);
@@ -202,6 +202,7 @@ class ShmCommunicator : public Communicator {
   uint64_t calls_ = 0;  // calls this rank made on the group (CollectiveCall::seq)
   std::string broken_;  // set once a call failed for good: later calls fail at once
   std::vector<Snap> snaps_;
+  std::vector<CallSignature> sigs_;  // snap_mismatch's, reused
   Cma cma_;
   std::vector<char> scratch_;  // a peer's piece of a reduction read by cross memory attach
   std::optional<SymmetricView> sym_in_, sym_out_;  // this call's symmetric buffers
