@@ -139,7 +139,7 @@ Wait wait_until(Ready&& ready, const std::atomic<uint32_t>& broken,
                 std::chrono::steady_clock::time_point deadline, Poll&& poll,
                 std::chrono::milliseconds poll_every) {
   constexpr auto kSpinFor = std::chrono::microseconds(20);
-  constexpr auto kYieldFor = std::chrono::microseconds(1000);
+  constexpr auto kYieldFor = std::chrono::microseconds(100);
   for (int i = 0; i < 64; ++i) {  // the common case: the peers are (almost) there
     if (ready()) return Wait::kReady;
     cpu_relax();

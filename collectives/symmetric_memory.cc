@@ -229,9 +229,10 @@ std::shared_ptr<SymmetricMemory> rendezvous(const at::Tensor& t, const std::stri
   }
   const at::Tensor rec = at::empty({static_cast<int64_t>(sizeof(mine))}, at::kByte);
   std::memcpy(rec.data_ptr(), &mine, sizeof(mine));
-  // Over the group's own backend: on CUDA tensors (nccl) the record travels on the device.
+  // Over the group's own backend: on nccl the record travels on the device.
+  const bool on_device = cuda && info.backend == "nccl";
   const at::Tensor all =
-      all_gather_into_tensor(cuda ? rec.to(alloc->device) : rec, 0, group).cpu().contiguous();
+      all_gather_into_tensor(on_device ? rec.to(alloc->device) : rec, 0, group).cpu().contiguous();
   std::vector<symmetric::Record> recs(n);
   std::memcpy(recs.data(), all.data_ptr(), sizeof(mine) * n);
   bool same = true;
