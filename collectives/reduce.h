@@ -23,9 +23,9 @@ void combine(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, ReduceOp
 
 // combine() on raw contiguous memory by a plain loop, for sum, avg and product of float, double,
 // int32 and int64 (each element is one IEEE or wrapping integer operation, so the bits equal
-// combine()'s); returns false and does nothing for other pairs. `out` may be `a` or `b`. Small
-// messages gain most: no tensors to build, no TensorIterator (4 KiB of floats: 0.2 us against
-// 2.4 us through at::add_out on one thread).
+// combine()'s); returns false and does nothing for other pairs. `out` may be `a` or `b`. For small
+// messages: no tensors to build, no TensorIterator (4 KiB of floats: 0.2 us against 2.4 us
+// through at::add_out on one thread); large ones run faster through ATen's vectorised kernels.
 bool combine_raw(void* out, const void* a, const void* b, int64_t n, c10::ScalarType dtype,
                  ReduceOp op);
 

@@ -36,6 +36,8 @@ inline const uint64_t g_probe_word = shm::kProbeWord;
 // Reductions through cross memory attach fold pieces of this many bytes: a peer's piece is read
 // into a scratch buffer that stays in cache while it is folded into the output.
 constexpr size_t kPieceBytes = size_t{256} << 10;
+// Folds of at most this many bytes use combine_raw (ShmCommunicator::fold).
+constexpr int64_t kRawFoldBytes = int64_t{64} << 10;
 
 inline int64_t offset_of(const std::vector<int64_t>& splits, int64_t r) {
   int64_t off = 0;
@@ -219,7 +221,10 @@ void ShmCommunicator::fold(CollectiveCall& call, int64_t out_at, int64_t len, Pi
   const size_t isz = call.output.element_size();
   char* dst = static_cast<char*>(call.output.data_ptr()) + out_at * isz;
   const c10::ScalarType dtype = call.output.scalar_type();
-  if (size() > 1 && combine_raw(dst, dst, dst, 0, dtype, call.op)) {  // a plain loop serves
+  // Small pieces by a plain loop (no per-call tensors or TensorIterator); large ones through
+  // ATen's vectorised kernels, which a plain loop that may alias its output does not match.
+  if (size() > 1 && len * static_cast<int64_t>(isz) <= kRawFoldBytes &&
+      combine_raw(dst, dst, dst, 0, dtype, call.op)) {
     const char* first = piece(0, dst);
     combine_raw(dst, first, piece(1, nullptr), len, dtype, call.op);
     for (int64_t r = 2; r < size(); ++r)
