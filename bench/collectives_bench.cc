@@ -236,6 +236,7 @@ void wait_cost(const std::string& backend, int64_t rank, clockid_t clock) {
 // about as long as the copy-based collectives, the case where overlapping matters. On a machine
 // with no spare core (2 vCPUs, 2 ranks: each rank's copying thread shares a core with another
 // rank's matmul) every copied byte slows the matmul, so the slowdown measures the copies' CPU cost.
+// The step's time is reported too: a collective starved of CPU would flatter the matmul's figure.
 constexpr int64_t kOverlapBytes = 8ll << 20;
 constexpr int64_t kDim = 384;
 constexpr int kMatmuls = 6, kSteps = 30;
@@ -258,16 +259,16 @@ void overlap(const std::string& backend, int64_t rank, int64_t n) {
   };
   matmuls();
   collectives(false);
-  double alone = 0, comm = 0, overlapped = 0, step = 0;
-  for (int rep = 0; rep < 3; ++rep) {  // interleaved, best of 3 each
+  std::vector<double> alone_s, comm_s, overlapped_s, step_s;
+  for (int rep = 0; rep < 7; ++rep) {  // interleaved; medians of 7 each
     barrier(w);
     auto t0 = Clock::now();
     for (int i = 0; i < kSteps; ++i) matmuls();
-    const double a = seconds(t0);
+    alone_s.push_back(seconds(t0));
     barrier(w);
     t0 = Clock::now();
     for (int i = 0; i < kSteps; ++i) collectives(false);
-    const double c = seconds(t0);
+    comm_s.push_back(seconds(t0));
     barrier(w);
     double mm = 0;
     t0 = Clock::now();
@@ -278,11 +279,15 @@ void overlap(const std::string& backend, int64_t rank, int64_t n) {
       mm += seconds(m0);
       for (const auto& o : outs) wait_tensor(o);
     }
-    const double st = seconds(t0);
-    if (rep == 0 || a < alone) alone = a;
-    if (rep == 0 || c < comm) comm = c;
-    if (rep == 0 || mm < overlapped) overlapped = mm, step = st;
+    step_s.push_back(seconds(t0));
+    overlapped_s.push_back(mm);
   }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double alone = median(alone_s), comm = median(comm_s), overlapped = median(overlapped_s),
+               step = median(step_s);
   if (rank != 0) return;
   const double us = 1e6 / kSteps;
   std::printf(

@@ -383,7 +383,8 @@ void ShmCommunicator::await(const Op& op, std::atomic<uint64_t> Ctrl::*field, ui
       throw;
     }
   };
-  switch (shm::wait_until(reached, hdr_->broken, op.deadline, poll, kInterruptPoll)) {
+  switch (shm::wait_until(reached, hdr_->broken, op.deadline, poll, kInterruptPoll,
+                          shm::yield_budget(size()))) {
     case Wait::kReady:
       return;
     case Wait::kBroken:

@@ -127,19 +127,29 @@ inline void cpu_relax() {
 
 enum class Wait { kReady, kBroken, kTimeout };
 
+// How long a waiter yields before it sleeps (wait_until). Yielding lets a peer that needs this
+// core run, which matters when the group has more ranks than the machine has cores (4 ranks on 2:
+// a 1 MiB all_reduce took 484 us with 100 us of yielding, 366 us with 1 ms); but a yielding thread
+// stays runnable and takes CPU from compute it overlaps with (a matmul beside async collectives
+// on 2 ranks, 2 cores: slowed 27% with 1 ms of yielding, 13-18% with 100 us). So: 1 ms when the
+// group outnumbers the cores, 100 us otherwise. A local choice: it shapes no communication.
+inline std::chrono::microseconds yield_budget(int64_t group_size) {
+  static const auto cores = static_cast<int64_t>(std::thread::hardware_concurrency());  // a syscall
+  return std::chrono::microseconds(cores > 0 && group_size > cores ? 1000 : 100);
+}
+
 // Waits until ready() holds, the group is marked broken, or the deadline passes. A peer running
-// on another core answers within a microsecond or two, so spin first (~20 us); then yield for up
-// to a millisecond, since with more ranks than cores (2 cores, 4 ranks) the peer we wait for may
-// need this core, and a yield costs nothing when no one else wants it; then nap with growing
-// sleeps (10 us to 100 us) so that long waits cost no CPU.
+// on another core answers within a microsecond or two, so spin first (~20 us); then yield for
+// `yield_for` (yield_budget), since the peer we wait for may need this core and a yield costs
+// nothing when no one else wants it; then nap with growing sleeps (10 us to 100 us) so that long
+// waits cost no CPU.
 // poll() runs about every poll_every while waiting (it may throw: NOTE [interrupts] in
 // collectives/communicator.h).
 template <class Ready, class Poll>
 Wait wait_until(Ready&& ready, const std::atomic<uint32_t>& broken,
                 std::chrono::steady_clock::time_point deadline, Poll&& poll,
-                std::chrono::milliseconds poll_every) {
+                std::chrono::milliseconds poll_every, std::chrono::microseconds yield_for) {
   constexpr auto kSpinFor = std::chrono::microseconds(20);
-  constexpr auto kYieldFor = std::chrono::microseconds(100);
   for (int i = 0; i < 64; ++i) {  // the common case: the peers are (almost) there
     if (ready()) return Wait::kReady;
     cpu_relax();
@@ -158,7 +168,7 @@ Wait wait_until(Ready&& ready, const std::atomic<uint32_t>& broken,
     }
     if (now - start < kSpinFor) {
       for (int k = 0; k < 16; ++k) cpu_relax();
-    } else if (now - start < kYieldFor) {
+    } else if (now - start < yield_for) {
       std::this_thread::yield();
     } else {
       timespec ts{0, nap_ns};

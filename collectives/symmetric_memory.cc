@@ -410,7 +410,8 @@ void SymmetricMemory::wait_for(std::atomic<uint32_t>& flag, uint32_t from, uint3
   };
   shm::Header& mine = header(rank_);
   switch (shm::wait_until(
-      ready, mine.broken, start + timeout_, [] { check_interrupt(); }, kInterruptPoll)) {
+      ready, mine.broken, start + timeout_, [] { check_interrupt(); }, kInterruptPoll,
+      shm::yield_budget(world_size()))) {
     case shm::Wait::kReady:
       return;
     case shm::Wait::kBroken: {
