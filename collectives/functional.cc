@@ -186,6 +186,22 @@ CollectiveCall make_call(CollectiveKind kind, const char* label, at::Tensor inpu
   return c;
 }
 
+// One synchronous call into the caller's `output` (the *_into collectives: nothing allocated).
+void run_into(CollectiveKind kind, const char* label, const at::Tensor& input,
+              const at::Tensor& output, ReduceOp op, std::vector<int64_t> output_splits,
+              const std::string& group) {
+  auto job = std::make_shared<Job>();
+  CollectiveCall c;
+  c.kind = kind;
+  c.label = label;
+  c.op = op;
+  c.input = flat(input);
+  c.output = output.view({-1});
+  c.output_splits = std::move(output_splits);
+  job->calls.push_back(std::move(c));
+  submit(group, job, {output}, /*async_op=*/false);
+}
+
 // Groups tensor indices by dtype, in first-seen order (one round per dtype).
 std::vector<std::vector<size_t>> by_dtype(const std::vector<at::Tensor>& ts) {
   std::map<int, size_t> slot;
@@ -231,24 +247,19 @@ at::Tensor all_reduce(const at::Tensor& input, ReduceOp op, const std::string& g
 
 void all_reduce_into(const at::Tensor& input, const at::Tensor& output, ReduceOp op,
                      const std::string& group) {
-  const std::string what = "all_reduce on group '" + group + "'";
-  check_reduce_op(op, input.scalar_type(), what);
+  // Messages are built only on failure: this is torch.distributed's all_reduce (every call).
+  if (reduce_op_problem(op, input.scalar_type()) != nullptr) {
+    check_reduce_op(op, input.scalar_type(), "all_reduce on group '" + group + "'");
+  }
   DTENSOR_CHECK(output.is_contiguous() && output.numel() == input.numel() &&
                     output.scalar_type() == input.scalar_type() &&
                     output.device() == input.device(),
-                what, ": the output must be contiguous with the input's numel, dtype and device");
+                "all_reduce on group '", group,
+                "': the output must be contiguous with the input's numel, dtype and device");
   const bool in_place = output.data_ptr() == input.data_ptr() && input.is_contiguous();
-  DTENSOR_CHECK(in_place || !output.is_alias_of(input), what,
-                ": the output must be the input itself (in place) or not share its storage");
-  auto job = std::make_shared<Job>();
-  CollectiveCall c;
-  c.kind = CollectiveKind::kAllReduce;
-  c.label = "all_reduce";
-  c.input = flat(input);
-  c.output = output.view({-1});
-  c.op = op;
-  job->calls.push_back(std::move(c));
-  submit(group, job, {output}, /*async_op=*/false);
+  DTENSOR_CHECK(in_place || !output.is_alias_of(input), "all_reduce on group '", group,
+                "': the output must be the input itself (in place) or not share its storage");
+  run_into(CollectiveKind::kAllReduce, "all_reduce", input, output, op, {}, group);
 }
 
 std::vector<at::Tensor> all_reduce_coalesced(const std::vector<at::Tensor>& inputs, ReduceOp op,
@@ -276,28 +287,19 @@ std::vector<at::Tensor> all_reduce_coalesced(const std::vector<at::Tensor>& inpu
 
 void all_gather_into(const at::Tensor& input, const at::Tensor& output, const std::string& group) {
   const int64_t n = group_size(group);
-  const std::string what = "all_gather on group '" + group + "'";
   DTENSOR_CHECK(output.is_contiguous() && output.numel() == input.numel() * n &&
                     output.scalar_type() == input.scalar_type() &&
                     output.device() == input.device(),
-                what, ": the output must be contiguous with ", n,
+                "all_gather on group '", group, "': the output must be contiguous with ", n,
                 " times the input's numel and its dtype and device");
-  auto job = std::make_shared<Job>();
-  CollectiveCall c;
-  c.kind = CollectiveKind::kAllGather;
-  c.label = "all_gather_into_tensor";
-  c.input = flat(input);
-  c.output = output.view({-1});
   // The input may be this rank's own place in the output (in place); any other overlap is not.
-  const int64_t me = my_group_rank(group);
+  const int64_t at = my_group_rank(group) * input.numel() * input.element_size();
   const bool in_place =
-      c.input.data_ptr() == static_cast<char*>(c.output.data_ptr()) +
-                                me * input.numel() * static_cast<int64_t>(input.element_size());
-  DTENSOR_CHECK(in_place || !output.is_alias_of(input), what,
-                ": the input must be this rank's chunk of the output or not share its storage");
-  c.output_splits.assign(n, input.numel());
-  job->calls.push_back(std::move(c));
-  submit(group, job, {output}, /*async_op=*/false);
+      input.is_contiguous() && input.data_ptr() == static_cast<char*>(output.data_ptr()) + at;
+  DTENSOR_CHECK(in_place || !output.is_alias_of(input), "all_gather on group '", group,
+                "': the input must be this rank's chunk of the output or not share its storage");
+  run_into(CollectiveKind::kAllGather, "all_gather_into_tensor", input, output, ReduceOp::kSum,
+           std::vector<int64_t>(n, input.numel()), group);
 }
 
 at::Tensor all_gather_into_tensor(const at::Tensor& input, int64_t gather_dim,

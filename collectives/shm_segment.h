@@ -59,7 +59,7 @@ struct Desc {
   int32_t kind = 0, dtype = -1, op = 0;
   int32_t n_in = 0, n_out = 0;  // number of input / output splits (0 or the group size)
   int32_t cma = 0;              // 1: peers read `input` directly, no data was posted (see
-                                // NOTE [shm cross memory attach] in shm_backend.cc)
+                                // NOTE [shm cross memory attach] in shm_communicator.h)
   int32_t sym = 0;              // 1: input / output are symmetric as below, no data was posted
                                 // (NOTE [symmetric collectives] in shm_backend.cc)
   int64_t sym_in = -1, sym_out = -1;       // SymmetricMemory::id of the input's / output's memory

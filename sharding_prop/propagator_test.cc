@@ -136,7 +136,9 @@ TEST(PropagatorTest, ChoosesTheCheapestLayoutTable) {
     const auto s = propagate(r.op, ins, r.args);
     EXPECT_EQ(placements_of(s->input_targets), r.want_inputs) << s->to_string();
     EXPECT_EQ(placements_of(s->outputs), r.want_outputs) << s->to_string();
-    if (!r.want_rule.empty()) EXPECT_EQ(s->rule, r.want_rule) << s->to_string();
+    if (!r.want_rule.empty()) {
+      EXPECT_EQ(s->rule, r.want_rule) << s->to_string();
+    }
   }
 }
 
