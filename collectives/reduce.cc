@@ -77,9 +77,15 @@ void combine_loop(void* out, const void* a, const void* b, int64_t n, ReduceOp o
 }
 }  // namespace
 
+bool combine_raw_serves(c10::ScalarType dtype, ReduceOp op) {
+  const bool op_ok = op == ReduceOp::kSum || op == ReduceOp::kAvg || op == ReduceOp::kProduct;
+  return op_ok && (dtype == c10::kFloat || dtype == c10::kDouble || dtype == c10::kInt ||
+                   dtype == c10::kLong);
+}
+
 bool combine_raw(void* out, const void* a, const void* b, int64_t n, c10::ScalarType dtype,
                  ReduceOp op) {
-  if (op != ReduceOp::kSum && op != ReduceOp::kAvg && op != ReduceOp::kProduct) return false;
+  if (!combine_raw_serves(dtype, op)) return false;
   switch (dtype) {
     case c10::kFloat:
       combine_loop<float>(out, a, b, n, op);

@@ -28,6 +28,8 @@ void combine(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, ReduceOp
 // through at::add_out on one thread); large ones run faster through ATen's vectorised kernels.
 bool combine_raw(void* out, const void* a, const void* b, int64_t n, c10::ScalarType dtype,
                  ReduceOp op);
+// Whether combine_raw serves (op, dtype).
+bool combine_raw_serves(c10::ScalarType dtype, ReduceOp op);
 
 // acc = op(acc, other), elementwise, in place: combine(acc, acc, other, op).
 void reduce_into(at::Tensor& acc, const at::Tensor& other, ReduceOp op);

@@ -224,7 +224,7 @@ void ShmCommunicator::fold(CollectiveCall& call, int64_t out_at, int64_t len, Pi
   // Small pieces by a plain loop (no per-call tensors or TensorIterator); large ones through
   // ATen's vectorised kernels, which a plain loop that may alias its output does not match.
   if (size() > 1 && len * static_cast<int64_t>(isz) <= kRawFoldBytes &&
-      combine_raw(dst, dst, dst, 0, dtype, call.op)) {
+      combine_raw_serves(dtype, call.op)) {
     const char* first = piece(0, dst);
     combine_raw(dst, first, piece(1, nullptr), len, dtype, call.op);
     for (int64_t r = 2; r < size(); ++r)

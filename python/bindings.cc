@@ -14,9 +14,9 @@
 namespace py = pybind11;
 using namespace dtensor;
 
-void bind_tensors(py::module& m);     // tensor_bindings.cc
-void bind_checkpoint(py::module& m);  // checkpoint_bindings.cc
-void bind_sharding(py::module& m);    // sharding_bindings.cc
+void bind_tensors(py::module& m);           // tensor_bindings.cc
+void bind_checkpoint(py::module& m);        // checkpoint_bindings.cc
+void bind_sharding(py::module& m);          // sharding_bindings.cc
 void bind_symmetric_memory(py::module& m);  // symmetric_memory_bindings.cc
 
 namespace {
