@@ -5,11 +5,13 @@
 // these calls. Backends are registered by name and may come from other libraries.
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Stream.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -52,6 +54,9 @@ struct CollectiveCall {
   std::string thread;                  // the issuing thread's label (NOTE [issuing thread])
   uint64_t thread_seq = 0;             // the call's number among that thread's calls on the group
   uint64_t seq = 0;  // set by the backend: this call's number among the group's calls (1, 2, ...)
+  // CUDA tensors: the issuing thread's current stream on their device, which the backend orders
+  // itself after (NOTE [nccl stream order]); unset otherwise.
+  std::optional<c10::Stream> stream;
 };
 
 // NOTE [interrupts]

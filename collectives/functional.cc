@@ -1,6 +1,7 @@
 #include "collectives/functional.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
 #include <chrono>
@@ -119,6 +120,10 @@ std::vector<at::Tensor> submit(const std::string& group, std::shared_ptr<Job> jo
   for (CollectiveCall& c : job->calls) {  // NOTE [issuing thread]
     c.thread = thread_label();
     c.thread_seq = ++thread_calls;
+    const at::Tensor& t = c.input.defined() ? c.input : c.output;
+    if (t.defined() && t.is_cuda()) {  // NOTE [nccl stream order]
+      c.stream = c10::impl::getDeviceGuardImpl(t.device().type())->getStream(t.device());
+    }
   }
   Communicator* comm = ep.comm.get();
   auto run = [comm, job] {

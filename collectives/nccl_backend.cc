@@ -7,8 +7,19 @@
 // communicator is aborted (ncclCommAbort) and a CollectiveError names the collective, group,
 // ranks and elapsed time. NCCL has no bitwise reductions; uneven all_gather pads to the largest
 // contribution; reduce_scatter needs equal segments (the functional layer guarantees it).
+//
+// NOTE [nccl stream order]: the communicator's stream is non-blocking, so it does not wait for
+// the kernels torch queued on its current stream (those that compute the input, and the padding
+// copy below). The functional layer records the issuing thread's current stream in the call
+// (async calls run on the group's worker thread, whose current stream is another); run() makes
+// it current, queues the padding there, records an event on it and makes the communicator's
+// stream wait for that event (through c10's device guard interface, so no CUDA build of
+// libtorch is needed to compile this). run() returns once the communicator's stream finished, so
+// what comes after on torch's stream sees the output.
 
 #include <ATen/ATen.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -108,6 +119,12 @@ class NcclCommunicator : public Communicator {
       throw Error("nccl backend: " + std::string(collective_name(call.kind)) + " on group '" +
                   group().name + "' needs CUDA tensors, got " + call.input.device().str());
     }
+    // On the issuing thread's stream (async calls run on the group's worker thread).
+    c10::OptionalStreamGuard on_issue_stream;
+    if (call.stream) on_issue_stream.reset_stream(*call.stream);
+    prepare(call);
+    follow_current_stream(call.kind == CollectiveKind::kBarrier ? token_.device()
+                                                                : call.input.device());
     enqueue(call);
     wait_stream(call, start);
     if (call.kind == CollectiveKind::kAllGather) compact_gather(call);
@@ -121,6 +138,29 @@ class NcclCommunicator : public Communicator {
     }
   }
 
+  // Buffers queued on torch's current stream before the collective: all_gather's padded copy,
+  // the barrier's token.
+  void prepare(const CollectiveCall& call) {
+    if (call.kind == CollectiveKind::kAllGather) {
+      int64_t longest = 0;
+      for (int64_t s : call.output_splits) longest = std::max(longest, s);
+      padded_ = at::zeros({longest * size()}, call.input.options());
+      padded_.narrow(0, rank() * longest, call.input.numel()).copy_(call.input);
+    } else if (call.kind == CollectiveKind::kBarrier && !token_.defined()) {
+      token_ = at::zeros({1}, at::TensorOptions().device(at::kCUDA));
+    }
+  }
+
+  // NOTE [nccl stream order]
+  void follow_current_stream(c10::Device device) {
+    const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+    void* event = nullptr;
+    impl->record(&event, impl->getStream(device), device.index(), c10::EventFlag::PYTORCH_DEFAULT);
+    const cudaError_t e = cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(event), 0);
+    impl->destroyEvent(event, device.index());
+    check_cuda(e, "cudaStreamWaitEvent");
+  }
+
   void enqueue(CollectiveCall& call) {
     const auto dtype = call.input.defined() ? nccl_dtype(call.input.scalar_type()) : ncclUint8;
     switch (call.kind) {
@@ -130,10 +170,7 @@ class NcclCommunicator : public Communicator {
               "ncclAllReduce");
         break;
       case CollectiveKind::kAllGather: {
-        int64_t longest = 0;
-        for (int64_t s : call.output_splits) longest = std::max(longest, s);
-        padded_ = at::zeros({longest * size()}, call.input.options());
-        padded_.narrow(0, rank() * longest, call.input.numel()).copy_(call.input);
+        const int64_t longest = padded_.numel() / size();
         check(ncclAllGather(padded_.narrow(0, rank() * longest, longest).data_ptr(),
                             padded_.data_ptr(), longest, dtype, comm_, stream_),
               "ncclAllGather");
@@ -154,7 +191,6 @@ class NcclCommunicator : public Communicator {
               "ncclBroadcast");
         break;
       case CollectiveKind::kBarrier:
-        if (!token_.defined()) token_ = at::zeros({1}, at::TensorOptions().device(at::kCUDA));
         check(ncclAllReduce(token_.data_ptr(), token_.data_ptr(), 1, ncclFloat32, ncclSum, comm_,
                             stream_),
               "ncclAllReduce (barrier)");

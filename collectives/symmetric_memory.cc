@@ -384,6 +384,8 @@ void SymmetricMemory::put_signal(int64_t peer, int channel) {
   check_peer(peer, "put_signal");
   DTENSOR_CHECK(channel >= 0 && channel < kChannels, "symmetric memory put_signal: channel ",
                 channel, " is not in [0, ", kChannels, ")");
+  // Device writes before the signal must land before a peer acts on it (NOTE [symmetric memory]).
+  if (device_.is_cuda()) symmetric::device_hooks().synchronize(device_.index());
   wait_for(slot(peer, channel, rank_), 0, 1, "put_signal", peer);
 }
 

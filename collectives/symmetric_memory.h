@@ -48,6 +48,10 @@ struct Allocation;  // one rank's segment (symmetric_memory.cc)
 // CUDA symmetric memory: the data is device memory each peer opens by IPC handle; the signal
 // pads stay in the rank's shared-memory segment (host flags). symmetric_memory_cuda.cc (built
 // with --config=cuda) installs these at load; without them CUDA allocations are refused.
+// Host flags are not ordered after device work, so on CUDA put_signal (and barrier) first waits
+// for the device to finish what this rank queued: a peer woken by the signal then reads what was
+// written before it, as PyTorch's stream-ordered signals guarantee (found on the first GPU run:
+// a peer read a buffer whose host-to-device copy was still in flight).
 constexpr size_t kIpcHandleBytes = 64;  // cudaIpcMemHandle_t
 struct DeviceHooks {
   void* (*alloc)(size_t bytes, int device) = nullptr;
@@ -55,6 +59,7 @@ struct DeviceHooks {
   void (*export_handle)(void* ptr, char* handle) = nullptr;        // kIpcHandleBytes
   void* (*open_handle)(const char* handle, int device) = nullptr;  // a peer's buffer
   void (*close_handle)(void* ptr, int device) = nullptr;
+  void (*synchronize)(int device) = nullptr;  // waits for the device's queued work
 };
 void set_device_hooks(const DeviceHooks& hooks);
 }  // namespace symmetric

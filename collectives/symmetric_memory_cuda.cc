@@ -59,6 +59,11 @@ void* open_handle(const char* handle, int device) {
   return ptr;
 }
 
+void synchronize(int device) {
+  DeviceGuard guard(device);
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize before a signal");
+}
+
 void close_handle(void* ptr, int device) {
   DeviceGuard guard(device);
   cudaIpcCloseMemHandle(ptr);
@@ -71,6 +76,7 @@ const bool g_installed = [] {
   hooks.export_handle = export_handle;
   hooks.open_handle = open_handle;
   hooks.close_handle = close_handle;
+  hooks.synchronize = synchronize;
   symmetric::set_device_hooks(hooks);
   return true;
 }();

@@ -1,0 +1,17 @@
+#!/bin/bash
+# Fills .gpu/ (git-ignored) with what tools/gpu/check.sh needs on the device machine and cannot
+# find there: Abseil's headers and shared libraries and GoogleTest's sources, from this machine's
+# Debian packages (libabsl-dev, googletest). Run here, in the repository root; then name ".gpu" in
+# the device run's carry. NOTE [GPU check] in tools/gpu/check.sh.
+set -eu
+cd "$(dirname "$0")/../.."
+rm -rf .gpu
+mkdir -p .gpu/include .gpu/lib
+cp -r /usr/include/absl .gpu/include/
+# Each library under its SONAME (what the others' DT_NEEDED entries name).
+for f in /usr/lib/x86_64-linux-gnu/libabsl_*.so; do
+  soname=$(objdump -p "$f" | awk '/SONAME/ {print $2}')
+  cp -L "$f" ".gpu/lib/$soname"
+done
+cp -r /usr/src/googletest/googletest .gpu/googletest
+du -sh .gpu

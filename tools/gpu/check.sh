@@ -1,0 +1,107 @@
+#!/bin/bash
+# NOTE [GPU check]
+# Builds the CUDA pieces of the collectives layer (the NCCL backend, CUDA symmetric memory) and
+# their tests without Bazel, against the PyTorch that the machine's python3 holds (its headers
+# and libraries, so CUDA tensors work: Debian's libtorch is CPU-only), CUDA under $CUDA_HOME and
+# the NCCL and CUDA runtime that torch itself loads; then runs the tests. It is written for the
+# device machine (one GPU, PyTorch 2.x + CUDA, nvcc, no Bazel, no registry). Abseil and
+# GoogleTest travel from this machine's Debian packages in .gpu/ (tools/gpu/carry_deps.sh).
+#   here:   tools/gpu/carry_deps.sh
+#   there:  tools/gpu/check.sh [TEST ...]       (device run with carry [".gpu"])
+# Tests: nccl_link_test (world size 1: NCCL refuses two ranks on one GPU), and
+# symmetric_memory_cuda_test (2 processes sharing the GPU). Logs go to the build folder, and
+# all of them as one file to $OUT when that is set (the device run's folder that comes back).
+# Exits non-zero when something failed to build or a test failed.
+# NCCL_BACKEND_SRC / VARIANT build the tests with another nccl_backend.cc (objects of the other
+# sources are reused), e.g. to show that a test fails without a fix.
+set -u -o pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+DEPS=${DTENSOR_GPU_DEPS:-$ROOT/.gpu}
+BUILD=${DTENSOR_GPU_BUILD:-/tmp/dtensor-gpu-build}
+VARIANT=${VARIANT:-}
+LOGS=${DTENSOR_GPU_LOGS:-$BUILD/logs$VARIANT}
+PY=${PYTHON:-python3}
+JOBS=${JOBS:-$(nproc)}
+NCCL_BACKEND_SRC=${NCCL_BACKEND_SRC:-collectives/nccl_backend.cc}
+TESTS=("$@")
+[ ${#TESTS[@]} -gt 0 ] || TESTS=(nccl_link_test symmetric_memory_cuda_test)
+rm -rf "$LOGS"
+mkdir -p "$BUILD/obj" "$LOGS"
+[ -d "$DEPS/include/absl" ] || { echo "no $DEPS: run tools/gpu/carry_deps.sh here first"; exit 2; }
+
+if [ -z "${TORCH_INCLUDE:-}" ]; then
+  TORCH_DIR=$($PY -c 'import os, torch; print(os.path.dirname(torch.__file__))') || exit 2
+  TORCH_INCLUDE=$TORCH_DIR/include
+  TORCH_LIB=$TORCH_DIR/lib
+  SITE=$(dirname "$TORCH_DIR")
+else
+  SITE=/nonexistent
+fi
+ABI=$($PY -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))' 2>/dev/null || echo 1)
+CUDA=${CUDA_HOME:-/usr/local/cuda}
+# The first match: torch's own (pip's nvidia packages) before the toolkit's.
+first() { find "$@" 2>/dev/null | sort | head -1; }
+NCCL_H=$(first "$SITE/nvidia" "$CUDA/include" -name nccl.h)
+NCCL_SO=$(first "$SITE/nvidia" "$CUDA/lib64" "$CUDA/lib" -name 'libnccl.so*' -type f)
+CUDART_SO=$(first "$SITE/nvidia" "$CUDA/lib64" "$CUDA/lib" -name 'libcudart.so*' -type f)
+{
+  echo "torch headers $TORCH_INCLUDE, libraries $TORCH_LIB, CXX11 ABI $ABI"
+  echo "nccl.h $NCCL_H; libnccl $NCCL_SO; libcudart $CUDART_SO; nvcc $(command -v nvcc || echo none)"
+  command -v nvidia-smi >/dev/null && nvidia-smi -L
+  $PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())' 2>&1
+} | tee "$LOGS/env.log"
+[ -n "$NCCL_H" ] && [ -n "$NCCL_SO" ] && [ -n "$CUDART_SO" ] || { echo "NCCL or the CUDA runtime not found"; exit 2; }
+
+sys_include() { [ "$1" = /usr/include ] || echo "-isystem $1"; }
+CXXFLAGS="-std=c++17 -O1 -fPIC -D_GLIBCXX_USE_CXX11_ABI=$ABI -DDTENSOR_WITH_CUDA -Wall
+  -Wno-unused-parameter -Wno-sign-compare -Wno-deprecated-declarations
+  -I$ROOT -I$DEPS/include -I$DEPS/googletest/include -I$DEPS/googletest
+  $(sys_include "$TORCH_INCLUDE") -isystem $TORCH_INCLUDE/torch/csrc/api/include
+  -isystem $CUDA/include -isystem $(dirname "$NCCL_H")"
+LIB_SRCS=(base/error.cc layout/placement.cc device_mesh/device_mesh.cc
+  collectives/communicator.cc collectives/functional.cc collectives/rank_context.cc
+  collectives/reduce.cc collectives/work.cc collectives/shm_segment.cc collectives/shm_backend.cc
+  collectives/shm_cma.cc collectives/shm_symmetric.cc collectives/symmetric_memory.cc
+  collectives/symmetric_memory_cuda.cc collectives/threads_backend.cc collectives/launch_env.cc
+  "$NCCL_BACKEND_SRC")
+GTEST_SRCS=("$DEPS/googletest/src/gtest-all.cc" "$DEPS/googletest/src/gtest_main.cc")
+obj_of() { local r=${1#$ROOT/}; echo "$BUILD/obj/${r//\//_}.o"; }
+compile() {  # source -> object, log under $LOGS/compile-*.log (kept only on failure)
+  local o; o=$(obj_of "$1")
+  [ -f "$o" ] && [ "$o" -nt "$1" ] && return 0
+  local log="$LOGS/compile-$(basename "$o" .o).log"
+  rm -f "$o"
+  if g++ $CXXFLAGS -c "$1" -o "$o" >"$log" 2>&1; then rm -f "$log"; else echo "FAILED to compile $1"; return 1; fi
+}
+export -f compile obj_of
+export CXXFLAGS BUILD LOGS ROOT
+SRCS=("${LIB_SRCS[@]}" "${GTEST_SRCS[@]}")
+for t in "${TESTS[@]}"; do SRCS+=("collectives/$t.cc"); done
+t0=$(date +%s)
+printf '%s\n' "${SRCS[@]}" | xargs -P "$JOBS" -I{} bash -c 'compile "$@"' _ {}
+status=$?
+echo "compiled in $(( $(date +%s) - t0 )) s"
+
+TORCH_LIBS="-L$TORCH_LIB -Wl,-rpath,$TORCH_LIB -Wl,--no-as-needed -ltorch -ltorch_cpu -lc10"
+[ -f "$TORCH_LIB/libtorch_cuda.so" ] && TORCH_LIBS+=" -ltorch_cuda -lc10_cuda"
+TORCH_LIBS+=" -Wl,--as-needed"
+LIBOBJS=()
+for s in "${LIB_SRCS[@]}" "${GTEST_SRCS[@]}"; do LIBOBJS+=("$(obj_of "$s")"); done
+failed=0
+for t in "${TESTS[@]}"; do
+  bin="$BUILD/$t$VARIANT"
+  if ! g++ -o "$bin" "${LIBOBJS[@]}" "$(obj_of "collectives/$t.cc")" $TORCH_LIBS "$DEPS"/lib/libabsl_*.so.* \
+      "$NCCL_SO" "$CUDART_SO" -Wl,-rpath,"$DEPS/lib:$(dirname "$NCCL_SO"):$(dirname "$CUDART_SO")" \
+      -Wl,--disable-new-dtags -lrt -ldl -pthread >"$LOGS/link-$t$VARIANT.log" 2>&1; then
+    echo "FAILED to link $t$VARIANT (log link-$t$VARIANT.log)"; tail -20 "$LOGS/link-$t$VARIANT.log"; failed=1; continue
+  fi
+  timeout 300 "$bin" --gtest_color=no >"$LOGS/$t$VARIANT.log" 2>&1
+  rc=$?
+  grep -E '^\[ +(OK|FAILED|SKIPPED|PASSED) +\]|Failure|uncaught|error' "$LOGS/$t$VARIANT.log" | head -40
+  echo "$t$VARIANT: exit $rc"
+  [ $rc -eq 0 ] || failed=1
+done
+for f in "$LOGS"/compile-*.log; do [ -f "$f" ] && { echo "== $f"; grep -m 20 'error' "$f"; }; done
+[ -n "${OUT:-}" ] && for f in "$LOGS"/*.log; do echo "==== $f"; cat "$f"; done >"$OUT/gpu-check$VARIANT.log"
+[ $status -eq 0 ] && [ $failed -eq 0 ]
