@@ -2,6 +2,7 @@
 // --config=cuda on when nccl.h is there). Asking NCCL its version needs no GPU.
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -158,6 +159,37 @@ TEST(NcclLinkTest, EveryCollectiveOnOneGpu) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("NCCL has no"), std::string::npos) << e.what();
   }
+#else
+  GTEST_SKIP() << "built without --config=cuda";
+#endif
+}
+
+// The dtensor_c10d operators' CUDA kernels (collectives/torch_ops.cc) through the dispatcher,
+// async until waited, and their autograd: all_gather's backward is a reduce_scatter.
+TEST(NcclLinkTest, TorchOpsOnCudaTensors) {
+#ifdef DTENSOR_WITH_CUDA
+  if (!usable_gpu()) GTEST_SKIP() << "no usable GPU here";
+  join_nccl_world();
+  auto& dispatcher = c10::Dispatcher::singleton();
+  const auto all_reduce = dispatcher.findSchemaOrThrow("dtensor_c10d::all_reduce", "")
+                              .typed<at::Tensor(const at::Tensor&, c10::string_view,
+                                                c10::string_view)>();
+  const auto all_gather =
+      dispatcher.findSchemaOrThrow("dtensor_c10d::all_gather_into_tensor", "")
+          .typed<at::Tensor(const at::Tensor&, int64_t, c10::string_view, int64_t)>();
+  const auto wait =
+      dispatcher.findSchemaOrThrow("dtensor_c10d::wait_tensor", "").typed<at::Tensor(const at::Tensor&)>();
+  const at::Tensor x = at::randn({3, 5}, kCuda);
+  const at::Tensor y = wait.call(all_reduce.call(x, "sum", "world"));
+  EXPECT_TRUE(y.is_cuda());
+  EXPECT_TRUE(at::equal(y.cpu(), x.cpu()));
+  const at::Tensor leaf = x.clone().requires_grad_(true);
+  const at::Tensor g = wait.call(all_gather.call(leaf, 1, "world", 1));
+  EXPECT_TRUE(at::equal(g.cpu(), x.cpu()));
+  (g * 3).sum().backward();
+  ASSERT_TRUE(leaf.grad().defined());
+  EXPECT_TRUE(leaf.grad().is_cuda());
+  EXPECT_TRUE(at::allclose(leaf.grad().cpu(), at::full({3, 5}, 3.0f)));
 #else
   GTEST_SKIP() << "built without --config=cuda";
 #endif

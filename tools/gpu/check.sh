@@ -1,11 +1,12 @@
 #!/bin/bash
 # NOTE [GPU check]
-# Builds the CUDA pieces of the collectives layer (the NCCL backend, CUDA symmetric memory) and
-# their tests without Bazel, against the PyTorch that the machine's python3 holds (its headers
-# and libraries, so CUDA tensors work: Debian's libtorch is CPU-only), CUDA under $CUDA_HOME and
-# the NCCL and CUDA runtime that torch itself loads; then runs the tests. It is written for the
-# device machine (one GPU, PyTorch 2.x + CUDA, nvcc, no Bazel, no registry). Abseil and
-# GoogleTest travel from this machine's Debian packages in .gpu/ (tools/gpu/carry_deps.sh).
+# Builds the CUDA pieces of the collectives layer (the NCCL backend, CUDA symmetric memory, the
+# collective torch ops' CUDA kernels) and their tests without Bazel, against the PyTorch that the
+# machine's python3 holds (its headers and libraries, so CUDA tensors work: Debian's libtorch is
+# CPU-only), CUDA under $CUDA_HOME and the NCCL and CUDA runtime that torch itself loads; then
+# runs the tests. It is written for the device machine (one GPU, PyTorch 2.x + CUDA, nvcc, no
+# Bazel, no registry). Abseil and GoogleTest travel from this machine's Debian packages in .gpu/
+# (tools/gpu/carry_deps.sh).
 #   here:   tools/gpu/carry_deps.sh
 #   there:  tools/gpu/check.sh [TEST ...]       (device run with carry [".gpu"])
 # Tests: nccl_link_test (world size 1: NCCL refuses two ranks on one GPU), and
@@ -64,6 +65,7 @@ LIB_SRCS=(base/error.cc layout/placement.cc device_mesh/device_mesh.cc
   collectives/reduce.cc collectives/work.cc collectives/shm_segment.cc collectives/shm_backend.cc
   collectives/shm_cma.cc collectives/shm_symmetric.cc collectives/symmetric_memory.cc
   collectives/symmetric_memory_cuda.cc collectives/threads_backend.cc collectives/launch_env.cc
+  collectives/torch_ops.cc
   "$NCCL_BACKEND_SRC")
 GTEST_SRCS=("$DEPS/googletest/src/gtest-all.cc" "$DEPS/googletest/src/gtest_main.cc")
 obj_of() { local r=${1#$ROOT/}; echo "$BUILD/obj/${r//\//_}.o"; }
