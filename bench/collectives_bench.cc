@@ -37,6 +37,7 @@
 
 #include "absl/flags/flag.h"
 #include "bench/bench_support.h"
+#include "absl/strings/match.h"
 #include "collectives/functional.h"
 #include "collectives/launch_env.h"
 #include "collectives/shm_segment.h"
@@ -50,6 +51,9 @@ ABSL_FLAG(std::vector<std::string>, backends,
 ABSL_FLAG(dtensor::cli::IntList, ranks, (dtensor::cli::IntList{{2, 4}}),
           "rank counts to sweep, e.g. 2,4");
 ABSL_FLAG(int64_t, max_bytes, 256ll << 20, "largest buffer in bytes (also --max-bytes)");
+ABSL_FLAG(std::vector<std::string>, ops, {},
+          "collectives to sweep (all_reduce, all_gather, all_gather_in_place, reduce_scatter, "
+          "all_to_all); default: all");
 ABSL_FLAG(bool, overlap, true,
           "with shm and 2 ranks: a matmul loop overlapped with async collectives, copy-based "
           "and on symmetric memory");
@@ -90,8 +94,9 @@ std::vector<int64_t> sizes_up_to(int64_t max_bytes) {
 }
 
 // all_gather_in_place: the input is this rank's chunk of the output (symmetric memory only).
-const char* kOps[] = {"all_reduce", "all_gather", "all_gather_in_place", "reduce_scatter",
-                      "all_to_all"};
+// all_reduce_in_place: torch.distributed's all_reduce(t) (symmetric memory only).
+const char* kOps[] = {"all_reduce",     "all_reduce_in_place", "all_gather", "all_gather_in_place",
+                      "reduce_scatter", "all_to_all"};
 
 // The tensors of one measurement: plain ones, or for "shm-symmetric" symmetric memory
 // (NOTE [symmetric memory]) rendezvoused on the world group, outputs included.
@@ -130,6 +135,7 @@ void run_op(const std::string& op, const Buffers& b, int64_t rank) {
       all_gather_into_tensor(b.part, 0, w);
     }
   }
+  if (op == "all_reduce_in_place") all_reduce_into(b.full, b.full, ReduceOp::kSum, w);
   if (op == "all_gather_in_place") {
     const int64_t k = b.part.numel();
     all_gather_into(b.out.narrow(0, rank * k, k), b.out, w);
@@ -149,7 +155,9 @@ long minor_faults() {
 void sweep(const std::string& backend, int64_t rank, int64_t n, int64_t max_bytes, double mc) {
   const bool sym = backend == "shm-symmetric";
   for (const char* op : kOps) {
-    if (!sym && std::string(op) == "all_gather_in_place") continue;
+    if (!sym && absl::EndsWith(op, "_in_place")) continue;
+    const auto only = absl::GetFlag(FLAGS_ops);
+    if (!only.empty() && std::find(only.begin(), only.end(), op) == only.end()) continue;
     for (int64_t bytes : sizes_up_to(max_bytes)) {
       const int64_t numel = bytes / 4 / n * n;  // float32, divisible by n
       const Buffers b = buffers_for(sym, numel, n);
@@ -182,7 +190,7 @@ void sweep(const std::string& backend, int64_t rank, int64_t n, int64_t max_byte
       if (rank != 0) continue;
       const double algbw = static_cast<double>(numel * 4) / (us * 1e-6) / 1e9;
       const double factor =
-          std::string(op) == "all_reduce" ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;
+          absl::StartsWith(op, "all_reduce") ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;
       const double busbw = algbw * factor;
       std::printf("%-8s %-15s %5lld %12lld %12.1f %10.2f %10.2f %8.2f %9.1f\n", backend.c_str(), op,
                   static_cast<long long>(n), static_cast<long long>(numel * 4), us, algbw, busbw,

@@ -2,6 +2,11 @@
 
 #include <ATen/ATen.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <emmintrin.h>
+#endif
+
+#include <cstring>
 #include <stdexcept>
 
 #include "base/error.h"
@@ -75,7 +80,116 @@ void combine_loop(void* out, const void* a, const void* b, int64_t n, ReduceOp o
     for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
   }
 }
+constexpr int64_t kFoldBlockBytes = 2048;  // the accumulator (NOTE [fused fold])
+
+// acc = a op b and acc = acc op b over one whole block: fixed trip counts and restrict pointers,
+// so -O2 vectorises them.
+template <class T, bool kMul>
+void fold_pair(T* __restrict acc, const T* __restrict a, const T* __restrict b) {
+  for (int64_t i = 0; i < kFoldBlockBytes / static_cast<int64_t>(sizeof(T)); ++i) {
+    acc[i] = kMul ? a[i] * b[i] : a[i] + b[i];
+  }
+}
+template <class T, bool kMul>
+void fold_more(T* __restrict acc, const T* __restrict b) {
+  for (int64_t i = 0; i < kFoldBlockBytes / static_cast<int64_t>(sizeof(T)); ++i) {
+    acc[i] = kMul ? acc[i] * b[i] : acc[i] + b[i];
+  }
+}
+
+// Writes `bytes` (a multiple of 64) from the accumulator to dst, streaming when asked and dst is
+// 16-byte aligned (else plainly).
+void store_block(char* dst, const char* acc, int64_t bytes, bool streaming) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (streaming && (reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
+    for (int64_t i = 0; i < bytes; i += 64) {
+      const __m128i a = _mm_load_si128(reinterpret_cast<const __m128i*>(acc + i));
+      const __m128i b = _mm_load_si128(reinterpret_cast<const __m128i*>(acc + i + 16));
+      const __m128i c = _mm_load_si128(reinterpret_cast<const __m128i*>(acc + i + 32));
+      const __m128i d = _mm_load_si128(reinterpret_cast<const __m128i*>(acc + i + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+    }
+    return;
+  }
+#endif
+  std::memcpy(dst, acc, bytes);
+}
+
+template <class T, bool kMul>
+void fold_typed(absl::Span<char* const> dsts, absl::Span<const bool> streaming,
+                absl::Span<const char* const> srcs, int64_t n) {
+  constexpr int64_t kBlock = kFoldBlockBytes / static_cast<int64_t>(sizeof(T));
+  alignas(64) T acc[kBlock];
+  const auto src = [&](size_t s, int64_t i) { return reinterpret_cast<const T*>(srcs[s]) + i; };
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    if (srcs.size() == 1) {
+      std::memcpy(acc, src(0, i), kFoldBlockBytes);
+    } else {
+      fold_pair<T, kMul>(acc, src(0, i), src(1, i));
+    }
+    for (size_t s = 2; s < srcs.size(); ++s) fold_more<T, kMul>(acc, src(s, i));
+    for (size_t d = 0; d < dsts.size(); ++d) {
+      store_block(dsts[d] + i * sizeof(T), reinterpret_cast<const char*>(acc), kFoldBlockBytes,
+                  streaming[d]);
+    }
+  }
+  const int64_t rest = n - i;  // the tail, element by element
+  for (int64_t j = 0; j < rest; ++j) {
+    T v = src(0, i)[j];
+    for (size_t s = 1; s < srcs.size(); ++s) v = kMul ? v * src(s, i)[j] : v + src(s, i)[j];
+    acc[j] = v;
+  }
+  for (size_t d = 0; d < dsts.size() && rest > 0; ++d) {
+    std::memcpy(dsts[d] + i * sizeof(T), acc, rest * sizeof(T));
+  }
+#if defined(__x86_64__) || defined(__i386__)
+  for (bool s : streaming) {
+    if (s) {
+      _mm_sfence();
+      break;
+    }
+  }
+#endif
+}
+
+template <class T>
+void fold_op(absl::Span<char* const> dsts, absl::Span<const bool> streaming,
+             absl::Span<const char* const> srcs, int64_t n, ReduceOp op) {
+  if (op == ReduceOp::kProduct) {
+    fold_typed<T, true>(dsts, streaming, srcs, n);
+  } else {
+    fold_typed<T, false>(dsts, streaming, srcs, n);
+  }
+}
+
 }  // namespace
+
+bool fold_raw(absl::Span<char* const> dsts, absl::Span<const bool> streaming,
+              absl::Span<const char* const> srcs, int64_t n, c10::ScalarType dtype, ReduceOp op) {
+  if (!combine_raw_serves(dtype, op) || srcs.empty() || dsts.size() != streaming.size()) {
+    return false;
+  }
+  switch (dtype) {
+    case c10::kFloat:
+      fold_op<float>(dsts, streaming, srcs, n, op);
+      return true;
+    case c10::kDouble:
+      fold_op<double>(dsts, streaming, srcs, n, op);
+      return true;
+    case c10::kInt:
+      fold_op<int32_t>(dsts, streaming, srcs, n, op);
+      return true;
+    case c10::kLong:
+      fold_op<int64_t>(dsts, streaming, srcs, n, op);
+      return true;
+    default:
+      return false;
+  }
+}
 
 bool combine_raw_serves(c10::ScalarType dtype, ReduceOp op) {
   const bool op_ok = op == ReduceOp::kSum || op == ReduceOp::kAvg || op == ReduceOp::kProduct;

@@ -46,8 +46,9 @@ void expect_symmetric(int64_t calls, const std::function<void()>& fn, const std:
 const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAvg,     ReduceOp::kMin,
                                     ReduceOp::kMax, ReduceOp::kProduct, ReduceOp::kBxor};
 
-// numel 0, small (one-shot), and past kTwoShotBytes for doubles (two-shot), not a multiple of n.
-const std::vector<int64_t> kNumels = {0, 37, (256 << 10) / 8 + 13};
+// numel 0, small (one-shot), past kTwoShotBytes for doubles (two-shot), and past the streaming
+// stores' threshold (NOTE [streaming stores]), none a multiple of n nor of the fold's block.
+const std::vector<int64_t> kNumels = {0, 37, (256 << 10) / 8 + 13, (4 << 20) / 4 + 13};
 
 void check_all_reduce(int64_t n, int64_t r) {
   for (auto dtype : {at::kFloat, at::kDouble, at::kLong, at::kBFloat16}) {
@@ -179,16 +180,24 @@ TEST_P(SymmetricMemoryTest, PeersBuffersAndSignalPads) {
   });
 }
 
+// The fused fold (NOTE [fused fold]) with ordinary stores up to 1 MiB, streaming past it.
 TEST_P(SymmetricMemoryTest, AllReduceOneShotTwoShotAndInPlace) {
-  run_ranks(GetParam(), check_all_reduce);
+  RunOptions options;
+  options.stream_bytes = "1048576";
+  run_ranks(GetParam(), check_all_reduce, options);
 }
 
+// Every copy with streaming stores (NOTE [streaming stores]), down to a few unaligned bytes.
 TEST_P(SymmetricMemoryTest, AllGatherPullPushAndInPlace) {
-  run_ranks(GetParam(), check_all_gather);
+  RunOptions options;
+  options.stream_bytes = "0";
+  run_ranks(GetParam(), check_all_gather, options);
 }
 
 TEST_P(SymmetricMemoryTest, ReduceScatterAllToAllBroadcast) {
-  run_ranks(GetParam(), check_reduce_scatter_all_to_all_broadcast);
+  RunOptions options;
+  options.stream_bytes = "0";
+  run_ranks(GetParam(), check_reduce_scatter_all_to_all_broadcast, options);
 }
 
 TEST_P(SymmetricMemoryTest, RanksMixingSymmetricAndPlainTensors) {

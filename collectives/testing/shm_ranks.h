@@ -87,6 +87,7 @@ struct RunOptions {
   std::string cma;           // DTENSOR_SHM_CMA in the children; empty = unset (off)
   int64_t cma_rank = -1;     // >= 0: only this rank gets `cma`
   std::string symmetric_min_bytes = "0";  // DTENSOR_SHM_SYMMETRIC_MIN_BYTES in the children
+  std::string stream_bytes;               // DTENSOR_SHM_STREAM_BYTES in the children; empty = unset
 };
 
 // Runs body(n, rank) on n forked ranks of a fresh job on the shm backend, then checks that every
@@ -96,6 +97,9 @@ inline void run_ranks(int64_t n, const std::function<void(int64_t n, int64_t ran
   const auto codes = testing::run_forked(static_cast<int>(n), [&](int rank) {
     at::set_num_threads(1);  // n processes share the machine's cores
     ::setenv("DTENSOR_SHM_SYMMETRIC_MIN_BYTES", options.symmetric_min_bytes.c_str(), 1);
+    if (!options.stream_bytes.empty()) {
+      ::setenv("DTENSOR_SHM_STREAM_BYTES", options.stream_bytes.c_str(), 1);
+    }
     if (!options.buffer_bytes.empty()) {
       ::setenv("DTENSOR_SHM_BUFFER_BYTES", options.buffer_bytes.c_str(), 1);
     }
