@@ -1,5 +1,3 @@
-// Why one file past 600 lines: a table of op cases (one short entry per op) and the one harness
-// that runs them; it grows with the op table, and a split would only cut the table in two.
 // Propagation against the single-device result: for every op case, every placement of every
 // input (R, P(sum), S(d) per mesh dim) on meshes (4) and (2,2), with even and uneven shapes, each
 // rank propagates, redistributes its inputs as planned, runs the local ATen op, and the gathered
@@ -16,6 +14,7 @@
 #include "dtensor/dtensor.h"
 #include "dtensor/local_tensor.h"
 #include "dtensor/redistribute.h"
+#include "dtensor/testing/numeric_inputs.h"
 #include "layout/shard_layout.h"
 #include "sharding_prop/propagator.h"
 
@@ -31,7 +30,8 @@ struct Local {
 using Fn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>& in,
                                                  const Shapes& out_shapes, const Local* local)>;
 
-enum class Data { kAny, kPositive, kMask, kIndex, kClass };
+using testing::Data;
+using testing::make_input;
 
 struct OpCase {
   std::string op;
@@ -61,19 +61,6 @@ at::Tensor embedding_local(const at::Tensor& weight, const at::Tensor& idx, cons
   if (local == nullptr) return at::embedding(weight, idx);
   return masked_embedding(weight, idx, local->sharding->input_targets[0], local->coord,
                           local_box(local->sharding->outputs[0], local->coord).shape);
-}
-
-at::Tensor make_input(const std::vector<int64_t>& shape, int64_t salt, Data kind) {
-  int64_t numel = 1;
-  for (int64_t s : shape) numel *= s;
-  const at::Tensor base = at::sin(at::arange(numel, at::kDouble) * 1.37 + salt * 0.71);
-  at::Tensor t = base.reshape(shape);
-  if (kind == Data::kPositive) t = t.abs() + 0.5;
-  if (kind == Data::kMask) t = t.gt(0.2);
-  // Indices into the dims of size >= 3 the cases use; classes of a [N, 3] input.
-  if (kind == Data::kIndex) t = ((t + 1) * 1.4).floor().to(at::kLong).clamp(0, 2);
-  if (kind == Data::kClass) t = ((t + 1) * 1.4).floor().to(at::kLong).clamp(0, 2);
-  return t;
 }
 
 std::vector<OpCase> cases() {
@@ -527,93 +514,6 @@ TEST_P(PropagationNumericTest, EveryOpEveryInputLayoutMatchesOneDevice) {
 
 INSTANTIATE_TEST_SUITE_P(Meshes, PropagationNumericTest,
                          ::testing::Values(std::vector<int64_t>{4}, std::vector<int64_t>{2, 2}));
-
-}  // namespace
-}  // namespace dtensor::sharding
-
-namespace dtensor::sharding {
-namespace {
-
-// One op on distributed values: propagate, redistribute the inputs as planned, run `fn` on the
-// local tensors, wrap the outputs with the propagated specs.
-std::vector<DTensor> apply(
-    const std::string& op, const std::vector<DTensor>& in, const LayoutArgs& args,
-    const std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>& fn) {
-  std::vector<DTensorSpec> specs;
-  for (const auto& d : in) specs.push_back(d.spec());
-  const auto s = propagate(op, specs, args);
-  std::vector<at::Tensor> locals;
-  for (size_t i = 0; i < in.size(); ++i)
-    locals.push_back(execute_plan(*s->input_plans[i], in[i].to_local()));
-  const auto outs = fn(locals);
-  std::vector<DTensor> result;
-  for (size_t o = 0; o < outs.size(); ++o) result.emplace_back(outs[o].contiguous(), s->outputs[o]);
-  return result;
-}
-
-// Chains: an RMS norm built from covered ops (pow, mean keepdim, add, rsqrt, mul, mul by a
-// weight) and cross entropy as log_softmax + nll_loss, from several input layouts, against the
-// single-device chain.
-TEST(PropagationChainTest, RmsNormAndCrossEntropyMatchOneDevice) {
-  using T = std::vector<at::Tensor>;
-  const DeviceMesh mesh = DeviceMesh::arange({2, 2});
-  const at::Tensor x = make_input({6, 8}, 0, Data::kAny), w = make_input({8}, 1, Data::kAny);
-  const at::Tensor target = make_input({6}, 2, Data::kClass);
-  const at::Tensor logits = make_input({6, 3}, 3, Data::kAny);
-  const at::Tensor rms_want = x * at::rsqrt(x.pow(2).mean({-1}, true) + 1e-6) * w;
-  const at::Tensor ce_want =
-      std::get<0>(at::nll_loss_forward(at::_log_softmax(logits, 1, false), target, {}, 2, -100));
-  std::mutex mu;
-  std::vector<std::string> failures;
-  collectives::run_threads(
-      4,
-      [&](int64_t rank) {
-        const auto coord = *mesh.coordinate(rank);
-        auto dist = [&](const at::Tensor& t, const std::string& p) {
-          const auto spec = DTensorSpec::make(mesh, parse_placements(p),
-                                              TensorMeta::make(t.sizes().vec(), t.scalar_type()));
-          return DTensor(local_tensor_for(t, spec, coord), spec);
-        };
-        for (const char* px : {"S(0),R", "R,S(1)", "S(0),S(1)", "P,R", "S(1),P"}) {
-          for (const char* pw : {"R,R", "R,S(0)"}) {
-            const DTensor dx = dist(x, px), dw = dist(w, pw);
-            auto sq = apply("aten::pow.Tensor_Scalar", {dx}, {},
-                            [](const T& t) { return T{t[0].pow(2)}; });
-            auto ms = apply("aten::mean.dim", sq, {{1, -1}},
-                            [](const T& t) { return T{t[0].mean({-1}, true)}; });
-            auto eps = apply("aten::add.Scalar", ms, {}, [](const T& t) { return T{t[0] + 1e-6}; });
-            auto r = apply("aten::rsqrt", eps, {}, [](const T& t) { return T{t[0].rsqrt()}; });
-            auto y = apply("aten::mul.Tensor", {dx, r[0]}, {},
-                           [](const T& t) { return T{t[0] * t[1]}; });
-            auto out = apply("aten::mul.Tensor", {y[0], dw}, {},
-                             [](const T& t) { return T{t[0] * t[1]}; });
-            const at::Tensor got = out[0].full_tensor();
-            if (!at::allclose(got, rms_want, 1e-9, 1e-9)) {
-              std::lock_guard<std::mutex> lock(mu);
-              failures.push_back(std::string("rms norm from x ") + px + ", w " + pw + ": got " +
-                                 c10::str(got));
-            }
-          }
-        }
-        for (const char* pl : {"S(0),R", "R,S(1)", "S(0),S(0)", "P,R"}) {
-          const DTensor dl = dist(logits, pl), dt = dist(target, "S(0),R");
-          auto lsm = apply("aten::_log_softmax", {dl}, {{1}},
-                           [](const T& t) { return T{at::_log_softmax(t[0], 1, false)}; });
-          auto loss = apply("aten::nll_loss_forward", {lsm[0], dt}, {{2}}, [](const T& t) {
-            auto [o, tw] = at::nll_loss_forward(t[0], t[1], {}, 2, -100);
-            return T{o, tw};
-          });
-          const at::Tensor got = loss[0].full_tensor();
-          if (!at::allclose(got, ce_want, 1e-9, 1e-9)) {
-            std::lock_guard<std::mutex> lock(mu);
-            failures.push_back(std::string("cross entropy from logits ") + pl + ": got " +
-                               c10::str(got));
-          }
-        }
-      },
-      "threads", std::chrono::seconds(30));
-  for (const auto& f : failures) ADD_FAILURE() << f;
-}
 
 }  // namespace
 }  // namespace dtensor::sharding
