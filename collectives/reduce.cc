@@ -6,6 +6,7 @@
 #include <emmintrin.h>
 #endif
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -97,27 +98,6 @@ void fold_more(T* __restrict acc, const T* __restrict b) {
   }
 }
 
-// Writes `bytes` (a multiple of 64) from the accumulator to dst, streaming when asked and dst is
-// 16-byte aligned (else plainly).
-void store_block(char* dst, const char* acc, int64_t bytes, bool streaming) {
-#if defined(__x86_64__) || defined(__i386__)
-  if (streaming && (reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
-    for (int64_t i = 0; i < bytes; i += 64) {
-      const __m128i a = _mm_load_si128(reinterpret_cast<const __m128i*>(acc + i));
-      const __m128i b = _mm_load_si128(reinterpret_cast<const __m128i*>(acc + i + 16));
-      const __m128i c = _mm_load_si128(reinterpret_cast<const __m128i*>(acc + i + 32));
-      const __m128i d = _mm_load_si128(reinterpret_cast<const __m128i*>(acc + i + 48));
-      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
-    }
-    return;
-  }
-#endif
-  std::memcpy(dst, acc, bytes);
-}
-
 template <class T, bool kMul>
 void fold_typed(absl::Span<char* const> dsts, absl::Span<const bool> streaming,
                 absl::Span<const char* const> srcs, int64_t n) {
@@ -133,8 +113,12 @@ void fold_typed(absl::Span<char* const> dsts, absl::Span<const bool> streaming,
     }
     for (size_t s = 2; s < srcs.size(); ++s) fold_more<T, kMul>(acc, src(s, i));
     for (size_t d = 0; d < dsts.size(); ++d) {
-      store_block(dsts[d] + i * sizeof(T), reinterpret_cast<const char*>(acc), kFoldBlockBytes,
-                  streaming[d]);
+      char* dst = dsts[d] + i * sizeof(T);
+      if (streaming[d]) {
+        stream_store(dst, reinterpret_cast<const char*>(acc), kFoldBlockBytes);
+      } else {
+        std::memcpy(dst, acc, kFoldBlockBytes);
+      }
     }
   }
   const int64_t rest = n - i;  // the tail, element by element
@@ -146,14 +130,7 @@ void fold_typed(absl::Span<char* const> dsts, absl::Span<const bool> streaming,
   for (size_t d = 0; d < dsts.size() && rest > 0; ++d) {
     std::memcpy(dsts[d] + i * sizeof(T), acc, rest * sizeof(T));
   }
-#if defined(__x86_64__) || defined(__i386__)
-  for (bool s : streaming) {
-    if (s) {
-      _mm_sfence();
-      break;
-    }
-  }
-#endif
+  if (std::find(streaming.begin(), streaming.end(), true) != streaming.end()) stream_fence();
 }
 
 template <class T>
@@ -166,29 +143,65 @@ void fold_op(absl::Span<char* const> dsts, absl::Span<const bool> streaming,
   }
 }
 
+// Calls f(T{}) with the C++ type of the dtypes combine_raw serves; false for the others.
+template <class F>
+bool with_raw_type(c10::ScalarType dtype, F&& f) {
+  switch (dtype) {
+    case c10::kFloat:
+      f(float{});
+      return true;
+    case c10::kDouble:
+      f(double{});
+      return true;
+    case c10::kInt:
+      f(int32_t{});
+      return true;
+    case c10::kLong:
+      f(int64_t{});
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
+
+void stream_store(char* dst, const char* src, size_t bytes) {
+#if defined(__x86_64__) || defined(__i386__)
+  const size_t head = std::min(bytes, (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15);
+  std::memcpy(dst, src, head);
+  dst += head;
+  src += head;
+  bytes -= head;
+  const size_t body = bytes & ~size_t{63};
+  for (size_t i = 0; i < body; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+  std::memcpy(dst + body, src + body, bytes - body);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+void stream_fence() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_sfence();
+#endif
+}
 
 bool fold_raw(absl::Span<char* const> dsts, absl::Span<const bool> streaming,
               absl::Span<const char* const> srcs, int64_t n, c10::ScalarType dtype, ReduceOp op) {
   if (!combine_raw_serves(dtype, op) || srcs.empty() || dsts.size() != streaming.size()) {
     return false;
   }
-  switch (dtype) {
-    case c10::kFloat:
-      fold_op<float>(dsts, streaming, srcs, n, op);
-      return true;
-    case c10::kDouble:
-      fold_op<double>(dsts, streaming, srcs, n, op);
-      return true;
-    case c10::kInt:
-      fold_op<int32_t>(dsts, streaming, srcs, n, op);
-      return true;
-    case c10::kLong:
-      fold_op<int64_t>(dsts, streaming, srcs, n, op);
-      return true;
-    default:
-      return false;
-  }
+  return with_raw_type(dtype, [&](auto t) { fold_op<decltype(t)>(dsts, streaming, srcs, n, op); });
 }
 
 bool combine_raw_serves(c10::ScalarType dtype, ReduceOp op) {
@@ -200,22 +213,7 @@ bool combine_raw_serves(c10::ScalarType dtype, ReduceOp op) {
 bool combine_raw(void* out, const void* a, const void* b, int64_t n, c10::ScalarType dtype,
                  ReduceOp op) {
   if (!combine_raw_serves(dtype, op)) return false;
-  switch (dtype) {
-    case c10::kFloat:
-      combine_loop<float>(out, a, b, n, op);
-      return true;
-    case c10::kDouble:
-      combine_loop<double>(out, a, b, n, op);
-      return true;
-    case c10::kInt:
-      combine_loop<int32_t>(out, a, b, n, op);
-      return true;
-    case c10::kLong:
-      combine_loop<int64_t>(out, a, b, n, op);
-      return true;
-    default:
-      return false;
-  }
+  return with_raw_type(dtype, [&](auto t) { combine_loop<decltype(t)>(out, a, b, n, op); });
 }
 
 void reduce_into(at::Tensor& acc, const at::Tensor& other, ReduceOp op) {

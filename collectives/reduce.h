@@ -46,6 +46,12 @@ bool combine_raw_serves(c10::ScalarType dtype, ReduceOp op);
 bool fold_raw(absl::Span<char* const> dsts, absl::Span<const bool> streaming,
               absl::Span<const char* const> srcs, int64_t n, c10::ScalarType dtype, ReduceOp op);
 
+// memcpy with streaming (non-temporal) stores, any alignment (NOTE [streaming stores] in
+// shm_symmetric.cc); stream_fence() orders them before a following release store. A plain memcpy
+// where the CPU has no such stores.
+void stream_store(char* dst, const char* src, size_t bytes);
+void stream_fence();
+
 // acc = op(acc, other), elementwise, in place: combine(acc, acc, other, op).
 void reduce_into(at::Tensor& acc, const at::Tensor& other, ReduceOp op);
 

@@ -40,10 +40,6 @@
 
 #include "collectives/shm_communicator.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <emmintrin.h>
-#endif
-
 #include <algorithm>
 #include <cstdlib>
 
@@ -75,32 +71,6 @@ size_t stream_bytes() {
     return v ? static_cast<size_t>(std::strtoull(v, nullptr, 10)) : kStreamBytes;
   }();
   return bytes;
-}
-
-// memcpy with streaming stores (NOTE [streaming stores]); ends with an sfence.
-void stream_copy(char* dst, const char* src, size_t bytes) {
-#if defined(__x86_64__) || defined(__i386__)
-  const size_t head = std::min(bytes, (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15);
-  std::memcpy(dst, src, head);
-  dst += head;
-  src += head;
-  bytes -= head;
-  const size_t body = bytes & ~size_t{63};
-  for (size_t i = 0; i < body; i += 64) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
-    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
-  }
-  std::memcpy(dst + body, src + body, bytes - body);
-  _mm_sfence();
-#else
-  std::memcpy(dst, src, bytes);
-#endif
 }
 
 }  // namespace
@@ -161,7 +131,8 @@ uint64_t ShmCommunicator::run_symmetric(const Op& op, CollectiveCall& call, uint
   const auto copy = [streaming](char* dst, const char* src, int64_t bytes) {
     if (bytes <= 0 || dst == src) return;
     if (streaming) {
-      stream_copy(dst, src, bytes);
+      stream_store(dst, src, bytes);
+      stream_fence();
     } else {
       std::memcpy(dst, src, bytes);
     }
