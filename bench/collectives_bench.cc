@@ -36,8 +36,8 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "bench/bench_support.h"
 #include "absl/strings/match.h"
+#include "bench/bench_support.h"
 #include "collectives/functional.h"
 #include "collectives/launch_env.h"
 #include "collectives/shm_segment.h"
@@ -95,8 +95,8 @@ std::vector<int64_t> sizes_up_to(int64_t max_bytes) {
 
 // all_gather_in_place: the input is this rank's chunk of the output (symmetric memory only).
 // all_reduce_in_place: torch.distributed's all_reduce(t) (symmetric memory only).
-const char* kOps[] = {"all_reduce",     "all_reduce_in_place", "all_gather", "all_gather_in_place",
-                      "reduce_scatter", "all_to_all"};
+const char* kOps[] = {"all_reduce",          "all_reduce_in_place", "all_gather",
+                      "all_gather_in_place", "reduce_scatter",      "all_to_all"};
 
 // The tensors of one measurement: plain ones, or for "shm-symmetric" symmetric memory
 // (NOTE [symmetric memory]) rendezvoused on the world group, outputs included.

@@ -21,8 +21,8 @@
 #include <chrono>
 #include <thread>
 #if __has_include(<c10/cuda/impl/cuda_cmake_macros.h>)  // a CUDA build of libtorch
-#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #endif
 #endif
 
@@ -171,14 +171,14 @@ TEST(NcclLinkTest, TorchOpsOnCudaTensors) {
   if (!usable_gpu()) GTEST_SKIP() << "no usable GPU here";
   join_nccl_world();
   auto& dispatcher = c10::Dispatcher::singleton();
-  const auto all_reduce = dispatcher.findSchemaOrThrow("dtensor_c10d::all_reduce", "")
-                              .typed<at::Tensor(const at::Tensor&, c10::string_view,
-                                                c10::string_view)>();
+  const auto all_reduce =
+      dispatcher.findSchemaOrThrow("dtensor_c10d::all_reduce", "")
+          .typed<at::Tensor(const at::Tensor&, c10::string_view, c10::string_view)>();
   const auto all_gather =
       dispatcher.findSchemaOrThrow("dtensor_c10d::all_gather_into_tensor", "")
           .typed<at::Tensor(const at::Tensor&, int64_t, c10::string_view, int64_t)>();
-  const auto wait =
-      dispatcher.findSchemaOrThrow("dtensor_c10d::wait_tensor", "").typed<at::Tensor(const at::Tensor&)>();
+  const auto wait = dispatcher.findSchemaOrThrow("dtensor_c10d::wait_tensor", "")
+                        .typed<at::Tensor(const at::Tensor&)>();
   const at::Tensor x = at::randn({3, 5}, kCuda);
   const at::Tensor y = wait.call(all_reduce.call(x, "sum", "world"));
   EXPECT_TRUE(y.is_cuda());

@@ -1,8 +1,8 @@
 // CUDA symmetric memory (symmetric_memory_cuda.cc) on 2 real processes sharing GPU 0: each rank
 // fills its device buffer, the peers read it through the IPC-opened pointer (by copy and by a
-// kernel), and signal pads order them (after the device finished the rank's queued work). Built under --config=cuda; skipped where no GPU is
-// usable. The parent process never touches CUDA (a CUDA context does not survive fork): the GPU
-// probe runs in a forked child too.
+// kernel), and signal pads order them (after the device finished the rank's queued work). Built
+// under --config=cuda; skipped where no GPU is usable. The parent process never touches CUDA (a
+// CUDA context does not survive fork): the GPU probe runs in a forked child too.
 
 #include <ATen/ATen.h>
 #include <cuda_runtime_api.h>
@@ -64,7 +64,8 @@ TEST(SymmetricMemoryCuda, KernelsReadPeersBuffersAsTensors) {
     mem->barrier();  // waits for this rank's copy_ first
     at::Tensor sum = at::zeros({64, 32}, t.options());
     for (int64_t p = 0; p < n; ++p) sum.add_(mem->buffer_of(p, {64, 32}, at::kFloat));
-    const at::Tensor base = at::arange(64 * 32, at::TensorOptions().dtype(at::kFloat)).view({64, 32});
+    const at::Tensor base =
+        at::arange(64 * 32, at::TensorOptions().dtype(at::kFloat)).view({64, 32});
     expect_same(sum.cpu(), base * static_cast<float>(n * (n + 1) / 2), "sum of the peers' buffers");
     mem->barrier();
   });
