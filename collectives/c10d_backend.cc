@@ -10,7 +10,14 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+// NOTE [Gloo headers]: PyPI's torch ships no Gloo headers (ProcessGroupGloo.hpp includes
+// gloo/algorithm.h, which the wheel lacks). Built against such a torch, this backend cannot
+// create a Gloo group itself; it runs over a ProcessGroup handed in (use_process_group; from
+// Python, DeviceMesh.from_group or a group torch.distributed made) and says so otherwise.
+#if defined(USE_C10D_GLOO) && __has_include(<gloo/algorithm.h>)
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#define DTENSOR_HAVE_GLOO 1
+#endif
 
 #include <csignal>
 #include <cstdlib>
@@ -64,6 +71,7 @@ c10::ScalarType wire_dtype(c10::ScalarType t) {
   return t;
 }
 
+#ifdef DTENSOR_HAVE_GLOO
 std::shared_ptr<::gloo::transport::Device> gloo_device() {
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
     return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
@@ -75,6 +83,7 @@ std::shared_ptr<::gloo::transport::Device> gloo_device() {
   }
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
+#endif
 
 // NOTE [SIGPIPE and dead peers]
 // Gloo writes to its peers' sockets; once a peer died, a write raises SIGPIPE, whose default
@@ -110,6 +119,12 @@ class C10dCommunicator : public Communicator {
                     "' has no rendezvous store (start ranks with ./x launch or torchrun and call "
                     "init_from_env, or hand in a ProcessGroup with use_process_group)");
       }
+#ifndef DTENSOR_HAVE_GLOO
+      throw Error("c10d backend: group '" + o.group.name +
+                  "' has no ProcessGroup, and this build's torch has no Gloo headers to create "
+                  "one (PyPI's torch ships none): hand one in (use_process_group; from Python, "
+                  "DeviceMesh.from_group or init_process_group(backend=\"gloo\") before the mesh)");
+#else
       auto store =
           c10::make_intrusive<c10d::PrefixStore>("dtensor/" + o.job + "/" + o.group.name, o.store);
       store_ = c10::make_intrusive<c10d::PrefixStore>(
@@ -142,6 +157,7 @@ class C10dCommunicator : public Communicator {
                             : "; global ranks [" + absl::StrJoin(absent, ",") +
                                   "] never reached it (exited, died, or waiting elsewhere)"));
       }
+#endif  // DTENSOR_HAVE_GLOO
     }
     if (pg_->getRank() != rank() || pg_->getSize() != size()) {
       throw Error("c10d backend: process group for '" + o.group.name + "' has rank " +

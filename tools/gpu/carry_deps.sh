@@ -14,4 +14,7 @@ for f in /usr/lib/x86_64-linux-gnu/libabsl_*.so; do
   cp -L "$f" ".gpu/lib/$soname"
 done
 cp -r /usr/src/googletest/googletest .gpu/googletest
+# The engine's other header-only dependencies: nlohmann-json (checkpoint), zlib's headers.
+cp -r /usr/include/nlohmann .gpu/include/
+cp /usr/include/zlib.h /usr/include/zconf.h .gpu/include/
 du -sh .gpu

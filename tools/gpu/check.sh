@@ -9,10 +9,14 @@
 # (tools/gpu/carry_deps.sh).
 #   here:   tools/gpu/carry_deps.sh
 #   there:  tools/gpu/check.sh [TEST ...]       (device run with carry [".gpu"])
+# Then builds the whole engine and the Python extension dtensor._C the same way (no Bazel) and
+# runs tools/gpu/cuda_probe.py: the distributed tensor's user paths on a 1-rank NCCL mesh of CUDA
+# tensors, each checked against plain CUDA tensors, and per-call costs against PyTorch's DTensor.
 # Tests: nccl_link_test (world size 1: NCCL refuses two ranks on one GPU), and
 # symmetric_memory_cuda_test (2 processes sharing the GPU). Logs go to the build folder, and
 # all of them as one file to $OUT when that is set (the device run's folder that comes back).
-# Exits non-zero when something failed to build or a test failed.
+# Ends with one summary line per stage; exits non-zero when something failed to build or a test
+# failed. SKIP_ENGINE=1 stops after the collectives' tests.
 # NCCL_BACKEND_SRC / VARIANT build the tests with another nccl_backend.cc (objects of the other
 # sources are reused), e.g. to show that a test fails without a fix.
 set -u -o pipefail
@@ -55,9 +59,9 @@ CUDART_SO=$(first "$SITE/nvidia" "$CUDA/lib64" "$CUDA/lib" -name 'libcudart.so*'
 [ -n "$NCCL_H" ] && [ -n "$NCCL_SO" ] && [ -n "$CUDART_SO" ] || { echo "NCCL or the CUDA runtime not found"; exit 2; }
 
 sys_include() { [ "$1" = /usr/include ] || echo "-isystem $1"; }
-CXXFLAGS="-std=c++17 -O1 -fPIC -D_GLIBCXX_USE_CXX11_ABI=$ABI -DDTENSOR_WITH_CUDA -Wall
+CXXFLAGS="-std=c++17 -O2 -fPIC -D_GLIBCXX_USE_CXX11_ABI=$ABI -DDTENSOR_WITH_CUDA -Wall
   -Wno-unused-parameter -Wno-sign-compare -Wno-deprecated-declarations
-  -I$ROOT -I$DEPS/include -I$DEPS/googletest/include -I$DEPS/googletest
+  -DUSE_C10D_GLOO -I$ROOT -I$DEPS/include -I$DEPS/googletest/include -I$DEPS/googletest
   $(sys_include "$TORCH_INCLUDE") -isystem $TORCH_INCLUDE/torch/csrc/api/include
   -isystem $CUDA/include -isystem $(dirname "$NCCL_H")"
 LIB_SRCS=(base/error.cc layout/placement.cc device_mesh/device_mesh.cc
@@ -67,6 +71,14 @@ LIB_SRCS=(base/error.cc layout/placement.cc device_mesh/device_mesh.cc
   collectives/symmetric_memory_cuda.cc collectives/threads_backend.cc collectives/launch_env.cc
   collectives/torch_ops.cc
   "$NCCL_BACKEND_SRC")
+# The rest of the engine and the extension (c10d_backend.cc builds without Gloo headers:
+# NOTE [Gloo headers]).
+ENGINE_SRCS=(layout/dtensor_spec.cc layout/shard_layout.cc layout/tensor_meta.cc layout/visualize.cc
+  collectives/c10d_backend.cc $(ls sharding_prop/*.cc dtensor/*.cc checkpoint/*.cc | grep -v _test.cc))
+EXT_SRCS=(python/bindings.cc python/checkpoint_bindings.cc python/sharding_bindings.cc
+  python/symmetric_memory_bindings.cc python/tensor_bindings.cc)
+PYINC=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
+PYBIND=$($PY -c 'import pybind11; print(pybind11.get_include())' 2>/dev/null)
 GTEST_SRCS=("$DEPS/googletest/src/gtest-all.cc" "$DEPS/googletest/src/gtest_main.cc")
 obj_of() { local r=${1#$ROOT/}; echo "$BUILD/obj/${r//\//_}.o"; }
 compile() {  # source -> object, log under $LOGS/compile-*.log (kept only on failure)
@@ -77,8 +89,10 @@ compile() {  # source -> object, log under $LOGS/compile-*.log (kept only on fai
   if g++ $CXXFLAGS -c "$1" -o "$o" >"$log" 2>&1; then rm -f "$log"; else echo "FAILED to compile $1"; return 1; fi
 }
 export -f compile obj_of
+CXXFLAGS+=" -isystem $PYINC${PYBIND:+ -isystem $PYBIND}"
 export CXXFLAGS BUILD LOGS ROOT
 SRCS=("${LIB_SRCS[@]}" "${GTEST_SRCS[@]}")
+[ "${SKIP_ENGINE:-}" = 1 ] || SRCS+=("${ENGINE_SRCS[@]}" "${EXT_SRCS[@]}")
 for t in "${TESTS[@]}"; do SRCS+=("collectives/$t.cc"); done
 t0=$(date +%s)
 printf '%s\n' "${SRCS[@]}" | xargs -P "$JOBS" -I{} bash -c 'compile "$@"' _ {}
@@ -104,6 +118,30 @@ for t in "${TESTS[@]}"; do
   echo "$t$VARIANT: exit $rc"
   [ $rc -eq 0 ] || failed=1
 done
+summary=("collectives tests: $([ $failed -eq 0 ] && echo passed || echo FAILED)")
+engine=0
+if [ "${SKIP_ENGINE:-}" != 1 ]; then
+  # The extension: every library object and the bindings, as Bazel's //python:dtensor/_C.so.
+  EXTOBJS=("${LIBOBJS[@]}")
+  for s in "${ENGINE_SRCS[@]}" "${EXT_SRCS[@]}"; do EXTOBJS+=("$(obj_of "$s")"); done
+  EXTOBJS=("${EXTOBJS[@]/*gtest*/}")
+  PYPKG=$BUILD/python
+  rm -rf "$PYPKG"; mkdir -p "$PYPKG"
+  cp -r python/dtensor python/dtensor_engine "$PYPKG"/
+  if g++ -shared -o "$PYPKG/dtensor/_C.so" ${EXTOBJS[@]} $TORCH_LIBS -ltorch_python \
+      "$DEPS"/lib/libabsl_*.so.* "$NCCL_SO" "$CUDART_SO" /lib/x86_64-linux-gnu/libz.so.1 \
+      -Wl,-rpath,"$DEPS/lib:$(dirname "$NCCL_SO"):$(dirname "$CUDART_SO")" \
+      -Wl,--disable-new-dtags -lrt -ldl -pthread >"$LOGS/link-ext.log" 2>&1; then
+    PYTHONPATH=$PYPKG timeout 300 $PY tools/gpu/cuda_probe.py 2>&1 | tee "$LOGS/cuda_probe.log" \
+      | grep -E '^(PASS|FAIL|probe:|\{)'
+    engine=${PIPESTATUS[0]}
+    summary+=("$(grep '^probe:' "$LOGS/cuda_probe.log" || echo "probe: did not finish (exit $engine)")")
+  else
+    echo "FAILED to link the extension (log link-ext.log)"; tail -20 "$LOGS/link-ext.log"; engine=1
+    summary+=("extension: FAILED to link")
+  fi
+fi
 for f in "$LOGS"/compile-*.log; do [ -f "$f" ] && { echo "== $f"; grep -m 20 'error' "$f"; }; done
 [ -n "${OUT:-}" ] && for f in "$LOGS"/*.log; do echo "==== $f"; cat "$f"; done >"$OUT/gpu-check$VARIANT.log"
-[ $status -eq 0 ] && [ $failed -eq 0 ]
+echo "== summary"; printf '%s\n' "compile: $([ $status -eq 0 ] && echo ok || echo FAILED)" "${summary[@]}"
+[ $status -eq 0 ] && [ $failed -eq 0 ] && [ $engine -eq 0 ]
