@@ -176,7 +176,8 @@ void load_tensor(at::Tensor& tensor, const std::string& key, Index& index) {
   }
   if (piece.numel() > 0) {
     // Straight into the piece when it is one contiguous CPU buffer; else through one copy.
-    const bool direct = piece.is_cpu() && piece.is_contiguous();
+    const bool direct =
+        piece.is_cpu() && piece.is_contiguous() && !piece.is_conj() && !piece.is_neg();
     at::Tensor target = direct ? piece : at::empty(box_shape, piece.options().device(at::kCPU));
     char* dst = static_cast<char*>(target.data_ptr());
     for (const ChunkRecord& c : rec.chunks) {

@@ -106,7 +106,9 @@ FileStats write_safetensors(const std::string& path,
   for (const auto& [name, tensor] : tensors) {
     DTENSOR_CHECK(name != "__metadata__" && !header.contains(name), "safetensors: tensor name '",
                   name, "' is repeated or reserved in ", path);
-    at::Tensor t = tensor.cpu().contiguous();
+    // Raw bytes: a pending conjugation or negation is applied first (NOTE [lazy conjugate and
+    // negative views] in collectives/functional.cc).
+    at::Tensor t = tensor.cpu().resolve_conj().resolve_neg().contiguous();
     const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
     header[name] = {{"dtype", safetensors_dtype(t.scalar_type())},
                     {"shape", t.sizes().vec()},

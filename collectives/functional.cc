@@ -179,7 +179,14 @@ int64_t norm_dim(int64_t dim, const at::Tensor& t, const char* what) {
   return dim < 0 ? dim + n : dim;
 }
 
-at::Tensor flat(const at::Tensor& t) { return t.contiguous().view({-1}); }
+// NOTE [lazy conjugate and negative views]
+// A tensor may carry a pending conjugation or negation as a bit (x.conj(), torch.fft.ifft of a
+// real input, x.imag's neg view): its memory holds the unconjugated values. Backends move raw
+// memory, so every input is resolved here first (a copy only when a bit is set), and outputs,
+// which backends write raw, must carry neither bit.
+at::Tensor flat(const at::Tensor& t) {
+  return t.resolve_conj().resolve_neg().contiguous().view({-1});
+}
 
 CollectiveCall make_call(CollectiveKind kind, const char* label, at::Tensor input,
                          int64_t out_numel) {
@@ -200,6 +207,9 @@ void run_into(CollectiveKind kind, const char* label, const at::Tensor& input,
   c.kind = kind;
   c.label = label;
   c.op = op;
+  DTENSOR_CHECK(!output.is_conj() && !output.is_neg(), label, " on group '", group,
+                "': the output has a pending conjugation or negation (a lazy view); pass a "
+                "resolved tensor (resolve_conj(), resolve_neg())");
   c.input = flat(input);
   c.output = output.view({-1});
   c.output_splits = std::move(output_splits);

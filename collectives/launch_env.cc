@@ -3,6 +3,9 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <sstream>
 #include <stdexcept>
 
 #include <unistd.h>
@@ -44,19 +47,78 @@ std::string text(const std::vector<uint8_t>& bytes) {
 // NOTE [job identity]
 // Two jobs started with one MASTER_PORT must never mix: the loser's rank 0 cannot bind the port,
 // but its other ranks reach the winner's store and would take its job id and attach to its
-// shared memory. Every rank therefore proves it belongs to the launch: it carries the launch's
-// token (DTENSOR_JOB_TOKEN, made once per launch by ./x launch / ./x run; else torchrun's
-// TORCHELASTIC_RUN_ID unless "none"), and joins the store as its rank exactly once: arrivals are
-// counted per rank (add), each arrival files its token under its count, and once every rank has
-// filed one, every rank compares the first arrival's token of each rank with its own. An intruder
-// is refused on its own rank (it arrives second, or its token differs from rank 0's); when it
-// came first, the rightful rank is refused and the launch's other ranks see the foreign token, so
-// every rank of both jobs that met fails with an error naming both tokens, before any collective.
-// Without a token only double arrivals are caught.
+// shared memory. Every rank therefore proves it belongs to the launch, by the first of:
+//  1. a launch token: DTENSOR_JOB_TOKEN (made once per launch by ./x launch / ./x run), else
+//     torchrun's TORCHELASTIC_RUN_ID unless "none";
+//  2. a scheduler's job id: SLURM_JOB_ID (+ SLURM_STEP_ID), PMIX_NAMESPACE, OMPI_MCA_ess_base_jobid,
+//     LSB_JOBID, PBS_JOBID, FLUX_JOB_ID;
+//  3. with neither (ranks started from the environment by a hand-written launcher): the process
+//     that started it. Ranks on one host (hostname, boot id and network namespace) must share
+//     their parent process (its pid and start time); a rank whose parent has gone (reparented to
+//     pid 1) has no parent to compare.
+// Each rank joins the store as its rank exactly once: arrivals are counted per rank (add), each
+// arrival files its identity under its count, and once every rank has filed one, every rank
+// compares the first arrival's identity of each rank with its own. An intruder is refused on its
+// own rank (it arrives second, or its identity differs from rank 0's); when it came first, the
+// rightful rank is refused and the launch's other ranks see the foreign identity, so every rank
+// of both jobs that met fails with an error naming both, before any collective. A refused
+// second arrival also marks the store, so ranks that have not finished joining fail too.
+// What cannot be told apart: two jobs whose ranks one and the same process starts with the same
+// environment and no token (only a double arrival catches those, when it comes in time).
 std::string launch_token() {
   if (auto t = env("DTENSOR_JOB_TOKEN"); t && !t->empty()) return *t;
   if (auto t = env("TORCHELASTIC_RUN_ID"); t && !t->empty() && *t != "none") return *t;
   return "";
+}
+
+std::string scheduler_job() {
+  for (const char* name : {"SLURM_JOB_ID", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid",
+                           "LSB_JOBID", "PBS_JOBID", "FLUX_JOB_ID"}) {
+    auto v = env(name);
+    if (!v || v->empty()) continue;
+    std::string id = std::string(name) + "=" + *v;
+    if (std::string(name) == "SLURM_JOB_ID") {
+      if (auto step = env("SLURM_STEP_ID")) id += "." + *step;
+    }
+    return id;
+  }
+  return "";
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path);
+  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+// "host\nparent": the host this process runs on and the process that started it (empty parent
+// when it is gone).
+std::string launcher_identity() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  char ns[128] = {};
+  const ssize_t n = ::readlink("/proc/self/ns/net", ns, sizeof(ns) - 1);
+  const std::string host_id = std::string(host) + "/" +
+                              read_text("/proc/sys/kernel/random/boot_id") + "/" +
+                              (n > 0 ? std::string(ns, n) : std::string());
+  const pid_t ppid = ::getppid();
+  std::string parent;
+  if (ppid > 1) {
+    // Field 22 of /proc/PID/stat (start time), counted after the command's closing parenthesis.
+    const std::string stat = read_text("/proc/" + std::to_string(ppid) + "/stat");
+    const auto close = stat.rfind(')');
+    std::string start;
+    if (close != std::string::npos) {
+      std::istringstream fields(stat.substr(close + 2));
+      std::string field;
+      for (int i = 3; i <= 22 && fields >> field; ++i) {
+        if (i == 22) start = field;
+      }
+    }
+    parent = "pid " + std::to_string(ppid) + " (started at tick " + start + ")";
+  }
+  return host_id + "\n" + parent;
 }
 
 // Store keys of this launch attempt (a torchrun agent keeps its store across restarts).
@@ -66,11 +128,18 @@ std::string key(const std::string& k) {
 
 void check_membership(c10d::Store& store, const LaunchEnv& e, const std::string& token,
                       const std::string& where) {
-  const std::string mine = token.empty() ? "(none)" : token;
+  std::string identity = token;
+  if (identity.empty()) identity = scheduler_job();
+  const std::string mine = identity.empty() ? "(none)" : identity;
   const std::string me = std::to_string(e.rank);
   const int64_t arrival = store.add(key("arrivals/" + me), 1);
   store.set(key("token/" + me + "/" + std::to_string(arrival)),
             std::vector<uint8_t>(mine.begin(), mine.end()));
+  const std::string launcher = identity.empty() ? launcher_identity() : std::string();
+  if (identity.empty()) {
+    store.set(key("launcher/" + me + "/" + std::to_string(arrival)),
+              std::vector<uint8_t>(launcher.begin(), launcher.end()));
+  }
   const auto foreign = [&](int64_t r, const std::string& theirs) {
     return Error(where + ": global rank " + std::to_string(r) +
                  " of the job on this store joined with launch token '" + theirs +
@@ -78,11 +147,22 @@ void check_membership(c10d::Store& store, const LaunchEnv& e, const std::string&
                  "': processes of two jobs met on one rendezvous store (two jobs with one "
                  "MASTER_PORT?); refusing to mix them");
   };
+  const auto mark_mixed = [&](const std::string& why) {
+    try {
+      store.set(key("mixed"), std::vector<uint8_t>(why.begin(), why.end()));
+    } catch (const std::exception&) {
+    }
+  };
   if (arrival != 1) {
     const std::string first = text(store.get(key("token/" + me + "/1")));
-    if (first != mine) throw foreign(e.rank, first);
-    throw Error(where + ": another process already joined this store as global rank " + me +
-                " (launch token '" + mine + "'): two processes of one launch share RANK=" + me);
+    const std::string why =
+        first != mine
+            ? foreign(e.rank, first).what()
+            : where + ": another process already joined this store as global rank " + me +
+                  " (launch token '" + mine + "'): two processes share RANK=" + me +
+                  " (two jobs with one MASTER_PORT, or one launch that gave a rank twice)";
+    mark_mixed(why);
+    throw Error(why);
   }
   std::vector<std::string> keys;
   for (int64_t r = 0; r < e.world_size; ++r) {
@@ -101,6 +181,30 @@ void check_membership(c10d::Store& store, const LaunchEnv& e, const std::string&
   for (int64_t r = 0; r < e.world_size; ++r) {
     const std::string theirs = text(store.get(keys[r]));
     if (theirs != mine) throw foreign(r, theirs);
+  }
+  if (identity.empty()) {
+    const auto split = [](const std::string& s) {
+      const auto nl = s.find('\n');
+      return std::make_pair(s.substr(0, nl), nl == std::string::npos ? "" : s.substr(nl + 1));
+    };
+    const auto [my_host, my_parent] = split(launcher);
+    for (int64_t r = 0; r < e.world_size; ++r) {
+      if (r == e.rank) continue;
+      // Filed right after the token: a short wait at most.
+      const auto [host, parent] = split(text(store.get(key("launcher/" + std::to_string(r) + "/1"))));
+      if (host != my_host || parent.empty() || my_parent.empty() || parent == my_parent) continue;
+      const std::string why =
+          where + ": global rank " + std::to_string(r) + " on this host was started by " +
+          parent + ", this rank by " + my_parent +
+          ", and no launch token or scheduler job id names the job: processes of two launches "
+          "met on one rendezvous store (two jobs with one MASTER_PORT?); refusing to mix them. "
+          "Ranks of one job started by different processes need one DTENSOR_JOB_TOKEN";
+      mark_mixed(why);
+      throw Error(why);
+    }
+  }
+  if (store.check({key("mixed")})) {
+    throw Error(where + ": refusing to start: " + text(store.get(key("mixed"))));
   }
 }
 
@@ -175,7 +279,10 @@ std::shared_ptr<RankContext> init_from_env(const std::string& backend,
   } catch (const Error&) {
     throw;
   } catch (const std::exception& err) {
-    throw Error(where + ": rendezvous failed: " + first_line(err.what()));
+    throw Error(where + ": rendezvous failed: " + first_line(err.what()) +
+                (opts.isServer ? std::string()
+                               : " (the store hosted by global rank 0 stopped answering: rank 0 "
+                                 "left the rendezvous, and its own error says why)"));
   }
   std::string chosen = backend;
   if (chosen.empty()) chosen = env("DTENSOR_BACKEND").value_or("shm");

@@ -187,6 +187,112 @@ def test_two_jobs_on_one_port_never_mix(tmp_path):
                                  r"did not arrive|broken", text), out
 
 
+# Jobs started from the environment alone (issue 32): a hand-written launcher, no launch token, no
+# scheduler job id. Both jobs run this script; each of its ranks prints "<job> ok" or its error.
+HAND_LAUNCHER = r"""
+import os, subprocess, sys
+n, port, body = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+procs = []
+for r in range(n):
+    env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r),
+               LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    for k in ("DTENSOR_JOB_TOKEN", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+        env.pop(k, None)
+    procs.append(subprocess.Popen([sys.executable, body], env=env))
+sys.exit(max(p.wait() for p in procs))
+"""
+
+HAND_BODY = PRELUDE + """
+import dtensor._functional_collectives as F
+JOB, ITERS = os.environ["JOB"], int(os.environ["ITERS"])
+try:
+    F.init_from_env()
+    STOP = os.environ.get("STOP_FILE", "")
+    for i in range(ITERS):
+        # Rank 0 says when to stop (the test creates STOP_FILE): all ranks stop together.
+        stop = float(RANK == 0 and bool(STOP) and os.path.exists(STOP))
+        got = F.all_reduce(torch.tensor([float(RANK + 1)] * 4 + [stop])).tolist()
+        if got[:4] != [WORLD * (WORLD + 1) / 2] * 4:
+            print(f"{JOB}{RANK} WRONG {got}", flush=True)
+            sys.exit(3)
+        if got[4]:
+            break
+    print(f"{JOB}{RANK} ok", flush=True)
+except Exception as e:
+    print(f"{JOB}{RANK} ERROR " + str(e).replace(chr(10), " "), flush=True)
+    sys.exit(1)
+"""
+
+
+def start_by_hand(tmp_path, job, port, backend, iters, timeout_ms, stop_file=""):
+    launcher, body = tmp_path / "hand_launcher.py", tmp_path / "hand_body.py"
+    launcher.write_text(HAND_LAUNCHER)
+    body.write_text(HAND_BODY)
+    e = dict(os.environ, PYTHONSAFEPATH="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+             DTENSOR_BACKEND=backend, DTENSOR_COLLECTIVE_TIMEOUT_MS=str(timeout_ms), JOB=job,
+             ITERS=str(iters), STOP_FILE=str(stop_file))
+    return subprocess.Popen([sys.executable, str(launcher), "4", str(port), str(body)], env=e,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+def free_port():
+    s = __import__("socket").socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def assert_whole_or_refused(out, job):
+    """Every rank of `job` finished ("ok") or none did, each of the others with a clear error."""
+    mine = [l for l in out.splitlines() if l.startswith(job)]
+    assert not [l for l in mine if " WRONG " in l], out
+    ok = [l for l in mine if l.endswith(" ok")]
+    assert len(ok) in (0, 4), out
+    if not ok:
+        assert len(mine) == 4, out
+        for l in mine:
+            assert re.search(r"two jobs|two launches|cannot host the rendezvous store|"
+                             r"cannot reach the rendezvous store|left the rendezvous", l), out
+    return len(ok) == 4
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_jobs_without_a_token_started_together_never_form_one(tmp_path, backend):
+    """Two 4-rank jobs from two hand-written launchers, one MASTER_PORT, the same instant: ranks
+    of both must never run as one job (seen: A's ranks 0-2 with B's rank 3, "got 4006.0"). Ranks
+    on one host share their launcher (NOTE [job identity])."""
+    for attempt in range(3):
+        port = free_port()
+        t0 = time.monotonic()
+        a = start_by_hand(tmp_path, "A", port, backend, 50, 6000)
+        b = start_by_hand(tmp_path, "B", port, backend, 50, 6000)
+        out_a, _ = a.communicate(timeout=60)
+        out_b, _ = b.communicate(timeout=60)
+        whole = [assert_whole_or_refused(out_a + out_b, j) for j in ("A", "B")]
+        assert whole.count(True) <= 1, out_a + out_b
+        assert time.monotonic() - t0 < 6.0 + 10.0, out_a + out_b
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_running_job_without_a_token_goes_on_when_another_joins_its_store(tmp_path, backend):
+    """Job A runs; job B, started later on A's MASTER_PORT, is refused on every rank within its
+    timeout, and A finishes with correct sums (seen with c10d: A hung until killed)."""
+    port, stop = free_port(), tmp_path / "stop"
+    a = start_by_hand(tmp_path, "A", port, backend, 10**7, 6000, stop_file=stop)
+    time.sleep(4.0)
+    t0 = time.monotonic()
+    b = start_by_hand(tmp_path, "B", port, backend, 50, 6000)
+    out_b, _ = b.communicate(timeout=60)
+    assert time.monotonic() - t0 < 6.0 + 10.0, out_b
+    assert a.poll() is None, "job A ended before job B tried its store"
+    stop.write_text("")
+    out_a, _ = a.communicate(timeout=60)
+    assert assert_whole_or_refused(out_a, "A"), out_a + out_b
+    assert not assert_whole_or_refused(out_b, "B"), out_a + out_b
+    assert a.returncode == 0 and b.returncode != 0
+
+
 # ---- leftovers in /dev/shm ----
 
 def fake_segment(name, creator, magic=shm_clean.MAGIC, age_s=0.0):
