@@ -96,10 +96,16 @@ void publish(const std::string& tmp, const std::string& dir) {
   fsync_path(parent.string());
 }
 
+// int64 on the device the world's collectives take (NOTE [control tensors]).
+at::TensorOptions control_options() {
+  return at::TensorOptions(at::kLong).device(collectives::group_device(RankContext::kWorld));
+}
+
 // all_reduce(max) of a flag over the world: true when any rank raised it. Single process: `flag`.
 bool any_rank(bool flag) {
   if (!multi_rank()) return flag;
-  const at::Tensor t = at::full({1}, flag ? 1 : 0, at::kLong);
+  // NOTE [control tensors]: on the world's device (NCCL takes CUDA tensors only).
+  const at::Tensor t = at::full({1}, flag ? 1 : 0, control_options());
   return collectives::all_reduce(t, ReduceOp::kMax, RankContext::kWorld).item<int64_t>() != 0;
 }
 
@@ -212,8 +218,10 @@ void save(const std::map<std::string, Value>& state, const std::string& dir_arg,
                                       static_cast<int64_t>(stats.crc32)},
                                      at::kLong)
                               .view({1, 4});
-  const at::Tensor all_stats =
-      multi ? collectives::all_gather_into_tensor(mine_stats, 0, RankContext::kWorld) : mine_stats;
+  const at::Tensor all_stats = multi ? collectives::all_gather_into_tensor(
+                                           mine_stats.to(control_options()), 0, RankContext::kWorld)
+                                           .cpu()
+                                     : mine_stats;
   for (int64_t r = 0; r < world; ++r) {
     if (all_stats[r][0].item<int64_t>() == 0) continue;
     if (r == rank) fail("checkpoint.save: writing ", dir, " failed on rank ", r, ": ", write_error);
@@ -276,7 +284,10 @@ void load(std::map<std::string, Value>& state, const std::string& dir_arg,
         bad[i] = 1;
       }
     }
-    if (multi) bad = collectives::all_reduce(bad, ReduceOp::kSum, RankContext::kWorld);
+    if (multi) {
+      bad = collectives::all_reduce(bad.to(control_options()), ReduceOp::kSum, RankContext::kWorld)
+                .cpu();
+    }
     for (size_t i = 0; i < names.size(); ++i)
       if (bad[i].item<int64_t>() != 0)
         fail("checkpoint.load: checksum mismatch in data file ", dir, "/", names[i],

@@ -190,6 +190,14 @@ RankScope::RankScope(std::shared_ptr<RankContext> context) : previous_(std::move
 
 RankScope::~RankScope() { t_context = std::move(previous_); }
 
+c10::DeviceType backend_device_type(const std::string& backend) {
+  return backend == "nccl" ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+}
+
+c10::Device group_device(const std::string& name) {
+  return mesh_device(backend_device_type(current_context().group(name).backend));
+}
+
 void check_ranks_as_threads(int64_t world_size, const char* who) {
   if (world_size < 2) return;
   // Only a library this process already loaded (RTLD_NOLOAD): libtorch's BLAS, if it is OpenBLAS.

@@ -106,6 +106,14 @@ class RankScope {
   std::shared_ptr<RankContext> previous_;
 };
 
+// NOTE [control tensors]: the device type a backend's collectives take tensors on: CUDA for
+// nccl, the CPU for every other backend (PyTorch's _get_pg_default_device). Collectives over a
+// group with no mesh at hand (the checkpoint's world-wide flags and file statistics) make their
+// small tensors on mesh_device(backend_device_type(group's backend)) (NOTE [mesh device]).
+c10::DeviceType backend_device_type(const std::string& backend);
+// That device for the calling rank's group `name` (the world by default).
+c10::Device group_device(const std::string& name = RankContext::kWorld);
+
 // Raises when this process cannot run several ranks as threads correctly; `who` names the caller.
 // NOTE [thread-safe BLAS]: OpenBLAS's serial build (Debian's libopenblas0-serial) takes its GEMM
 // work buffers from a table without a lock, so concurrent matrix products can share a buffer and

@@ -2,6 +2,7 @@
 
 #include <absl/hash/hash.h>
 #include <absl/strings/str_join.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include "base/error.h"
 
 #include <algorithm>
@@ -23,7 +24,7 @@ template <typename... Args>
 }  // namespace
 
 DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<int64_t> ranks,
-                       std::vector<std::string> dim_names) {
+                       std::vector<std::string> dim_names, c10::DeviceType device_type) {
   auto impl = std::make_shared<Impl>();
   int64_t numel = 1;
   for (int64_t s : shape) {
@@ -69,23 +70,57 @@ DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<int64_t> ranks,
   for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d) {
     impl->strides[d] = impl->strides[d + 1] * shape[d + 1];
   }
-  impl->hash = absl::HashOf(shape, ranks, dim_names);  // in-process only (interning, maps)
+  impl->device_type = device_type;
+  // In-process only (interning, maps).
+  impl->hash = absl::HashOf(shape, ranks, dim_names, static_cast<int>(device_type));
   impl->shape = std::move(shape);
   impl->ranks = std::move(ranks);
   impl->dim_names = std::move(dim_names);
   impl_ = std::move(impl);
 }
 
-DeviceMesh DeviceMesh::arange(std::vector<int64_t> shape, std::vector<std::string> dim_names) {
+DeviceMesh DeviceMesh::arange(std::vector<int64_t> shape, std::vector<std::string> dim_names,
+                              c10::DeviceType device_type) {
   int64_t numel = 1;
   for (int64_t s : shape) {
     if (s <= 0 || __builtin_mul_overflow(numel, s, &numel) || numel > kMaxRanks) {
-      return DeviceMesh(std::move(shape), {}, std::move(dim_names));  // throws the full message
+      // Throws the full message.
+      return DeviceMesh(std::move(shape), {}, std::move(dim_names), device_type);
     }
   }
   std::vector<int64_t> ranks(static_cast<size_t>(numel));
   for (int64_t i = 0; i < numel; ++i) ranks[i] = i;
-  return DeviceMesh(std::move(shape), std::move(ranks), std::move(dim_names));
+  return DeviceMesh(std::move(shape), std::move(ranks), std::move(dim_names), device_type);
+}
+
+c10::Device DeviceMesh::local_device() const { return mesh_device(impl_->device_type); }
+
+DeviceMesh DeviceMesh::with_device_type(c10::DeviceType device_type) const {
+  if (device_type == impl_->device_type) return *this;
+  return DeviceMesh(impl_->shape, impl_->ranks, impl_->dim_names, device_type);
+}
+
+c10::Device mesh_device(c10::DeviceType type) {
+  if (type == c10::DeviceType::CPU) return c10::Device(c10::DeviceType::CPU);
+  DTENSOR_CHECK(c10::impl::hasDeviceGuardImpl(type), "DeviceMesh: a ", device_type_name(type),
+                " mesh needs a libtorch with ", device_type_name(type),
+                " support; the one this process loaded has none (a CPU-only build)");
+  return c10::impl::getDeviceGuardImpl(type)->getDevice();
+}
+
+std::string device_type_name(c10::DeviceType type) {
+  return c10::DeviceTypeName(type, /*lower_case=*/true);
+}
+
+c10::DeviceType parse_device_type(const std::string& name) {
+  std::optional<c10::Device> device;
+  try {
+    device = c10::Device(name);
+  } catch (const c10::Error&) {
+  }
+  DTENSOR_CHECK(device && !device->has_index(), "DeviceMesh: '", name,
+                "' is not a device type; expected one such as 'cpu' or 'cuda'");
+  return device->type();
 }
 
 int64_t DeviceMesh::normalize_dim(int64_t dim) const {
@@ -180,7 +215,8 @@ DeviceMesh DeviceMesh::submesh_dims(const std::vector<int64_t>& dims_in, int64_t
     }
     sub_ranks.push_back(rank_at(c));
   }
-  return DeviceMesh(std::move(sub_shape), std::move(sub_ranks), std::move(sub_names));
+  return DeviceMesh(std::move(sub_shape), std::move(sub_ranks), std::move(sub_names),
+                    impl_->device_type);
 }
 
 DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& names, std::string name) const {
@@ -244,7 +280,8 @@ DeviceMesh DeviceMesh::flatten_dims(const std::vector<int64_t>& dims_in, std::st
     }
     new_ranks.push_back(rank_at(c));
   }
-  return DeviceMesh(std::move(new_shape), std::move(new_ranks), std::move(new_names));
+  return DeviceMesh(std::move(new_shape), std::move(new_ranks), std::move(new_names),
+                    impl_->device_type);
 }
 
 std::vector<int64_t> DeviceMesh::group_ranks(int64_t dim, int64_t rank) const {
@@ -302,13 +339,15 @@ std::string DeviceMesh::to_string() const {
   std::string out = "DeviceMesh((" + absl::StrJoin(shape(), ",") + "), ranks=[" +
                     absl::StrJoin(ranks(), ",") + "]";
   if (has_dim_names()) out += ", names=(" + absl::StrJoin(dim_names(), ",") + ")";
+  if (device_type() != c10::DeviceType::CPU) out += ", device=" + device_type_name(device_type());
   return out + ")";
 }
 
 bool operator==(const DeviceMesh& a, const DeviceMesh& b) {
   if (a.impl_ == b.impl_) return true;
-  return a.impl_->hash == b.impl_->hash && a.impl_->shape == b.impl_->shape &&
-         a.impl_->ranks == b.impl_->ranks && a.impl_->dim_names == b.impl_->dim_names;
+  return a.impl_->hash == b.impl_->hash && a.impl_->device_type == b.impl_->device_type &&
+         a.impl_->shape == b.impl_->shape && a.impl_->ranks == b.impl_->ranks &&
+         a.impl_->dim_names == b.impl_->dim_names;
 }
 
 }  // namespace dtensor

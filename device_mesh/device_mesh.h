@@ -5,6 +5,20 @@
 // A DeviceMesh is an immutable value that is cheap to copy (it shares its data). Unlike PyTorch's
 // DeviceMesh it does not know "the current rank": the queries that depend on a rank take it as an
 // argument, so one process can simulate every rank (the threads backend, the planner's tests).
+//
+// NOTE [mesh device]
+// A mesh has a device type, as PyTorch's ("cpu", "cuda"; CPU by default): every local tensor of
+// a distributed tensor on the mesh, and every tensor the engine makes to communicate over it
+// (metadata exchanges, scatter buffers, factories' pieces), lives on local_device(): the CPU for
+// a CPU mesh, the calling thread's current device of that type otherwise (for CUDA the device
+// PyTorch's init_device_mesh selects, LOCAL_RANK % device_count). The device type is part of the
+// mesh's identity (equality, hash, to_string when not CPU): a CPU and a CUDA mesh over the same
+// ranks are different meshes, as their tensors cannot be mixed. It is read through c10's
+// device-guard interface, so this layer needs no CUDA headers and links against a CPU-only
+// libtorch (a CUDA mesh there fails on first use, naming the missing support).
+
+#include <c10/core/Device.h>
+#include <c10/core/DeviceType.h>
 
 #include <cstdint>
 #include <memory>
@@ -23,12 +37,22 @@ class DeviceMesh {
 
   // `ranks` lists global ranks in row-major order of `shape`. They must be distinct and
   // non-negative, and their count must equal the product of `shape`. `dim_names` is empty or
-  // has one unique, non-empty name per dim. throws dtensor::Error naming what is wrong.
+  // has one unique, non-empty name per dim. `device_type`: where the mesh's tensors live (NOTE
+  // [mesh device]). throws dtensor::Error naming what is wrong.
   DeviceMesh(std::vector<int64_t> shape, std::vector<int64_t> ranks,
-             std::vector<std::string> dim_names = {});
+             std::vector<std::string> dim_names = {},
+             c10::DeviceType device_type = c10::DeviceType::CPU);
 
   // Ranks 0..N-1 laid out row-major: PyTorch's init_device_mesh(device, shape, mesh_dim_names).
-  static DeviceMesh arange(std::vector<int64_t> shape, std::vector<std::string> dim_names = {});
+  static DeviceMesh arange(std::vector<int64_t> shape, std::vector<std::string> dim_names = {},
+                           c10::DeviceType device_type = c10::DeviceType::CPU);
+
+  c10::DeviceType device_type() const { return impl_->device_type; }
+  // The device on which the calling rank keeps the mesh's local tensors: mesh_device(device_type())
+  // (NOTE [mesh device]).
+  c10::Device local_device() const;
+  // The same mesh on another device type.
+  DeviceMesh with_device_type(c10::DeviceType device_type) const;
 
   const std::vector<int64_t>& shape() const { return impl_->shape; }
   int64_t ndim() const { return static_cast<int64_t>(impl_->shape.size()); }
@@ -75,7 +99,8 @@ class DeviceMesh {
   // second communicator) for the same group. Collectives resolve groups by this name.
   std::string group_name(int64_t dim, int64_t rank) const;
 
-  // "DeviceMesh((2,2), ranks=[0,1,2,3], names=(dp,tp))".
+  // "DeviceMesh((2,2), ranks=[0,1,2,3], names=(dp,tp))"; a mesh not on the CPU ends with its
+  // device type: "DeviceMesh((2), ranks=[0,1], device=cuda)".
   std::string to_string() const;
   size_t hash() const { return impl_->hash; }
 
@@ -88,13 +113,25 @@ class DeviceMesh {
     std::vector<int64_t> ranks;
     std::vector<std::string> dim_names;
     std::vector<int64_t> strides;  // row-major strides of `shape`
+    c10::DeviceType device_type = c10::DeviceType::CPU;
     size_t hash = 0;
   };
+
   std::string dim_label(int64_t dim) const;
   std::vector<int64_t> names_to_dims(const std::vector<std::string>& names) const;
 
   std::shared_ptr<const Impl> impl_;
 };
+
+// The one place that says where a rank's tensors of a `type` mesh live (NOTE [mesh device]): the
+// CPU for CPU, else the calling thread's current device of `type` (c10's device guard). Throws
+// dtensor::Error when this libtorch has no support for `type`.
+c10::Device mesh_device(c10::DeviceType type);
+
+// "cpu", "cuda": the lower-case name PyTorch's DeviceMesh.device_type holds.
+std::string device_type_name(c10::DeviceType type);
+// The device type of a name such as "cpu" or "cuda" (a device index is refused); throws naming it.
+c10::DeviceType parse_device_type(const std::string& name);
 
 // "ranks:0-1-2" for a rank list, or "ranks:<n>r<64-bit FNV-1a digest>" past 8 ranks: equal on
 // every rank and in every process for the same list, different for different lists.

@@ -1,6 +1,7 @@
 #include "device_mesh/device_mesh.h"
 #include "base/testing/expect_error.h"
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <gtest/gtest.h>
 
 #include <set>
@@ -150,6 +151,59 @@ TEST(DeviceMeshTest, EqualityAndHashByValue) {
   EXPECT_NE(DeviceMesh::arange({2, 2}), DeviceMesh::arange({4}));
   EXPECT_NE(DeviceMesh::arange({2, 2}), DeviceMesh({2, 2}, {0, 2, 1, 3}));
   EXPECT_NE(DeviceMesh::arange({2, 2}), DeviceMesh::arange({2, 2}, {"a", "b"}));
+}
+
+// NOTE [mesh device]: the device type is part of the mesh: equality, hash, to_string, and every
+// mesh derived from it.
+TEST(DeviceMeshTest, DeviceTypeIsPartOfTheMesh) {
+  const DeviceMesh cpu = DeviceMesh::arange({2, 2}, {"dp", "tp"});
+  const DeviceMesh cuda = DeviceMesh::arange({2, 2}, {"dp", "tp"}, c10::DeviceType::CUDA);
+  EXPECT_EQ(cpu.device_type(), c10::DeviceType::CPU);
+  EXPECT_EQ(DeviceMesh({2}, {0, 1}).device_type(), c10::DeviceType::CPU);
+  EXPECT_EQ(cuda.device_type(), c10::DeviceType::CUDA);
+  EXPECT_NE(cpu, cuda);
+  EXPECT_NE(cpu.hash(), cuda.hash());
+  EXPECT_EQ(cuda, DeviceMesh({2, 2}, {0, 1, 2, 3}, {"dp", "tp"}, c10::DeviceType::CUDA));
+  EXPECT_EQ(cuda.hash(),
+            DeviceMesh({2, 2}, {0, 1, 2, 3}, {"dp", "tp"}, c10::DeviceType::CUDA).hash());
+  EXPECT_EQ(cuda.with_device_type(c10::DeviceType::CPU), cpu);
+  EXPECT_EQ(cpu.with_device_type(c10::DeviceType::CUDA), cuda);
+  // A CPU mesh prints as before; another names its device type.
+  EXPECT_EQ(cpu.to_string(), "DeviceMesh((2,2), ranks=[0,1,2,3], names=(dp,tp))");
+  EXPECT_EQ(cuda.to_string(), "DeviceMesh((2,2), ranks=[0,1,2,3], names=(dp,tp), device=cuda)");
+  // Sub-meshes and flattened meshes keep it.
+  EXPECT_EQ(cuda.submesh({"tp"}, 2).device_type(), c10::DeviceType::CUDA);
+  EXPECT_EQ(cuda.submesh_dims({1, 0}, 3).device_type(), c10::DeviceType::CUDA);
+  EXPECT_EQ(cuda.flatten({"dp", "tp"}).device_type(), c10::DeviceType::CUDA);
+  EXPECT_EQ(cpu.submesh({"tp"}, 2).device_type(), c10::DeviceType::CPU);
+  EXPECT_NE(cuda.submesh({"tp"}, 2), cpu.submesh({"tp"}, 2));
+  // Groups are named by ranks alone: a CPU and a CUDA mesh over the same ranks name the same.
+  EXPECT_EQ(cuda.group_name(1, 2), cpu.group_name(1, 2));
+}
+
+TEST(DeviceMeshTest, DeviceTypeNames) {
+  EXPECT_EQ(parse_device_type("cpu"), c10::DeviceType::CPU);
+  EXPECT_EQ(parse_device_type("cuda"), c10::DeviceType::CUDA);
+  EXPECT_EQ(device_type_name(c10::DeviceType::CPU), "cpu");
+  EXPECT_EQ(device_type_name(c10::DeviceType::CUDA), "cuda");
+  expect_error([] { parse_device_type("cuda:0"); }, "'cuda:0' is not a device type");
+  expect_error([] { parse_device_type("tpu9"); }, "'tpu9' is not a device type");
+}
+
+// The one helper that says where a rank's tensors of a mesh live (NOTE [mesh device]).
+TEST(DeviceMeshTest, LocalDevice) {
+  EXPECT_EQ(DeviceMesh::arange({2}).local_device(), c10::Device(c10::DeviceType::CPU));
+  EXPECT_EQ(mesh_device(c10::DeviceType::CPU), c10::Device(c10::DeviceType::CPU));
+  const DeviceMesh cuda = DeviceMesh::arange({2}, {}, c10::DeviceType::CUDA);
+  if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) {
+    // A CPU-only libtorch (Debian's): a clear error, not a CPU tensor in disguise.
+    expect_error([&] { cuda.local_device(); }, "a cuda mesh needs a libtorch with cuda support");
+    return;
+  }
+  const auto* guard = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  if (guard->deviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  EXPECT_EQ(cuda.local_device(), guard->getDevice());
+  EXPECT_TRUE(cuda.local_device().is_cuda());
 }
 
 }  // namespace

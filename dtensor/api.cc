@@ -52,7 +52,10 @@ at::Tensor factory(const std::vector<int64_t>& size, const DeviceMesh& mesh,
                    Make make) {
   const DTensorSpec spec = factory_spec(size, mesh, placements, options, what);
   const LocalBox box = local_box(spec, my_coordinate(mesh, what));
-  at::Tensor t = make_dtensor(make(spec, box, options.requires_grad(false)), spec);
+  // NOTE [mesh device]: the piece lives on the mesh's device unless options name another.
+  const at::TensorOptions local =
+      options.has_device() ? options : options.device(mesh.local_device());
+  at::Tensor t = make_dtensor(make(spec, box, local.requires_grad(false)), spec);
   make_leaf(t, options.requires_grad());
   return t;
 }
@@ -73,7 +76,8 @@ std::shared_ptr<collectives::RankContext> init_from_env(const std::string& backe
 }
 
 DeviceMesh init_device_mesh(const std::vector<int64_t>& shape,
-                            const std::vector<std::string>& dim_names) {
+                            const std::vector<std::string>& dim_names,
+                            c10::DeviceType device_type) {
   if (!collectives::has_current_context()) {
     throw Error(
         "init_device_mesh: this thread has no rank context; call init_from_env() in a launched "
@@ -87,7 +91,7 @@ DeviceMesh init_device_mesh(const std::vector<int64_t>& shape,
                 " ranks does not match the world of " + std::to_string(ctx.world_size()) +
                 " ranks");
   }
-  DeviceMesh mesh = DeviceMesh::arange(shape, dim_names);
+  DeviceMesh mesh = DeviceMesh::arange(shape, dim_names, device_type);
   ctx.register_mesh(mesh);
   return mesh;
 }
@@ -110,8 +114,11 @@ at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Pla
   if (is_dtensor(local)) {
     throw Error("from_local: the local tensor is already distributed (" + to_string(local) + ")");
   }
-  const DTensor v = dtensor::from_local(local.detach(), mesh, placements, run_check, shape, stride);
-  if (records_grad(local)) return autograd::from_local(local, v.spec());
+  // NOTE [inputs move to the mesh's device]: moved here, differentiably, so that the gradient
+  // reaches `local` on its own device.
+  const at::Tensor moved = to_mesh_device_type(local, mesh);
+  const DTensor v = dtensor::from_local(moved.detach(), mesh, placements, run_check, shape, stride);
+  if (records_grad(moved)) return autograd::from_local(moved, v.spec());
   return make_dtensor(v.to_local(), v.spec());
 }
 

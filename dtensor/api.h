@@ -44,9 +44,11 @@ using dtensor::Shard;
 // context. Ranks that are threads use collectives::run_threads instead.
 std::shared_ptr<collectives::RankContext> init_from_env(const std::string& backend = "");
 // A mesh of `shape` over ranks 0..N-1 of the current context, whose world size must equal the
-// mesh size; registers its groups.
+// mesh size; registers its groups. `device_type`: where its tensors live (NOTE [mesh device]; for
+// CUDA the calling thread's current device, which the caller selects, e.g. LOCAL_RANK).
 DeviceMesh init_device_mesh(const std::vector<int64_t>& shape,
-                            const std::vector<std::string>& dim_names = {});
+                            const std::vector<std::string>& dim_names = {},
+                            c10::DeviceType device_type = c10::DeviceType::CPU);
 
 // ---- construction and movement (differentiable) ----
 // See dtensor::distribute_tensor: with src_rank, rank src_rank's data is scattered. The result
@@ -54,7 +56,8 @@ DeviceMesh init_device_mesh(const std::vector<int64_t>& shape,
 at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
                              const Placements& placements,
                              std::optional<int64_t> src_rank = std::nullopt);
-// Wraps this rank's piece; gradients flow back to `local`.
+// Wraps this rank's piece; gradients flow back to `local`. A piece of another device type than the
+// mesh's moves to the mesh's device first (NOTE [inputs move to the mesh's device]).
 at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placements& placements,
                       bool run_check = false,
                       const std::optional<std::vector<int64_t>>& shape = std::nullopt,
@@ -99,6 +102,7 @@ at::Tensor local(const at::Tensor& dtensor);
 std::string to_string(const at::Tensor& dtensor);
 
 // ---- factories: the piece of the global tensor on this rank ----
+// On the mesh's device (NOTE [mesh device]) unless `options` names a device.
 at::Tensor empty(const std::vector<int64_t>& size, const DeviceMesh& mesh,
                  const Placements& placements, at::TensorOptions options = {});
 at::Tensor zeros(const std::vector<int64_t>& size, const DeviceMesh& mesh,

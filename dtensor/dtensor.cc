@@ -24,7 +24,9 @@ at::Tensor move(const at::Tensor& local, DTensorSpec from, DTensorSpec to, bool 
 
 bool records_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
 
-// Exchanges (dtype, shape) over every rank of `mesh`; returns them in mesh order.
+// Exchanges (dtype, shape) over every rank of `mesh`; returns them in mesh order. The metadata
+// travels on the mesh's device (NOTE [mesh device]: NCCL takes CUDA tensors only) and is read
+// back on the CPU.
 constexpr int64_t kMaxDims = 16;
 std::vector<std::vector<int64_t>> exchange_meta(const DeviceMesh& mesh, const at::Tensor& t,
                                                 const char* what) {
@@ -39,8 +41,9 @@ std::vector<std::vector<int64_t>> exchange_meta(const DeviceMesh& mesh, const at
   mine[0] = static_cast<int64_t>(t.scalar_type());
   mine[1] = t.dim();
   for (int64_t d = 0; d < t.dim(); ++d) mine[2 + d] = t.size(d);
-  const at::Tensor all =
-      collectives::all_gather_into_tensor(mine, 0, group).view({-1, 2 + kMaxDims});
+  const at::Tensor all = collectives::all_gather_into_tensor(mine.to(mesh.local_device()), 0, group)
+                             .cpu()
+                             .view({-1, 2 + kMaxDims});
   std::vector<std::vector<int64_t>> out;
   for (int64_t i = 0; i < all.size(0); ++i) {
     const at::Tensor row = all[i];
@@ -127,10 +130,11 @@ std::string DTensor::to_string() const {
          absl::StrJoin(local_.sizes().vec(), ",") + "])";
 }
 
-DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
+DTensor distribute_tensor(const at::Tensor& input, const DeviceMesh& mesh,
                           const Placements& placements, std::optional<int64_t> src_rank) {
   const EngineScope engine;  // NOTE [engine activity]
   refuse_partial(placements, "distribute_tensor");
+  const at::Tensor tensor = to_mesh_device(input, mesh);  // NOTE [inputs move to the mesh's device]
   const DTensorSpec spec = DTensorSpec::make(
       mesh, placements, TensorMeta::make(tensor.sizes().vec(), tensor.scalar_type()));
   const auto coord = my_coordinate(mesh, "distribute_tensor");
@@ -177,10 +181,12 @@ DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
   return DTensor(got.view(local_box(spec, coord).shape), spec);
 }
 
-DTensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placements& placements,
+DTensor from_local(const at::Tensor& input, const DeviceMesh& mesh, const Placements& placements,
                    bool run_check, const std::optional<std::vector<int64_t>>& shape,
                    const std::optional<std::vector<int64_t>>& stride) {
   const EngineScope engine;  // NOTE [engine activity]
+  // NOTE [inputs move to the mesh's device]
+  const at::Tensor local = to_mesh_device_type(input, mesh);
   if (static_cast<int64_t>(placements.size()) != mesh.ndim()) {
     throw Error("from_local: " + std::to_string(placements.size()) + " placements for a " +
                 std::to_string(mesh.ndim()) + "-D mesh " + mesh.to_string());

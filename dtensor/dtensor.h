@@ -69,7 +69,8 @@ class DTensor {
 // Lays `tensor` out on `mesh` (Shard and Replicate placements; Partial is refused, as in
 // PyTorch). src_rank empty: every rank passes the same full tensor and keeps its slice, with no
 // communication. src_rank r: rank r's tensor is the data; the others pass a tensor of the same
-// shape and dtype (its values are ignored) and receive exactly their slice from rank r.
+// shape and dtype (its values are ignored) and receive exactly their slice from rank r. A
+// tensor not on the mesh's device is moved there first (NOTE [inputs move to the mesh's device]).
 DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
                           const Placements& placements,
                           std::optional<int64_t> src_rank = std::nullopt);
@@ -79,7 +80,9 @@ DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
 // `stride`), uneven local shapes are accepted. run_check: every rank's local shape and dtype are
 // exchanged and checked against the layout (a mismatch is an error on every rank, naming the
 // ranks), and, as in PyTorch, each Replicate mesh dim's first rank broadcasts its data so the
-// replicas agree (written into `local`).
+// replicas agree (written into `local`). A piece whose device type is not the mesh's is moved
+// to the mesh's device (NOTE [inputs move to the mesh's device]; then the result does not share
+// `local`).
 DTensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placements& placements,
                    bool run_check = false,
                    const std::optional<std::vector<int64_t>>& shape = std::nullopt,

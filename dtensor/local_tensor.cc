@@ -8,6 +8,17 @@
 
 namespace dtensor {
 
+at::Tensor to_mesh_device(const at::Tensor& t, const DeviceMesh& mesh) {
+  if (t.is_meta()) return t;
+  const c10::Device device = mesh.local_device();
+  return t.device() == device ? t : t.to(device);
+}
+
+at::Tensor to_mesh_device_type(const at::Tensor& t, const DeviceMesh& mesh) {
+  if (t.is_meta() || t.device().type() == mesh.device_type()) return t;
+  return t.to(mesh.local_device());
+}
+
 at::Tensor slice_box(const at::Tensor& global, const LocalBox& box) {
   if (global.dim() != static_cast<int64_t>(box.shape.size())) {
     throw Error("slice_box: a " + std::to_string(box.shape.size()) + "-D box does not fit a " +

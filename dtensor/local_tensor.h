@@ -6,9 +6,20 @@
 #include <cstdint>
 #include <vector>
 
+#include "device_mesh/device_mesh.h"
 #include "layout/shard_layout.h"
 
 namespace dtensor {
+
+// NOTE [inputs move to the mesh's device]
+// As PyTorch's DTensor, a tensor given to the engine lands on the mesh's device
+// (DeviceMesh::local_device, NOTE [mesh device]) first: distribute_tensor moves a tensor that is
+// anywhere else (a CPU tensor onto a CUDA mesh, or one on another GPU), from_local a piece whose
+// device *type* differs from the mesh's (PyTorch's local_tensor.to(device_mesh.device_type)), so a
+// CPU piece on a CUDA mesh becomes a CUDA piece and its gradient flows back to the CPU tensor.
+// Meta tensors stay where they are (shapes only), as in PyTorch. `t` itself when nothing moves.
+at::Tensor to_mesh_device(const at::Tensor& t, const DeviceMesh& mesh);
+at::Tensor to_mesh_device_type(const at::Tensor& t, const DeviceMesh& mesh);
 
 // The view of `global` that `box` covers (narrow per dim; shares storage with `global`).
 at::Tensor slice_box(const at::Tensor& global, const LocalBox& box);

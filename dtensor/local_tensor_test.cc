@@ -1,6 +1,7 @@
 #include "dtensor/local_tensor.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <gtest/gtest.h>
 
 namespace dtensor {
@@ -13,6 +14,30 @@ TEST(LocalTensorTest, SliceBoxIsAViewOfTheGlobalTensor) {
   EXPECT_EQ(v[0][0].item<float>(), g[5][4].item<float>());
   EXPECT_TRUE(v.is_alias_of(g));
   EXPECT_THROW(slice_box(g, LocalBox{{5}, {0}}), dtensor::Error);
+}
+
+// NOTE [inputs move to the mesh's device]: on a CPU mesh nothing moves (the same tensor, no copy);
+// meta tensors never move; a CUDA mesh moves a CPU tensor (on a CPU-only libtorch: a clear error).
+TEST(LocalTensorTest, InputsMoveToTheMeshDevice) {
+  const at::Tensor t = at::ones({2, 3});
+  const DeviceMesh cpu = DeviceMesh::arange({2});
+  EXPECT_TRUE(to_mesh_device(t, cpu).is_same(t));
+  EXPECT_TRUE(to_mesh_device_type(t, cpu).is_same(t));
+  const at::Tensor meta = at::empty({2, 3}, at::TensorOptions().device(at::kMeta));
+  const DeviceMesh cuda = DeviceMesh::arange({2}, {}, c10::DeviceType::CUDA);
+  EXPECT_TRUE(to_mesh_device(meta, cpu).is_same(meta));
+  EXPECT_TRUE(to_mesh_device(meta, cuda).is_same(meta));
+  EXPECT_TRUE(to_mesh_device_type(meta, cuda).is_same(meta));
+  if (!at::hasCUDA()) {
+    EXPECT_THROW(to_mesh_device(t, cuda), dtensor::Error);
+    EXPECT_THROW(to_mesh_device_type(t, cuda), dtensor::Error);
+    return;
+  }
+  if (c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount() == 0) {
+    GTEST_SKIP() << "no CUDA device";
+  }
+  EXPECT_TRUE(to_mesh_device(t, cuda).is_cuda());
+  EXPECT_TRUE(to_mesh_device_type(t, cuda).is_cuda());
 }
 
 // For every reduce op and integer and float dtypes, reducing the local tensors of a Partial mesh

@@ -235,7 +235,10 @@ void draw_box(const std::vector<int64_t>& global_shape, const LocalBox& box, Dra
     end -= numel % kNormalBlock;
   }
   chunk = std::min(chunk, end);
-  const at::Tensor buffer = at::empty({chunk}, piece.options());
+  // Chunks are drawn on the generator's device and copied into the piece: a CUDA mesh's pieces
+  // get the CPU generator's values (NOTE [random on a CUDA mesh] in random.h).
+  const at::TensorOptions drawn_on = piece.options().device(generator.device());
+  const at::Tensor buffer = at::empty({chunk}, drawn_on);
   for (int64_t a = 0; a < end; a += chunk) {
     const int64_t n = std::min(chunk, end - a);
     const at::Tensor part = n == chunk ? buffer : buffer.narrow(0, 0, n);
@@ -251,7 +254,7 @@ void draw_box(const std::vector<int64_t>& global_shape, const LocalBox& box, Dra
   if (end != numel) {
     // normal_'s tail: the uniforms of [end, numel) are drawn and then replaced by a fresh draw
     // of 16, which gives the last 16 values (overwriting the end of the last full block).
-    at::empty({numel - end}, piece.options()).uniform_(0, 1, generator);
+    at::empty({numel - end}, drawn_on).uniform_(0, 1, generator);
     const int64_t a = numel - kNormalBlock;
     const std::vector<Block>& blocks = box_copier.blocks_in_box(a, numel);
     const at::Tensor drawn = fill(buffer.narrow(0, 0, kNormalBlock));

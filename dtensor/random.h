@@ -39,6 +39,12 @@
 // Ops without a sharding rule that draw (multinomial, rrelu, poisson, ...) run by the replicate
 // fallback, which computes them whole on every rank anyway (NOTE [replicate fallback]).
 //
+// NOTE [random on a CUDA mesh]: the generator stays the CPU one (rank_generator), so a random op or
+// factory on a CUDA mesh (NOTE [mesh device]) draws each chunk on the CPU and copies the part in
+// its box to the GPU: the values one CPU device gives for the same seed, equal on every rank and
+// for every layout, not those of torch's CUDA (Philox) generator. An op given a CUDA generator
+// draws its chunks on that GPU instead.
+//
 // Ranks that are threads of one process (the threads backend) cannot share the process's
 // default generator, so the generator is per thread: manual_seed() below seeds the calling
 // rank's; without one, the process default generator is used (one process per rank, seeded

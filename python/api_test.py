@@ -25,6 +25,7 @@ from dtensor import (
     randn,
     zeros,
 )
+from dtensor import _C
 from dtensor import _functional_collectives as funcol
 from dtensor.debug import CommDebugMode, visualize_sharding
 from launch_ranks import run_on_ranks
@@ -283,6 +284,51 @@ def test_submesh_by_name():
         assert mesh["dp", "tp"].shape == (2, 2)
         with pytest.raises(KeyError, match="pp"):
             mesh["pp"]
+        return True
+
+    assert all(dtensor.run_threads(4, fn))
+
+
+def test_mesh_device_type_round_trips_between_python_and_cpp():
+    """NOTE [mesh device]: the C++ mesh carries the device type; Python's reads it from there,
+    sub-meshes and the meshes of distributed tensors keep it, and a CPU and a CUDA mesh over the
+    same ranks are different meshes. A CUDA mesh can be described without a GPU; making a tensor
+    on it then fails (no silent CPU tensor)."""
+    assert _C.DeviceMesh([2], [0, 1]).device_type == "cpu"
+    assert _C.DeviceMesh([2], [0, 1], [], "cuda").device_type == "cuda"
+    assert _C.DeviceMesh.arange([2], [], "cuda") == _C.DeviceMesh([2], [0, 1], [], "cuda")
+    assert _C.DeviceMesh([2], [0, 1], [], "cuda") != _C.DeviceMesh([2], [0, 1])
+    assert repr(_C.DeviceMesh([2], [0, 1], [], "cuda")).endswith("device=cuda)")
+    assert repr(_C.DeviceMesh([2], [0, 1])) == "DeviceMesh((2), ranks=[0,1])"
+    with pytest.raises(RuntimeError, match="not a device type"):
+        _C.DeviceMesh([2], [0, 1], [], "cuda:0")
+
+    def fn(rank):
+        cpu = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        assert cpu.device_type == "cpu" and cpu._mesh.device_type == "cpu"
+        assert cpu._mesh.local_device() == "cpu"
+        cuda = DeviceMesh("cuda", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))
+        assert cuda.device_type == "cuda" and cuda._mesh.device_type == "cuda"
+        assert cuda != cpu and cuda._mesh != cpu._mesh
+        assert hash(cuda) != hash(cpu)
+        assert repr(cuda).startswith("DeviceMesh('cuda'")
+        assert cuda["tp"].device_type == "cuda" and cuda["tp"]._mesh.device_type == "cuda"
+        assert cpu["tp"].device_type == "cpu" and cpu["tp"] != cuda["tp"]
+        # Wrapping a C++ mesh keeps its type; naming another type makes the C++ mesh agree.
+        assert DeviceMesh._wrap(cuda._mesh).device_type == "cuda"
+        assert DeviceMesh._wrap(cpu._mesh, "cuda")._mesh == cuda._mesh
+        # A distributed tensor's mesh is the one it was made on, device type included.
+        d = distribute_tensor(torch.ones(4, 4), cpu, [Shard(0), Replicate()])
+        assert d.device_mesh == cpu and d.device_mesh.device_type == "cpu"
+        assert d.to_local().device.type == "cpu"
+        assert zeros(4, 4, device_mesh=cpu).to_local().device.type == "cpu"
+        if not torch.cuda.is_available():
+            for make in (lambda: zeros(4, 4, device_mesh=cuda),
+                         lambda: distribute_tensor(torch.ones(4, 4), cuda, [Shard(0), Shard(1)]),
+                         lambda: DTensor.from_local(torch.ones(2, 2), cuda,
+                                                    [Shard(0), Shard(1)])):
+                with pytest.raises(RuntimeError, match="cuda"):
+                    make()
         return True
 
     assert all(dtensor.run_threads(4, fn))

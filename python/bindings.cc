@@ -80,11 +80,33 @@ PYBIND11_MODULE(_C, m) {
   m.def("parse_placements", &parse_placements);
   m.def("chunk_sizes", &chunk_sizes);
 
+  // NOTE [mesh device]: the device type crosses as PyTorch's name ("cpu", "cuda").
   py::class_<DeviceMesh>(m, "DeviceMesh")
-      .def(py::init<std::vector<int64_t>, std::vector<int64_t>, std::vector<std::string>>(),
-           py::arg("shape"), py::arg("ranks"), py::arg("dim_names") = std::vector<std::string>{})
-      .def_static("arange", &DeviceMesh::arange, py::arg("shape"),
-                  py::arg("dim_names") = std::vector<std::string>{})
+      .def(py::init([](std::vector<int64_t> shape, std::vector<int64_t> ranks,
+                       std::vector<std::string> dim_names, const std::string& device_type) {
+             return DeviceMesh(std::move(shape), std::move(ranks), std::move(dim_names),
+                               parse_device_type(device_type));
+           }),
+           py::arg("shape"), py::arg("ranks"), py::arg("dim_names") = std::vector<std::string>{},
+           py::arg("device_type") = "cpu")
+      .def_static(
+          "arange",
+          [](std::vector<int64_t> shape, std::vector<std::string> dim_names,
+             const std::string& device_type) {
+            return DeviceMesh::arange(std::move(shape), std::move(dim_names),
+                                      parse_device_type(device_type));
+          },
+          py::arg("shape"), py::arg("dim_names") = std::vector<std::string>{},
+          py::arg("device_type") = "cpu")
+      .def_property_readonly("device_type",
+                             [](const DeviceMesh& m) { return device_type_name(m.device_type()); })
+      .def(
+          "with_device_type",
+          [](const DeviceMesh& m, const std::string& device_type) {
+            return m.with_device_type(parse_device_type(device_type));
+          },
+          py::arg("device_type"))
+      .def("local_device", [](const DeviceMesh& m) { return m.local_device().str(); })
       .def_property_readonly("shape", &DeviceMesh::shape)
       .def_property_readonly("ndim", &DeviceMesh::ndim)
       .def_property_readonly("ranks", &DeviceMesh::ranks)

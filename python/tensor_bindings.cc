@@ -165,9 +165,18 @@ void bind_tensors(py::module& m) {
   m.def("manual_seed", &api::manual_seed, py::arg("seed"));
   m.def("seed_process_default", &seed_process_default, py::arg("seed"));
 
-  m.def("init_device_mesh", &api::init_device_mesh, py::arg("shape"),
-        py::arg("dim_names") = std::vector<std::string>{}, Release());
+  m.def(
+      "init_device_mesh",
+      [](const std::vector<int64_t>& shape, const std::vector<std::string>& dim_names,
+         const std::string& device_type) {
+        const c10::DeviceType type = parse_device_type(device_type);
+        py::gil_scoped_release release;
+        return api::init_device_mesh(shape, dim_names, type);
+      },
+      py::arg("shape"), py::arg("dim_names") = std::vector<std::string>{},
+      py::arg("device_type") = "cpu");
   m.def("has_context", &collectives::has_current_context);
+  m.def("barrier", &collectives::barrier, py::arg("group"), Release());
   m.def(
       "all_reduce_into",
       [](const at::Tensor& input, const at::Tensor& output, const std::string& op,
@@ -260,7 +269,8 @@ void bind_tensors(py::module& m) {
       "mesh_from_process_groups",
       [](const std::vector<std::pair<std::vector<int64_t>, py::object>>& groups, int64_t rank,
          int64_t world_size, const std::vector<int64_t>& shape, const std::vector<int64_t>& ranks,
-         const std::vector<std::string>& dim_names) {
+         const std::vector<std::string>& dim_names, const std::string& device_type) {
+        const c10::DeviceType type = parse_device_type(device_type);
         std::vector<std::pair<std::vector<int64_t>, c10::intrusive_ptr<c10d::ProcessGroup>>> pgs;
         for (const auto& [members, g] : groups) {
           pgs.emplace_back(members, g.cast<c10::intrusive_ptr<c10d::ProcessGroup>>());
@@ -284,10 +294,10 @@ void bind_tensors(py::module& m) {
           collectives::use_process_group(name, pg);
           ctx.register_group(name, members, "c10d");
         }
-        return DeviceMesh(shape, ranks, dim_names);
+        return DeviceMesh(shape, ranks, dim_names, type);
       },
       py::arg("groups"), py::arg("rank"), py::arg("world_size"), py::arg("shape"), py::arg("ranks"),
-      py::arg("dim_names"));
+      py::arg("dim_names"), py::arg("device_type") = "cpu");
 
   // Simulation mode: N ranks as threads of this process.
   m.def(

@@ -210,7 +210,9 @@ class DTensorProcessGroup(ProcessGroup):
         return _done(output_tensors)
 
     def barrier(self, opts=None):
-        fc.all_reduce(torch.zeros(1), "sum", self._group, async_op=False)
+        # The engine's barrier: no tensor of the caller's making (a CPU one would not reach an
+        # NCCL group: NOTE [mesh device]).
+        _C.barrier(fc._group_name(self._group))
         return _done([])
 
     def send(self, tensors, dst, tag):

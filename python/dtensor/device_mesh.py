@@ -35,6 +35,19 @@ def _check_device_type(device_type):
             f"{', '.join(repr(t) for t in _DEVICE_TYPES)}")
 
 
+def _select_cuda_device(device_type):
+    """PyTorch's init_device_mesh on CUDA: the calling process's current device becomes
+    ``LOCAL_RANK % device_count`` (``RANK % device_count`` without LOCAL_RANK), before any
+    communicator is made on it. NOTE [mesh device]: the C++ mesh's local tensors live on the
+    current device."""
+    if device_type != "cuda" or not torch.cuda.is_available():
+        return
+    count = torch.cuda.device_count()
+    local = os.environ.get("LOCAL_RANK", os.environ.get("RANK"))
+    if local is not None and count > 0:
+        torch.cuda.set_device(int(local) % count)
+
+
 def _ensure_context(device_type="cpu"):
     """Joins the job described by torchrun's variables when this thread has no rank context."""
     if _C.has_context():
@@ -87,14 +100,24 @@ class DeviceMesh:
 
     def __init__(self, device_type, mesh, *, mesh_dim_names=None, _c_mesh=None):
         _check_device_type(device_type)
-        self.device_type = device_type
         if _c_mesh is None:
             ranks = torch.as_tensor(mesh, dtype=torch.long)
             names = list(mesh_dim_names or [])
-            _c_mesh = _C.DeviceMesh(list(ranks.shape), ranks.flatten().tolist(), names)
+            _c_mesh = _C.DeviceMesh(list(ranks.shape), ranks.flatten().tolist(), names,
+                                    device_type)
+            if not _C.has_context():
+                _select_cuda_device(device_type)
             _ensure_context(device_type)
             _C.context_register_mesh(_c_mesh)
+        elif _c_mesh.device_type != device_type:
+            # NOTE [mesh device]: the C++ mesh carries the device type; both sides agree.
+            _c_mesh = _c_mesh.with_device_type(device_type)
         self._mesh = _c_mesh
+
+    @property
+    def device_type(self):
+        """``"cpu"`` or ``"cuda"``: where the mesh's local tensors live (the C++ mesh's)."""
+        return self._mesh.device_type
 
     @staticmethod
     def from_group(group, device_type="cpu", mesh=None, *, mesh_dim_names=None):
@@ -155,12 +178,13 @@ class DeviceMesh:
             mine.append((along, g))
         c_mesh = _C.mesh_from_process_groups(mine, rank, dist.get_world_size(),
                                              list(layout.shape), layout.flatten().tolist(),
-                                             list(mesh_dim_names or []))
+                                             list(mesh_dim_names or []), device_type)
         return DeviceMesh._wrap(c_mesh, device_type)
 
     @classmethod
-    def _wrap(cls, c_mesh, device_type="cpu"):
-        return cls(device_type, None, _c_mesh=c_mesh)
+    def _wrap(cls, c_mesh, device_type=None):
+        """The Python mesh of a C++ one, on ``device_type`` (None: the C++ mesh's own)."""
+        return cls(device_type or c_mesh.device_type, None, _c_mesh=c_mesh)
 
     @property
     def mesh(self):
@@ -275,6 +299,8 @@ class DeviceMesh:
 def init_device_mesh(device_type, mesh_shape, *, mesh_dim_names=None):
     """A mesh of ``mesh_shape`` over ranks 0..N-1 of the job (N must be the world size)."""
     _check_device_type(device_type)
+    if not _C.has_context():
+        _select_cuda_device(device_type)
     _ensure_context(device_type)
-    c_mesh = _C.init_device_mesh(list(mesh_shape), list(mesh_dim_names or []))
-    return DeviceMesh._wrap(c_mesh, device_type)
+    c_mesh = _C.init_device_mesh(list(mesh_shape), list(mesh_dim_names or []), device_type)
+    return DeviceMesh._wrap(c_mesh)

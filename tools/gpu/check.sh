@@ -11,7 +11,8 @@
 #   there:  tools/gpu/check.sh [TEST ...]       (device run with carry [".gpu"])
 # Then builds the whole engine and the Python extension dtensor._C the same way (no Bazel) and
 # runs tools/gpu/cuda_probe.py: the distributed tensor's user paths on a 1-rank NCCL mesh of CUDA
-# tensors, each checked against plain CUDA tensors, and per-call costs against PyTorch's DTensor.
+# tensors, each checked against plain CUDA tensors, and per-call costs against PyTorch's DTensor;
+# then python/cuda_test.py (pytest) when the device's python has pytest.
 # Tests: nccl_link_test (world size 1: NCCL refuses two ranks on one GPU), and
 # symmetric_memory_cuda_test (2 processes sharing the GPU). Logs go to the build folder, and
 # all of them as one file to $OUT when that is set (the device run's folder that comes back).
@@ -136,6 +137,19 @@ if [ "${SKIP_ENGINE:-}" != 1 ]; then
       | grep -E '^(PASS|FAIL|probe:|\{)'
     engine=${PIPESTATUS[0]}
     summary+=("$(grep '^probe:' "$LOGS/cuda_probe.log" || echo "probe: did not finish (exit $engine)")")
+    # The package's CUDA tests (python/cuda_test.py, NOTE [mesh device]), run from the build
+    # folder so that python/dtensor (no _C.so) does not shadow the built package.
+    if $PY -c 'import pytest' 2>/dev/null; then
+      cp python/cuda_test.py "$BUILD/cuda_test.py"
+      (cd "$BUILD" && PYTHONPATH=$PYPKG timeout 300 $PY -m pytest -q -p no:cacheprovider \
+        cuda_test.py) >"$LOGS/cuda_test.log" 2>&1
+      rc=$?
+      grep -E '^(FAILED|ERROR)|passed|failed' "$LOGS/cuda_test.log" | tail -15
+      summary+=("cuda_test: $(tail -1 "$LOGS/cuda_test.log")")
+      [ $rc -eq 0 ] || engine=1
+    else
+      summary+=("cuda_test: not run (no pytest in $PY)")
+    fi
   else
     echo "FAILED to link the extension (log link-ext.log)"; tail -20 "$LOGS/link-ext.log"; engine=1
     summary+=("extension: FAILED to link")

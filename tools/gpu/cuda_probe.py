@@ -144,6 +144,102 @@ def main():
         ref = torch.nn.functional.cross_entropy(logits, target)
         close(loss, ref, "loss")
 
+    @check("mesh device type: Python and C++ agree, on the current device")
+    def _():
+        if mesh.device_type != "cuda" or mesh._mesh.device_type != "cuda":
+            raise AssertionError(f"python {mesh.device_type}, C++ {mesh._mesh.device_type}")
+        if mesh._mesh.local_device() != f"cuda:{torch.cuda.current_device()}":
+            raise AssertionError(f"C++ local device {mesh._mesh.local_device()}")
+        return repr(mesh._mesh)
+
+    @check("distribute_tensor of a CPU tensor (moved to the mesh's device)")
+    def _():
+        for src_data_rank in (0, None):
+            d = distribute_tensor(a.cpu(), mesh, [Shard(0)], src_data_rank=src_data_rank)
+            on_cuda(d, f"distribute_tensor(cpu, src_data_rank={src_data_rank})")
+            close(d, a, "distribute_tensor(cpu)")
+
+    @check("from_local of a CPU piece (moved; its gradient flows back to the CPU)")
+    def _():
+        cpu = a.cpu().requires_grad_()
+        d = DTensor.from_local(cpu, mesh, [Shard(0)], run_check=True)
+        on_cuda(d, "from_local(cpu piece)")
+        (d * 3).sum().backward()
+        if cpu.grad is None or cpu.grad.device.type != "cpu":
+            raise AssertionError(f"grad {None if cpu.grad is None else cpu.grad.device}")
+
+    @check("*_like, new_*, random ops and dropout on the mesh's device")
+    def _():
+        d = DTensor.from_local(a, mesh, [Shard(0)])
+        for name, t in (("zeros_like", torch.zeros_like(d)), ("ones_like", torch.ones_like(d)),
+                        ("new_zeros", d.new_zeros(3)), ("rand_like", torch.rand_like(d)),
+                        ("randn_like", torch.randn_like(d)), ("uniform_", d.clone().uniform_()),
+                        ("dropout", torch.nn.functional.dropout(d, 0.5))):
+            on_cuda(t, name)
+        dtensor.manual_seed(3)
+        r = dtensor.rand(8, 4, device_mesh=mesh, placements=[Shard(0)])
+        close(r, torch.rand(8, 4, generator=torch.Generator().manual_seed(3)).to(dev),
+              "rand (the CPU generator's values)")
+
+    @check("replicate fallback (histc) on the mesh's device")
+    def _():
+        d = DTensor.from_local(a, mesh, [Shard(0)])
+        h = torch.histc(d, bins=5)
+        on_cuda(h, "histc")
+        close(h, torch.histc(a, bins=5), "histc")
+
+    @check("parallelize_module of a CPU module, SequenceParallel, embedding")
+    def _():
+        import copy
+        from dtensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
+                                      parallelize_module)
+        torch.manual_seed(2)
+        ref = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                  torch.nn.Linear(32, 16), torch.nn.LayerNorm(16)).to(dev)
+        tp = parallelize_module(copy.deepcopy(ref).cpu(), mesh,
+                                {"0": ColwiseParallel(), "2": RowwiseParallel(),
+                                 "3": SequenceParallel()})
+        for name, p in tp.named_parameters():
+            on_cuda(p, f"parameter {name}")
+        x = torch.randn(4, 16, device=dev)
+        out, out_ref = tp(x), ref(x)
+        close(out, out_ref, "TP forward")
+        out.sum().backward()
+        out_ref.sum().backward()
+        for (name, p), p_ref in zip(tp.named_parameters(), ref.parameters()):
+            on_cuda(p.grad, f"grad {name}")
+            close(p.grad, p_ref.grad, f"grad {name}", atol=1e-4)
+        emb = torch.nn.Embedding(10, 8).to(dev)
+        tp_emb = parallelize_module(copy.deepcopy(emb), mesh, RowwiseParallel())
+        idx = torch.randint(0, 10, (3, 5), device=dev)
+        close(tp_emb(idx), emb(idx), "embedding")
+
+    @check("loss_parallel backward")
+    def _():
+        from dtensor.parallel import loss_parallel
+        logits = torch.randn(4, 10, device=dev, requires_grad=True)
+        target = torch.randint(0, 10, (4,), device=dev)
+        d = distribute_tensor(logits.detach(), mesh, [Shard(1)]).requires_grad_()
+        with loss_parallel():
+            torch.nn.functional.cross_entropy(d, target).backward()
+        torch.nn.functional.cross_entropy(logits, target).backward()
+        on_cuda(d.grad, "loss_parallel grad")
+        close(d.grad, logits.grad, "loss_parallel grad")
+
+    @check("checkpoint save, then load into a CUDA mesh")
+    def _():
+        import tempfile
+
+        import dtensor.checkpoint as dcp
+        with tempfile.TemporaryDirectory() as tmp:
+            dcp.save({"w": distribute_tensor(a, mesh, [Shard(0)]), "step": 3},
+                     checkpoint_id=f"{tmp}/ck")
+            state = {"w": dtensor.zeros(8, 16, device_mesh=mesh, placements=[Replicate()]),
+                     "step": 0}
+            dcp.load(state, checkpoint_id=f"{tmp}/ck")
+        on_cuda(state["w"], "checkpoint.load")
+        close(state["w"], a, "checkpoint.load")
+
     # Per-call costs: dtensor vs plain, and PyTorch's DTensor on the same device in this run.
     da = DTensor.from_local(a, mesh, [Shard(0)])
     db = DTensor.from_local(b, mesh, [Replicate()])

@@ -136,7 +136,7 @@ def _unsq(t, lay):
 def _picked(logp, lay, held, local):
     """Global per-row log-probability of the target (sum over ranks of the held values)."""
     if lay.local_classes == 0:
-        mine = torch.zeros(held.shape, dtype=logp.dtype)
+        mine = torch.zeros(held.shape, dtype=logp.dtype, device=logp.device)
     else:
         mine = logp.gather(lay.class_dim, _unsq(local, lay)).squeeze(lay.class_dim)
     return _all_reduce(mine * held, "sum", lay.group)
@@ -144,7 +144,7 @@ def _picked(logp, lay, held, local):
 
 def _local_log_softmax(x, lay):
     if lay.local_classes == 0:
-        m = torch.full(lay.rows, float("-inf"), dtype=x.dtype)
+        m = torch.full(lay.rows, float("-inf"), dtype=x.dtype, device=x.device)
     else:
         m = x.detach().amax(lay.class_dim)
     m = _all_reduce(m, "max", lay.group)
@@ -210,7 +210,7 @@ class _NllLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         lay, t = ctx.lay, ctx.terms
-        grad = torch.zeros(ctx.shape, dtype=g.dtype)
+        grad = torch.zeros(ctx.shape, dtype=g.dtype, device=g.device)
         if lay.local_classes:
             grad.scatter_(lay.class_dim, _unsq(t.local, lay), _unsq(-t.w_row * g * t.held, lay))
         return grad, None, None

@@ -1,0 +1,174 @@
+"""The distributed tensor on a CUDA mesh (NOTE [mesh device] in device_mesh/device_mesh.h): every
+path keeps local tensors on the mesh's device, and results equal plain CUDA tensors. One process,
+a 1-rank NCCL mesh (NCCL refuses two ranks on one GPU). Skipped where torch sees no GPU (here:
+Debian's CPU-only torch); on a GPU machine tools/gpu/check.sh runs it after tools/gpu/cuda_probe.py.
+"""
+
+import copy
+import os
+import socket
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    from dtensor import init_device_mesh
+    return init_device_mesh("cuda", (1,))
+
+
+def _on_mesh_device(t, what):
+    local = t.to_local() if hasattr(t, "placements") else t
+    assert local.device == torch.device("cuda", torch.cuda.current_device()), \
+        f"{what}: local piece on {local.device}"
+
+
+def _close(d, want, atol=1e-5):
+    got = d.full_tensor() if hasattr(d, "placements") else d
+    assert got.device == want.device, f"result on {got.device}, expected {want.device}"
+    torch.testing.assert_close(got, want, atol=atol, rtol=1e-5)
+
+
+def test_mesh_carries_its_device_type(mesh):
+    from dtensor import DeviceMesh
+    assert mesh.device_type == "cuda" and mesh._mesh.device_type == "cuda"
+    # init_device_mesh selected LOCAL_RANK % device_count, and the C++ mesh reads it.
+    assert torch.cuda.current_device() == 0
+    assert mesh._mesh.local_device() == "cuda:0"
+    assert mesh != DeviceMesh("cpu", [0])
+
+
+def test_factories_put_pieces_on_the_mesh_device(mesh):
+    import dtensor
+    from dtensor import Shard
+    for name in ("empty", "zeros", "ones", "rand", "randn"):
+        d = getattr(dtensor, name)(8, 4, device_mesh=mesh, placements=[Shard(0)])
+        _on_mesh_device(d, f"dtensor.{name}")
+        assert d.device.type == "cuda"
+    full = dtensor.full((8, 4), 2.5, device_mesh=mesh, placements=[Shard(0)])
+    _on_mesh_device(full, "dtensor.full")
+    _close(full, torch.full((8, 4), 2.5, device="cuda"))
+    _close(dtensor.ones(8, 4, device_mesh=mesh), torch.ones(8, 4, device="cuda"))
+    # NOTE [random on a CUDA mesh]: the CPU generator's values, on the GPU.
+    dtensor.manual_seed(3)
+    r = dtensor.rand(8, 4, device_mesh=mesh, placements=[Shard(0)])
+    _close(r, torch.rand(8, 4, generator=torch.Generator().manual_seed(3)).cuda())
+    for like in (torch.zeros_like(full), torch.ones_like(full), full.new_zeros(3),
+                 full.new_ones((2, 2)), torch.rand_like(full)):
+        _on_mesh_device(like, "*_like / new_*")
+
+
+def test_distribute_tensor_moves_inputs_to_the_mesh_device(mesh):
+    from dtensor import Replicate, Shard, distribute_tensor
+    a = torch.randn(8, 6, device="cuda")
+    for src in (a, a.cpu()):
+        for pl in ([Shard(0)], [Shard(1)], [Replicate()]):
+            for src_data_rank in (0, None):
+                d = distribute_tensor(src, mesh, pl, src_data_rank=src_data_rank)
+                _on_mesh_device(d, f"distribute_tensor {pl} from {src.device}")
+                _close(d, a)
+
+
+def test_from_local_run_check_and_cpu_pieces(mesh):
+    from dtensor import DTensor, Replicate, Shard
+    a = torch.randn(8, 6, device="cuda")
+    for pl in ([Replicate()], [Shard(0)]):
+        d = DTensor.from_local(a.clone(), mesh, pl, run_check=True)
+        _on_mesh_device(d, f"from_local(run_check) {pl}")
+        _close(d, a)
+    # A CPU piece on a CUDA mesh moves to the mesh's device, and its gradient flows back.
+    cpu = a.cpu().requires_grad_()
+    d = DTensor.from_local(cpu, mesh, [Shard(0)], run_check=True)
+    _on_mesh_device(d, "from_local(cpu piece)")
+    (d * 3).sum().backward()
+    assert cpu.grad is not None and cpu.grad.device.type == "cpu"
+    torch.testing.assert_close(cpu.grad, torch.full_like(cpu, 3.0))
+
+
+def test_ops_redistribute_full_tensor_and_the_fallback(mesh):
+    from dtensor import DTensor, Replicate, Shard
+    torch.manual_seed(0)
+    a, b = torch.randn(8, 16, device="cuda"), torch.randn(16, 4, device="cuda")
+    da = DTensor.from_local(a, mesh, [Shard(0)])
+    db = DTensor.from_local(b, mesh, [Replicate()])
+    _close(torch.mm(da, db), a @ b)
+    _close(torch.relu(da) + da, torch.relu(a) + a)
+    _close(da.sum(), a.sum())
+    r = da.redistribute(mesh, [Replicate()])
+    _on_mesh_device(r, "redistribute")
+    full = da.full_tensor()
+    assert full.device.type == "cuda"
+    # An op with no sharding rule runs by the replicate fallback on the GPU.
+    h = torch.histc(da, bins=5)
+    _on_mesh_device(h, "replicate fallback (histc)")
+    _close(h, torch.histc(a, bins=5))
+    _on_mesh_device(torch.nn.functional.dropout(da, 0.5), "dropout")
+
+
+def test_parallelize_module_forward_and_backward_equal_plain_cuda(mesh):
+    from dtensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
+                                  parallelize_module)
+    torch.manual_seed(1)
+    ref = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                              torch.nn.Linear(32, 16), torch.nn.LayerNorm(16)).cuda()
+    for source in ("cuda", "cpu"):
+        # A CPU module's parameters move to the mesh's device, as PyTorch's distribute_tensor.
+        model = copy.deepcopy(ref).to(source)
+        tp = parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel(),
+                                              "3": SequenceParallel()})
+        for p in tp.parameters():
+            _on_mesh_device(p, f"parameter of a {source} module")
+        x = torch.randn(4, 16, device="cuda")
+        out, out_ref = tp(x), ref(x)
+        _close(out, out_ref)
+        out.sum().backward()
+        ref.zero_grad()
+        out_ref.sum().backward()
+        for (name, p), p_ref in zip(tp.named_parameters(), ref.parameters()):
+            _on_mesh_device(p.grad, f"grad of {name}")
+            _close(p.grad, p_ref.grad, atol=1e-4)
+    emb = torch.nn.Embedding(10, 8).cuda()
+    tp_emb = parallelize_module(copy.deepcopy(emb), mesh, RowwiseParallel())
+    idx = torch.randint(0, 10, (3, 5), device="cuda")
+    _close(tp_emb(idx), emb(idx))
+
+
+def test_loss_parallel_forward_and_backward(mesh):
+    from dtensor import Shard, distribute_tensor
+    from dtensor.parallel import loss_parallel
+    logits = torch.randn(6, 10, device="cuda", requires_grad=True)
+    target = torch.randint(0, 10, (6,), device="cuda")
+    d = distribute_tensor(logits.detach(), mesh, [Shard(1)]).requires_grad_()
+    with loss_parallel():
+        loss = torch.nn.functional.cross_entropy(d, target)
+        loss.backward()
+    ref = torch.nn.functional.cross_entropy(logits, target)
+    ref.backward()
+    _close(loss, ref)
+    _on_mesh_device(d.grad, "loss_parallel grad")
+    _close(d.grad, logits.grad)
+
+
+def test_checkpoint_loads_into_a_cuda_mesh(mesh, tmp_path):
+    import dtensor.checkpoint as dcp
+    from dtensor import Replicate, Shard, distribute_tensor, zeros
+    a = torch.randn(8, 6, device="cuda")
+    dcp.save({"w": distribute_tensor(a, mesh, [Shard(0)]), "plain": a.cpu(), "step": 3},
+             checkpoint_id=tmp_path / "ck")
+    state = {"w": zeros(8, 6, device_mesh=mesh, placements=[Replicate()]),
+             "plain": torch.zeros(8, 6), "step": 0}
+    dcp.load(state, checkpoint_id=tmp_path / "ck")
+    _on_mesh_device(state["w"], "checkpoint.load")
+    _close(state["w"], a)
+    assert state["step"] == 3
