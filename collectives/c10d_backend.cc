@@ -211,7 +211,7 @@ class C10dCommunicator : public Communicator {
   // was doing in the store and reads the others' (whereabouts()), so the error names them.
   void check_fingerprints(const CollectiveCall& call) {
     const int64_t n = size();
-    const int64_t width = 6 + 4 + 2 + 2 * n + 1;
+    const int64_t width = 6 + 4 + 2 + 2 * n + 3;
     at::Tensor mine = at::zeros({width}, at::kLong);
     int64_t* f = mine.data_ptr<int64_t>();
     const CallSignature sig = signature_of(call);
@@ -229,6 +229,8 @@ class C10dCommunicator : public Communicator {
     if (has_in) std::copy(call.input_splits.begin(), call.input_splits.end(), f + 12);
     if (has_out) std::copy(call.output_splits.begin(), call.output_splits.end(), f + 12 + n);
     f[12 + 2 * n] = static_cast<int64_t>(call.thread_seq);
+    f[13 + 2 * n] = static_cast<int64_t>(call.program_ops);
+    f[14 + 2 * n] = static_cast<int64_t>(call.program);
     std::vector<std::vector<at::Tensor>> outs(1);
     for (int64_t r = 0; r < n; ++r) outs[0].push_back(at::empty({width}, at::kLong));
     std::vector<at::Tensor> in = {mine};
@@ -250,6 +252,8 @@ class C10dCommunicator : public Communicator {
       if (g[10] != 0) s.input_splits = absl::MakeConstSpan(g + 12, n);
       if (g[11] != 0) s.output_splits = absl::MakeConstSpan(g + 12 + n, n);
       s.thread_seq = static_cast<uint64_t>(g[12 + 2 * n]);
+      s.program_ops = static_cast<uint64_t>(g[13 + 2 * n]);
+      s.program = static_cast<uint64_t>(g[14 + 2 * n]);
       if (s.kind > CollectiveKind::kBarrier) s.kind = CollectiveKind::kBarrier;  // garbage guard
     }
     // A rank whose splits are absent cannot be compared split by split: its kind differs.

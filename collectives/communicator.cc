@@ -62,6 +62,17 @@ std::string pair_difference(const CallSignature& a, const CallSignature& b, size
                         " of this group, group rank ", r, " at #", b.seq,
                         " (a rank skipped or repeated a collective)");
   }
+  if (a.program_ops != 0 && b.program_ops != 0 &&
+      (a.program_ops != b.program_ops || a.program != b.program)) {
+    return absl::StrCat(
+        "the distributed-tensor program differs: before this collective rank 0 ran ",
+        a.program_ops, " ops on the mesh (digest ", absl::Hex(a.program), "), group rank ", r,
+        " ran ", b.program_ops, " (digest ", absl::Hex(b.program),
+        "): an op got different non-tensor arguments on different ranks (a Python scalar drawn "
+        "per process, a size, a reduction), or ran on some ranks only; every rank must run the "
+        "same ops with the same arguments (NOTE [program digest]; DTENSOR_PROGRAM_CHECK=0 turns "
+        "the check off)");
+  }
   if (a.thread != b.thread || a.thread_seq != b.thread_seq) {
     return absl::StrCat("issuing thread differs: rank 0 called from thread '",
                         std::string(a.thread), "' (its call #", a.thread_seq,
@@ -147,6 +158,8 @@ CallSignature signature_of(const CollectiveCall& call) {
   s.seq = call.seq;
   s.thread = call.thread;
   s.thread_seq = call.thread_seq;
+  s.program_ops = call.program_ops;
+  s.program = call.program;
   return s;
 }
 

@@ -54,6 +54,9 @@ struct CollectiveCall {
   std::string thread;                  // the issuing thread's label (NOTE [issuing thread])
   uint64_t thread_seq = 0;             // the call's number among that thread's calls on the group
   uint64_t seq = 0;  // set by the backend: this call's number among the group's calls (1, 2, ...)
+  // NOTE [program digest]: the issuing thread's distributed-tensor ops on the mesh this call
+  // serves (their count and a digest of their names and non-tensor arguments); 0: unchecked.
+  uint64_t program_ops = 0, program = 0;
   // CUDA tensors: the issuing thread's current stream on their device, which the backend orders
   // itself after (NOTE [nccl stream order]); unset otherwise.
   std::optional<c10::Stream> stream;
@@ -109,6 +112,7 @@ struct CallSignature {
   uint64_t seq = 0;         // the call's number on its group (CollectiveCall::seq)
   std::string_view thread;  // the issuing thread's label
   uint64_t thread_seq = 0;  // the call's number among that thread's calls on the group
+  uint64_t program_ops = 0, program = 0;  // CollectiveCall::program_ops, program
 };
 CallSignature signature_of(const CollectiveCall& call);
 

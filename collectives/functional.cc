@@ -99,6 +99,7 @@ thread_local std::vector<CommCounter*> t_counters;
 // is gone on every rank alike, so the counts still agree.
 thread_local absl::flat_hash_map<const void*, uint64_t> t_thread_calls;
 thread_local const char* t_cause = nullptr;
+thread_local uint64_t t_program_ops = 0, t_program = 0;  // NOTE [program digest]
 
 void count_calls(const std::string& group, const Job& job) {
   for (const CollectiveCall& c : job.calls) {
@@ -120,6 +121,8 @@ std::vector<at::Tensor> submit(const std::string& group, std::shared_ptr<Job> jo
   for (CollectiveCall& c : job->calls) {  // NOTE [issuing thread]
     c.thread = thread_label();
     c.thread_seq = ++thread_calls;
+    c.program_ops = t_program_ops;
+    c.program = t_program;
     const at::Tensor& t = c.input.defined() ? c.input : c.output;
     if (t.defined() && t.is_cuda()) {  // NOTE [nccl stream order]
       c.stream = c10::impl::getDeviceGuardImpl(t.device().type())->getStream(t.device());
@@ -570,6 +573,16 @@ CommCounter::~CommCounter() {
 }
 
 CommCause::CommCause(const char* op) : previous_(t_cause) { t_cause = op; }
+
+ProgramScope::ProgramScope(uint64_t ops, uint64_t digest)
+    : previous_ops_(t_program_ops), previous_digest_(t_program) {
+  t_program_ops = ops;
+  t_program = digest;
+}
+ProgramScope::~ProgramScope() {
+  t_program_ops = previous_ops_;
+  t_program = previous_digest_;
+}
 CommCause::~CommCause() { t_cause = previous_; }
 
 std::map<std::pair<std::string, std::string>, int64_t> CommCounter::counts_by_cause() const {

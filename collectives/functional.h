@@ -97,6 +97,29 @@ class CommCause {
   const char* previous_;
 };
 
+// NOTE [program digest]
+// Ranks of one job must run the same distributed-tensor ops with the same arguments (SPMD). A rank
+// that gets another scalar (a Python random number drawn per process, a size, a reduction) or
+// runs an op the others skip computes different pieces, and nothing in its collectives shows it:
+// the result is silently wrong (seen: hinge_embedding_loss with a margin drawn per process). So
+// the distributed tensor layer keeps, per thread and mesh, the count of ops run and a digest of
+// their names and non-tensor arguments (dtensor/program_digest.h), and every collective it issues
+// on that mesh carries them (this scope): the backends that compare calls (threads, shm, c10d)
+// fail the collective on every rank, naming both counts, when they differ. Collectives issued
+// outside a scope (functional collectives, torch.distributed) carry 0 and are not checked.
+// DTENSOR_PROGRAM_CHECK=0 turns it off (read once); ranks that must legitimately run different
+// ops on one mesh (e.g. rank-0-only logging with distributed-tensor ops) need it off.
+class ProgramScope {
+ public:
+  ProgramScope(uint64_t ops, uint64_t digest);
+  ~ProgramScope();
+  ProgramScope(const ProgramScope&) = delete;
+  ProgramScope& operator=(const ProgramScope&) = delete;
+
+ private:
+  uint64_t previous_ops_, previous_digest_;
+};
+
 // Records every collective the constructing thread issues while it is alive (nested counters
 // all record). The threads backend runs each rank on its own thread, so a counter counts one
 // rank. Costs one thread-local check per collective when no counter is active.

@@ -176,7 +176,8 @@ void check_membership(c10d::Store& store, const LaunchEnv& e, const std::string&
       if (!store.check({keys[r]})) missing.push_back(r);
     }
     throw Error(where + ": ranks [" + absl::StrJoin(missing, ",") +
-                "] did not join the rendezvous store within the timeout");
+                "] did not join the rendezvous store within the timeout (they exited, died, or "
+                "joined another job's store: two jobs with one MASTER_PORT?)");
   }
   for (int64_t r = 0; r < e.world_size; ++r) {
     const std::string theirs = text(store.get(keys[r]));

@@ -51,6 +51,8 @@ CallSignature signature_of(const Snap& s) {
   sig.seq = s.d.seq;
   sig.thread = std::string_view(s.d.thread, strnlen(s.d.thread, sizeof(s.d.thread)));
   sig.thread_seq = s.d.thread_seq;
+  sig.program_ops = s.d.program_ops;
+  sig.program = s.d.program;
   return sig;
 }
 
@@ -122,6 +124,8 @@ Desc describe(const CollectiveCall& c, int64_t n) {
   }
   d.seq = c.seq;
   d.thread_seq = c.thread_seq;
+  d.program_ops = c.program_ops;
+  d.program = c.program;
   std::memcpy(d.thread, c.thread.data(), std::min(c.thread.size(), sizeof(d.thread) - 1));
   d.n_in = static_cast<int64_t>(c.input_splits.size()) == n ? static_cast<int32_t>(n) : 0;
   d.n_out = static_cast<int64_t>(c.output_splits.size()) == n ? static_cast<int32_t>(n) : 0;

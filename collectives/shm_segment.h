@@ -69,6 +69,7 @@ struct Desc {
   uint64_t seq = 0;      // CollectiveCall::seq
   char thread[32] = {};  // CollectiveCall::thread, NUL-terminated (NOTE [issuing thread])
   uint64_t thread_seq = 0;
+  uint64_t program_ops = 0, program = 0;  // CollectiveCall::program_ops, program
 };
 
 struct alignas(64) Ctrl {

@@ -26,6 +26,7 @@
 #include "dtensor/engine_activity.h"
 #include "dtensor/flop_counter.h"
 #include "dtensor/local_tensor.h"
+#include "dtensor/program_digest.h"
 #include "dtensor/redistribute.h"
 #include "layout/shard_layout.h"
 #include "sharding_prop/propagator.h"
@@ -428,6 +429,9 @@ void kernel_body(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                   "the needed layout before taking the view, or write out of place");
   }
   std::vector<Input> inputs = collect_inputs(info, schema, args, n);
+  if (program_check_enabled()) {  // NOTE [program digest]
+    record_program_op(inputs[0].spec.mesh(), 0, call_digest(info, args, n));
+  }
   if (info.execution == Execution::kReplicateFirst) {
     run_replicated(op, info, stack, args, inputs.at(0));
     return;

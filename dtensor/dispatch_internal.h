@@ -55,6 +55,9 @@ void put(c10::IValue* args, const Input& in, const at::Tensor& local);
 // the call's non-tensor arguments encoded for the cache key, and the outputs' metadata from the
 // op run on meta tensors of the global inputs.
 void encode_call(const OpInfo& info, const c10::IValue* args, size_t n, std::vector<int64_t>& out);
+// NOTE [program digest]: a deterministic hash of the op's name and the values of its non-tensor
+// arguments (scalars, numbers, lists, strings; wrapped Python numbers by value).
+uint64_t call_digest(const OpInfo& info, const c10::IValue* args, size_t n);
 std::optional<std::vector<std::optional<TensorMeta>>> aten_output_metas(
     const c10::OperatorHandle& op, const OpInfo& info, const std::vector<Input>& inputs,
     const c10::IValue* args, size_t n);

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include "dtensor/dispatch_internal.h"
+#include "dtensor/program_digest.h"
 
 namespace dtensor::dispatch_detail {
 
@@ -53,6 +54,78 @@ void encode_call(const OpInfo& info, const c10::IValue* args, size_t n, std::vec
       out.push_back(14);  // floats, lists of floats, generators: by kind
     }
   }
+}
+
+namespace {
+
+void fold(uint64_t& h, const void* data, size_t bytes) { h = stable_hash(data, bytes, h); }
+
+void fold_value(uint64_t& h, const c10::IValue& v) {
+  const auto word = [&h](int64_t x) { fold(h, &x, sizeof(x)); };
+  const auto real = [&h](double x) { fold(h, &x, sizeof(x)); };
+  if (v.isNone()) {
+    word(0);
+  } else if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    word(1);
+    // A Python number passed where ATen wants a tensor (x * 2.5): its value counts.
+    if (t.defined() && t.unsafeGetTensorImpl()->is_wrapped_number() && t.is_cpu()) {
+      if (t.is_complex()) {
+        const auto z = t.item<c10::complex<double>>();
+        real(z.real());
+        real(z.imag());
+      } else if (t.is_floating_point()) {
+        real(t.item<double>());
+      } else {
+        word(t.item<int64_t>());
+      }
+    }
+  } else if (v.isTensorList()) {
+    word(2);
+    word(static_cast<int64_t>(v.toTensorList().size()));
+  } else if (v.isDouble()) {
+    word(3);
+    real(v.toDouble());
+  } else if (v.isInt()) {
+    word(4);
+    word(v.toInt());
+  } else if (v.isBool()) {
+    word(v.toBool() ? 6 : 5);
+  } else if (v.isComplexDouble()) {
+    const c10::complex<double> z = v.toComplexDouble();
+    word(7);
+    real(z.real());
+    real(z.imag());
+  } else if (v.isString()) {
+    const std::string& text = v.toStringRef();
+    word(8);
+    fold(h, text.data(), text.size());
+  } else if (v.isIntList()) {
+    word(9);
+    for (const int64_t x : v.toIntList()) word(x);
+  } else if (v.isDoubleList()) {
+    word(10);
+    for (const double x : v.toDoubleList()) real(x);
+  } else if (v.isBoolList()) {
+    word(11);
+    for (const bool x : v.toBoolList()) word(x);
+  } else if (v.isList()) {
+    word(12);
+    for (const c10::IValue& e : v.toListRef()) fold_value(h, e);
+  } else if (v.isDevice()) {
+    word(13);
+    word(static_cast<int64_t>(v.toDevice().type()));
+  } else {
+    word(14);  // generators, layouts, memory formats: by kind (a dtype is an int)
+  }
+}
+
+}  // namespace
+
+uint64_t call_digest(const OpInfo& info, const c10::IValue* args, size_t n) {
+  uint64_t h = stable_hash(info.name.data(), info.name.size());
+  for (size_t i = 0; i < n; ++i) fold_value(h, args[i]);
+  return h;
 }
 
 // The outputs' metadata from ATen: the op run on meta tensors of the global inputs; nullopt when

@@ -10,6 +10,7 @@
 #include "collectives/rank_context.h"
 #include "dtensor/engine_activity.h"
 #include "dtensor/local_tensor.h"
+#include "dtensor/program_digest.h"
 #include "layout/shard_layout.h"
 
 namespace dtensor {
@@ -213,6 +214,8 @@ at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& input, b
   if (plan.is_noop()) return local;
   c::RankContext& ranks = c::current_context();
   const DeviceMesh& mesh = plan.src.mesh();
+  const ProgramState program = program_state(mesh);  // NOTE [program digest]
+  const c::ProgramScope program_scope(program.ops, program.digest);
   const std::vector<int64_t> coord = my_coordinate(mesh, "redistribute");
   const LocalBox box = local_box(plan.src, coord);
   if (local.sizes().vec() != box.shape || local.scalar_type() != plan.src.meta().dtype) {

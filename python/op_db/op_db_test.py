@@ -21,6 +21,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # sweep.py and its list
 import sweep  # noqa: E402
 from expected_failures import EXPECTED_FAILURES, INPLACE_EXPECTED_FAILURES  # noqa: E402
+from fuzz_cases import FUZZ_CASES  # noqa: E402
 
 CHUNKS = 12
 NATIVE_AT_LEAST = 490  # 494 on 2026-11-24; PyTorch's own DTensor test passes 369
@@ -104,4 +105,17 @@ def test_foreach_ops(capsys):
         with capsys.disabled():
             print(f"op_db foreach {outcome:6s} {case.name:40s} {detail[:200]}")
         problems += _problems(case.name, outcome, detail, False)
+    assert not problems, "\n".join(problems)
+
+
+def test_fuzz_cases():
+    """What `./x fuzz ops` found (fuzz_cases.py), replayed: never wrong, never a hang."""
+    import fuzz_ops
+
+    problems = []
+    for seed, what in FUZZ_CASES.items():
+        case, kind, detail = fuzz_ops.run_case(seed)
+        print(f"op_db fuzz case {seed}: {kind} {getattr(case, 'where', case.name)} ({what})")
+        if kind in ("wrong", "hang"):
+            problems.append(f"fuzz case {seed} ({what}): {kind}: {detail}")
     assert not problems, "\n".join(problems)

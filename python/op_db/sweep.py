@@ -51,7 +51,29 @@ import dtensor  # noqa: E402
 from dtensor import DTensor, Replicate, Shard, distribute_tensor, init_device_mesh  # noqa: E402
 
 WORLD = 4
+# NOTE [sweep seed]: the default tier draws op_db's samples from a fixed seed (a fixed subset);
+# the full sweep (`--full`, ./x test --full) varies it per run: $DTENSOR_SWEEP_SEED when set (to
+# replay a failure: every failure's detail names its seed), else a fresh one. torch's, Python's
+# and numpy's generators are all seeded with it (op_db draws scalars with Python's random).
 SEED = 1234
+
+
+def run_seed():
+    """The full sweep's seed for this run: $DTENSOR_SWEEP_SEED, else drawn from the OS."""
+    value = os.environ.get("DTENSOR_SWEEP_SEED")
+    return int(value) if value else int.from_bytes(os.urandom(4), "little")
+
+
+def seed_all(seed):
+    import random
+
+    torch.manual_seed(seed)
+    random.seed(seed)
+    try:
+        import numpy
+        numpy.random.seed(seed % 2**32)
+    except ImportError:
+        pass
 
 # op_db's random OpInfos seed torch inside the op (wrapper_set_seed calls torch.manual_seed).
 # Ranks that are threads draw from their own generators (NOTE [DTensor random]), which only
@@ -84,6 +106,7 @@ def _rank_wrapper_set_seed(op, *args, **kwargs):
 
 _cmi.wrapper_set_seed = _rank_wrapper_set_seed
 RTOL, ATOL = 1e-4, 1e-4
+_op_seed = [SEED]  # the seed ops draw from inside a mode (the run's seed in the full sweep)
 
 # OpInfos whose values are undefined on one device too (uninitialised memory): only metadata is
 # compared.
@@ -133,11 +156,15 @@ def _describe(x):
 
 
 class Mode:
-    def __init__(self, name, mesh_shape, first, other):
+    """A layout of a sample's tensor arguments. ``place(i, t)`` gives the placements of the i-th
+    tensor leaf of (input, args, kwargs) in flattening order, or None for Replicate."""
+
+    def __init__(self, name, mesh_shape, first, other, place=None):
         self.name = name
         self.mesh_shape = mesh_shape
-        self.first = first  # fn(tensor) -> placements or None (not distributable this way)
-        self.other = other
+        self.first = first  # fn(tensor) -> placements (the sample's input leaves)
+        self.other = other  # fn(tensor) -> placements (args and kwargs)
+        self.place = place  # fn(leaf index, tensor) -> placements or None; overrides first/other
 
 
 def modes_for(sample, first_sample):
@@ -157,6 +184,36 @@ def modes_for(sample, first_sample):
     return out
 
 
+def full_modes_for(sample):
+    """The full sweep's layouts (issue 32): every tensor argument sharded in turn on every dim
+    (the others Replicate) on a 1-D mesh of WORLD ranks (op_db's sizes make most pieces uneven,
+    some empty); every argument Shard(0) at once; and on a 2x2 mesh every tensor argument in
+    turn as [Shard(0), Shard(last)] (both mesh dims on one tensor dim when it has one dim) and
+    [Replicate, Shard(d)] for every dim d."""
+    leaves = [x for x in tree_flatten((sample.input, sample.args, sample.kwargs))[0]]
+    rep = lambda t: [Replicate()]  # noqa: E731
+    out = [Mode("R", (WORLD,), rep, rep)]
+
+    def only(k, placements):
+        return lambda i, t: placements if i == k else None
+
+    for k, t in enumerate(leaves):
+        if not _is_tensor(t) or t.dim() == 0:
+            continue
+        for d in range(t.dim()):
+            out.append(Mode(f"arg{k}:S{d}", (WORLD,), rep, rep, only(k, [Shard(d)])))
+        out.append(Mode(f"arg{k}:2d[S0,S{t.dim() - 1}]", (2, 2), rep, rep,
+                        only(k, [Shard(0), Shard(t.dim() - 1)])))
+        for d in range(t.dim()):
+            out.append(Mode(f"arg{k}:2d[R,S{d}]", (2, 2), rep, rep,
+                            only(k, [Replicate(), Shard(d)])))
+    sharded = [k for k, t in enumerate(leaves) if _is_tensor(t) and t.dim() > 0]
+    if len(sharded) > 1:
+        out.append(Mode("all-S0", (WORLD,), rep, rep,
+                        lambda i, t: [Shard(0)] if t.dim() > 0 else None))
+    return out
+
+
 def _distribute(sample, mode, mesh, requires_grad):
     """The sample with every tensor distributed; returns (input, args, kwargs, leaves)."""
     leaves = []
@@ -172,6 +229,13 @@ def _distribute(sample, mode, mesh, requires_grad):
             return dt
         return f
 
+    if mode.place is not None:
+        flat, spec = tree_flatten((sample.input, sample.args, sample.kwargs))
+        rep = [Replicate()] * len(mode.mesh_shape)
+        flat = [conv(lambda t, i=i: mode.place(i, t) or rep)(x) for i, x in enumerate(flat)]
+        from torch.utils._pytree import tree_unflatten
+        inp, args, kwargs = tree_unflatten(flat, spec)
+        return inp, args, kwargs, leaves
     inp = tree_map(conv(mode.first), sample.input)
     args = tree_map(conv(mode.other), sample.args)
     kwargs = tree_map(conv(mode.other), sample.kwargs)
@@ -225,7 +289,7 @@ def _check(what, got, want, mesh, compare_values, rank):
 
 
 def _expected(op, sample, backward):
-    torch.manual_seed(SEED)
+    torch.manual_seed(_op_seed[0])
     out = op(sample.input, *sample.args, **sample.kwargs)
     grads = None
     if backward:
@@ -248,7 +312,7 @@ def run_mode(op, sample, mode, want, want_grads, compare_values):
         mesh = init_device_mesh("cpu", mode.mesh_shape)
         backward = want_grads is not None
         inp, args, kwargs, leaves = _distribute(sample, mode, mesh, backward)
-        torch.manual_seed(SEED)
+        torch.manual_seed(_op_seed[0])
         got = op(inp, *args, **kwargs)
         g_leaves, w_leaves = tree_flatten(got)[0], tree_flatten(want)[0]
         if len(g_leaves) != len(w_leaves):
@@ -459,28 +523,53 @@ def fallback_ops():
     return sorted(dtensor.debug.fallback_counts())
 
 
-def _sweep_one(op, samples):
+def _sweep_one(op, samples, full=False, seed=SEED, deadline=None):
+    """The default tier: the first `samples` samples (fixed seed) in modes_for's layouts. The full
+    sweep (full=True): every sample drawn with `seed`, in full_modes_for's layouts; stops early
+    (outcome as far as it went, "(stopped at the time budget)" noted) past `deadline`."""
     backward = op.supports_autograd
-    torch.manual_seed(SEED)
+    seed_all(seed)
     try:
-        sample_list = list(op.sample_inputs("cpu", torch.float32, requires_grad=backward))[:samples]
+        sample_list = list(op.sample_inputs("cpu", torch.float32, requires_grad=backward))
     except Exception as e:  # noqa: BLE001
         return "skip", f"sample_inputs raised {type(e).__name__}: {e}"
+    if not full:
+        sample_list = sample_list[:samples]
     out = Outcome()
     compare_values = op.name not in UNDEFINED_VALUES
-    for si, sample in enumerate(sample_list):
-        if not any(_is_tensor(t) for t in
-                   tree_flatten((sample.input, sample.args, sample.kwargs))[0]):
-            continue  # a factory call: nothing to distribute
-        try:
-            want, want_grads = _expected(op, sample, backward)
-        except Exception:  # noqa: BLE001  (one device refuses this sample too)
-            continue
-        for mode in modes_for(sample, si == 0):
-            if out.attempt(f"sample {si} mode {mode.name}",
-                           lambda: run_mode(op, sample, mode, want, want_grads, compare_values)):
-                return out.result()
+    where = f"seed {seed} " if full else ""
+    _op_seed[0] = seed
+    try:
+        for si, sample in enumerate(sample_list):
+            if not any(_is_tensor(t) for t in
+                       tree_flatten((sample.input, sample.args, sample.kwargs))[0]):
+                continue  # a factory call: nothing to distribute
+            try:
+                want, want_grads = _expected(op, sample, backward)
+            except Exception:  # noqa: BLE001  (one device refuses this sample too)
+                continue
+            modes = full_modes_for(sample) if full else modes_for(sample, si == 0)
+            for mode in modes:
+                if deadline is not None and time.monotonic() > deadline:
+                    kind, detail = out.result()
+                    return kind, (detail + " " if detail else "") + (
+                        f"(stopped at the time budget in {where}sample {si})")
+                if out.attempt(f"{where}sample {si} mode {mode.name}",
+                               lambda: run_mode(op, sample, mode, want, want_grads,
+                                                compare_values)):
+                    return out.result()
+    finally:
+        _op_seed[0] = SEED
     return out.result()
+
+
+def sweep_full_one(op, seed, budget_s=None):
+    """(outcome, detail) of the full sweep for one OpInfo (every sample, every tensor argument
+    sharded in turn on every dim, 1-D and 2-D meshes), samples drawn with `seed`; fallback_ops()
+    then names what ran by the replicate fallback."""
+    dtensor.debug.reset_fallback_counts()
+    deadline = None if budget_s is None else time.monotonic() + budget_s
+    return _sweep_one(op, 0, full=True, seed=seed, deadline=deadline)
 
 
 def sweep_inplace_one(op, samples=3):
@@ -501,7 +590,14 @@ def main():
     parser.add_argument("--ops", default="")
     parser.add_argument("--samples", type=int, default=3)
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--full", action="store_true",
+                        help="the full sweep: every sample, every argument, 1-D and 2-D meshes")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="the full sweep's seed (default $DTENSOR_SWEEP_SEED or a fresh one)")
     a = parser.parse_args()
+    seed = a.seed if a.seed is not None else run_seed()
+    if a.full:
+        print(f"full sweep, seed {seed} (replay: --seed {seed})", flush=True)
     wanted = set(a.ops.split(",")) if a.ops else None
     counts = {}
     t0 = time.time()
@@ -510,7 +606,7 @@ def main():
         if wanted and name not in wanted and op.name not in wanted:
             continue
         t1 = time.time()
-        outcome, detail = sweep_one(op, a.samples)
+        outcome, detail = sweep_full_one(op, seed) if a.full else sweep_one(op, a.samples)
         fallbacks = fallback_ops()
         if outcome == "pass" and not fallbacks:
             outcome = "native"  # passed on native rules alone

@@ -253,7 +253,8 @@ def assert_whole_or_refused(out, job):
         assert len(mine) == 4, out
         for l in mine:
             assert re.search(r"two jobs|two launches|cannot host the rendezvous store|"
-                             r"cannot reach the rendezvous store|left the rendezvous", l), out
+                             r"cannot reach the rendezvous store|left the rendezvous|"
+                             r"did not join the rendezvous store", l), out
     return len(ok) == 4
 
 

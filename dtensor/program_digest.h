@@ -1,0 +1,31 @@
+#pragma once
+// NOTE [program digest] (collectives/functional.h), the distributed tensor layer's side: per
+// thread and mesh, the count of distributed-tensor ops run and a digest of their names and
+// non-tensor arguments. The dispatcher records every op; execute_plan puts the mesh's state on
+// the collectives it issues (collectives::ProgramScope), which the backends compare across ranks.
+
+#include <cstdint>
+
+#include "device_mesh/device_mesh.h"
+
+namespace dtensor {
+
+struct ProgramState {
+  uint64_t ops = 0;
+  uint64_t digest = 0;
+};
+
+// False when DTENSOR_PROGRAM_CHECK=0 (read once).
+bool program_check_enabled();
+
+// Folds one op into the calling thread's state for `mesh`. `op` and `args` must be equal on
+// every rank for the same call (deterministic hashes: no pointers, no per-process seeds).
+void record_program_op(const DeviceMesh& mesh, uint64_t op, uint64_t args);
+
+// The calling thread's state for `mesh`, its op count plus one (0: the check is off).
+ProgramState program_state(const DeviceMesh& mesh);
+
+// Deterministic 64-bit hashing (FNV-1a over bytes, then folded): the same on every process.
+uint64_t stable_hash(const void* data, size_t bytes, uint64_t seed = 0xcbf29ce484222325ull);
+
+}  // namespace dtensor
