@@ -7,15 +7,17 @@
 #   dtensor_dependencies()
 #   # BUILD: cc_binary(..., deps = ["@dtensor//:dtensor"]); .bazelrc: build --cxxopt=-std=c++17
 #
-# Each is a Debian package under /usr (or CUDA under /usr/local/cuda) with its BUILD file from
+# @torch comes from $DTENSOR_PYTHON's torch (third_party/python_torch.bzl); the others are each a
+# Debian package under /usr (or CUDA under /usr/local/cuda) with its BUILD file from
 # this repository's third_party/; Label() names that file inside whichever repository loaded this
 # macro (@dtensor for a consumer). A repository the workspace already declares is left alone.
 # The same declarations as this repository's own WORKSPACE (NOTE [offline build]); the test that
 # they are enough is tests/consumers/external_workspace_test.sh.
 
+load("//third_party:python_torch.bzl", "python_torch")
+
 _SYSTEM_LIBRARIES = {
     # name: (path, BUILD file in third_party/)
-    "torch": ("/usr", "torch.BUILD"),
     "absl": ("/usr", "absl.BUILD"),
     "nlohmann_json": ("/usr", "nlohmann_json.BUILD"),
     # Used only under --define=with_cuda=true (//collectives:nccl_backend).
@@ -47,6 +49,9 @@ _directory_of = repository_rule(
 )
 
 def dtensor_dependencies():
+    # @torch from $DTENSOR_PYTHON's torch (NOTE [torch from Python]).
+    if native.existing_rule("torch") == None:
+        python_torch(name = "torch")
     for name, path in _DEBIAN_RULES.items():
         if native.existing_rule(name) == None:
             native.local_repository(name = name, path = path)

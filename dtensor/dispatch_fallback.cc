@@ -236,7 +236,12 @@ void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   const DeviceMesh mesh = inputs.at(0).spec.mesh();
   {
     const LocalKernelScope local;  // NOTE [engine activity]
-    if (info.generator_arg < 0 && op.hasTag(at::Tag::nondeterministic_seeded)) {
+    // Any op may draw inside (a composite's dropout: _scaled_dot_product_attention_forward
+    // carries no nondeterministic_seeded tag in torch 1.13, and its ranks as threads drew from
+    // the shared default generator: each rank's "Replicate" result differed, found by
+    // ./x fuzz ops). So every op without a generator argument draws from the rank's generator;
+    // this costs nothing where that is the process default (one process per rank).
+    if (info.generator_arg < 0) {
       draw_with_rank_generator([&] { op.callBoxed(stack); });
     } else {
       op.callBoxed(stack);
