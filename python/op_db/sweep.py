@@ -26,11 +26,23 @@ self (never a wrong answer; errors only when listed in INPLACE_EXPECTED_FAILURES
 foreach OpInfos (``torch._foreach_*`` and their in-place forms, sweep_foreach), which must pass.
 
 Used by op_db_test.py (the project test) and as a script:
-  ./x run python/op_db/sweep.py [--ops NAME,...] [--samples 2] [--verbose]
+  ./x run python/op_db/sweep.py [--ops NAME,...] [--samples 2] [--verbose] [--time-budget S]
+                                [--device cuda]
+
+NOTE [sweep on CUDA]: `--device cuda` (the GPU check, tools/gpu/check.sh) sweeps the OpInfos that
+support float32 on CUDA with samples made on "cuda", on a 1-rank NCCL mesh of this process
+(use_cuda: NCCL refuses two ranks on one GPU, so no ranks as threads): every mode runs in the
+calling thread on that mesh, and modes that need more ranks (the 2-D ones) are skipped, so the
+1-D modes' Shard(d) holds the whole tensor. What it checks is the engine on CUDA tensors: the
+sharding rules and the fallback on them, every local piece on one device's device, values against
+the same op on plain CUDA tensors. Random ops draw from the CPU generator on a CUDA mesh (NOTE
+[random on a CUDA mesh]), not CUDA's Philox, so for an OpInfo whose reference drew random numbers
+only metadata is compared there. Without a GPU it says "no GPU" and exits 0 (0 OpInfos).
 """
 
 import argparse
 import os
+import socket
 import sys
 import threading
 import time
@@ -98,6 +110,7 @@ _wrapper_set_seed = _cmi.wrapper_set_seed
 def _rank_wrapper_set_seed(op, *args, **kwargs):
     """op_db's wrapper_set_seed also saves and restores the default generator's state
     (freeze_rng_state), which rank threads share: on a rank thread, only the seed."""
+    _drew[0] = True
     if threading.current_thread() is threading.main_thread():
         return _wrapper_set_seed(op, *args, **kwargs)
     torch.manual_seed(42)
@@ -105,6 +118,11 @@ def _rank_wrapper_set_seed(op, *args, **kwargs):
 
 
 _cmi.wrapper_set_seed = _rank_wrapper_set_seed
+for _mod in list(sys.modules.values()):  # newer torch also binds it in opinfo/definitions/*
+    if (getattr(_mod, "__name__", "").startswith("torch.testing._internal.opinfo")
+            and getattr(_mod, "wrapper_set_seed", None) is _wrapper_set_seed):
+        _mod.wrapper_set_seed = _rank_wrapper_set_seed
+_drew = [False]  # whether a random op ran (wrapper_set_seed) since reset: NOTE [sweep on CUDA]
 RTOL, ATOL = 1e-4, 1e-4
 _op_seed = [SEED]  # the seed ops draw from inside a mode (the run's seed in the full sweep)
 
@@ -117,12 +135,75 @@ UNDEFINED_VALUES = {
 }
 
 
+# OpInfos whose one-device gradient is missing (None) where the engine computes one: torch's own
+# kernel drops it. Each entry's test checks the engine's gradient against finite differences.
+ONE_DEVICE_DROPS_GRAD = {
+    "istft": "torch 1.13's istft returns no gradient for `window` on its real-input path, though "
+             "the output depends on it; the engine's gradient equals finite differences "
+             "(op_db_test.py::test_istft_window_gradient_matches_finite_differences)",
+}
+
+
 def opinfo_name(op):
     return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
 
 
-def float32_opinfos():
-    return [op for op in op_db if torch.float32 in op.supported_dtypes("cpu")]
+def float32_opinfos(device="cpu"):
+    return [op for op in op_db if torch.float32 in op.supported_dtypes(device)]
+
+
+class _Target:
+    """Where the sweep runs: samples made on `device`; with `mesh` set, every mode runs in the
+    calling thread on that 1-rank mesh (NOTE [sweep on CUDA]), else on WORLD ranks as threads."""
+
+    device = "cpu"
+    mesh = None
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def use_cuda():
+    """Makes the sweep run on CUDA (NOTE [sweep on CUDA]): joins a 1-rank job of this process
+    (RANK=0, WORLD_SIZE=1, a free port) and makes its mesh ("cuda", (1,)) once, in this thread.
+    False when torch has no GPU."""
+    global WORLD
+    if not torch.cuda.is_available():
+        return False
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    _Target.mesh = init_device_mesh("cuda", (1,))
+    _Target.device = "cuda"
+    WORLD = 1  # the 1-D modes' mesh
+    return True
+
+
+def _runnable(modes):
+    """The modes the target's ranks can run: all on ranks as threads, those of a 1-rank mesh
+    on the calling thread's mesh."""
+    if _Target.mesh is None:
+        return modes
+    return [m for m in modes if tuple(m.mesh_shape) == tuple(_Target.mesh.shape)]
+
+
+def _mode_mesh(mode):
+    return _Target.mesh if _Target.mesh is not None else init_device_mesh("cpu", mode.mesh_shape)
+
+
+def _reference(seed, run):
+    """run() on one device, which seeds torch with `seed` first: (its result, whether it drew
+    random numbers on the GPU, where the engine's draws differ by design: NOTE [sweep on CUDA]).
+    Never True on the CPU."""
+    if _Target.device != "cuda":
+        return run(), False
+    _drew[0] = False
+    torch.manual_seed(seed)
+    state = torch.cuda.get_rng_state()
+    out = run()
+    return out, _drew[0] or not torch.equal(state, torch.cuda.get_rng_state())
 
 
 class Failure(Exception):
@@ -259,6 +340,9 @@ def _check(what, got, want, mesh, compare_values, rank):
             if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
                 raise Failure("wrong", f"{what}: DTensor says {got.dtype}{list(got.shape)} "
                                        f"{list(placements)}, one device gives {_describe(want)}")
+            if local.device.type != want.device.type:
+                raise Failure("wrong", f"{what}: rank {rank}'s piece lives on {local.device}, "
+                                       f"one device gives {want.device}")
             if local.dtype != want.dtype:
                 raise Failure("wrong", f"{what}: rank {rank}'s piece is {local.dtype}, the "
                                        f"DTensor says {got.dtype}")
@@ -309,7 +393,7 @@ def run_mode(op, sample, mode, want, want_grads, compare_values):
         world *= s
 
     def fn(rank):
-        mesh = init_device_mesh("cpu", mode.mesh_shape)
+        mesh = _mode_mesh(mode)
         backward = want_grads is not None
         inp, args, kwargs, leaves = _distribute(sample, mode, mesh, backward)
         torch.manual_seed(_op_seed[0])
@@ -331,6 +415,8 @@ def run_mode(op, sample, mode, want, want_grads, compare_values):
                 for k, ((x, _), g) in enumerate(zip(leaves, grads)):
                     w = want_by_leaf.get(id(x))
                     if w is None or g is None:
+                        if w is None and opinfo_name(op) in ONE_DEVICE_DROPS_GRAD:
+                            continue
                         if (w is None) != (g is None):
                             raise Failure("wrong", f"grad {k}: got {_describe(g)}, one device "
                                                    f"gives {_describe(w)}")
@@ -342,14 +428,21 @@ def run_mode(op, sample, mode, want, want_grads, compare_values):
 
 
 def _run_on_ranks(world, fn):
-    """Runs fn(rank) on `world` thread ranks; classifies what they raised as a Failure."""
+    """Runs fn(rank) on `world` thread ranks (with _Target.mesh set: fn(0) in this thread on it);
+    classifies what they raised as a Failure."""
     def guarded(rank):
         try:
             return fn(rank)
         except Exception as e:  # noqa: BLE001  (classified below, over all ranks)
             return e
 
-    results = dtensor.run_threads(world, guarded)
+    if _Target.mesh is not None:
+        if world != _Target.mesh.size():
+            raise Failure("error", f"a mesh of {world} ranks; the sweep runs on one "
+                                   f"({_Target.device}, NOTE [sweep on CUDA])")
+        results = [guarded(0)]
+    else:
+        results = dtensor.run_threads(world, guarded)
     errors = [(r, e) for r, e in enumerate(results) if isinstance(e, Exception)]
     if not errors:
         return
@@ -405,14 +498,19 @@ class Outcome:
 
 
 def _inplace_expected(fn, sample):
-    """The in-place variant's written self on one device, or None when one device refuses it."""
+    """The in-place variant's written self on one device, or None when one device refuses it;
+    and whether it drew random numbers on the GPU (_reference)."""
     inp, args, kwargs = _clone_args(sample)
-    try:
+
+    def run():
         torch.manual_seed(SEED)
         fn(inp, *args, **kwargs)
+
+    try:
+        _, drew = _reference(SEED, run)
     except Exception:  # noqa: BLE001
-        return None
-    return inp
+        return None, False
+    return inp, drew
 
 
 def run_inplace_mode(fn, sample, mode, want_self, compare_values):
@@ -423,7 +521,7 @@ def run_inplace_mode(fn, sample, mode, want_self, compare_values):
         world *= s
 
     def body(rank):
-        mesh = init_device_mesh("cpu", mode.mesh_shape)
+        mesh = _mode_mesh(mode)
         inp, args, kwargs = _clone_args(sample)
         inp, args, kwargs, _ = _distribute(SampleInput(inp, args=args, kwargs=kwargs), mode,
                                            mesh, False)
@@ -442,12 +540,13 @@ def _sweep_inplace(fn, sample_list, compare_values):
     for si, sample in enumerate(sample_list):
         if not any(_is_tensor(t) for t in tree_flatten(sample.input)[0]):
             continue
-        want_self = _inplace_expected(fn, sample)
+        want_self, drew = _inplace_expected(fn, sample)
         if want_self is None:
             continue
-        for mode in modes_for(sample, si == 0):
+        values = compare_values and not drew
+        for mode in _runnable(modes_for(sample, si == 0)):
             if out.attempt(f"in-place sample {si} mode {mode.name}",
-                           lambda: run_inplace_mode(fn, sample, mode, want_self, compare_values)):
+                           lambda: run_inplace_mode(fn, sample, mode, want_self, values)):
                 return out.result()
     return out.result()
 
@@ -468,7 +567,7 @@ class ForeachCase:
 def _foreach_lists(seed, count=3):
     g = torch.Generator().manual_seed(seed)
     shapes = [(5, 4), (3,), (6, 2)][:count]
-    return [torch.rand(s, generator=g) + 0.5 for s in shapes]
+    return [(torch.rand(s, generator=g) + 0.5).to(_Target.device) for s in shapes]
 
 
 def foreach_cases():
@@ -502,7 +601,7 @@ def sweep_foreach(case):
             want = case.info.op(*_clone_args(sample)[:1], *sample.args, **sample.kwargs)
         except Exception:  # noqa: BLE001
             continue
-        for mode in modes_for(sample, si == 0):
+        for mode in _runnable(modes_for(sample, si == 0)):
             if out.attempt(f"sample {si} mode {mode.name}",
                            lambda: run_mode(case.info.op, sample, mode, want, None, True)):
                 return out.result()
@@ -530,7 +629,8 @@ def _sweep_one(op, samples, full=False, seed=SEED, deadline=None):
     backward = op.supports_autograd
     seed_all(seed)
     try:
-        sample_list = list(op.sample_inputs("cpu", torch.float32, requires_grad=backward))
+        sample_list = list(op.sample_inputs(_Target.device, torch.float32,
+                                            requires_grad=backward))
     except Exception as e:  # noqa: BLE001
         return "skip", f"sample_inputs raised {type(e).__name__}: {e}"
     if not full:
@@ -545,18 +645,19 @@ def _sweep_one(op, samples, full=False, seed=SEED, deadline=None):
                        tree_flatten((sample.input, sample.args, sample.kwargs))[0]):
                 continue  # a factory call: nothing to distribute
             try:
-                want, want_grads = _expected(op, sample, backward)
+                (want, want_grads), drew = _reference(_op_seed[0],
+                                                  lambda: _expected(op, sample, backward))
             except Exception:  # noqa: BLE001  (one device refuses this sample too)
                 continue
+            values = compare_values and not drew
             modes = full_modes_for(sample) if full else modes_for(sample, si == 0)
-            for mode in modes:
+            for mode in _runnable(modes):
                 if deadline is not None and time.monotonic() > deadline:
                     kind, detail = out.result()
                     return kind, (detail + " " if detail else "") + (
                         f"(stopped at the time budget in {where}sample {si})")
                 if out.attempt(f"{where}sample {si} mode {mode.name}",
-                               lambda: run_mode(op, sample, mode, want, want_grads,
-                                                compare_values)):
+                               lambda: run_mode(op, sample, mode, want, want_grads, values)):
                     return out.result()
     finally:
         _op_seed[0] = SEED
@@ -579,7 +680,8 @@ def sweep_inplace_one(op, samples=3):
         return "skip", "no in-place variant"
     torch.manual_seed(SEED)
     try:
-        sample_list = list(op.sample_inputs("cpu", torch.float32, requires_grad=False))[:samples]
+        sample_list = list(op.sample_inputs(_Target.device, torch.float32,
+                                            requires_grad=False))[:samples]
     except Exception as e:  # noqa: BLE001
         return "skip", f"sample_inputs raised {type(e).__name__}: {e}"
     return _sweep_inplace(op.inplace_variant, sample_list, op.name not in UNDEFINED_VALUES)
@@ -594,17 +696,36 @@ def main():
                         help="the full sweep: every sample, every argument, 1-D and 2-D meshes")
     parser.add_argument("--seed", type=int, default=None,
                         help="the full sweep's seed (default $DTENSOR_SWEEP_SEED or a fresh one)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: samples on the GPU, a 1-rank mesh of this process "
+                             "(NOTE [sweep on CUDA])")
+    parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                        help="start no OpInfo after this many seconds (the summary says so)")
     a = parser.parse_args()
     seed = a.seed if a.seed is not None else run_seed()
+    on = ""
+    if a.device == "cuda":
+        on = " on cuda"
+        if not use_cuda():
+            print("no GPU: torch.cuda.is_available() is False, nothing to sweep on cuda", flush=True)
+            print("summary: {} in 0s on cuda (0 OpInfos: no GPU)", flush=True)
+            return 0
+        print(f"sweep on {torch.cuda.get_device_name()}: a 1-rank mesh of this process, the 1-D "
+              f"modes (NOTE [sweep on CUDA])", flush=True)
     if a.full:
         print(f"full sweep, seed {seed} (replay: --seed {seed})", flush=True)
     wanted = set(a.ops.split(",")) if a.ops else None
     counts = {}
     t0 = time.time()
-    for op in float32_opinfos():
+    ops = [op for op in float32_opinfos(a.device)
+           if not wanted or opinfo_name(op) in wanted or op.name in wanted]
+    stopped = ""
+    for i, op in enumerate(ops):
         name = opinfo_name(op)
-        if wanted and name not in wanted and op.name not in wanted:
-            continue
+        if a.time_budget is not None and time.time() - t0 > a.time_budget:
+            stopped = (f"; stopped at the time budget ({a.time_budget:g}s): {len(ops) - i} of "
+                       f"{len(ops)} OpInfos not started")
+            break
         t1 = time.time()
         outcome, detail = sweep_full_one(op, seed) if a.full else sweep_one(op, a.samples)
         fallbacks = fallback_ops()
@@ -613,9 +734,17 @@ def main():
         counts[outcome] = counts.get(outcome, 0) + 1
         via = f" (fallback: {','.join(fallbacks)})" if fallbacks else ""
         print(f"{outcome:6s} {name:45s} {time.time() - t1:6.2f}s {detail[:300]}{via}", flush=True)
-    print(f"summary: {counts} in {time.time() - t0:.0f}s (native: passed with no op run by the "
-          f"replicate fallback)", flush=True)
+        if a.device == "cuda":
+            try:  # an asynchronous CUDA error (a device-side assert) breaks every later op
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001
+                stopped = (f"; CUDA failed after {name}: {str(e).strip().splitlines()[0]}; "
+                           f"{len(ops) - i - 1} OpInfos not started")
+                break
+    print(f"summary: {counts} in {time.time() - t0:.0f}s{on} (native: passed with no op run by the "
+          f"replicate fallback){stopped}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

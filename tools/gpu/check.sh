@@ -12,7 +12,13 @@
 # Then builds the whole engine and the Python extension dtensor._C the same way (no Bazel) and
 # runs tools/gpu/cuda_probe.py: the distributed tensor's user paths on a 1-rank NCCL mesh of CUDA
 # tensors, each checked against plain CUDA tensors, and per-call costs against PyTorch's DTensor;
-# then python/cuda_test.py (pytest) when the device's python has pytest.
+# then python/cuda_test.py (pytest) when the device's python has pytest; then the op_db sweep on
+# CUDA tensors (python/op_db/sweep.py --device cuda --time-budget 180, NOTE [sweep on CUDA]: each
+# OpInfo's samples made on the GPU, on a 1-rank mesh of the process, against plain CUDA tensors;
+# log op_db_cuda.log) when the device's python can import torch's op database
+# (torch.testing._internal.common_methods_invocations; its `expecttest` import is met by the
+# stand-in in python/op_db): its counts and the "wrong" and "hang" OpInfos, which must be 0 (as
+# must a CUDA failure that stops the sweep; errors are allowed).
 # Tests: nccl_link_test (world size 1: NCCL refuses two ranks on one GPU), and
 # symmetric_memory_cuda_test (2 processes sharing the GPU). Logs go to the build folder, and
 # all of them as one file to $OUT when that is set (the device run's folder that comes back).
@@ -149,6 +155,24 @@ if [ "${SKIP_ENGINE:-}" != 1 ]; then
       [ $rc -eq 0 ] || engine=1
     else
       summary+=("cuda_test: not run (no pytest in $PY)")
+    fi
+    # The op_db sweep on CUDA tensors (NOTE [sweep on CUDA] in python/op_db/sweep.py), run from
+    # the root: the script's folder (its expecttest stand-in) comes first on sys.path, the built
+    # package from PYTHONPATH.
+    if PYTHONPATH=python/op_db $PY -c 'import torch.testing._internal.common_methods_invocations' \
+        >/dev/null 2>&1; then
+      PYTHONPATH=$PYPKG timeout 300 $PY python/op_db/sweep.py --device cuda --time-budget 180 \
+        >"$LOGS/op_db_cuda.log" 2>&1
+      rc=$?
+      grep -E '^(wrong|hang) |^summary:' "$LOGS/op_db_cuda.log" | head -20
+      wrong=$(grep -c '^wrong ' "$LOGS/op_db_cuda.log")
+      hang=$(grep -c '^hang ' "$LOGS/op_db_cuda.log")
+      counts=$(grep '^summary:' "$LOGS/op_db_cuda.log" | sed -E 's/^summary: //; s/ \(native: [^)]*\)//')
+      summary+=("op_db sweep on cuda: ${counts:-did not finish (exit $rc)}; wrong $wrong, hang $hang")
+      [ $rc -eq 0 ] && [ "$wrong" -eq 0 ] && [ "$hang" -eq 0 ] && [ -n "$counts" ] \
+        && ! grep -q '^summary:.*; CUDA failed' "$LOGS/op_db_cuda.log" || engine=1
+    else
+      summary+=("op_db sweep on cuda: not run (torch's op database does not import in $PY)")
     fi
   else
     echo "FAILED to link the extension (log link-ext.log)"; tail -20 "$LOGS/link-ext.log"; engine=1
