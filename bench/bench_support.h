@@ -3,6 +3,7 @@
 // outputs do not measure the kernel's page faults) and the single-thread memcpy bandwidth.
 
 #include <c10/core/Allocator.h>
+#include <torch/version.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -25,7 +26,18 @@ using Clock = std::chrono::steady_clock;
 // own (fault_us_per_page, and page faults per call in every row).
 class CachingCpuAllocator final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t n) const override {
+#if TORCH_VERSION_MAJOR >= 2  // torch 2.x: allocate is not const; copy_data is required
+  c10::DataPtr allocate(size_t n) override { return allocate_block(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#else
+  c10::DataPtr allocate(size_t n) const override { return allocate_block(n); }
+#endif
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+
+ private:
+  static c10::DataPtr allocate_block(size_t n) {
     void* p = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -43,9 +55,6 @@ class CachingCpuAllocator final : public c10::Allocator {
     }
     return {p, p, &release, c10::Device(c10::DeviceType::CPU)};
   }
-  c10::DeleterFnPtr raw_deleter() const override { return &release; }
-
- private:
   static void release(void* p) {
     if (p == nullptr) return;
     std::lock_guard<std::mutex> lock(mu_);
