@@ -3,7 +3,6 @@
 // outputs do not measure the kernel's page faults) and the single-thread memcpy bandwidth.
 
 #include <c10/core/Allocator.h>
-#include <torch/version.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -12,6 +11,8 @@
 #include <mutex>
 #include <new>
 #include <vector>
+
+#include "base/torch_compat.h"
 
 namespace dtensor::bench {
 
@@ -26,14 +27,8 @@ using Clock = std::chrono::steady_clock;
 // own (fault_us_per_page, and page faults per call in every row).
 class CachingCpuAllocator final : public c10::Allocator {
  public:
-#if TORCH_VERSION_MAJOR >= 2  // torch 2.x: allocate is not const; copy_data is required
-  c10::DataPtr allocate(size_t n) override { return allocate_block(n); }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
-#else
-  c10::DataPtr allocate(size_t n) const override { return allocate_block(n); }
-#endif
+  DTENSOR_ALLOCATOR_ALLOCATE(n) { return allocate_block(n); }
+  DTENSOR_ALLOCATOR_COPY_DATA
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
 
  private:

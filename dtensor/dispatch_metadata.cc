@@ -3,8 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include "base/stable_hash.h"
 #include "dtensor/dispatch_internal.h"
-#include "dtensor/program_digest.h"
 
 namespace dtensor::dispatch_detail {
 
@@ -58,7 +58,7 @@ void encode_call(const OpInfo& info, const c10::IValue* args, size_t n, std::vec
 
 namespace {
 
-void fold(uint64_t& h, const void* data, size_t bytes) { h = stable_hash(data, bytes, h); }
+void fold(uint64_t& h, const void* data, size_t bytes) { h = fnv1a(data, bytes, h); }
 
 void fold_value(uint64_t& h, const c10::IValue& v) {
   const auto word = [&h](int64_t x) { fold(h, &x, sizeof(x)); };
@@ -123,7 +123,7 @@ void fold_value(uint64_t& h, const c10::IValue& v) {
 }  // namespace
 
 uint64_t call_digest(const OpInfo& info, const c10::IValue* args, size_t n) {
-  uint64_t h = stable_hash(info.name.data(), info.name.size());
+  uint64_t h = fnv1a(info.name);
   for (size_t i = 0; i < n; ++i) fold_value(h, args[i]);
   return h;
 }

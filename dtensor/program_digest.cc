@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/container/flat_hash_map.h"
+#include "base/stable_hash.h"
 
 namespace dtensor {
 namespace {
@@ -20,21 +21,11 @@ bool program_check_enabled() {
   return enabled;
 }
 
-uint64_t stable_hash(const void* data, size_t bytes, uint64_t seed) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  uint64_t h = seed;
-  for (size_t i = 0; i < bytes; ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
 void record_program_op(const DeviceMesh& mesh, uint64_t op, uint64_t args) {
   ProgramState& s = t_states[mesh];
   ++s.ops;
   const uint64_t words[3] = {s.digest, op, args};
-  s.digest = stable_hash(words, sizeof(words));
+  s.digest = fnv1a(words, sizeof(words));
 }
 
 ProgramState program_state(const DeviceMesh& mesh) {

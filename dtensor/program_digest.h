@@ -25,7 +25,4 @@ void record_program_op(const DeviceMesh& mesh, uint64_t op, uint64_t args);
 // The calling thread's state for `mesh`, its op count plus one (0: the check is off).
 ProgramState program_state(const DeviceMesh& mesh);
 
-// Deterministic 64-bit hashing (FNV-1a over bytes, then folded): the same on every process.
-uint64_t stable_hash(const void* data, size_t bytes, uint64_t seed = 0xcbf29ce484222325ull);
-
 }  // namespace dtensor

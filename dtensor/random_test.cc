@@ -15,6 +15,7 @@
 #include <functional>
 #include <vector>
 
+#include "base/torch_compat.h"
 #include "collectives/rank_context.h"
 #include "dtensor/api.h"
 
@@ -174,7 +175,8 @@ struct Allocation {
 class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
-  c10::DataPtr allocate(size_t n) const override {
+  DTENSOR_ALLOCATOR_COPY_DATA
+  DTENSOR_ALLOCATOR_ALLOCATE(n) {
     auto* a = new Allocation{base_->allocate(n), t_slot >= 0 ? &g_slots[t_slot] : nullptr,
                              static_cast<int64_t>(n)};
     if (a->slot != nullptr) {

@@ -144,8 +144,22 @@ ONE_DEVICE_DROPS_GRAD = {
 }
 
 
+# Outputs whose values are undefined on one device too, by OpInfo and flattened output index:
+# only their metadata is compared.
+UNDEFINED_OUTPUTS = {
+    # philox seed and offset: uninitialized memory when dropout_p = 0 (seen on an H200, torch
+    # 2.11: "Expected 139832893539328 but got 1753284119").
+    "torch.ops.aten._efficient_attention_forward": {2, 3},
+}
+
+
 def opinfo_name(op):
     return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
+
+
+def _name_of(op):
+    """The OpInfo name of `op`, or "" for a bare callable (the foreach cases pass one)."""
+    return opinfo_name(op) if hasattr(op, "variant_test_name") else ""
 
 
 def float32_opinfos(device="cpu"):
@@ -401,8 +415,9 @@ def run_mode(op, sample, mode, want, want_grads, compare_values):
         g_leaves, w_leaves = tree_flatten(got)[0], tree_flatten(want)[0]
         if len(g_leaves) != len(w_leaves):
             raise Failure("wrong", f"{len(g_leaves)} outputs, one device gives {len(w_leaves)}")
+        undefined = UNDEFINED_OUTPUTS.get(_name_of(op), ())
         for i, (g, w) in enumerate(zip(g_leaves, w_leaves)):
-            _check(f"output {i}", g, w, mesh, compare_values, rank)
+            _check(f"output {i}", g, w, mesh, compare_values and i not in undefined, rank)
         if backward:
             outs = _float_outputs(got)
             if outs and leaves:
@@ -415,7 +430,7 @@ def run_mode(op, sample, mode, want, want_grads, compare_values):
                 for k, ((x, _), g) in enumerate(zip(leaves, grads)):
                     w = want_by_leaf.get(id(x))
                     if w is None or g is None:
-                        if w is None and opinfo_name(op) in ONE_DEVICE_DROPS_GRAD:
+                        if w is None and _name_of(op) in ONE_DEVICE_DROPS_GRAD:
                             continue
                         if (w is None) != (g is None):
                             raise Failure("wrong", f"grad {k}: got {_describe(g)}, one device "
