@@ -262,6 +262,13 @@ Rule replicate_dims_rule(const std::vector<std::vector<int64_t>>& shapes,
   Rule rule = pointwise_rule(shapes, Linearity::kNone);
   const int64_t ndim = static_cast<int64_t>(shapes.at(0).size());
   for (int64_t d : dims) {
+    // ATen wraps a 0-dim tensor's dim as one of a 1-dim tensor (dim 0 or -1: softmax, cumsum,
+    // sort of a scalar); there is no dim to keep whole then (found by the full op_db sweep).
+    if (ndim == 0) {
+      DTENSOR_CHECK(d == 0 || d == -1, "dim ", d,
+                    " is out of range for a 0-D tensor (expected a dim in [-1, 0])");
+      continue;
+    }
     const int64_t k = normalize_tensor_dim(d, ndim, "dim");
     for (int f : rule.inputs[0][k]) rule.factors[f].kind = FactorKind::kReplicate;
   }

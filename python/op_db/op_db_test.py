@@ -31,8 +31,13 @@ _NATIVE = {}  # chunk -> OpInfos of that chunk that passed on native rules alone
 
 def test_expected_failures_name_real_opinfos():
     names = {sweep.opinfo_name(op) for op in _OPS}
-    stale = sorted(set(EXPECTED_FAILURES) - names)
+    from expected_failures import FULL_EXPECTED_FAILURES
+
+    stale = sorted((set(EXPECTED_FAILURES) | set(FULL_EXPECTED_FAILURES)) - names)
     assert not stale, f"expected_failures.py names OpInfos that op_db has not: {stale}"
+    both = sorted(set(EXPECTED_FAILURES) & set(FULL_EXPECTED_FAILURES))
+    assert not both, f"listed in both tiers (keep the default tier's entry): {both}"
+    assert all(reason.strip() for reason in FULL_EXPECTED_FAILURES.values())
     assert all(reason.strip() for reason in EXPECTED_FAILURES.values()), "every entry needs a reason"
 
 
@@ -146,3 +151,25 @@ def test_istft_window_gradient_matches_finite_differences():
 
     for g in dtensor.run_threads(2, fn):
         torch.testing.assert_close(g, fd, atol=5e-3, rtol=5e-3)
+
+
+def test_dim_ops_on_a_zero_dim_tensor():
+    """ATen wraps a 0-dim tensor's dim 0 or -1 (softmax, log_softmax of a scalar); the engine
+    refused them ("dim 0 is out of range for a 0-D tensor"), found by the full sweep."""
+    import torch
+
+    import dtensor
+    from dtensor import Replicate, distribute_tensor, init_device_mesh
+
+    x = torch.tensor(0.3)
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (2,))
+        d = distribute_tensor(x, mesh, [Replicate()])
+        for dim in (0, -1):
+            torch.testing.assert_close(torch.softmax(d, dim).full_tensor(), torch.softmax(x, dim))
+            torch.testing.assert_close(torch.log_softmax(d, dim).full_tensor(),
+                                       torch.log_softmax(x, dim))
+        return True
+
+    assert dtensor.run_threads(2, fn) == [True, True]
