@@ -137,11 +137,14 @@ _problem_scale = [0.0]  # set by run_mode for the mode being checked
 
 def _scale(t):
     """The largest finite magnitude in `t` (0 for empty, integer or boolean tensors)."""
-    if t.numel() == 0 or not (t.is_floating_point() or t.is_complex()):
+    if t.layout != torch.strided or t.numel() == 0 or not (t.is_floating_point() or t.is_complex()):
+        return 0.0  # sparse layouts (SparseCUDA lacks the ops below) count as no scale
+    try:
+        a = t.detach().abs()
+        a = a[torch.isfinite(a)]
+        return float(a.max()) if a.numel() else 0.0
+    except (RuntimeError, NotImplementedError):
         return 0.0
-    a = t.detach().abs()
-    a = a[torch.isfinite(a)]
-    return float(a.max()) if a.numel() else 0.0
 _op_seed = [SEED]  # the seed ops draw from inside a mode (the run's seed in the full sweep)
 
 # OpInfos whose values are undefined on one device too (uninitialised memory): only metadata is
