@@ -573,6 +573,7 @@ CommCounter::~CommCounter() {
 }
 
 CommCause::CommCause(const char* op) : previous_(t_cause) { t_cause = op; }
+CommCause::~CommCause() { t_cause = previous_; }
 
 ProgramScope::ProgramScope(uint64_t ops, uint64_t digest)
     : previous_ops_(t_program_ops), previous_digest_(t_program) {
@@ -583,7 +584,6 @@ ProgramScope::~ProgramScope() {
   t_program_ops = previous_ops_;
   t_program = previous_digest_;
 }
-CommCause::~CommCause() { t_cause = previous_; }
 
 std::map<std::pair<std::string, std::string>, int64_t> CommCounter::counts_by_cause() const {
   std::map<std::pair<std::string, std::string>, int64_t> out;
