@@ -11,9 +11,9 @@
 // `DTENSOR_ALLOCATOR_COPY_DATA` among its public members.
 #if TORCH_VERSION_MAJOR >= 2
 #define DTENSOR_ALLOCATOR_ALLOCATE(n) c10::DataPtr allocate(size_t n) override
-#define DTENSOR_ALLOCATOR_COPY_DATA                                                \
+#define DTENSOR_ALLOCATOR_COPY_DATA                                               \
   void copy_data(void* dest, const void* src, std::size_t count) const override { \
-    default_copy_data(dest, src, count);                                           \
+    default_copy_data(dest, src, count);                                          \
   }
 #else
 #define DTENSOR_ALLOCATOR_ALLOCATE(n) c10::DataPtr allocate(size_t n) const override

@@ -65,9 +65,9 @@ std::string pair_difference(const CallSignature& a, const CallSignature& b, size
   if (a.program_ops != 0 && b.program_ops != 0 &&
       (a.program_ops != b.program_ops || a.program != b.program)) {
     return absl::StrCat(
-        "the distributed-tensor program differs: before this collective rank 0 ran ",
-        a.program_ops, " ops on the mesh (digest ", absl::Hex(a.program), "), group rank ", r,
-        " ran ", b.program_ops, " (digest ", absl::Hex(b.program),
+        "the distributed-tensor program differs: before this collective rank 0 ran ", a.program_ops,
+        " ops on the mesh (digest ", absl::Hex(a.program), "), group rank ", r, " ran ",
+        b.program_ops, " (digest ", absl::Hex(b.program),
         "): an op got different non-tensor arguments on different ranks (a Python scalar drawn "
         "per process, a size, a reduction), or ran on some ranks only; every rank must run the "
         "same ops with the same arguments (NOTE [program digest]; DTENSOR_PROGRAM_CHECK=0 turns "

@@ -50,7 +50,8 @@ std::string text(const std::vector<uint8_t>& bytes) {
 // shared memory. Every rank therefore proves it belongs to the launch, by the first of:
 //  1. a launch token: DTENSOR_JOB_TOKEN (made once per launch by ./x launch / ./x run), else
 //     torchrun's TORCHELASTIC_RUN_ID unless "none";
-//  2. a scheduler's job id: SLURM_JOB_ID (+ SLURM_STEP_ID), PMIX_NAMESPACE, OMPI_MCA_ess_base_jobid,
+//  2. a scheduler's job id: SLURM_JOB_ID (+ SLURM_STEP_ID), PMIX_NAMESPACE,
+//  OMPI_MCA_ess_base_jobid,
 //     LSB_JOBID, PBS_JOBID, FLUX_JOB_ID;
 //  3. with neither (ranks started from the environment by a hand-written launcher): the process
 //     that started it. Ranks on one host (hostname, boot id and network namespace) must share
@@ -72,8 +73,8 @@ std::string launch_token() {
 }
 
 std::string scheduler_job() {
-  for (const char* name : {"SLURM_JOB_ID", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid",
-                           "LSB_JOBID", "PBS_JOBID", "FLUX_JOB_ID"}) {
+  for (const char* name : {"SLURM_JOB_ID", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "LSB_JOBID",
+                           "PBS_JOBID", "FLUX_JOB_ID"}) {
     auto v = env(name);
     if (!v || v->empty()) continue;
     std::string id = std::string(name) + "=" + *v;
@@ -192,11 +193,12 @@ void check_membership(c10d::Store& store, const LaunchEnv& e, const std::string&
     for (int64_t r = 0; r < e.world_size; ++r) {
       if (r == e.rank) continue;
       // Filed right after the token: a short wait at most.
-      const auto [host, parent] = split(text(store.get(key("launcher/" + std::to_string(r) + "/1"))));
+      const auto [host, parent] =
+          split(text(store.get(key("launcher/" + std::to_string(r) + "/1"))));
       if (host != my_host || parent.empty() || my_parent.empty() || parent == my_parent) continue;
       const std::string why =
-          where + ": global rank " + std::to_string(r) + " on this host was started by " +
-          parent + ", this rank by " + my_parent +
+          where + ": global rank " + std::to_string(r) + " on this host was started by " + parent +
+          ", this rank by " + my_parent +
           ", and no launch token or scheduler job id names the job: processes of two launches "
           "met on one rendezvous store (two jobs with one MASTER_PORT?); refusing to mix them. "
           "Ranks of one job started by different processes need one DTENSOR_JOB_TOKEN";
