@@ -68,17 +68,11 @@ void fold_value(uint64_t& h, const c10::IValue& v) {
   } else if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
     word(1);
-    // A Python number passed where ATen wants a tensor (x * 2.5): its value counts.
+    // A Python number passed where ATen wants a tensor (x * 2.5): its value counts, read in
+    // place as its element's bytes (no dispatcher call such as item() on every op).
     if (t.defined() && t.unsafeGetTensorImpl()->is_wrapped_number() && t.is_cpu()) {
-      if (t.is_complex()) {
-        const auto z = t.item<c10::complex<double>>();
-        real(z.real());
-        real(z.imag());
-      } else if (t.is_floating_point()) {
-        real(t.item<double>());
-      } else {
-        word(t.item<int64_t>());
-      }
+      word(static_cast<int64_t>(t.scalar_type()));
+      fold(h, t.data_ptr(), t.element_size());
     }
   } else if (v.isTensorList()) {
     word(2);

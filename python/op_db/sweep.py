@@ -1,5 +1,9 @@
 """The op_db sweep: torch's own operator database against the engine.
 
+(One module past 600 lines on purpose: the default tier, the full tier, in-place, foreach and
+CUDA modes all share its mode runner, comparison and outcome rules; op_db_test, op_db_full_test
+and fuzz_ops import it as one unit.)
+
 For every OpInfo of ``torch.testing._internal.common_methods_invocations.op_db`` that supports
 float32 on CPU, take its first samples, make every tensor argument a distributed tensor under a
 set of layouts ("modes"), run the op forward (and backward where the OpInfo supports autograd) on
