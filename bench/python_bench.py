@@ -23,6 +23,10 @@ and the matmul FLOPs of one linear_step on rank 0 next to the whole step in one 
   {"bench":"python","op":"linear_step_flops","ranks":2,"single_flops":...,"per_rank_flops":...,
    "ratio":...}
 
+Then PyTorch's own DTensor side by side (bench/pytorch_anchor.py: per call on a 1-rank mesh, and
+the TP linear step on 2 processes; --no-anchor skips it, --device cuda runs only its per-call
+rows, on the GPU).
+
 Then (procs mode; --c10d-ranks, default 2 and 4 processes) torch.distributed.all_reduce of float32
 tensors of --c10d-sizes bytes on the engine's torch.distributed backend ("dtensor", NOTE [dtensor
 c10d backend]) and on a gloo group of the same processes, interleaved in one run, medians of 5
@@ -62,6 +66,12 @@ def parse_args(argv):
                         "(backend dtensor next to gloo); empty: skip them")
     p.add_argument("--c10d-sizes", default="4096,65536,1048576,33554432,67108864",
                    help="all_reduce sizes in bytes (float32)")
+    p.add_argument("--no-anchor", action="store_true",
+                   help="skip PyTorch's DTensor side by side (bench/pytorch_anchor.py)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: only the per-call rows against PyTorch's DTensor, on the GPU")
+    p.add_argument("--anchor-calls", type=int, default=5000, help="calls per per-call loop")
+    p.add_argument("--anchor-steps", type=int, default=100, help="steps per tp_linear_step loop")
     return p.parse_args(argv)
 
 
@@ -315,14 +325,28 @@ def main(argv):
         dtensor.run_threads(2, lambda rank: body(rank, args))
         return 0
     if "RANK" not in os.environ:
-        rc = launch_self(argv, args)
-        for n in [int(x) for x in args.c10d_ranks.split(",") if x]:
-            rc = rc or launch_self(argv, args, n, {"DTENSOR_BENCH_C10D": "1"})
+        rc = 0
+        if args.device == "cpu":
+            rc = launch_self(argv, args)
+            for n in [int(x) for x in args.c10d_ranks.split(",") if x]:
+                rc = rc or launch_self(argv, args, n, {"DTENSOR_BENCH_C10D": "1"})
+        if not args.no_anchor:
+            # PyTorch's DTensor in the same run (bench/pytorch_anchor.py).
+            anchors = [("per_call", 1)] + ([("tp_linear_step", 2)] if args.device == "cpu" else [])
+            for what, n in anchors:
+                rc = rc or launch_self(argv, args, n, {"DTENSOR_BENCH_ANCHOR": what,
+                                                       "DTENSOR_ANCHOR_PORT": str(free_port())})
         return rc
     import torch
 
     torch.set_num_threads(1)
-    if os.environ.get("DTENSOR_BENCH_C10D") == "1":
+    anchor = os.environ.get("DTENSOR_BENCH_ANCHOR")
+    if anchor:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import pytorch_anchor
+
+        getattr(pytorch_anchor, anchor)(args)
+    elif os.environ.get("DTENSOR_BENCH_C10D") == "1":
         c10d_body(int(os.environ["RANK"]), args)
     else:
         body(int(os.environ["RANK"]), args)

@@ -10,9 +10,13 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/version.h>
 // NOTE [Gloo headers]: PyPI's torch ships no Gloo headers (ProcessGroupGloo.hpp includes
-// gloo/algorithm.h, which the wheel lacks). Built against such a torch, this backend cannot
-// create a Gloo group itself; it runs over a ProcessGroup handed in (use_process_group; from
+// gloo/algorithm.h, which the wheel lacks), but its libtorch_cpu carries Gloo's code and
+// ProcessGroupGloo. The build takes the headers from Debian's libgloo-dev (an older Gloo: only
+// types passed by pointer cross between them, and the C++ c10d tests run on that pairing) and
+// links no Debian libgloo against pip's torch. Without any Gloo headers this backend cannot
+// create a Gloo group itself; it then runs over a ProcessGroup handed in (use_process_group; from
 // Python, DeviceMesh.from_group or a group torch.distributed made) and says so otherwise.
 #if defined(USE_C10D_GLOO) && __has_include(<gloo/algorithm.h>)
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -37,11 +41,33 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+// What the collectives run on: torch 2.x splits a ProcessGroup into per-device Backends (Gloo is
+// one, for the CPU) and the engine calls the CPU Backend directly; torch 1.13's ProcessGroupGloo
+// is itself the ProcessGroup.
+#if TORCH_VERSION_MAJOR >= 2
+using PgHandle = c10::intrusive_ptr<c10d::Backend>;
+PgHandle cpu_handle(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string& group) {
+  try {
+    return pg->getBackend(c10::DeviceType::CPU);
+  } catch (const std::exception& e) {
+    throw Error("c10d backend: the ProcessGroup handed in for group '" + group +
+                "' has no CPU backend (create it with backend \"gloo\" or \"cpu:gloo,...\"): " +
+                first_line(e.what()));
+  }
+}
+#else
+using PgHandle = c10::intrusive_ptr<c10d::ProcessGroup>;
+PgHandle cpu_handle(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std::string&) {
+  return pg;
+}
+#endif
+
 ABSL_CONST_INIT absl::Mutex g_user_pgs_mu(absl::kConstInit);
 std::map<std::string, c10::intrusive_ptr<c10d::ProcessGroup>> g_user_pgs
     ABSL_GUARDED_BY(g_user_pgs_mu);
 
-std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
@@ -111,7 +137,7 @@ class C10dCommunicator : public Communicator {
     {
       absl::MutexLock lock(&g_user_pgs_mu);
       auto it = g_user_pgs.find(o.group.name);
-      if (it != g_user_pgs.end()) pg_ = it->second;
+      if (it != g_user_pgs.end()) pg_ = cpu_handle(it->second, o.group.name);
     }
     if (!pg_) {
       if (!o.store) {
@@ -425,7 +451,7 @@ class C10dCommunicator : public Communicator {
     }
   }
 
-  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  PgHandle pg_;
   c10::intrusive_ptr<c10d::Store> store_;  // null for a ProcessGroup handed in by the user
   absl::Mutex mu_;
   uint64_t calls_ = 0;

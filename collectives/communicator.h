@@ -147,6 +147,14 @@ class Communicator {
   // CollectiveError when a peer does not arrive within timeout() or the ranks disagree.
   virtual void run(CollectiveCall& call) = 0;
 
+  // NOTE [leaving a group]: this rank leaves the group for good, its thread or process ending
+  // with an error `why` (RankContext::leave): the peers' calls that wait for it, now or later,
+  // fail at once with a CollectiveError that says so, instead of waiting out the timeout (a
+  // rank whose local op raised while the others went on into the next collective; NOTE [local
+  // op failures] in dtensor/dispatch.cc). Backends that cannot tell their peers do nothing
+  // (their peers still time out, naming the missing rank).
+  virtual void leave(const std::string& why) {}
+
  private:
   GroupInfo group_;
   int64_t group_rank_;

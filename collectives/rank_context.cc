@@ -217,6 +217,26 @@ void check_ranks_as_threads(int64_t world_size, const char* who) {
   }
 }
 
+void RankContext::leave(const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [name, endpoint] : endpoints_) {
+    if (endpoint->comm) endpoint->comm->leave(why);
+  }
+}
+
+namespace {
+std::string first_line_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    const std::string what = x.what();
+    return what.substr(0, what.find('\n'));
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+}  // namespace
+
 void run_threads(int64_t world_size, const std::function<void(int64_t)>& fn,
                  const std::string& backend, std::chrono::milliseconds timeout) {
   check_ranks_as_threads(world_size, "run_threads");
@@ -226,12 +246,15 @@ void run_threads(int64_t world_size, const std::function<void(int64_t)>& fn,
   std::vector<std::thread> threads;
   for (int64_t r = 0; r < world_size; ++r) {
     threads.emplace_back([&, r] {
+      std::shared_ptr<RankContext> ctx;
       try {
-        auto ctx = std::make_shared<RankContext>(r, world_size, backend, job, timeout);
+        ctx = std::make_shared<RankContext>(r, world_size, backend, job, timeout);
         RankScope scope(ctx);
         fn(r);
       } catch (...) {
         errors[r] = std::current_exception();
+        // Peers waiting for this rank fail now (NOTE [leaving a group]).
+        if (ctx) ctx->leave(first_line_of(errors[r]));
       }
     });
   }

@@ -74,6 +74,9 @@ class RankContext {
     std::unique_ptr<Worker> worker;
   };
   Endpoint& endpoint(const std::string& name);
+  // This rank leaves every group it has communicated on (NOTE [leaving a group]): its thread or
+  // process ends with the error `why`. run_threads calls it for a rank whose function raised.
+  void leave(const std::string& why);
 
  private:
   int64_t rank_;

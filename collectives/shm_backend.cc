@@ -23,6 +23,8 @@
 #include <mutex>
 #include <new>
 #include <system_error>
+
+#include "absl/strings/str_join.h"
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -524,6 +526,13 @@ void ShmCommunicator::mark_broken(const std::string& msg) {
     }
     if (hdr_->attached.load(std::memory_order_acquire) < size()) seg_.unlink_if_current();
   }
+}
+
+void ShmCommunicator::leave(const std::string& why) {
+  if (!broken_.empty()) return;
+  mark_broken("group '" + group().name + "' (shm, ranks [" + absl::StrJoin(group().ranks, ",") +
+              "]): global rank " + std::to_string(group().ranks[rank()]) +
+              " left with an error: " + why);
 }
 
 // Another rank marked the group broken: fail with its message (it names the missing ranks).

@@ -152,6 +152,7 @@ class ShmCommunicator : public Communicator {
   [[noreturn]] void fail_read(const Op& op, int64_t r, int64_t pid, int err);
   [[noreturn]] void break_group(const std::string& msg);
   void mark_broken(const std::string& msg);
+  void leave(const std::string& why) override;
   [[noreturn]] void throw_peer_broken();
 
   Ctrl* ctrl(int64_t r) const {

@@ -211,6 +211,17 @@ class ThreadsCommunicator : public Communicator {
     throw CollectiveError(msg);
   }
 
+  void leave(const std::string& why) override {
+    SharedGroup& g = *shared_;
+    std::lock_guard<std::mutex> lock(g.mu);
+    if (g.broken.empty()) {
+      g.broken = absl::StrCat("group '", group().name, "' (threads, ranks [",
+                              absl::StrJoin(group().ranks, ","), "]): global rank ",
+                              group().ranks[rank()], " left with an error: ", why);
+    }
+    g.cv.notify_all();
+  }
+
   std::mutex mu_;
   uint64_t calls_ = 0;  // calls this rank made on the group (CollectiveCall::seq)
   std::shared_ptr<SharedGroup> shared_;

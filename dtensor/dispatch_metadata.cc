@@ -129,13 +129,16 @@ std::optional<std::vector<std::optional<TensorMeta>>> aten_output_metas(
     const c10::IValue* args, size_t n) {
   torch::jit::Stack stack(args, args + n);
   for (const Input& in : inputs) {
+    // A Python number wrapped as a 0-dim tensor promotes like a scalar, not like a tensor: it
+    // goes in as itself, a CPU scalar, which ATen mixes with tensors of any device (torch 2.x's
+    // TensorIterator refuses a wrapped number on the meta device, and the meta run then failed).
+    if (in.local.unsafeGetTensorImpl()->is_wrapped_number() && in.local.is_cpu()) {
+      put(stack.data(), in, in.local);
+      continue;
+    }
     const TensorMeta& m = in.spec.meta();
-    at::Tensor meta =
-        at::empty_strided(m.shape, m.stride, at::TensorOptions().dtype(m.dtype).device(at::kMeta));
-    // A Python number wrapped as a 0-dim tensor promotes like a scalar, not like a tensor.
-    if (in.local.unsafeGetTensorImpl()->is_wrapped_number())
-      meta.unsafeGetTensorImpl()->set_wrapped_number(true);
-    put(stack.data(), in, meta);
+    put(stack.data(), in,
+        at::empty_strided(m.shape, m.stride, at::TensorOptions().dtype(m.dtype).device(at::kMeta)));
   }
   for (size_t i = 0; i < n; ++i) {
     if (info.is_out[i] && stack[i].isTensor() && stack[i].toTensor().defined()) {

@@ -239,6 +239,12 @@ TEST(Dispatch, PlainScalarTensorsAreReplicatedInputs) {
     wrapped.unsafeGetTensorImpl()->set_wrapped_number(true);
     EXPECT_EQ(at::mul(x, wrapped).scalar_type(), at::kFloat);
     EXPECT_EQ(at::mul(x, at::scalar_tensor(2.0, at::kDouble)).scalar_type(), at::kDouble);
+    // The same with a dimensioned tensor (t / 0.5 on torch 2.x: its TensorIterator refuses a
+    // wrapped number on the meta device, and the Double of the rule's promotion was kept).
+    const at::Tensor af = a.to(at::kFloat);
+    const at::Tensor df = api::distribute_tensor(af, mesh, {Shard(0)});
+    EXPECT_EQ(at::div(df, wrapped).scalar_type(), at::kFloat);
+    expect_same(at::div(df, wrapped), at::div(af, wrapped));
   });
 }
 

@@ -18,6 +18,11 @@ struct ProgramState {
 // False when DTENSOR_PROGRAM_CHECK=0 (read once).
 bool program_check_enabled();
 
+// What record_program_op's `op` says: an op ran (its call digest in `args`), or this rank's local
+// kernel of an op raised (`args`: the op name's hash; NOTE [local op failures] in dispatch.cc).
+inline constexpr uint64_t kOpRan = 0;
+inline constexpr uint64_t kLocalFailure = 1;
+
 // Folds one op into the calling thread's state for `mesh`. `op` and `args` must be equal on
 // every rank for the same call (deterministic hashes: no pointers, no per-process seeds).
 void record_program_op(const DeviceMesh& mesh, uint64_t op, uint64_t args);

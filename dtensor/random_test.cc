@@ -224,7 +224,12 @@ TEST(Random, ChunkedDrawsNeverAllocateTheGlobalTensor) {
       const int64_t piece = api::local(x).numel() * element;
       ASSERT_LT(4 * piece + 2 * chunk * element + slack, 2 * global);
       // `pieces`: the op's own piece-sized results and temporaries.
-      auto expect_bounded = [&](const char* what, int64_t pieces, const std::function<void()>& op) {
+      // `draws`: the ATen fill that makes the values. Where it is kWhole in this ATen (bernoulli_
+      // and exponential_ draw through MKL's stream when ATen has MKL, as PyPI's torch does),
+      // the documented price is one global draw, so only the other ops are held to the bound.
+      auto expect_bounded = [&](const char* what, int64_t pieces, const std::function<void()>& op,
+                                const char* draws = nullptr) {
+        if (draws != nullptr && draw_order_of(draws) == DrawOrder::kWhole) return;
         Slot& s = g_slots[rank];
         const int64_t base = s.live.load();
         s.peak = base;
@@ -239,13 +244,15 @@ TEST(Random, ChunkedDrawsNeverAllocateTheGlobalTensor) {
       expect_bounded("randn", 1, [&] { (void)api::randn(shape, mesh, l.placements, opts); });
       expect_bounded("uniform_", 0, [&] { x.uniform_(); });
       expect_bounded("normal_", 0, [&] { x.normal_(); });
-      expect_bounded("bernoulli_", 0, [&] { x.bernoulli_(0.5); });
+      expect_bounded("bernoulli_", 0, [&] { x.bernoulli_(0.5); }, "aten::bernoulli_.float");
       expect_bounded("random_", 0, [&] { x.random_(0, 10); });
-      expect_bounded("exponential_", 0, [&] { x.exponential_(); });
+      expect_bounded("exponential_", 0, [&] { x.exponential_(); }, "aten::exponential_");
       expect_bounded("rand_like", 1, [&] { (void)at::rand_like(x); });
       expect_bounded("randn_like", 1, [&] { (void)at::randn_like(x); });
-      expect_bounded("dropout", 2, [&] { (void)at::dropout(x, 0.5, true); });
-      expect_bounded("native_dropout", 3, [&] { (void)at::native_dropout(x, 0.5, true); });
+      expect_bounded("dropout", 2, [&] { (void)at::dropout(x, 0.5, true); }, "aten::bernoulli_.float");
+      expect_bounded(
+          "native_dropout", 3, [&] { (void)at::native_dropout(x, 0.5, true); },
+          "aten::bernoulli_.float");
       // The counter sees the allocations (a vacuous pass is a failure).
       Slot& s = g_slots[rank];
       const int64_t base = s.live.load();

@@ -47,21 +47,26 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mesh", default="", help="mesh shape, e.g. 4 or 2,2 (default: world)")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="the mesh's device (cuda: the model, data and one-device copy on "
+                             "the GPU)")
+    parser.add_argument("--tol", type=float, default=None,
+                        help="exit 1 when a step's TP loss differs from one device's by more")
     parser.add_argument("--save", default=os.path.join(REPO, "out", "checkpoints", "llama"),
                         help="directory to save the trained model into (dtensor.checkpoint)")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = Llama()
+    model = Llama().to(args.device)
     single = copy.deepcopy(model)
-    tokens = torch.randint(0, VOCAB, (BATCH, SEQ))
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ)).to(args.device)
     targets = torch.roll(tokens, -1, dims=1)
-    mask = torch.ones(SEQ, SEQ, dtype=torch.bool).triu(1)
+    mask = torch.ones(SEQ, SEQ, dtype=torch.bool).triu(1).to(args.device)
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     shape = tuple(int(x) for x in args.mesh.split(",")) if args.mesh else (world,)
-    mesh = init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp")[-len(shape):])
+    mesh = init_device_mesh(args.device, shape, mesh_dim_names=("dp", "tp")[-len(shape):])
     rank = mesh.get_rank()
     parallelize_module(model, mesh, tp_plan())
     dtensor.distribute_module(model, mesh)  # the rest (the norms' weights) replicated
@@ -80,6 +85,7 @@ def main():
         print(f"{'step':>4} {'loss (TP)':>12} {'loss (1 proc)':>14} {'|diff|':>9} "
               f"{'ms/step TP':>11} {'ms/step 1 proc':>15}", flush=True)
     counts = None
+    worst = 0.0
     for step in range(args.steps):
         t0 = time.perf_counter()
         with CommDebugMode() as comm:
@@ -92,10 +98,17 @@ def main():
             t1 = time.perf_counter()
             one = train_step(single, single_opt, tokens, targets, mask).item()
             one_ms = (time.perf_counter() - t1) * 1e3
+            worst = max(worst, abs(tp_loss - one))
             print(f"{step:>4} {tp_loss:>12.6f} {one:>14.6f} {abs(tp_loss - one):>9.2e} "
                   f"{tp_ms:>11.1f} {one_ms:>15.1f}", flush=True)
     if rank == 0:
         print(f"collectives of one training step on rank 0: {counts}", flush=True)
+        if args.tol is not None:
+            verdict = "equal" if worst <= args.tol else "DIFFERENT"
+            print(f"loss vs one device: largest |diff| {worst:.2e} (tolerance {args.tol:g}): "
+                  f"{verdict}", flush=True)
+            if worst > args.tol:
+                sys.exit(1)
     # The model's state dict as it is (no prefix): its keys are the module's parameter names, so
     # it loads with dtensor.checkpoint.load(model.state_dict(), ...) into any layout.
     dtensor.checkpoint.save(model.state_dict(), checkpoint_id=args.save)

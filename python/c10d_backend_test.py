@@ -51,7 +51,7 @@ def test_under_x_launch(backend, n):
 
 def test_under_torchrun():
     rc, out = _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                    "-r", "1", "-t", "1", "--master_addr", "127.0.0.1",
+                    "--master_addr", "127.0.0.1",
                     "--master_port", str(_free_port()), WORKER], "shm")
     assert rc == 0, out
     for r in range(2):

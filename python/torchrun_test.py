@@ -5,7 +5,7 @@ collective against the single-device result and the launcher must exit 0.
 
 Debian's torch 1.13 launcher on Python 3.11 crashes in Std.from_str unless redirects/tee are
 given as 1 (an enum change in Python 3.11 makes "0" parse to None), so the documented command
-is ``python3 -m torch.distributed.run --nproc_per_node N -r 1 -t 1 script.py``.
+is ``python3 -m torch.distributed.run --nproc_per_node N script.py``.
 """
 
 import os
@@ -48,7 +48,7 @@ def _run(cmd):
 @pytest.mark.parametrize("backend,n", [("shm", 2), ("shm", 3), ("c10d", 2)])
 def test_under_torchrun(backend, n):
     rc, out = _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n),
-                    "-r", "1", "-t", "1", "--master_addr", "127.0.0.1",
+                    "--master_addr", "127.0.0.1",
                     "--master_port", str(_free_port()), WORKER, backend])
     assert rc == 0, out
     for r in range(n):

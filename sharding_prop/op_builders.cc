@@ -207,6 +207,23 @@ BuiltRule diagonal_of(const Metas& m, const LayoutArgs& a) {
   return {std::move(r), {m[0].dtype}};
 }
 
+// diagonal_backward(grad, input_sizes, offset, dim1, dim2): diagonal's rule on the forward's
+// input, inputs and outputs swapped (the grad is the diagonal; the other dims pass, dim1 and dim2
+// stay whole). ints: input_sizes..., offset, dim1, dim2.
+BuiltRule diagonal_backward_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "diagonal_backward");
+  if (a.ints.size() < 3) throw Error("diagonal_backward: needs input_sizes, offset, dim1, dim2");
+  const auto dims = a.ints.end() - 3;
+  const Metas input = {TensorMeta::make(std::vector<int64_t>(a.ints.begin(), dims), m[0].dtype)};
+  LayoutArgs forward;
+  forward.ints.assign(dims, a.ints.end());
+  BuiltRule b = diagonal_of(input, forward);
+  if (b.rule.output_shape(0) != m[0].shape)
+    throw Error("diagonal_backward: the grad does not fit the diagonal of input_sizes");
+  std::swap(b.rule.inputs[0], b.rule.outputs[0]);
+  return b;
+}
+
 // Pooling, upsampling and padding over the last `spatial_dims` dims of [batch, channel,
 // spatial...] tensors: the batch dim passes through (every tensor input and output shares the
 // leading dims: a backward's grad, input and indices), the others stay whole, and the outputs'

@@ -33,6 +33,7 @@ BuiltRule group_norm_backward_of(const Metas& m, const LayoutArgs& a);
 BuiltRule convolution_backward_of(const Metas& m, const LayoutArgs& a);
 RuleBuilder from_text(const char* rule_text, Linearity lin);
 BuiltRule diagonal_of(const Metas& m, const LayoutArgs& a);
+BuiltRule diagonal_backward_of(const Metas& m, const LayoutArgs& a);
 BuiltRule view_as_real_of(const Metas& m, const LayoutArgs&);
 BuiltRule view_as_complex_of(const Metas& m, const LayoutArgs&);
 RuleBuilder pointwise(size_t n, Linearity lin, std::vector<bool> linear_inputs = {},

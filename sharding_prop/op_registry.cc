@@ -177,6 +177,22 @@ void add_views(Adder& add) {
   add("aten::cummaxmin_backward", "scan", {int_arg("dim")}, along_dims(1));
   add.entries.back().run_composite = true;
   add("aten::gather", "index", {int_arg("dim")}, gather_of);
+  // The `_copy` forms of views (torch 2.x's functionalized views; op_db has an OpInfo for each):
+  // the view's rule, a fresh tensor instead of a view. squeeze_copy is not here: the view's entry
+  // views the piece as the local shape (kViewAsLocal), which would alias the input.
+  add("aten::view_copy", "view", {ints_arg("size")}, view_rule, local_shape("size"));
+  add("aten::unsqueeze_copy", "view", {int_arg("dim")}, unsqueeze_rule);
+  add("aten::transpose_copy.int", "view", {int_arg("dim0"), int_arg("dim1")}, transpose_rule);
+  add("aten::permute_copy", "view", {ints_arg("dims")}, permute_rule_of);
+  add("aten::t_copy", "view", {}, t_rule);
+  add("aten::diagonal_backward", "view",
+      {ints_arg("input_sizes"), int_arg("offset"), int_arg("dim1"), int_arg("dim2")},
+      diagonal_backward_of, local_shape("input_sizes"));
+  add("aten::unsafe_split.Tensor", "view", {int_arg("split_size"), int_arg("dim")}, split_of);
+  add("aten::diagonal_copy", "view", {int_arg("offset"), int_arg("dim1"), int_arg("dim2")},
+      diagonal_of);
+  add("aten::split_with_sizes_copy", "view", {int_arg("dim"), ints_arg("split_sizes")},
+      split_sizes_of);
 }
 
 // Pooling, upsampling and reflection/replication padding: the batch dim passes, channel and

@@ -174,6 +174,9 @@ def run_threads(world_size, fn, backend="threads"):
             results[rank] = fn(rank)
         except BaseException as e:  # noqa: BLE001  (re-raised below)
             errors[rank] = e
+            # Peers waiting for this rank fail now, not at the timeout (NOTE [leaving a group]).
+            first = str(e).split("\n", 1)[0]
+            contexts[rank].leave(f"{type(e).__name__}: {first}")
         finally:
             del scope
 

@@ -230,5 +230,13 @@ def create(store, rank, size, timeout):
 
 
 def register():
-    if not hasattr(dist.Backend, "DTENSOR"):
+    if hasattr(dist.Backend, "DTENSOR"):
+        return
+    import inspect
+
+    # torch 2.x asks which devices a backend serves (and warns when not told): the engine's
+    # collectives take CPU tensors (shm, c10d) and CUDA tensors (nccl).
+    if "devices" in inspect.signature(dist.Backend.register_backend).parameters:
+        dist.Backend.register_backend("dtensor", create, devices=["cpu", "cuda"])
+    else:
         dist.Backend.register_backend("dtensor", create)

@@ -8,8 +8,8 @@ mesh, (mesh, dim)) or a group name; ``tag`` is accepted and unused. Extensions: 
 ``async_op=True`` (then the first use waits, as PyTorch's); the operators are differentiable.
 Start a job with ``init_from_env()`` in each rank (launched by
 ``./x launch -n N -- python3 script.py`` or by
-``python3 -m torch.distributed.run --nproc_per_node N -r 1 -t 1 script.py``; see README for
-why ``-r 1 -t 1``), then call the collectives with a group name (default ``"world"``).
+``python3 -m torch.distributed.run --nproc_per_node N script.py``), then call the collectives
+with a group name (default ``"world"``).
 """
 
 import torch
@@ -49,7 +49,31 @@ def init_from_env(backend="", timeout_ms=0):
     """
     global _context
     _context = _C.init_from_env(backend, timeout_ms)
+    _leave_on_uncaught_exception()
     return _context
+
+
+def _leave_on_uncaught_exception():
+    """A rank process that ends with an uncaught exception leaves its groups first, so peers that
+    wait for it fail at once naming its error (NOTE [leaving a group]) instead of waiting out the
+    timeout or for the launcher to kill them."""
+    import sys
+
+    previous = sys.excepthook
+    if getattr(previous, "_dtensor_leaves", False):
+        return
+
+    def hook(exc_type, exc, tb):
+        try:
+            if _context is not None:
+                first = str(exc).split("\n", 1)[0]
+                _context.leave(f"{exc_type.__name__}: {first}")
+        except Exception:  # noqa: BLE001  (the original error is what must be reported)
+            pass
+        previous(exc_type, exc, tb)
+
+    hook._dtensor_leaves = True
+    sys.excepthook = hook
 
 
 def context():

@@ -59,7 +59,7 @@ def _ensure_context(device_type="cpu"):
         return
     raise RuntimeError(
         "dtensor: no ranks to place a mesh on; start N ranks with `./x run -n N script.py` or "
-        "`python3 -m torch.distributed.run --nproc_per_node N -r 1 -t 1 script.py`, or run ranks as "
+        "`python3 -m torch.distributed.run --nproc_per_node N script.py`, or run ranks as "
         "threads with dtensor.run_threads(N, fn)"
     )
 

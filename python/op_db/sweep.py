@@ -55,7 +55,8 @@ os.environ.setdefault("DTENSOR_COLLECTIVE_TIMEOUT_MS", "20000")
 
 import torch  # noqa: E402
 
-# torch's test utilities import `expecttest`, absent from Debian: the stand-in beside this file.
+# This folder's modules (expected_failures, fuzz_cases); torch's test utilities import PyPI's
+# `expecttest` (tools/requirements.txt; the GPU check carries it in .gpu/python).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 _argv, sys.argv = sys.argv, sys.argv[:1]  # common_utils parses sys.argv when imported
 from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402

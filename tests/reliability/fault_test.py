@@ -181,6 +181,11 @@ def test_two_jobs_on_one_port_never_mix(tmp_path):
             continue
         assert code != 0
         for r in range(4):
+            # A rank the launcher killed (-9) after another rank failed says nothing itself (on
+            # torch 2.x it may still be retrying its store connection then); the launcher's
+            # line names the rank that failed first, and that rank's error must be clear.
+            if f"rank {r} exited with -9" in out and "failed; killing the ranks" in out:
+                continue
             if not any(l == "ok" for l in lines_of(out, r)):
                 text = "\n".join(lines_of(out, r))
                 assert re.search(r"two jobs|cannot host the rendezvous store|rendezvous|"

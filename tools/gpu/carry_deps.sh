@@ -17,4 +17,8 @@ cp -r /usr/src/googletest/googletest .gpu/googletest
 # The engine's other header-only dependencies: nlohmann-json (checkpoint), zlib's headers.
 cp -r /usr/include/nlohmann .gpu/include/
 cp /usr/include/zlib.h /usr/include/zconf.h .gpu/include/
+# PyPI's expecttest (torch's op database imports it; the device machine has no registry).
+mkdir -p .gpu/python
+cp -r "$(.venv/bin/python3 -c 'import expecttest, os; print(os.path.dirname(expecttest.__file__))')" \
+  .gpu/python/
 du -sh .gpu

@@ -16,9 +16,12 @@
 # CUDA tensors (python/op_db/sweep.py --device cuda --time-budget 180, NOTE [sweep on CUDA]: each
 # OpInfo's samples made on the GPU, on a 1-rank mesh of the process, against plain CUDA tensors;
 # log op_db_cuda.log) when the device's python can import torch's op database
-# (torch.testing._internal.common_methods_invocations; its `expecttest` import is met by the
-# stand-in in python/op_db): its counts and the "wrong" and "hang" OpInfos, which must be 0 (as
-# must a CUDA failure that stops the sweep; errors are allowed).
+# (torch.testing._internal.common_methods_invocations; its `expecttest` import is met by PyPI's
+# expecttest that carry_deps.sh puts in .gpu/python): its counts and the "wrong" and "hang"
+# OpInfos, which must be 0 (as must a CUDA failure that stops the sweep; errors are allowed);
+# then the TP demo on CUDA (examples/llama_train.py --device cuda, 1 rank: loss equal to one
+# device's within 1e-5) and bench/python_bench.py --device cuda (per call against PyTorch's
+# DTensor, bench/pytorch_anchor.py).
 # Tests: nccl_link_test (world size 1: NCCL refuses two ranks on one GPU), and
 # symmetric_memory_cuda_test (2 processes sharing the GPU). Logs go to the build folder, and
 # all of them as one file to $OUT when that is set (the device run's folder that comes back).
@@ -157,12 +160,11 @@ if [ "${SKIP_ENGINE:-}" != 1 ]; then
       summary+=("cuda_test: not run (no pytest in $PY)")
     fi
     # The op_db sweep on CUDA tensors (NOTE [sweep on CUDA] in python/op_db/sweep.py), run from
-    # the root: the script's folder (its expecttest stand-in) comes first on sys.path, the built
-    # package from PYTHONPATH.
-    if PYTHONPATH=python/op_db $PY -c 'import torch.testing._internal.common_methods_invocations' \
+    # the root: the built package and the carried expecttest from PYTHONPATH.
+    if PYTHONPATH=$DEPS/python $PY -c 'import torch.testing._internal.common_methods_invocations' \
         >/dev/null 2>&1; then
-      PYTHONPATH=$PYPKG timeout 300 $PY python/op_db/sweep.py --device cuda --time-budget 180 \
-        >"$LOGS/op_db_cuda.log" 2>&1
+      PYTHONPATH=$PYPKG:$DEPS/python timeout 300 $PY python/op_db/sweep.py --device cuda \
+        --time-budget 180 >"$LOGS/op_db_cuda.log" 2>&1
       rc=$?
       grep -E '^(wrong|hang) |^summary:' "$LOGS/op_db_cuda.log" | head -20
       wrong=$(grep -c '^wrong ' "$LOGS/op_db_cuda.log")
@@ -174,6 +176,22 @@ if [ "${SKIP_ENGINE:-}" != 1 ]; then
     else
       summary+=("op_db sweep on cuda: not run (torch's op database does not import in $PY)")
     fi
+    # The TP demo on CUDA, 1 rank on NCCL: its loss against one device's, step by step.
+    PYTHONPATH=$PYPKG RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29531 \
+      timeout 300 $PY examples/llama_train.py --device cuda --steps 3 --tol 1e-5 \
+      --save "$BUILD/llama_ckpt" >"$LOGS/tp_demo_cuda.log" 2>&1
+    rc=$?
+    tail -6 "$LOGS/tp_demo_cuda.log"
+    summary+=("TP demo on cuda (1 rank): $(grep '^loss vs one device' "$LOGS/tp_demo_cuda.log" \
+      || echo "did not finish (exit $rc)")")
+    [ $rc -eq 0 ] || engine=1
+    # ./x bench python's rows against PyTorch's DTensor, on the GPU (bench/pytorch_anchor.py).
+    PYTHONPATH=$PYPKG PYTHONSAFEPATH=1 timeout 300 $PY bench/python_bench.py --device cuda \
+      --reps 5 >"$LOGS/bench_python_cuda.log" 2>&1
+    rc=$?
+    grep '^{' "$LOGS/bench_python_cuda.log"
+    summary+=("bench python on cuda: $(grep -c '"ratio_to_pytorch"' "$LOGS/bench_python_cuda.log") rows (exit $rc)")
+    [ $rc -eq 0 ] || engine=1
   else
     echo "FAILED to link the extension (log link-ext.log)"; tail -20 "$LOGS/link-ext.log"; engine=1
     summary+=("extension: FAILED to link")
