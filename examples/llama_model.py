@@ -49,11 +49,12 @@ def rotate_half(x):
 
 
 def _like(t, ref):
-    """`t` (plain, equal on every rank) replicated on `ref`'s mesh when `ref` is distributed."""
+    """`t` (plain, equal on every rank) replicated on `ref`'s mesh when `ref` is distributed,
+    else on `ref`'s device."""
     if isinstance(ref, DTensor):
         mesh = ref.device_mesh
         return dtensor.distribute_tensor(t, mesh, [Replicate()] * mesh.ndim, src_data_rank=None)
-    return t
+    return t.to(ref.device)
 
 
 class Attention(nn.Module):

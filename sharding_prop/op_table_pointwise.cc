@@ -184,8 +184,10 @@ void add_binary_pointwise(Adder& add) {
   add("aten::div_.Tensor", "pointwise", {}, pointwise(2, Linearity::kMultilinear, {true, false}));
   for (const char* v : {"", "_"}) {
     const std::string base = "aten::";
-    add(base + "add" + v + ".Scalar", "pointwise", {}, pointwise(1, lin));
-    add(base + "sub" + v + ".Scalar", "pointwise", {}, pointwise(1, lin));
+    // NOTE: add/sub of a Scalar keep Partial(avg/max/min) (Linearity::kShift): torch 2.x's
+    // rms_norm adds eps in place to a mean that is Partial(avg) on a 2-D mesh.
+    add(base + "add" + v + ".Scalar", "pointwise", {}, pointwise(1, Linearity::kShift));
+    add(base + "sub" + v + ".Scalar", "pointwise", {}, pointwise(1, Linearity::kShift));
     add(base + "mul" + v + ".Scalar", "pointwise", {}, pointwise(1, Linearity::kAdditive));
     add(base + "div" + v + ".Scalar", "pointwise", {}, pointwise(1, Linearity::kAdditive));
     add(base + "pow" + v + ".Scalar", "pointwise", {}, pointwise(1, lin));

@@ -124,9 +124,13 @@ std::vector<Choice> choices_for(const Rule& rule, const std::vector<DTensorSpec>
     });
     const bool additive_op = first.is_partial() && (first.reduce_op() == ReduceOp::kSum ||
                                                     first.reduce_op() == ReduceOp::kAvg);
+    const bool shift_op = first.is_partial() && (first.reduce_op() == ReduceOp::kAvg ||
+                                                 first.reduce_op() == ReduceOp::kMax ||
+                                                 first.reduce_op() == ReduceOp::kMin);
     if (all_same && first.is_partial() &&
         (rule.linearity == Linearity::kMove ||
-         (rule.linearity == Linearity::kAdditive && additive_op))) {
+         (rule.linearity == Linearity::kAdditive && additive_op) ||
+         (rule.linearity == Linearity::kShift && shift_op))) {
       out.push_back(
           {std::vector<Placement>(inputs.size(), first), std::vector<Placement>(n_out, first)});
     }

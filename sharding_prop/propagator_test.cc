@@ -74,6 +74,10 @@ TEST(PropagatorTest, ChoosesTheCheapestLayoutTable) {
        ""},
       {"aten::mul.Tensor", {4}, {{"P", {8, 4}}, {"R", {8, 4}}}, {}, "[P(sum)];[R]", "[P(sum)]", ""},
       {"aten::exp", {4}, {{"P", {8, 4}}}, {}, "[S(0)]", "[S(0)]", ""},
+      // A Scalar added keeps Partial(avg), max and min (x + c commutes with them), not sum.
+      {"aten::add_.Scalar", {4}, {{"P(avg)", {8, 4}}}, {}, "[P(avg)]", "[P(avg)]", ""},
+      {"aten::sub.Scalar", {4}, {{"P(max)", {8, 4}}}, {}, "[P(max)]", "[P(max)]", ""},
+      {"aten::add.Scalar", {4}, {{"P", {8, 4}}}, {}, "[S(0)]", "[S(0)]", ""},
       // Reductions: a sharded reduced dim gives the matching Partial.
       {"aten::sum.dim_IntList",
        {4},

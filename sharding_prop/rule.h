@@ -52,6 +52,8 @@ enum class Linearity : uint8_t {
   kAdditive,     // sums (add, sub, sum): all inputs Partial(sum or avg), same op -> the same
   kMultilinear,  // products (mul, mm): one input Partial(sum), the others Replicate -> Partial(sum)
   kShapeOnly,    // reads no values (zeros_like): a Partial input stays, the output is Replicate
+  kShift,        // a Scalar added (add/sub .Scalar): Partial(avg, max or min) -> the same, as
+                 // avg(x) + c = avg(x + c) and max(x) + c = max(x + c); Partial(sum) is reduced
 };
 
 struct Rule {

@@ -10,8 +10,6 @@ EXPECTED_FAILURES = {
         "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::diagonal_scatter as 'src' [10] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
     "stft":
         "uses aten::as_strided, refused on distributed tensors (no single storage to address)",
-    "istft":
-        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::mul.Tensor as 'other' [1, 1, 10] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
     "sparse.sampled_addmm":
         "Sparse CSR tensors do not have strides",
     "matrix_exp":
@@ -74,8 +72,6 @@ EXPECTED_FAILURES = {
         "uses aten::as_strided, refused on distributed tensors (no single storage to address)",
     "ormqr":
         "its formula writes (aten::copy_) into a view (aten::select.int) of a gathered copy; refused so the write is not lost",
-    "nn.functional.rms_norm":
-        "torch 2.x's rms_norm adds eps in place (add_.Scalar) to a mean that is Partial(avg) on a 2-D mesh; an in-place op keeps self's layout and a Partial self plus a scalar is no Partial, so the engine raises, naming the remedy",
 }
 
 

@@ -41,6 +41,10 @@ JOBS=${JOBS:-$(nproc)}
 NCCL_BACKEND_SRC=${NCCL_BACKEND_SRC:-collectives/nccl_backend.cc}
 TESTS=("$@")
 [ ${#TESTS[@]} -gt 0 ] || TESTS=(nccl_link_test symmetric_memory_cuda_test)
+# STAGES: which stages run (all by default), e.g. STAGES=tp,bench for a short rerun.
+STAGES=${STAGES:-tests,probe,cuda_test,op_db,tp,bench}
+stage() { [[ ",$STAGES," == *",$1,"* ]]; }
+stage tests || TESTS=()
 rm -rf "$LOGS"
 mkdir -p "$BUILD/obj" "$LOGS"
 [ -d "$DEPS/include/absl" ] || { echo "no $DEPS: run tools/gpu/carry_deps.sh here first"; exit 2; }
@@ -128,7 +132,7 @@ for t in "${TESTS[@]}"; do
   echo "$t$VARIANT: exit $rc"
   [ $rc -eq 0 ] || failed=1
 done
-summary=("collectives tests: $([ $failed -eq 0 ] && echo passed || echo FAILED)")
+summary=("collectives tests: $([ ${#TESTS[@]} -eq 0 ] && echo "not run (STAGES)" || { [ $failed -eq 0 ] && echo passed || echo FAILED; })")
 engine=0
 if [ "${SKIP_ENGINE:-}" != 1 ]; then
   # The extension: every library object and the bindings, as Bazel's //python:dtensor/_C.so.
@@ -142,13 +146,17 @@ if [ "${SKIP_ENGINE:-}" != 1 ]; then
       "$DEPS"/lib/libabsl_*.so.* "$NCCL_SO" "$CUDART_SO" /lib/x86_64-linux-gnu/libz.so.1 \
       -Wl,-rpath,"$DEPS/lib:$(dirname "$NCCL_SO"):$(dirname "$CUDART_SO")" \
       -Wl,--disable-new-dtags -lrt -ldl -pthread >"$LOGS/link-ext.log" 2>&1; then
-    PYTHONPATH=$PYPKG timeout 300 $PY tools/gpu/cuda_probe.py 2>&1 | tee "$LOGS/cuda_probe.log" \
-      | grep -E '^(PASS|FAIL|probe:|\{)'
-    engine=${PIPESTATUS[0]}
-    summary+=("$(grep '^probe:' "$LOGS/cuda_probe.log" || echo "probe: did not finish (exit $engine)")")
+    if stage probe; then
+      PYTHONPATH=$PYPKG timeout 300 $PY tools/gpu/cuda_probe.py 2>&1 | tee "$LOGS/cuda_probe.log" \
+        | grep -E '^(PASS|FAIL|probe:|\{)'
+      engine=${PIPESTATUS[0]}
+      summary+=("$(grep '^probe:' "$LOGS/cuda_probe.log" || echo "probe: did not finish (exit $engine)")")
+    fi
     # The package's CUDA tests (python/cuda_test.py, NOTE [mesh device]), run from the build
     # folder so that python/dtensor (no _C.so) does not shadow the built package.
-    if $PY -c 'import pytest' 2>/dev/null; then
+    if ! stage cuda_test; then
+      :
+    elif $PY -c 'import pytest' 2>/dev/null; then
       cp python/cuda_test.py "$BUILD/cuda_test.py"
       (cd "$BUILD" && PYTHONPATH=$PYPKG timeout 300 $PY -m pytest -q -p no:cacheprovider \
         cuda_test.py) >"$LOGS/cuda_test.log" 2>&1
@@ -161,7 +169,9 @@ if [ "${SKIP_ENGINE:-}" != 1 ]; then
     fi
     # The op_db sweep on CUDA tensors (NOTE [sweep on CUDA] in python/op_db/sweep.py), run from
     # the root: the built package and the carried expecttest from PYTHONPATH.
-    if PYTHONPATH=$DEPS/python $PY -c 'import torch.testing._internal.common_methods_invocations' \
+    if ! stage op_db; then
+      :
+    elif PYTHONPATH=$DEPS/python $PY -c 'import torch.testing._internal.common_methods_invocations' \
         >/dev/null 2>&1; then
       PYTHONPATH=$PYPKG:$DEPS/python timeout 300 $PY python/op_db/sweep.py --device cuda \
         --time-budget 180 >"$LOGS/op_db_cuda.log" 2>&1
@@ -177,21 +187,26 @@ if [ "${SKIP_ENGINE:-}" != 1 ]; then
       summary+=("op_db sweep on cuda: not run (torch's op database does not import in $PY)")
     fi
     # The TP demo on CUDA, 1 rank on NCCL: its loss against one device's, step by step.
-    PYTHONPATH=$PYPKG RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29531 \
-      timeout 300 $PY examples/llama_train.py --device cuda --steps 3 --tol 1e-5 \
-      --save "$BUILD/llama_ckpt" >"$LOGS/tp_demo_cuda.log" 2>&1
-    rc=$?
-    tail -6 "$LOGS/tp_demo_cuda.log"
-    summary+=("TP demo on cuda (1 rank): $(grep '^loss vs one device' "$LOGS/tp_demo_cuda.log" \
-      || echo "did not finish (exit $rc)")")
-    [ $rc -eq 0 ] || engine=1
+    if stage tp; then
+      PYTHONPATH=$PYPKG RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29531 \
+        timeout 300 $PY examples/llama_train.py --device cuda --steps 3 --tol 1e-5 \
+        --save "$BUILD/llama_ckpt" >"$LOGS/tp_demo_cuda.log" 2>&1
+      rc=$?
+      tail -6 "$LOGS/tp_demo_cuda.log"
+      summary+=("TP demo on cuda (1 rank): $(grep '^loss vs one device' "$LOGS/tp_demo_cuda.log" \
+        || echo "did not finish (exit $rc)")")
+      [ $rc -eq 0 ] || engine=1
+    fi
     # ./x bench python's rows against PyTorch's DTensor, on the GPU (bench/pytorch_anchor.py).
-    PYTHONPATH=$PYPKG PYTHONSAFEPATH=1 timeout 300 $PY bench/python_bench.py --device cuda \
-      --reps 5 >"$LOGS/bench_python_cuda.log" 2>&1
-    rc=$?
-    grep '^{' "$LOGS/bench_python_cuda.log"
-    summary+=("bench python on cuda: $(grep -c '"ratio_to_pytorch"' "$LOGS/bench_python_cuda.log") rows (exit $rc)")
-    [ $rc -eq 0 ] || engine=1
+    if stage bench; then
+      PYTHONPATH=$PYPKG PYTHONSAFEPATH=1 timeout 300 $PY bench/python_bench.py --device cuda \
+        --reps 5 >"$LOGS/bench_python_cuda.log" 2>&1
+      rc=$?
+      grep '^{' "$LOGS/bench_python_cuda.log"
+      rows=$(grep -c '"ratio_to_pytorch"' "$LOGS/bench_python_cuda.log")
+      summary+=("bench python on cuda: $rows rows against PyTorch's DTensor (exit $rc)")
+      [ $rc -eq 0 ] || engine=1
+    fi
   else
     echo "FAILED to link the extension (log link-ext.log)"; tail -20 "$LOGS/link-ext.log"; engine=1
     summary+=("extension: FAILED to link")
