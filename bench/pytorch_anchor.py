@@ -2,7 +2,7 @@
 ./x bench python runs these after its own rows (python_bench.py --no-anchor skips them).
 
 per_call (a 1-process job, mesh (1)): add, mm, sum, view, t, relu on DTensor.from_local pieces
-  ([64,64] S(0), mm with a [64,64] R), the engine's dtensor against torch.distributed.tensor on
+  ([8,16] S(0), mm with a [16,4] R: small, so the per-call cost shows), the engine's dtensor against torch.distributed.tensor on
   the same device and the plain tensors; interleaved loops, medians of --reps.
   {"bench":"python","op":"add","mesh":1,"device":"cpu","dtensor_us":..,"local_us":..,"ratio":..,
    "pytorch_us":..,"ratio_to_pytorch":..}
@@ -43,6 +43,15 @@ def _pytorch_group(device):
             rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
 
 
+def _close_group():
+    """Ends torch.distributed's group on every rank together (a rank that exits with Gloo's
+    threads still running aborts: "terminate called without an active exception")."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def _loop(fn, x, y):
     def run(n):
         for _ in range(n):
@@ -69,8 +78,9 @@ def per_call(args):
     _pytorch_group(device)
     mesh, pmesh = init_device_mesh(device, (1,)), pt_mesh(device, (1,))
     torch.manual_seed(0)
-    a = torch.randn(64, 64, device=device)
-    b = torch.randn(64, 64, device=device)
+    # tools/gpu/cuda_probe.py's shapes: small, so the rows show the per-call cost, not the math.
+    a = torch.randn(8, 16, device=device)
+    b = torch.randn(16, 4, device=device)
     sides = {
         "dtensor": (DTensor.from_local(a, mesh, [Shard(0)]),
                     DTensor.from_local(b, mesh, [Replicate()])),
@@ -99,6 +109,7 @@ def per_call(args):
                      "ratio": round(med["dtensor"] / med["local"], 3),
                      "pytorch_us": round(med["pytorch"], 3),
                      "ratio_to_pytorch": round(med["dtensor"] / med["pytorch"], 3)})
+    _close_group()
     print(f"per call on a 1-rank {device} mesh, median of {args.reps} reps of "
           f"{args.anchor_calls} calls; torch {torch.__version__}")
     print(f"{'op':<6} {'dtensor_us':>10} {'pytorch_us':>10} {'local_us':>9} {'vs local':>9} "
@@ -152,6 +163,7 @@ def tp_linear_step(args):
     # The same number of steps on both: the same weights (the engine's step is PyTorch's step).
     w = {side: m.weight.full_tensor() for side, m in models.items()}
     torch.testing.assert_close(w["dtensor"], w["pytorch"], msg="tp_linear_step weights")
+    _close_group()
     if rank != 0:
         return
     d, p = statistics.median(times["dtensor"]), statistics.median(times["pytorch"])
