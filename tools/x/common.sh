@@ -1,0 +1,144 @@
+# shellcheck shell=bash
+# ./x's shared part: Debian and PyPI packages, the Bazel flags and output bases, building and
+# staging the Python package. Sourced by ./x (NOTE [x layout] there).
+
+# Debian packages the build and tests need (see ../shared/TOOLCHAIN.md and README.md); torch,
+# pybind11, pytest and the other Python packages come from PyPI (tools/requirements.txt, NOTE
+# [venv]). libgloo-dev: Gloo's headers for the c10d backend (NOTE [Gloo headers]).
+PACKAGES=(
+  bazel-bootstrap bazel-rules-java bazel-platforms bazel-skylib
+  libabsl-dev python3-dev python3-venv
+  libgtest-dev googletest libbenchmark-dev libgloo-dev nlohmann-json3-dev zlib1g-dev libcpp-httplib-dev
+  libopenblas0-pthread
+)
+# DTENSOR_TORCH=debian (NOTE [venv]): Debian's torch 1.13 and what its build takes from Debian.
+DEBIAN_TORCH_PACKAGES=(libtorch-dev python3-torch pybind11-dev python3-pytest)
+# NOTE [BLAS]: Debian's libtorch calls the BLAS through the libblas.so.3 alternative. The reference
+# BLAS it falls back to computes a GEMM as slowly as GEMVs row by row (a decode step of 8
+# sequences cost 8 single ones: 164 vs 21 ms on the bench's large model); OpenBLAS takes the
+# alternative once installed (24.5 ms for 8). The pthread build, not the serial one: the serial
+# build is not thread-safe and mixed the products of ranks run as threads (NOTE [thread-safe BLAS]
+# in collectives/rank_context.h; run_threads refuses it). The launcher gives each rank process one
+# BLAS thread (OPENBLAS_NUM_THREADS=1, as torchrun sets OMP_NUM_THREADS=1), and several ranks share
+# the cores.
+# libFuzzer and its runtimes (clang 14): ./x fuzz, and the short fuzz runs of ./x test.
+FUZZ_PACKAGES=(clang libclang-rt-14-dev libfuzzer-14-dev)
+DISK_CACHE="${DTENSOR_DISK_CACHE:-${HOME:-/tmp}/.cache/dtensor-bazel-disk}"
+
+# Benchmarks: name -> Bazel target (a binary printing a table plus one JSON object per line).
+declare -A BENCHES=([collectives]=//bench:collectives_bench [redistribute]=//bench:redistribute_bench
+  [propagation]=//bench:propagation_bench [dispatch]=//bench:dispatch_bench
+  [checkpoint]=//bench:checkpoint_bench)
+# Python benchmarks: name -> script, run with the -c opt build of the dtensor package.
+declare -A PY_BENCHES=([python]=bench/python_bench.py)
+
+log() { printf '\033[1m[x]\033[0m %s\n' "$*" >&2; }
+
+# ensure_packages [MORE...]: installs what is missing of PACKAGES and MORE.
+ensure_packages() {
+  local missing=()
+  for p in "${PACKAGES[@]}" "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && { ensure_venv; return 0; }
+  local cmd="apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ${missing[*]}"
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "Missing Debian packages: ${missing[*]}" >&2
+    echo "Run as root:  sudo sh -c '$cmd'" >&2
+    exit 1
+  fi
+  log "installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  ensure_venv
+}
+
+bazel_startup=()
+bazel_flags=(--disk_cache="$DISK_CACHE")
+if [ "${CI:-}" = "true" ]; then
+  bazel_startup+=(--max_idle_secs=60)
+  bazel_flags+=(--config=ci)
+fi
+# NOTE [venv]: the torch the build uses (NOTE [torch from Python] in third_party/python_torch.bzl).
+# Default: PyPI's torch pinned in tools/requirements.txt (2.11.0, the version the lent GPU
+# machines carry), installed on first use with the other PyPI packages into .venv (git-ignored;
+# made from the first python3 on PATH); its Bazel output base is
+# ~/.cache/dtensor-bazel-torch-pip/<checkout hash>. DTENSOR_TORCH=debian builds against Debian's
+# python3-torch / libtorch-dev 1.13 instead (its own output base): no longer tested, kept while it
+# costs only the macros of base/torch_compat.h.
+TORCH_KIND=${DTENSOR_TORCH:-pip}
+if [ "$TORCH_KIND" = pip ]; then
+  PY=$PWD/.venv/bin/python3
+  bazel_startup+=(--output_base="${HOME:-/tmp}/.cache/dtensor-bazel-torch-pip/$(echo "$PWD" | md5sum | cut -c1-12)")
+  bazel_flags+=(--repo_env=DTENSOR_PYTHON="$PY")
+  # Nested Bazel runs (tests/consumers/external_workspace_test.sh) read it from the environment.
+  export DTENSOR_PYTHON="$PY"
+else
+  PY=/usr/bin/python3
+  PACKAGES+=("${DEBIAN_TORCH_PACKAGES[@]}")
+fi
+
+# ensure_venv: .venv with tools/requirements.txt (a no-op once it matches).
+ensure_venv() {
+  [ "$TORCH_KIND" = pip ] || return 0
+  local stamp=.venv/.requirements
+  if [ -x .venv/bin/python3 ] && cmp -s tools/requirements.txt "$stamp"; then return 0; fi
+  log "installing PyPI packages into .venv (tools/requirements.txt; torch is several GB)"
+  [ -x .venv/bin/python3 ] || python3 -m venv .venv
+  .venv/bin/pip install -q -r tools/requirements.txt
+  cp tools/requirements.txt "$stamp"
+}
+
+# NCCL is compiled (and its link checked) whenever CUDA + NCCL are installed.
+if [ -f /usr/local/cuda/include/nccl.h ] && [ "${DTENSOR_NO_CUDA:-}" != "1" ]; then
+  bazel_flags+=(--config=cuda)
+fi
+
+bz() {
+  local verb=$1; shift
+  bazel "${bazel_startup[@]}" "$verb" "${bazel_flags[@]}" "$@"
+}
+
+# bin_path PATH [BUILD FLAGS]: where a target built with those flags lies (-c opt has its own folder).
+bin_path() {
+  local path=$1; shift
+  echo "$(bazel "${bazel_startup[@]}" info "${bazel_flags[@]}" "$@" bazel-bin 2>/dev/null)/$path"
+}
+
+# stage_python [-c opt]: builds //python:dtensor_engine and lays the importable package out in
+# out/python (out/python-opt for -c opt), a folder that does not depend on where bazel-bin points:
+# out/python/dtensor/ holds symlinks to the tracked .py files (edits show at once) and to the
+# _C.so of that configuration; out/python/dtensor_engine/ likewise. Prints the folder (absolute).
+stage_python() {
+  ensure_packages
+  mkdir -p "$DISK_CACHE"
+  local dest=out/python
+  [ "$*" = "-c opt" ] && dest=out/python-opt
+  bz build "$@" //python:dtensor_engine >&2
+  local so
+  so=$(bin_path python/dtensor/_C.so "$@")
+  if [ ! -f "$so" ]; then
+    echo "./x: built //python:dtensor_engine but found no $so" >&2
+    exit 1
+  fi
+  local root=$PWD
+  mkdir -p "$dest"
+  # place LINK TARGET: (re)points LINK at TARGET atomically, so running ranks never see a gap.
+  place() {
+    [ "$(readlink "$1" 2>/dev/null)" = "$2" ] && return 0
+    mkdir -p "$(dirname "$1")"
+    ln -sfn "$2" "$1.tmp$$" && mv -fT "$1.tmp$$" "$1"
+  }
+  local pkg f
+  for pkg in dtensor dtensor_engine; do
+    [ -d "python/$pkg" ] || continue
+    while IFS= read -r -d '' f; do
+      place "$dest/${f#python/}" "$root/$f"
+    done < <(find "python/$pkg" -name __pycache__ -prune -o -type f ! -name '*.pyc' \
+               ! -name '_C*.so' -print0)
+  done
+  place "$dest/dtensor/_C.so" "$(realpath "$so")"
+  # Files removed from the source tree leave dangling links: drop them.
+  find "$dest" -xtype l -delete
+  echo "$root/$dest"
+}

@@ -1,0 +1,138 @@
+# shellcheck shell=bash
+# ./x demo, run, pythonpath, serve, launch, clean: starting ranks and the programs on them.
+
+x_help demo '  demo [-n N] [args]
+                  train a Llama-style model parallelized with dtensor.parallel.parallelize_module
+                  on N (default 4) processes (examples/llama_train.py); print its loss next to one
+                  process'\''s, time per step and the collectives of a step ([--steps 5]
+                  [--mesh 2,2])'
+x_help demo '  demo cpp [-n N] [args]
+                  the same kind of training from C++ (examples/tp_train.cc, plain ATen calls on
+                  distributed tensors; [--steps 5] [--backend shm|c10d] [--mesh 2,2])'
+x_help demo '  demo layout [args]
+                  lay a real tensor out on a mesh and show what each rank holds
+                  (--mesh 2,2 --shape 10,7 --placements "S(0),S(1)" [--names dp,tp] [--order "0:1,0"])'
+x_help run '  run [-n N] [--backend shm|c10d] [--opt] script.py [args...]
+                  build the dtensor Python package and start N (default 2) local ranks of
+                  `python3 script.py args` with torchrun'\''s variables and PYTHONPATH set, so
+                  dtensor.init_device_mesh("cpu", (N,)) joins the job (backend: $DTENSOR_BACKEND,
+                  default shm); --opt uses the -c opt build'
+x_help pythonpath '  pythonpath [--opt]
+                  build the dtensor Python package and print the `export PYTHONPATH=...
+                  PYTHONSAFEPATH=1` line that makes `import dtensor` work anywhere, e.g. under
+                  python3 -m torch.distributed.run --nproc_per_node N script.py
+                  (use: eval "$(./x pythonpath)")'
+x_help serve '  serve [-n N] [--checkpoint DIR] [--port P]
+                  the tensor-parallel inference server (OpenAI /v1/completions) on N ranks'
+x_help launch '  launch -n N [--backend B] -- CMD ARGS...
+                  start N local ranks of CMD with torchrun'\''s variables and a launch token,
+                  output prefixed by rank; removes the job'\''s shared memory when it ends'
+x_help clean '  clean           remove leftover shared-memory segments of dead jobs from /dev/shm
+                  (never a live job'\''s; NOTE [stale segments] in tools/shm_clean.py)'
+
+cmd_pythonpath() {
+  local flags=()
+  case "$*" in
+    "") ;;
+    --opt|"-c opt") flags=(-c opt) ;;
+    *) echo "usage: ./x pythonpath [--opt]" >&2; return 2 ;;
+  esac
+  local dir
+  dir=$(stage_python "${flags[@]}")
+  echo "export PYTHONPATH=$dir PYTHONSAFEPATH=1"
+}
+
+cmd_run() {
+  local n=2 backend=() flags=()
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      -n) n=$2; shift 2 ;;
+      -n*) n=${1#-n}; shift ;;
+      --backend) backend=(--backend "$2"); shift 2 ;;
+      --backend=*) backend=(--backend "${1#--backend=}"); shift ;;
+      --opt) flags=(-c opt); shift ;;
+      --) shift; break ;;
+      -*) echo "./x run: unknown option '$1' (usage: ./x run -n N [--backend shm|c10d] [--opt] script.py args...)" >&2
+          return 2 ;;
+      *) break ;;
+    esac
+  done
+  if [ $# -eq 0 ]; then
+    echo "usage: ./x run -n N [--backend shm|c10d] [--opt] script.py args..." >&2
+    return 2
+  fi
+  local dir launch=$PWD/tools/launch.py
+  dir=$(stage_python "${flags[@]}")
+  cd "$CALLER_PWD"
+  PYTHONPATH="$dir${PYTHONPATH:+:$PYTHONPATH}" PYTHONSAFEPATH=1 \
+    exec "$PY" "$launch" -n "$n" "${backend[@]}" -- "$PY" "$@"
+}
+
+cmd_demo() {
+  ensure_packages
+  mkdir -p "$DISK_CACHE"
+  case "${1:-}" in
+    layout)
+      shift
+      bz build //examples:layout_demo >&2
+      "$(bin_path examples/layout_demo)" "$@"
+      return ;;
+    cpp)
+      shift
+      local n=4
+      if [ "${1:-}" = -n ]; then n=$2; shift 2; fi
+      bz build //examples:tp_train >&2
+      echo "./x demo cpp: tensor-parallel training of a transformer block in C++ on $n processes (shm)" >&2
+      /usr/bin/python3 tools/launch.py -n "$n" -- "$(bin_path examples/tp_train)" --mesh "$n" "$@"
+      return ;;
+  esac
+  local n=4
+  if [ "${1:-}" = -n ]; then n=$2; shift 2; fi
+  echo "./x demo: building the dtensor package..." >&2
+  local dir
+  dir=$(stage_python -c opt)
+  echo "./x demo: a Llama-style model parallelized with parallelize_module, trained on $n processes (shm)" >&2
+  PYTHONPATH="$dir" PYTHONSAFEPATH=1 "$PY" tools/launch.py -n "$n" -- \
+    "$PY" examples/llama_train.py "$@"
+}
+
+# ensure_demo_checkpoint WHO: runs ./x demo (which trains and saves) when out/checkpoints/llama
+# holds no checkpoint yet.
+ensure_demo_checkpoint() {
+  [ -f out/checkpoints/llama/model.safetensors.index.json ] && return 0
+  echo "./x $1: no checkpoint at out/checkpoints/llama: running ./x demo to train and save one" >&2
+  cmd_demo >&2
+}
+
+# ./x serve [-n N] [--checkpoint DIR] [--port P] [serve flags]: the inference server (tools/serve.cc)
+# on N ranks (processes, shm) through the launcher; rank 0 serves HTTP. Without --checkpoint it
+# serves the model ./x demo saved (out/checkpoints/llama), running the demo first when there is
+# none. SIGTERM or Ctrl-C drains: in-flight requests finish, then every rank exits 0.
+cmd_serve() {
+  local n=1 ckpt="" port=8000 rest=()
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      -n) n=$2; shift 2 ;;
+      --checkpoint) ckpt=$2; shift 2 ;;
+      --port) port=$2; shift 2 ;;
+      *) rest+=("$1"); shift ;;
+    esac
+  done
+  if [ -z "$ckpt" ]; then
+    ckpt=out/checkpoints/llama
+    ensure_demo_checkpoint serve
+  fi
+  ensure_packages
+  mkdir -p "$DISK_CACHE"
+  bz build -c opt //tools:serve >&2
+  DTENSOR_LAUNCH_STOP_GRACE_S=${DTENSOR_LAUNCH_STOP_GRACE_S:-120} /usr/bin/python3 tools/launch.py \
+    -n "$n" -- "$(bin_path tools/serve -c opt)" --checkpoint "$ckpt" --port "$port" "${rest[@]}"
+}
+
+cmd_launch() {
+  /usr/bin/python3 tools/launch.py "$@"
+}
+
+cmd_clean() {
+  /usr/bin/python3 tools/shm_clean.py "$@"
+}
