@@ -1,0 +1,415 @@
+"""fully_shard and FSDPModule: PyTorch's FSDP2 API over the dtensor engine.
+
+NOTE [fully_shard]
+==================
+What is implemented (PyTorch's names and meanings):
+
+* ``fully_shard(module, mesh=, reshard_after_forward=, shard_placement_fn=, mp_policy=,
+  offload_policy=, ignored_params=)``, called on submodules, then the root. Each call makes one
+  parameter group: the parameters of the module's subtree not managed by an inner call (nor in
+  ``ignored_params``). They become ``nn.Parameter(distributed tensor)`` placed ``Shard(0)`` (or
+  ``shard_placement_fn``'s ``Shard(d)``) on a 1-D mesh and ``(Replicate(), Shard(0))`` on a 2-D
+  mesh (HSDP: shard on the last mesh dim, replicate on the first), with torch.chunk's uneven and
+  empty pieces. The module's class becomes ``FSDP<Class>`` (FSDPModule first in the MRO).
+* Forward pre-hook: one all-gather per group (``_param_group.py``'s flat buffer, in
+  ``param_dtype``) fills plain unsharded ``nn.Parameter``s of the full shape, registered on the
+  modules for compute; the forward runs on plain tensors (no per-op distributed dispatch).
+  Post-forward: reshard when ``reshard_after_forward`` (free the unsharded storage, register the
+  sharded parameters). A hook on the outputs' gradients all-gathers again before the group's
+  backward if resharded; after the group's backward (an autograd function on the inputs that
+  require grad, else the root's end-of-backward callback) one reduce-scatter (sum) of the
+  unsharded gradients, plus one all-reduce (sum) over the replicate dim for HSDP, divided by the
+  data-parallel size (``set_gradient_divide_factor`` overrides), gives ``param.grad``: a
+  distributed tensor in the parameter's placements and dtype, accumulated into an existing one.
+* Root: the first FSDP module to run forward. ``reshard_after_forward=None`` (the default) is
+  True for non-root groups and False for the root, as PyTorch (the root's parameters would be
+  all-gathered again at once for backward); an explicit True/False holds for the root too.
+* ``FSDPModule``: ``unshard(async_op)`` (a handle with ``wait()``), ``reshard()``,
+  ``set_requires_gradient_sync`` (unsharded gradients accumulate, in the reduce dtype, until a
+  backward with sync reduces them together), ``set_reshard_after_forward``,
+  ``set_reshard_after_backward``, ``set_gradient_divide_factor`` (this module's group only, as
+  PyTorch), ``set_is_last_backward``, ``set_modules_to_forward_prefetch`` /
+  ``set_modules_to_backward_prefetch`` (explicit prefetch: the targets' all-gathers are issued
+  asynchronously after this module's own unshard and copied out at their pre-forward /
+  pre-backward).
+* ``state_dict()`` returns the sharded distributed tensors with no communication (a pre-hook
+  registers the sharded parameters first, as PyTorch's); ``load_state_dict`` copies into them.
+* ``MixedPrecisionPolicy``: unsharded parameters in ``param_dtype``, forward inputs cast to it
+  (``cast_forward_inputs``), outputs cast to ``output_dtype``, gradients reduced in
+  ``reduce_dtype`` (default ``param_dtype``), sharded parameters and gradients in the original
+  dtype.
+
+Not implemented yet:
+
+* The flat-buffer copy-in/copy-out runs in Python (torch.cat and slicing); a C++ runtime with
+  preallocated buffers, separate streams and overlap of communication with compute is not there.
+* PyTorch's implicit backward prefetch (the previous group in reverse post-forward order) and
+  its forward/backward stream overlap; only explicit prefetch lists are honoured.
+* ``CPUOffloadPolicy``: accepted on a CPU mesh, where the sharded parameters and gradients are on
+  the CPU already (nothing to move); on a CUDA mesh it raises NotImplementedError.
+* 2-D FSDP x TP (parameters already distributed), ``reshard_after_forward`` as an int (reshard
+  to a smaller mesh), 0-dim parameters, activation checkpointing's recompute forward, all-gather
+  extensions (``fsdp_pre_all_gather``), custom all-gather / reduce-scatter comms,
+  ``set_requires_all_reduce``, ``fully_shard`` on a list of modules.
+
+Decisions where PyTorch is silent or its mechanism is CUDA-specific:
+
+* Reductions are sums followed by a division by the factor (PyTorch may use ReduceOp.AVG or
+  NCCL's PreMulSum); in float32 the results equal one process's mean to rounding.
+* The unsharded parameter keeps one storage object for its lifetime: freed with
+  ``untyped_storage().resize_(0)`` at reshard and refilled in place at unshard under
+  ``torch.autograd._unsafe_preserve_version_counter``, PyTorch's own mechanism, so tensors saved
+  for backward in an earlier forward see the refilled data.
+* ``mesh=None``: the current mesh (``with mesh:``), else a 1-D CPU mesh over the world.
+"""
+
+import functools
+
+import torch
+from torch import nn
+from torch.autograd import Variable
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from dtensor import _C
+from dtensor.device_mesh import DeviceMesh, _mesh_resources, init_device_mesh
+from dtensor.fsdp._api import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+from dtensor.fsdp._param_group import FSDPParam, FSDPParamGroup, TrainingState
+from dtensor.placement_types import Shard
+
+__all__ = ["FSDPModule", "UnshardHandle", "fully_shard"]
+
+_STATE_ATTR = "_dtensor_fsdp_state"
+
+
+def _state_of(module):
+    return module.__dict__.get(_STATE_ATTR)
+
+
+class _SharedContext:
+    """What the root shares with every FSDP state under it for one model."""
+
+    def __init__(self):
+        self.all_states = []
+        self.is_last_backward = True
+        self.callback_queued = False
+
+
+class _RegisterPostBackward(torch.autograd.Function):
+    """Identity on the module's inputs that require grad; its backward runs once the module's
+    backward has produced the inputs' gradients, i.e. after the group's parameter gradients."""
+
+    @staticmethod
+    def forward(ctx, state, *inputs):
+        ctx.state = state
+        return inputs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        if ctx.state.group is not None:
+            ctx.state.group.post_backward()
+        return (None,) + grads
+
+
+def _cast_floating(dtype, x):
+    if isinstance(x, torch.Tensor) and torch.is_floating_point(x) and x.dtype != dtype:
+        return x.to(dtype)
+    return x
+
+
+class FSDPState:
+    """The hooks of one ``fully_shard`` call: forward pre/post, pre-backward, root callback."""
+
+    def __init__(self, module, group, mp_policy, auto_reshard_after_forward):
+        self.module = module
+        self.group = group
+        self.mp_policy = mp_policy
+        self.auto_reshard_after_forward = auto_reshard_after_forward
+        self.is_root = None
+        self.ctx = _SharedContext()
+        self.training_state = TrainingState.IDLE
+        self.forward_prefetch = []
+        self.backward_prefetch = []
+        module.register_forward_pre_hook(self._pre_forward, prepend=True, with_kwargs=True)
+        module.register_forward_hook(self._post_forward, prepend=False)
+        if group is not None:
+            modules = {m for p in group.fsdp_params for m, _ in p.uses}
+            for m in modules:
+                m.register_state_dict_pre_hook(lambda *a, **k: self._to_sharded())
+                m._register_load_state_dict_pre_hook(lambda *a, **k: self._to_sharded())
+
+    def _to_sharded(self):
+        if self.group is not None and self.group.is_unsharded:
+            self.group.reshard()
+
+    def lazy_init(self):
+        """Makes the first state to run forward the root of every state in its subtree."""
+        if self.is_root is not None:
+            return
+        self.is_root = True
+        for name, m in self.module.named_modules():
+            state = _state_of(m)
+            if state is None:
+                continue
+            if m is not self.module:
+                if state.is_root is not None:
+                    raise RuntimeError(f"fully_shard: {name} ran forward before the root; FSDP "
+                                       f"requires running forward through the root module first")
+                state.is_root = False
+            state.ctx = self.ctx
+            self.ctx.all_states.append(state)
+            if state.group is not None:
+                state.group.lazy_init()
+        if self.group is not None and self.auto_reshard_after_forward:
+            self.group.reshard_after_forward = False
+
+    def _pre_forward(self, module, args, kwargs):
+        self.lazy_init()
+        self.training_state = TrainingState.FORWARD
+        if self.mp_policy.cast_forward_inputs and self.mp_policy.param_dtype is not None:
+            cast = functools.partial(_cast_floating, self.mp_policy.param_dtype)
+            args, kwargs = tree_map(cast, args), tree_map(cast, kwargs)
+        if self.group is not None:
+            self.group.training_state = TrainingState.FORWARD
+            self.group.unshard()
+            self.group.wait_for_unshard()
+            args, kwargs = self._register_post_backward(args, kwargs)
+        for target in self.forward_prefetch:
+            if target.group is not None:
+                target.group.unshard(async_op=True)
+        return args, kwargs
+
+    def _register_post_backward(self, args, kwargs):
+        if not torch.is_grad_enabled():
+            return args, kwargs
+        flat, spec = tree_flatten((args, kwargs))
+        where = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor) and x.requires_grad]
+        if not where:
+            return args, kwargs  # the root's end-of-backward callback runs post_backward
+        outs = _RegisterPostBackward.apply(self, *[flat[i] for i in where])
+        for i, t in zip(where, outs):
+            flat[i] = t
+        return tree_unflatten(flat, spec)
+
+    def _post_forward(self, module, inputs, output):
+        if self.group is not None:
+            if self.group.reshard_after_forward:
+                self.group.reshard()
+            self.group.training_state = TrainingState.IDLE
+        if torch.is_grad_enabled():
+            for t in tree_flatten(output)[0]:
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    t.register_hook(self._pre_backward)
+        self.training_state = TrainingState.IDLE
+        if self.mp_policy.output_dtype is not None:
+            output = tree_map(functools.partial(_cast_floating, self.mp_policy.output_dtype),
+                              output)
+        return output
+
+    def _pre_backward(self, grad):
+        if not self.ctx.callback_queued:
+            self.ctx.callback_queued = True
+            Variable._execution_engine.queue_callback(self._root_post_backward)
+        if self.training_state == TrainingState.PRE_BACKWARD:
+            return grad  # another output of the same forward
+        self.training_state = TrainingState.PRE_BACKWARD
+        if self.group is not None:
+            self.group.training_state = TrainingState.PRE_BACKWARD
+            self.group.unshard()
+            self.group.wait_for_unshard()
+        for target in self.backward_prefetch:
+            if target.group is not None:
+                target.group.unshard(async_op=True)
+        return grad
+
+    def _root_post_backward(self):
+        """End of backward: post_backward for groups whose inputs needed no gradient (or that
+        were not used), then every state back to idle."""
+        for state in self.ctx.all_states:
+            group = state.group
+            if group is not None:
+                if group.training_state != TrainingState.POST_BACKWARD:
+                    group.post_backward()  # idempotent: a group with no gradient just reshards
+                group.training_state = TrainingState.IDLE
+                if self.ctx.is_last_backward:
+                    group.finalize_backward()
+            state.training_state = TrainingState.IDLE
+        self.ctx.callback_queued = False
+
+
+def _default_mesh():
+    if _mesh_resources.mesh_stack:
+        return _mesh_resources.mesh_stack[-1]
+    return init_device_mesh("cpu", (_C.group_size("world"),))
+
+
+def _managed_modules(module):
+    """The module and its submodules, not descending into modules with fully_shard applied."""
+    out, seen = [], set()
+
+    def visit(m):
+        if m in seen or (m is not module and _state_of(m) is not None):
+            return
+        seen.add(m)
+        out.append(m)
+        for child in m.children():
+            visit(child)
+
+    visit(module)
+    return out
+
+
+def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placement_fn=None,
+                mp_policy=MixedPrecisionPolicy(), offload_policy=OffloadPolicy(),
+                ignored_params=None):
+    """Shards ``module``'s parameters (those not managed by an inner ``fully_shard``) across
+    ``mesh`` and installs the hooks of NOTE [fully_shard]; returns ``module``, whose class now
+    also derives from ``FSDPModule``."""
+    if isinstance(module, (list, tuple, nn.ModuleList, nn.ModuleDict)):
+        raise NotImplementedError("fully_shard: pass one module (a list of modules, and "
+                                  "ModuleList/ModuleDict, which have no forward, are not "
+                                  "supported yet)")
+    if _state_of(module) is not None:
+        raise RuntimeError("fully_shard has already been applied to this module")
+    mesh = mesh if mesh is not None else _default_mesh()
+    if not isinstance(mesh, DeviceMesh) or mesh.ndim not in (1, 2):
+        raise ValueError(f"fully_shard: expects a 1-D mesh (FSDP) or a 2-D mesh (HSDP), got "
+                         f"{mesh}")
+    if reshard_after_forward is not None and not isinstance(reshard_after_forward, bool):
+        raise NotImplementedError("fully_shard: reshard_after_forward must be a bool or None "
+                                  "(an int, resharding to a smaller mesh, is not supported yet)")
+    if isinstance(offload_policy, CPUOffloadPolicy) and mesh.device_type != "cpu":
+        raise NotImplementedError("fully_shard: CPUOffloadPolicy on a non-CPU mesh is not "
+                                  "supported yet")
+    ignored = set(ignored_params or ())
+    uses, order = {}, []
+    for m in _managed_modules(module):
+        for name, p in m.named_parameters(recurse=False):
+            if p in ignored:
+                continue
+            if p not in uses:
+                uses[p] = []
+                order.append(p)
+            uses[p].append((m, name))
+    fsdp_params = []
+    for p in order:
+        placement = shard_placement_fn(p) if shard_placement_fn is not None else None
+        placement = placement if placement is not None else Shard(0)
+        if not isinstance(placement, Shard):
+            raise ValueError(f"fully_shard: shard_placement_fn must return Shard(d) or None, "
+                             f"got {placement}")
+        fsdp_params.append(FSDPParam(p, uses[p], mesh, placement.dim))
+    group = None
+    if fsdp_params:
+        group = FSDPParamGroup(fsdp_params, mesh,
+                               True if reshard_after_forward is None else reshard_after_forward,
+                               mp_policy)
+    state = FSDPState(module, group, mp_policy, reshard_after_forward is None)
+    module.__dict__[_STATE_ATTR] = state
+    cls = module.__class__
+    module.__class__ = _fsdp_class(cls)
+    return module
+
+
+@functools.lru_cache(maxsize=None)
+def _fsdp_class(cls):
+    """``FSDP<Class>``: FSDPModule ahead of the module's own class in the MRO, as PyTorch."""
+    return type(f"FSDP{cls.__name__}", (FSDPModule, cls), {"_orig_cls": cls})
+
+
+class UnshardHandle:
+    """Returned by ``FSDPModule.unshard(async_op=True)``; ``wait()`` completes the unshard."""
+
+    def __init__(self, group):
+        self._group = group
+
+    def wait(self):
+        if self._group is not None:
+            self._group.wait_for_unshard()
+            self._group = None
+
+
+class FSDPModule:
+    """The methods a module gains from ``fully_shard`` (PyTorch's)."""
+
+    def __new__(cls, *args, **kwargs):
+        # Constructing an FSDP class (e.g. nn.Sequential slicing) builds the original class.
+        orig = cls.__mro__[2]
+        self = orig.__new__(orig, *args, **kwargs)
+        self.__init__(*args, **kwargs)
+        return self
+
+    def _fsdp_state(self):
+        return _state_of(self)
+
+    def _fsdp_states(self, recurse):
+        modules = self.modules() if recurse else [self]
+        return [s for s in (_state_of(m) for m in modules) if s is not None]
+
+    def reshard(self):
+        """Frees the unsharded parameters and registers the sharded ones (not recursive)."""
+        group = self._fsdp_state().group
+        if group is not None:
+            group.reshard()
+
+    def unshard(self, async_op=False):
+        """All-gathers this module's parameters (not recursive); with ``async_op`` returns a
+        handle whose ``wait()`` completes it (else the next pre-forward does)."""
+        group = self._fsdp_state().group
+        if group is not None:
+            group.lazy_init()
+            group.unshard(async_op=async_op)
+        handle = UnshardHandle(group)
+        if async_op:
+            return handle
+        handle.wait()
+        return None
+
+    def set_is_last_backward(self, is_last_backward):
+        self._fsdp_state().ctx.is_last_backward = is_last_backward
+
+    def set_requires_gradient_sync(self, requires_gradient_sync, *, recurse=True):
+        """False: backward keeps unsharded gradients (no communication) until a backward with
+        sync reduces them with its own."""
+        for s in self._fsdp_states(recurse):
+            if s.group is not None:
+                s.group.reduce_grads = requires_gradient_sync
+
+    def set_reshard_after_forward(self, reshard_after_forward, recurse=True):
+        if not isinstance(reshard_after_forward, bool):
+            raise ValueError(f"reshard_after_forward should be a bool, got "
+                             f"{type(reshard_after_forward)}")
+        for s in self._fsdp_states(recurse):
+            s.auto_reshard_after_forward = False
+            if s.group is not None:
+                s.group.reshard_after_forward = reshard_after_forward
+
+    def set_reshard_after_backward(self, reshard_after_backward, *, recurse=True):
+        for s in self._fsdp_states(recurse):
+            if s.group is not None:
+                s.group.reshard_after_backward = reshard_after_backward
+
+    def set_gradient_divide_factor(self, factor):
+        """Gradients of this module's group are divided by ``factor`` instead of the
+        data-parallel size."""
+        group = self._fsdp_state().group
+        if group is not None:
+            group.gradient_divide_factor = factor
+
+    def set_modules_to_forward_prefetch(self, modules):
+        """After this module's pre-forward unshard, issue these modules' all-gathers."""
+        self._fsdp_state().forward_prefetch = [_checked_state(m) for m in modules]
+
+    def set_modules_to_backward_prefetch(self, modules):
+        """After this module's pre-backward unshard, issue these modules' all-gathers."""
+        self._fsdp_state().backward_prefetch = [_checked_state(m) for m in modules]
+
+    def __deepcopy__(self, memo):
+        raise AssertionError("FSDP does not support deepcopy. Please use state dict for "
+                             "serialization.")
+
+
+def _checked_state(module):
+    state = _state_of(module)
+    if state is None:
+        raise ValueError(f"expects an FSDPModule, got {type(module).__name__}")
+    return state

@@ -1,0 +1,295 @@
+"""FSDP's parameter groups: one all-gather before compute and one reduce-scatter after backward
+for all parameters of one ``fully_shard`` call (NOTE [fully_shard] in ``_fully_shard.py``).
+
+Layout of the flat buffers (PyTorch's): a parameter sharded on dim ``d`` over S ranks is cut into
+S pieces of ``c = ceil(size(d) / S)`` slices along ``d`` (torch.chunk's: the last pieces may be
+smaller or empty); each rank pads its piece to ``c`` slices, so every rank contributes the same
+number of elements, ``c * numel / size(d)``, per parameter. The group's all-gather input is the
+concatenation of this rank's padded pieces; its output, seen as ``(S, per_rank)``, holds rank r's
+pieces in row r, from which each parameter is rebuilt by concatenating the rows' slices and
+dropping the padding. The reduce-scatter input is built the other way round from the unsharded
+gradients.
+"""
+
+import enum
+import math
+
+import torch
+from torch import nn
+
+from dtensor import _C
+from dtensor import _functional_collectives as funcol
+from dtensor._api import DTensor, distribute_tensor
+from dtensor.placement_types import Replicate, Shard
+
+
+class ShardedState(enum.Enum):
+    SHARDED = "sharded"
+    UNSHARDED = "unsharded"
+
+
+class TrainingState(enum.Enum):
+    IDLE = "idle"
+    FORWARD = "forward"
+    PRE_BACKWARD = "pre_backward"
+    POST_BACKWARD = "post_backward"
+
+
+def _set_param(module, name, param):
+    """Registers ``param`` as ``module.<name>`` without nn.Module.__setattr__'s checks (a plain
+    unsharded parameter replaces a distributed one and back), as PyTorch's unsafe_setattr_param."""
+    module._parameters[name] = param
+
+
+class FSDPParam:
+    """One parameter managed by FSDP: its sharded ``nn.Parameter`` (a distributed tensor,
+    registered on the module between forwards) and its unsharded ``nn.Parameter`` (a plain
+    tensor of the full shape, registered for compute; its storage is freed when resharded and
+    refilled by the next all-gather, so autograd's saved references to it stay valid)."""
+
+    def __init__(self, param, uses, mesh, shard_dim):
+        # uses: [(module, attribute name)] where this parameter is registered (shared ones twice).
+        if param.dim() == 0:
+            raise NotImplementedError("fully_shard: 0-dim parameters are not supported yet")
+        if isinstance(param, DTensor):
+            raise NotImplementedError("fully_shard: parameters that are already distributed "
+                                      "(2-D FSDP x TP) are not supported yet")
+        self.uses = uses
+        self.mesh = mesh
+        self.shard_dim = shard_dim % param.dim()
+        self.shard_size = mesh.size(mesh.ndim - 1)
+        self.shard_rank = mesh.get_local_rank(mesh.ndim - 1)
+        self.orig_size = param.shape
+        self.orig_dtype = param.dtype
+        self.placements = ((Replicate(),) if mesh.ndim == 2 else ()) + (Shard(self.shard_dim),)
+        dim_size = param.shape[self.shard_dim]
+        self.chunk = math.ceil(dim_size / self.shard_size)  # slices per piece (padded)
+        self.local_slices = max(0, min(self.chunk, dim_size - self.shard_rank * self.chunk))
+        self.slice_numel = param.numel() // dim_size if dim_size else 0
+        self.padded_numel = self.chunk * self.slice_numel  # elements each rank contributes
+        # No communication: every rank keeps its own piece of its own copy (PyTorch's rule; the
+        # ranks must hold the same values, e.g. the same seed or a loaded checkpoint).
+        sharded = distribute_tensor(param.detach(), mesh, list(self.placements),
+                                    src_data_rank=None)
+        self.sharded_param = nn.Parameter(sharded, requires_grad=param.requires_grad)
+        self.unsharded_param = None
+        self.accumulated_grad = None  # unsharded gradient kept while gradient sync is off
+        self.param_dtype = None
+        self.reduce_dtype = None
+        for module, name in uses:
+            _set_param(module, name, self.sharded_param)
+
+    def init_dtypes(self, mp_policy):
+        """PyTorch's clamping: no cast where the dtype already matches."""
+        param_dtype, reduce_dtype = mp_policy.param_dtype, mp_policy.reduce_dtype
+        if reduce_dtype == param_dtype:
+            reduce_dtype = None
+        if param_dtype == self.orig_dtype:
+            param_dtype = None
+        self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
+
+    @property
+    def compute_dtype(self):
+        return self.param_dtype or self.orig_dtype
+
+    @property
+    def grad_reduce_dtype(self):
+        return self.reduce_dtype or self.compute_dtype
+
+    # ---- all-gather ---------------------------------------------------------------------------
+
+    def all_gather_input(self):
+        """This rank's piece, in the compute dtype, flattened and padded to ``padded_numel``."""
+        local = _C.to_local(self.sharded_param, None).detach()
+        local = local.movedim(self.shard_dim, 0).reshape(-1).to(self.compute_dtype)
+        pad = self.padded_numel - local.numel()
+        if pad:
+            local = torch.cat([local, local.new_zeros(pad)])
+        return local
+
+    def set_unsharded_from(self, rows):
+        """Fills the unsharded parameter from ``rows`` (S, padded_numel): every rank's piece."""
+        rest = [s for i, s in enumerate(self.orig_size) if i != self.shard_dim]
+        full = rows.reshape(self.shard_size * self.chunk, *rest)[: self.orig_size[self.shard_dim]]
+        full = full.movedim(0, self.shard_dim)
+        if self.unsharded_param is None:
+            self.unsharded_param = nn.Parameter(full.contiguous(),
+                                                requires_grad=self.sharded_param.requires_grad)
+            return
+        p = self.unsharded_param
+        # Refill the freed storage in place: autograd saved p (or views of it) in an earlier
+        # forward; the copy must not bump its version counter, as PyTorch's FSDP does.
+        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(p):
+            p.untyped_storage().resize_(p.numel() * p.element_size())
+            p.copy_(full)
+        p.requires_grad_(self.sharded_param.requires_grad)
+
+    def to_unsharded(self):
+        for module, name in self.uses:
+            _set_param(module, name, self.unsharded_param)
+
+    def to_sharded(self):
+        for module, name in self.uses:
+            _set_param(module, name, self.sharded_param)
+        if self.unsharded_param is not None:
+            self.unsharded_param.untyped_storage().resize_(0)
+
+    # ---- gradients ----------------------------------------------------------------------------
+
+    def take_unsharded_grad(self):
+        """The unsharded gradient of this backward plus any accumulated without sync, in the
+        reduce dtype; clears both. None when there is none."""
+        grad = None
+        if self.unsharded_param is not None and self.unsharded_param.grad is not None:
+            grad = self.unsharded_param.grad.to(self.grad_reduce_dtype)
+            self.unsharded_param.grad = None
+        if self.accumulated_grad is not None:
+            grad = self.accumulated_grad if grad is None else self.accumulated_grad + grad
+            self.accumulated_grad = None
+        return grad
+
+    def accumulate_unsharded_grad(self):
+        """Gradient sync off: keeps the unsharded gradient (in the reduce dtype) for a later
+        backward that reduces, so the unsharded parameter's storage may be freed."""
+        grad = self.take_unsharded_grad()
+        self.accumulated_grad = grad
+
+    def reduce_scatter_input(self, grad):
+        """``grad`` (the full shape) as (S, padded_numel): row r is rank r's padded piece."""
+        g = grad.movedim(self.shard_dim, 0).reshape(grad.shape[self.shard_dim], -1)
+        pad = self.shard_size * self.chunk - g.shape[0]
+        if pad:
+            g = torch.cat([g, g.new_zeros(pad, g.shape[1])])
+        return g.reshape(self.shard_size, self.padded_numel)
+
+    def add_sharded_grad(self, flat):
+        """Sets (or accumulates into) the sharded parameter's gradient from this rank's reduced
+        padded piece ``flat``; the gradient keeps the parameter's dtype and placements."""
+        rest = [s for i, s in enumerate(self.orig_size) if i != self.shard_dim]
+        local = flat[: self.local_slices * self.slice_numel].reshape(self.local_slices, *rest)
+        local = local.movedim(0, self.shard_dim).contiguous().to(self.orig_dtype)
+        grad = DTensor.from_local(local, self.mesh, list(self.placements),
+                                  shape=self.orig_size,
+                                  stride=torch.empty(self.orig_size, device="meta").stride())
+        p = self.sharded_param
+        if p.grad is None:
+            p.grad = grad
+        else:
+            with torch.no_grad():
+                p.grad.add_(grad)
+
+
+class FSDPParamGroup:
+    """The parameters of one ``fully_shard`` call: unshard (one all-gather), reshard (free),
+    post-backward (one reduce-scatter, and one all-reduce across replicas for HSDP)."""
+
+    def __init__(self, fsdp_params, mesh, reshard_after_forward, mp_policy):
+        self.fsdp_params = fsdp_params
+        self.mesh = mesh
+        self.reshard_after_forward = reshard_after_forward
+        self.reshard_after_backward = True
+        self.reduce_grads = True  # set_requires_gradient_sync
+        self.gradient_divide_factor = None  # None: the data-parallel size
+        self.mp_policy = mp_policy
+        self.sharded_state = ShardedState.SHARDED
+        self.training_state = TrainingState.IDLE
+        self._pending = None  # an issued, not yet copied-out all-gather
+        shard_dim = mesh.ndim - 1
+        self._shard_group = (mesh, shard_dim)
+        self._replicate_group = (mesh, 0) if mesh.ndim == 2 else None
+        for p in fsdp_params:
+            p.init_dtypes(mp_policy)
+
+    def lazy_init(self):
+        """Dtypes again (the user may have changed parameter dtypes since fully_shard)."""
+        for p in self.fsdp_params:
+            p.init_dtypes(self.mp_policy)
+
+    @property
+    def is_unsharded(self):
+        return self.sharded_state == ShardedState.UNSHARDED
+
+    def unshard(self, async_op=False):
+        """Issues the group's all-gather (no-op when unsharded or already issued)."""
+        if self.is_unsharded or self._pending is not None:
+            return
+        dtypes = {p.compute_dtype for p in self.fsdp_params}
+        if len(dtypes) != 1:
+            raise NotImplementedError(f"fully_shard: one parameter group with several compute "
+                                      f"dtypes {sorted(map(str, dtypes))} is not supported")
+        inputs = [p.all_gather_input() for p in self.fsdp_params]
+        flat = torch.cat(inputs) if len(inputs) > 1 else inputs[0]
+        with torch.no_grad():
+            self._pending = funcol.all_gather_into_tensor(flat, 0, self._shard_group,
+                                                          async_op=async_op)
+
+    def wait_for_unshard(self):
+        """Copies the issued all-gather out into the unsharded parameters and registers them."""
+        if self._pending is None:
+            return
+        out = funcol.wait_tensor(self._pending)
+        self._pending = None
+        shard_size = self.fsdp_params[0].shard_size
+        rows = out.view(shard_size, -1)
+        offset = 0
+        for p in self.fsdp_params:
+            p.set_unsharded_from(rows[:, offset: offset + p.padded_numel])
+            offset += p.padded_numel
+            p.to_unsharded()
+        self.sharded_state = ShardedState.UNSHARDED
+
+    def reshard(self):
+        """Registers the sharded parameters and frees the unsharded ones (no communication)."""
+        if self._pending is not None:  # an unshard that nobody waited for
+            funcol.wait_tensor(self._pending)
+            self._pending = None
+        for p in self.fsdp_params:
+            p.to_sharded()
+        self.sharded_state = ShardedState.SHARDED
+
+    def post_backward(self):
+        """After the group's backward: reduce the unsharded gradients into the sharded ones (or
+        keep them when gradient sync is off) and reshard. Idempotent per backward."""
+        self.training_state = TrainingState.POST_BACKWARD
+        if not self.reduce_grads:
+            for p in self.fsdp_params:
+                p.accumulate_unsharded_grad()
+            if self.reshard_after_backward:
+                self.reshard()
+            return
+        with_grad = []
+        for p in self.fsdp_params:
+            g = p.take_unsharded_grad()
+            if g is not None:
+                with_grad.append((p, g))
+        if self.reshard_after_backward:
+            self.reshard()
+        if with_grad:
+            self._reduce(with_grad)
+
+    def _reduce(self, with_grad):
+        """One reduce-scatter (sum) over the shard dim, one all-reduce (sum) over the replicate
+        dim for HSDP, then the division by the divide factor."""
+        dtypes = {g.dtype for _, g in with_grad}
+        if len(dtypes) != 1:
+            raise NotImplementedError(f"fully_shard: gradients of several reduce dtypes "
+                                      f"{sorted(map(str, dtypes))} in one group")
+        with torch.no_grad():
+            pieces = [p.reduce_scatter_input(g) for p, g in with_grad]
+            flat = torch.cat(pieces, dim=1).reshape(-1)
+            out = funcol.wait_tensor(
+                funcol.reduce_scatter_tensor(flat, "sum", 0, self._shard_group))
+            if self._replicate_group is not None:
+                out = funcol.wait_tensor(funcol.all_reduce(out, "sum", self._replicate_group))
+            factor = self.gradient_divide_factor
+            out = out / (self.mesh.size() if factor is None else factor)
+            offset = 0
+            for p, _ in with_grad:
+                p.add_sharded_grad(out[offset: offset + p.padded_numel])
+                offset += p.padded_numel
+
+    def finalize_backward(self):
+        """End of the last backward: drop a prefetched all-gather nobody used."""
+        if self._pending is not None:
+            funcol.wait_tensor(self._pending)
+            self._pending = None

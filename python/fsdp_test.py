@@ -1,0 +1,455 @@
+"""dtensor.fsdp.fully_shard (NOTE [fully_shard]) against one process, ranks as threads: training
+parity over AdamW steps with uneven and empty shards and several groups, the collectives of a
+step, gradient accumulation without sync, parameter registration across a step, HSDP on a 2-D
+mesh, the gradient divide factor, mixed precision, unshard/reshard, explicit prefetch and the
+state dict. Every expected value is computed here by one process (or from the model's
+structure), as PyTorch's FSDP2 tests do."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import dtensor
+from dtensor import DTensor, Replicate, Shard
+from dtensor.debug import CommDebugMode
+from dtensor.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+ROWS = 4  # rows of the batch per data-parallel rank
+
+
+class MLP(nn.Module):
+    """Uneven shapes: on 2 ranks l1's weight splits 8/7 rows, on 3 ranks l3's 1/1/0 (empty)."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1 = nn.Linear(7, 15)
+        self.l2 = nn.Linear(15, 3)
+        self.l3 = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.l3(torch.relu(self.l2(torch.relu(self.l1(x)))))
+
+
+def _base_model(seed=0):
+    torch.manual_seed(seed)
+    return MLP()
+
+
+def _batches(dp, steps, microbatches=1, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [[(torch.randn(dp * ROWS, 7, generator=g), torch.randn(dp * ROWS, 2, generator=g))
+             for _ in range(microbatches)] for _ in range(steps)]
+
+
+def _loss(out, y):
+    return (out - y).pow(2).mean()
+
+
+def _local(t, dp_rank):
+    return t[dp_rank * ROWS:(dp_rank + 1) * ROWS]
+
+
+def _reference(base, batches, dp, compute_dtype=None):
+    """One process: AdamW on the full batch (mean loss over micro-batches). Returns, per step and
+    micro-batch, each data-parallel rank's loss on its slice, the gradients of each step (before
+    the optimizer step) and the final parameters."""
+    model = copy.deepcopy(base)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses, grads = [], []
+    for step in batches:
+        step_losses = []
+        for x, y in step:
+            if compute_dtype is None:
+                out = model(x)
+            else:  # mixed precision: compute with casts of the float32 parameters
+                p = {n: t.to(compute_dtype) for n, t in model.named_parameters()}
+                out = torch.func.functional_call(model, p, (x.to(compute_dtype),))
+            step_losses.append([_loss(_local(out, r), _local(y, r)).item() for r in range(dp)])
+            (_loss(out, y) / len(step)).backward()
+        losses.append(step_losses)
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        opt.step()
+        opt.zero_grad()
+    return losses, grads, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _shard(model, mesh, **kwargs):
+    """fully_shard on l1, l2, then the root (which keeps l3): three parameter groups."""
+    fully_shard(model.l1, mesh=mesh, **kwargs)
+    fully_shard(model.l2, mesh=mesh, **kwargs)
+    fully_shard(model, mesh=mesh, **kwargs)
+    return model
+
+
+def _groups(model):
+    """The FSDP modules that own a parameter group: a parameter of their subtree that no inner
+    FSDP module holds."""
+    fsdp = [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+    def own(m):
+        inner = {p for sub in m.modules() if sub is not m and isinstance(sub, FSDPModule)
+                 for p in sub.parameters()}
+        return [p for p in m.parameters() if p not in inner]
+
+    return [m for m in fsdp if own(m)]
+
+
+def _check_params(model, expected):
+    for n, p in model.named_parameters():
+        assert isinstance(p, nn.Parameter) and isinstance(p, DTensor), n
+        torch.testing.assert_close(p.full_tensor(), expected[n], **TOL, msg=n)
+
+
+def _counts(comm):
+    return {k: v for k, v in comm.get_comm_counts().items() if v}
+
+
+# ---- training parity and collectives ---------------------------------------------------------
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("reshard_after_forward", [True, False, None])
+def test_train_parity_multi_group(world, reshard_after_forward):
+    base = _base_model()
+    batches = _batches(world, 10)
+    ref_losses, ref_grads, ref_final = _reference(base, batches, world)
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (world,))
+        model = _shard(copy.deepcopy(base), mesh, reshard_after_forward=reshard_after_forward)
+        groups = _groups(model)
+        non_root = [m for m in groups if m is not model]
+        # Backward all-gathers: every group that resharded after forward; by default (None)
+        # the root keeps its parameters (PyTorch's rule).
+        bwd_gathers = {True: len(groups), False: 0, None: len(non_root)}[reshard_after_forward]
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for step, ((x, y),) in enumerate(batches):
+            with CommDebugMode() as fwd:
+                loss = _loss(model(_local(x, rank)), _local(y, rank))
+            with CommDebugMode() as bwd:
+                loss.backward()
+            torch.testing.assert_close(loss.item(), ref_losses[step][0][rank], **TOL)
+            assert _counts(fwd) == {"all_gather_into_tensor": len(groups)}
+            expected = {"reduce_scatter_tensor": len(groups)}
+            if bwd_gathers:
+                expected["all_gather_into_tensor"] = bwd_gathers
+            assert _counts(bwd) == expected
+            for n, p in model.named_parameters():
+                assert p.grad.placements == (Shard(0),)
+                assert p.grad.to_local().shape == p.to_local().shape
+                torch.testing.assert_close(p.grad.full_tensor(), ref_grads[step][n], **TOL)
+            with CommDebugMode() as optim:
+                opt.step()
+                opt.zero_grad()
+            assert optim.get_total_counts() == 0
+        _check_params(model, ref_final)
+
+    dtensor.run_threads(world, rank_fn)
+
+
+def test_hsdp_parity():
+    """A (2, 2) mesh: shard on dim 1, replicate on dim 0; the data-parallel size is 4."""
+    base = _base_model()
+    batches = _batches(4, 10)
+    ref_losses, ref_grads, ref_final = _reference(base, batches, 4)
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+        model = _shard(copy.deepcopy(base), mesh)
+        groups = _groups(model)
+        for p in model.parameters():
+            assert p.placements == (Replicate(), Shard(0))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for step, ((x, y),) in enumerate(batches):
+            with CommDebugMode() as comm:
+                loss = _loss(model(_local(x, rank)), _local(y, rank))
+                loss.backward()
+            torch.testing.assert_close(loss.item(), ref_losses[step][0][rank], **TOL)
+            c = _counts(comm)
+            assert c["reduce_scatter_tensor"] == len(groups)
+            assert c["all_reduce"] == len(groups)
+            for n, p in model.named_parameters():
+                assert p.grad.placements == (Replicate(), Shard(0))
+                torch.testing.assert_close(p.grad.full_tensor(), ref_grads[step][n], **TOL)
+            opt.step()
+            opt.zero_grad()
+        _check_params(model, ref_final)
+
+    dtensor.run_threads(4, rank_fn)
+
+
+@pytest.mark.parametrize("reshard_after_forward", [True, False])
+def test_gradient_accumulation(reshard_after_forward):
+    """No gradient sync on the first micro-batches (no reduce-scatter), sync on the last."""
+    world, micro = 2, 3
+    base = _base_model()
+    batches = _batches(world, 3, micro)
+    ref_losses, _, ref_final = _reference(base, batches, world)
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (world,))
+        model = _shard(copy.deepcopy(base), mesh, reshard_after_forward=reshard_after_forward)
+        groups = _groups(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for step, micro_batches in enumerate(batches):
+            for i, (x, y) in enumerate(micro_batches):
+                last = i == micro - 1
+                model.set_requires_gradient_sync(last)
+                with CommDebugMode() as comm:
+                    loss = _loss(model(_local(x, rank)), _local(y, rank))
+                    (loss / micro).backward()
+                torch.testing.assert_close(loss.item(), ref_losses[step][i][rank], **TOL)
+                scatters = comm.get_comm_counts().get("reduce_scatter_tensor", 0)
+                assert scatters == (len(groups) if last else 0)
+                for p in model.parameters():
+                    assert (p.grad is not None) == last
+            opt.step()
+            opt.zero_grad()
+        _check_params(model, ref_final)
+
+    dtensor.run_threads(world, rank_fn)
+
+
+def test_accumulation_without_reshard_after_backward():
+    """Micro-batches that neither sync nor reshard after backward: only the first one
+    all-gathers, only the last one reduce-scatters, and training equals one process."""
+    world, micro = 2, 3
+    base = _base_model()
+    batches = _batches(world, 3, micro)
+    ref_losses, _, ref_final = _reference(base, batches, world)
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (world,))
+        model = _shard(copy.deepcopy(base), mesh, reshard_after_forward=False)
+        groups = _groups(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for step, micro_batches in enumerate(batches):
+            for i, (x, y) in enumerate(micro_batches):
+                last = i == micro - 1
+                model.set_requires_gradient_sync(last)
+                model.set_reshard_after_backward(last)
+                with CommDebugMode() as comm:
+                    loss = _loss(model(_local(x, rank)), _local(y, rank))
+                    (loss / micro).backward()
+                torch.testing.assert_close(loss.item(), ref_losses[step][i][rank], **TOL)
+                counts = comm.get_comm_counts()
+                assert counts.get("all_gather_into_tensor", 0) == (len(groups) if i == 0 else 0)
+                assert counts.get("reduce_scatter_tensor", 0) == (len(groups) if last else 0)
+            opt.step()
+            opt.zero_grad()
+        _check_params(model, ref_final)
+
+    dtensor.run_threads(world, rank_fn)
+
+
+# ---- registration, state dict, API -----------------------------------------------------------
+
+@pytest.mark.parametrize("reshard_after_forward", [True, False])
+def test_param_registration_across_step(reshard_after_forward):
+    """Sharded parameters are registered except between a forward without reshard and its
+    backward, when the unsharded (plain, full) ones are."""
+    world = 2
+    base = _base_model()
+    (((x, y),),) = _batches(world, 1)
+    full = dict(base.named_parameters())
+
+    def check_sharded(model):
+        for n, p in model.named_parameters():
+            assert isinstance(p, nn.Parameter) and isinstance(p, DTensor), n
+            assert p.placements == (Shard(0),) and p.shape == full[n].shape, n
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (world,))
+        model = _shard(copy.deepcopy(base), mesh, reshard_after_forward=reshard_after_forward)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        check_sharded(model)
+        used = []  # the parameters l1 computes with (registered by FSDP's pre-forward)
+        model.l1.register_forward_pre_hook(lambda m, i: used.append(m.weight))
+        loss = _loss(model(_local(x, rank)), _local(y, rank))
+        (unsharded,) = used
+        assert not isinstance(unsharded, DTensor) and unsharded.shape == full["l1.weight"].shape
+        # Resharding frees the unsharded storage (refilled by the backward's all-gather).
+        freed = unsharded.untyped_storage().nbytes() == 0
+        assert freed == reshard_after_forward
+        if reshard_after_forward:
+            check_sharded(model)
+        else:
+            for n, p in model.named_parameters():
+                assert isinstance(p, nn.Parameter) and not isinstance(p, DTensor), n
+                torch.testing.assert_close(p.detach(), full[n].detach(), rtol=0, atol=0)
+        loss.backward()
+        check_sharded(model)
+        assert unsharded.untyped_storage().nbytes() == 0
+        opt.step()
+        check_sharded(model)
+        assert set(model.parameters()) == set(opt.param_groups[0]["params"])
+
+    dtensor.run_threads(world, rank_fn)
+
+
+def test_state_dict_without_communication():
+    world = 3
+    base = _base_model()
+    batches = _batches(world, 1)
+    _, _, ref_final = _reference(base, batches, world)
+    ref_state = copy.deepcopy(base).state_dict()
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (world,))
+        model = _shard(copy.deepcopy(base), mesh)  # the root keeps its parameters after forward
+        with CommDebugMode() as comm:
+            sd = model.state_dict()
+        assert comm.get_total_counts() == 0
+        assert list(sd) == list(ref_state)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        ((x, y),) = batches[0]
+        _loss(model(_local(x, rank)), _local(y, rank)).backward()
+        opt.step()
+        with torch.no_grad():
+            model(_local(x, rank))  # the root's parameters stay unsharded after this forward
+        with CommDebugMode() as comm:
+            sd = model.state_dict()
+        assert comm.get_total_counts() == 0
+        assert list(sd) == list(ref_state)
+        for k, v in sd.items():
+            assert isinstance(v, DTensor) and v.placements == (Shard(0),), k
+            torch.testing.assert_close(v.full_tensor(), ref_final[k], **TOL)
+        # Loading the state dict back into a fresh sharded model gives the same parameters.
+        fresh = _shard(copy.deepcopy(base), mesh)
+        fresh.load_state_dict(sd)
+        _check_params(fresh, ref_final)
+
+    dtensor.run_threads(world, rank_fn)
+
+
+def test_gradient_divide_factor():
+    """Gradients are the sum over ranks divided by the factor (default: the world size)."""
+    world, factor = 2, 8.0
+    base = _base_model()
+    batches = _batches(world, 1)
+    _, ref_grads, _ = _reference(base, batches, world)
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (world,))
+        model = _shard(copy.deepcopy(base), mesh)
+        for m in _groups(model):
+            m.set_gradient_divide_factor(factor)
+        ((x, y),) = batches[0]
+        _loss(model(_local(x, rank)), _local(y, rank)).backward()
+        for n, p in model.named_parameters():
+            # The reference's gradient is the mean over ranks: the sum is world times it.
+            torch.testing.assert_close(p.grad.full_tensor(), ref_grads[0][n] * world / factor,
+                                       **TOL)
+
+    dtensor.run_threads(world, rank_fn)
+
+
+def test_mixed_precision_parity():
+    """param_dtype/reduce_dtype float64 over float32 parameters: compute and reduction in
+    float64, sharded parameters and gradients in float32, outputs cast to output_dtype."""
+    world = 3
+    base = _base_model()
+    batches = _batches(world, 5)
+    ref_losses, _, ref_final = _reference(base, batches, world, compute_dtype=torch.float64)
+    policy = MixedPrecisionPolicy(param_dtype=torch.float64, reduce_dtype=torch.float64)
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (world,))
+        model = copy.deepcopy(base)
+        fully_shard(model.l1, mesh=mesh, mp_policy=policy)
+        fully_shard(model.l2, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(
+            param_dtype=torch.float64, reduce_dtype=torch.float64, output_dtype=torch.float32))
+        seen = []
+        # Runs after FSDP's pre-forward (prepended): the unsharded weight and the cast input.
+        model.l1.register_forward_pre_hook(
+            lambda m, i: seen.append((m.weight.dtype, i[0].dtype)))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for step, ((x, y),) in enumerate(batches):
+            out = model(_local(x, rank))
+            assert out.dtype == torch.float32 and seen[-1] == (torch.float64, torch.float64)
+            loss = _loss(out.double(), _local(y, rank).double())
+            loss.backward()
+            torch.testing.assert_close(loss.item(), ref_losses[step][0][rank], **TOL)
+            for p in model.parameters():
+                assert p.dtype == torch.float32 and p.grad.dtype == torch.float32
+            opt.step()
+            opt.zero_grad()
+        _check_params(model, ref_final)
+
+    dtensor.run_threads(world, rank_fn)
+
+
+def test_unshard_reshard_and_prefetch():
+    """unshard (sync and async) registers the full parameters with one all-gather per group;
+    reshard registers the sharded ones; explicit prefetch keeps the result and the counts."""
+    world = 2
+    base = _base_model()
+    batches = _batches(world, 3)
+    ref_losses, _, ref_final = _reference(base, batches, world)
+    full = {n: p.detach() for n, p in base.named_parameters()}
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (world,))
+        model = _shard(copy.deepcopy(base), mesh, reshard_after_forward=True)
+        groups = _groups(model)
+        with CommDebugMode() as comm:
+            model.l1.unshard()
+            handle = model.l2.unshard(async_op=True)
+            handle.wait()
+        assert _counts(comm) == {"all_gather_into_tensor": 2}
+        for n, p in list(model.l1.named_parameters()) + list(model.l2.named_parameters()):
+            assert not isinstance(p, DTensor)
+        torch.testing.assert_close(model.l1.weight.detach(), full["l1.weight"], rtol=0, atol=0)
+        torch.testing.assert_close(model.l2.bias.detach(), full["l2.bias"], rtol=0, atol=0)
+        model.l1.reshard()
+        model.l2.reshard()
+        assert all(isinstance(p, DTensor) for p in model.parameters())
+
+        model.set_modules_to_forward_prefetch([model.l1])
+        model.l1.set_modules_to_forward_prefetch([model.l2])
+        model.l2.set_modules_to_backward_prefetch([model.l1])
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for step, ((x, y),) in enumerate(batches):
+            with CommDebugMode() as comm:
+                loss = _loss(model(_local(x, rank)), _local(y, rank))
+                loss.backward()
+            torch.testing.assert_close(loss.item(), ref_losses[step][0][rank], **TOL)
+            assert _counts(comm) == {"all_gather_into_tensor": 2 * len(groups),
+                                     "reduce_scatter_tensor": len(groups)}
+            opt.step()
+            opt.zero_grad()
+        _check_params(model, ref_final)
+
+    dtensor.run_threads(world, rank_fn)
+
+
+def test_shard_placement_fn_and_class():
+    """shard_placement_fn's Shard(1) for weights; the module's class derives from FSDPModule."""
+    world = 3
+    base = _base_model()
+    batches = _batches(world, 3)
+    ref_losses, _, ref_final = _reference(base, batches, world)
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (world,))
+        model = _shard(copy.deepcopy(base), mesh,
+                       shard_placement_fn=lambda p: Shard(1) if p.dim() == 2 else None)
+        assert isinstance(model, FSDPModule) and isinstance(model, MLP)
+        assert isinstance(model.l1, FSDPModule) and isinstance(model.l1, nn.Linear)
+        for n, p in model.named_parameters():
+            assert p.placements == ((Shard(1),) if p.dim() == 2 else (Shard(0),)), n
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for step, ((x, y),) in enumerate(batches):
+            loss = _loss(model(_local(x, rank)), _local(y, rank))
+            loss.backward()
+            torch.testing.assert_close(loss.item(), ref_losses[step][0][rank], **TOL)
+            for p in model.parameters():
+                assert p.grad.placements == p.placements
+            opt.step()
+            opt.zero_grad()
+        _check_params(model, ref_final)
+
+    dtensor.run_threads(world, rank_fn)
