@@ -46,7 +46,9 @@ BuiltRule index_select_of(const Metas& m, const LayoutArgs& a) {
 // shard together, the others (and `dim`) stay whole.
 BuiltRule gather_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 2, 2, "gather");
-  if (m[0].ndim() == 0) return on_scalar_self(m, m[1].shape);
+  // A 0-dim self, or an empty index (ATen skips its shape checks then: the result is an empty
+  // tensor of the index's shape; torch 2.11's op_db has gather([5], 0, [2, 0])).
+  if (m[0].ndim() == 0 || m[1].numel() == 0) return on_scalar_self(m, m[1].shape);
   const auto &s = m[0].shape, &ix = m[1].shape;
   if (s.size() != ix.size()) throw Error("gather: index and self need the same number of dims");
   const int64_t d = normalize_tensor_dim(arg(a, 0, "gather", "dim"), s.size(), "gather dim");
@@ -332,7 +334,9 @@ BuiltRule select_backward_of(const Metas& m, const LayoutArgs& a) {
 // index entries of its own coordinates there, whatever the reduction).
 BuiltRule scatter_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 2, 3, "scatter");
-  if (m[0].ndim() == 0) return on_scalar_self(m);  // a 0-dim self: index and src of <= 1 element
+  // A 0-dim self (index and src of <= 1 element), or an empty index (self unchanged: ATen skips
+  // the shape checks; the backward of gather with an empty index).
+  if (m[0].ndim() == 0 || m[1].numel() == 0) return on_scalar_self(m, m[0].shape);
   // The .value overloads scatter a Scalar: no src tensor.
   const auto &s = m[0].shape, &ix = m[1].shape, &src = m.size() == 3 ? m[2].shape : m[1].shape;
   if (ix.size() != s.size() || src.size() != s.size()) {

@@ -114,6 +114,12 @@ TEST(PropagatorTest, ChoosesTheCheapestLayoutTable) {
        ""},
       // A cat-dim shard moves to the other dim (all_to_all) rather than being gathered.
       {"aten::cat", {4}, {{"S(0)", {8, 4}}, {"R", {8, 4}}}, {{0}}, "[S(1)];[S(1)]", "[S(1)]", ""},
+      // A "legacy empty" 1-D [0] input takes no part (ATen's cat skips it; torch 2.11's op_db).
+      {"aten::cat", {4}, {{"R", {0}}, {"S(0)", {8, 4}}}, {{1}}, "[R];[S(0)]", "[S(0)]", ""},
+      // gather with an empty index: an empty result of the index's shape, whatever self's dims.
+      {"aten::gather", {4}, {{"R", {5}}, {"R", {2, 0}}}, {{0}}, "[R];[R]", "[R]", ""},
+      {"aten::scatter_add", {4}, {{"R", {5}}, {"R", {2, 0}}, {"R", {2, 0}}}, {{0}}, "[R];[R];[R]",
+       "[R]", ""},
       // addmm: with a sharded contraction the bias becomes Partial (kept on one rank).
       {"aten::addmm",
        {4},

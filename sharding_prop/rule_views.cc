@@ -179,7 +179,14 @@ Rule permute_rule(const std::vector<int64_t>& shape, const std::vector<int64_t>&
 
 Rule cat_rule(const std::vector<std::vector<int64_t>>& shapes, int64_t dim, bool stack) {
   if (shapes.empty()) fail(std::string(stack ? "stack" : "cat") + ": no tensors");
-  const auto& first = shapes[0];
+  // cat skips "legacy empty" inputs, 1-D of size 0, whatever the others' shapes (ATen's cat
+  // does: torch.cat([torch.empty(0), x], dim=1)); they take no part in the layout.
+  const auto legacy_empty = [&](const std::vector<int64_t>& s) {
+    return !stack && s.size() == 1 && s[0] == 0;
+  };
+  size_t ref = 0;
+  while (ref + 1 < shapes.size() && legacy_empty(shapes[ref])) ++ref;
+  const auto& first = shapes[ref];
   const int64_t ndim = static_cast<int64_t>(first.size());
   const int64_t d =
       normalize_tensor_dim(dim, stack ? ndim + 1 : ndim, stack ? "stack dim" : "cat dim");
@@ -192,6 +199,10 @@ Rule cat_rule(const std::vector<std::vector<int64_t>>& shapes, int64_t dim, bool
   int64_t total = 0;
   for (size_t i = 0; i < shapes.size(); ++i) {
     const auto& s = shapes[i];
+    if (legacy_empty(s) && !legacy_empty(first)) {
+      rule.inputs.push_back({DimFactors{rule.add_factor(0, FactorKind::kReplicate)}});
+      continue;
+    }
     bool ok = static_cast<int64_t>(s.size()) == ndim;
     for (int64_t k = 0; ok && k < ndim; ++k) ok = s[k] == first[k] || (!stack && k == d);
     if (!ok) {
