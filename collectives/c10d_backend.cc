@@ -9,8 +9,8 @@
 #include "collectives/c10d_backend.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/version.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 // NOTE [Gloo headers]: PyPI's torch ships no Gloo headers (ProcessGroupGloo.hpp includes
 // gloo/algorithm.h, which the wheel lacks), but its libtorch_cpu carries Gloo's code and
 // ProcessGroupGloo. The build takes the headers from Debian's libgloo-dev (an older Gloo: only
@@ -67,7 +67,6 @@ PgHandle cpu_handle(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const std:
 ABSL_CONST_INIT absl::Mutex g_user_pgs_mu(absl::kConstInit);
 std::map<std::string, c10::intrusive_ptr<c10d::ProcessGroup>> g_user_pgs
     ABSL_GUARDED_BY(g_user_pgs_mu);
-
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {

@@ -24,8 +24,8 @@
 #include <new>
 #include <system_error>
 
-#include "absl/strings/str_join.h"
 #include <thread>
+#include "absl/strings/str_join.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

@@ -108,8 +108,8 @@ c10::Device mesh_device(c10::DeviceType type) {
   // A CUDA build of torch on a machine without a GPU (or its driver): a clear error here, not
   // the runtime's "driver version is insufficient" from the first copy.
   const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(type);
-  DTENSOR_CHECK(impl->deviceCount() > 0, "DeviceMesh: a ", device_type_name(type),
-                " mesh needs a ", device_type_name(type), " device; this process sees none");
+  DTENSOR_CHECK(impl->deviceCount() > 0, "DeviceMesh: a ", device_type_name(type), " mesh needs a ",
+                device_type_name(type), " device; this process sees none");
   return impl->getDevice();
 }
 

@@ -421,6 +421,8 @@ void wrap_returns(const OpInfo& info, const c10::FunctionSchema& schema,
 //   fails on every rank ("ranks disagree: program ..."), promptly, never pairing this rank's
 //   later calls with the peers' pending ones. A rank thread that leaves with the error marks its
 //   groups (RankContext::leave), so peers already waiting fail at once as well.
+// python/local_failure_test.py covers both (and an op with no outputs, which always re-raises).
+
 // The empty pieces of every output on this rank, or nothing when a piece is not empty (or the op
 // writes an argument, or returns other than tensors).
 std::optional<std::vector<at::Tensor>> empty_pieces(const c10::FunctionSchema& schema,

@@ -244,12 +244,15 @@ TEST(Random, ChunkedDrawsNeverAllocateTheGlobalTensor) {
       expect_bounded("randn", 1, [&] { (void)api::randn(shape, mesh, l.placements, opts); });
       expect_bounded("uniform_", 0, [&] { x.uniform_(); });
       expect_bounded("normal_", 0, [&] { x.normal_(); });
-      expect_bounded("bernoulli_", 0, [&] { x.bernoulli_(0.5); }, "aten::bernoulli_.float");
+      expect_bounded(
+          "bernoulli_", 0, [&] { x.bernoulli_(0.5); }, "aten::bernoulli_.float");
       expect_bounded("random_", 0, [&] { x.random_(0, 10); });
-      expect_bounded("exponential_", 0, [&] { x.exponential_(); }, "aten::exponential_");
+      expect_bounded(
+          "exponential_", 0, [&] { x.exponential_(); }, "aten::exponential_");
       expect_bounded("rand_like", 1, [&] { (void)at::rand_like(x); });
       expect_bounded("randn_like", 1, [&] { (void)at::randn_like(x); });
-      expect_bounded("dropout", 2, [&] { (void)at::dropout(x, 0.5, true); }, "aten::bernoulli_.float");
+      expect_bounded(
+          "dropout", 2, [&] { (void)at::dropout(x, 0.5, true); }, "aten::bernoulli_.float");
       expect_bounded(
           "native_dropout", 3, [&] { (void)at::native_dropout(x, 0.5, true); },
           "aten::bernoulli_.float");

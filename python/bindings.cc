@@ -159,8 +159,7 @@ PYBIND11_MODULE(_C, m) {
            py::call_guard<py::gil_scoped_release>())
       .def("register_mesh", &RankContext::register_mesh, py::arg("mesh"),
            py::call_guard<py::gil_scoped_release>())
-      .def("leave", &RankContext::leave, py::arg("why"),
-           py::call_guard<py::gil_scoped_release>(),
+      .def("leave", &RankContext::leave, py::arg("why"), py::call_guard<py::gil_scoped_release>(),
            "This rank leaves its groups with the error `why`: peers waiting for it fail at once "
            "(NOTE [leaving a group]).")
       .def(

@@ -118,8 +118,13 @@ TEST(PropagatorTest, ChoosesTheCheapestLayoutTable) {
       {"aten::cat", {4}, {{"R", {0}}, {"S(0)", {8, 4}}}, {{1}}, "[R];[S(0)]", "[S(0)]", ""},
       // gather with an empty index: an empty result of the index's shape, whatever self's dims.
       {"aten::gather", {4}, {{"R", {5}}, {"R", {2, 0}}}, {{0}}, "[R];[R]", "[R]", ""},
-      {"aten::scatter_add", {4}, {{"R", {5}}, {"R", {2, 0}}, {"R", {2, 0}}}, {{0}}, "[R];[R];[R]",
-       "[R]", ""},
+      {"aten::scatter_add",
+       {4},
+       {{"R", {5}}, {"R", {2, 0}}, {"R", {2, 0}}},
+       {{0}},
+       "[R];[R];[R]",
+       "[R]",
+       ""},
       // addmm: with a sharded contraction the bias becomes Partial (kept on one rank).
       {"aten::addmm",
        {4},
