@@ -96,11 +96,11 @@ class ShmCommunicator : public Communicator {
         name_(shm_segment_name(o.job, o.group.name)),
         snaps_(size()),
         cma_(shm::cma_enabled() && size() > 1 ? Cma::kUnknown : Cma::kNo),
+        symmetric_min_bytes_(shm::symmetric_min_bytes()),
         // Read on every rank (only group rank 0 sizes the segment), so that a malformed
         // DTENSOR_SHM_BUFFER_BYTES fails every rank at once instead of leaving the others
         // waiting out the timeout for a segment that never comes.
-        requested_half_(shm::half_buffer_bytes()),
-        symmetric_min_bytes_(shm::symmetric_min_bytes()) {}
+        requested_half_(shm::half_buffer_bytes()) {}
   ~ShmCommunicator() override;
 
   void run(CollectiveCall& call) override;
