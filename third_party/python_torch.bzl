@@ -1,8 +1,8 @@
 # NOTE [torch from Python]
 # @torch and @pybind11 and the Python toolchain come from one Python interpreter: the one
 # $DTENSOR_PYTHON names (./x sets it to the project's virtual environment, .venv/bin/python3, with
-# PyPI's torch; NOTE [venv] in x), else Debian's /usr/bin/python3 (python3-torch 1.13, whose C++
-# headers and libraries are libtorch-dev's under /usr). The rule asks that interpreter where its
+# PyPI's torch: NOTE [venv] in tools/x/common.sh), else Debian's /usr/bin/python3 (python3-torch
+# 1.13, whose C++ headers and libraries are libtorch-dev's under /usr; DTENSOR_TORCH=debian). The rule asks that interpreter where its
 # torch, Python headers and pybind11 live, and links them into the repository, so BUILD files
 # name @torch//:torch, @torch//:c10, @torch//:torch_python, @torch//:gloo and @pybind11 whatever
 # the torch. A CUDA build of torch also gets @torch//:torch_cuda (torch_cuda, c10_cuda).
