@@ -65,6 +65,13 @@ std::optional<std::vector<std::optional<TensorMeta>>> aten_output_metas(
 // This rank's piece shape of `spec` (memoized per thread).
 const std::vector<int64_t>& my_piece_shape(const DTensorSpec& spec);
 
+// Runs the op's local kernel on the stack's pieces (NOTE [local op failures] in
+// dispatch_local.cc): empty pieces answer a kernel that refuses them; any other failure is
+// folded into the program digest and re-raised.
+void run_local_kernel(const c10::OperatorHandle& op, const OpInfo& info,
+                      const c10::FunctionSchema& schema, const sharding::OpSharding& s,
+                      torch::jit::Stack* stack, size_t n);
+
 // A local result as a distributed tensor of the propagated spec; raises when its dtype or shape
 // is not the spec's piece. `view_base`: the argument the result views, if it is a view (NOTE
 // [views in inference mode]).
