@@ -151,7 +151,7 @@ class Communicator {
   // with an error `why` (RankContext::leave): the peers' calls that wait for it, now or later,
   // fail at once with a CollectiveError that says so, instead of waiting out the timeout (a
   // rank whose local op raised while the others went on into the next collective; NOTE [local
-  // op failures] in dtensor/dispatch.cc). Backends that cannot tell their peers do nothing
+  // op failures] in dtensor/dispatch_local.cc). Backends that cannot tell their peers do nothing
   // (their peers still time out, naming the missing rank).
   virtual void leave(const std::string& why) {}
 
