@@ -18,8 +18,9 @@ struct ProgramState {
 // False when DTENSOR_PROGRAM_CHECK=0 (read once).
 bool program_check_enabled();
 
-// What record_program_op's `op` says: an op ran (its call digest in `args`), or this rank's local
-// kernel of an op raised (`args`: the op name's hash; NOTE [local op failures] in dispatch_local.cc).
+// What record_program_op's `op` says: an op ran (its call digest in `args`), or this rank's
+// local kernel of an op raised (`args`: the op name's hash; NOTE [local op failures] in
+// dispatch_local.cc).
 inline constexpr uint64_t kOpRan = 0;
 inline constexpr uint64_t kLocalFailure = 1;
 
