@@ -62,8 +62,10 @@ std::string text(const std::vector<uint8_t>& bytes) {
 // compares the first arrival's identity of each rank with its own. An intruder is refused on its
 // own rank (it arrives second, or its identity differs from rank 0's); when it came first, the
 // rightful rank is refused and the launch's other ranks see the foreign identity, so every rank
-// of both jobs that met fails with an error naming both, before any collective. A refused
-// second arrival also marks the store, so ranks that have not finished joining fail too.
+// of both jobs that met fails with an error naming both, before any collective. A second arrival
+// whose identity differs from the first's (token or launcher) is refused alone and the job whose
+// ranks all came first runs; only a second arrival indistinguishable from the first marks the
+// store, so ranks that have not finished joining fail too.
 // What cannot be told apart: two jobs whose ranks one and the same process starts with the same
 // environment and no token (only a double arrival catches those, when it comes in time).
 std::string launch_token() {
@@ -156,12 +158,19 @@ void check_membership(c10d::Store& store, const LaunchEnv& e, const std::string&
   };
   if (arrival != 1) {
     const std::string first = text(store.get(key("token/" + me + "/1")));
-    const std::string why =
-        first != mine
-            ? foreign(e.rank, first).what()
-            : where + ": another process already joined this store as global rank " + me +
-                  " (launch token '" + mine + "'): two processes share RANK=" + me +
-                  " (two jobs with one MASTER_PORT, or one launch that gave a rank twice)";
+    // An arrival that differs from the first (another token, or another launcher) is an
+    // intruder: it alone is refused, and the job whose rank came first goes on (marking the store
+    // here raced with that job's ranks that had already passed the last check: seen in CI, three
+    // ranks of the rightful job then waited for the fourth until the collective timeout).
+    if (first != mine) throw foreign(e.rank, first);
+    const std::string where_first =
+        identity.empty() ? text(store.get(key("launcher/" + me + "/1"))) : std::string();
+    const std::string why = where + ": another process already joined this store as global rank " +
+                            me + " (launch token '" + mine + "'): two processes share RANK=" + me +
+                            " (two jobs with one MASTER_PORT, or one launch that gave a rank twice)";
+    if (where_first != launcher) throw Error(why);
+    // Indistinguishable from the first arrival: nobody can tell which job is rightful; both are
+    // refused, as far as the mark reaches them in time.
     mark_mixed(why);
     throw Error(why);
   }

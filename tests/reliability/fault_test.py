@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from datetime import timedelta
 
 import pytest
 
@@ -299,6 +300,57 @@ def test_a_running_job_without_a_token_goes_on_when_another_joins_its_store(tmp_
     assert assert_whole_or_refused(out_a, "A"), out_a + out_b
     assert not assert_whole_or_refused(out_b, "B"), out_a + out_b
     assert a.returncode == 0 and b.returncode != 0
+
+
+def start_rank(tmp_path, job, rank, port, backend, token):
+    """One rank of a 4-rank job started by the test itself, with launch token `token`."""
+    body = tmp_path / "hand_body.py"
+    body.write_text(HAND_BODY)
+    e = dict(os.environ, PYTHONSAFEPATH="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+             DTENSOR_BACKEND=backend, DTENSOR_COLLECTIVE_TIMEOUT_MS="20000", JOB=job, ITERS="20",
+             STOP_FILE="", RANK=str(rank), WORLD_SIZE="4", LOCAL_RANK=str(rank),
+             LOCAL_WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+             DTENSOR_JOB_TOKEN=token)
+    for k in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+        e.pop(k, None)
+    return subprocess.Popen([sys.executable, str(body)], env=e, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+
+
+def wait_for_arrivals(store, rank, count, procs):
+    deadline = time.monotonic() + 60
+    while store.add(f"dtensor/0/arrivals/{rank}", 0) < count:
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+            [p.communicate()[0] for p in procs if p.poll() is not None]
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_late_intruder_is_refused_alone_and_the_job_runs(tmp_path, backend):
+    """Ranks 0-2 of job B have joined; a process of job A (another launch token) arrives as rank 2,
+    then B's rank 3 comes. The intruder is refused and B runs whole (seen in CI: the intruder
+    marked the store, B's rank 3 refused to start after B's ranks 0-2 had passed their check,
+    and they waited for it until the collective timeout with an error that named no intruder)."""
+    from torch.distributed import TCPStore
+    port = free_port()
+    b = [start_rank(tmp_path, "B", r, port, backend, "tokB") for r in range(3)]
+    store = None
+    deadline = time.monotonic() + 60
+    while store is None:
+        try:
+            store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5))
+        except Exception:
+            assert time.monotonic() < deadline and b[0].poll() is None, b[0].communicate()[0]
+            time.sleep(0.2)
+    for r in range(3):
+        wait_for_arrivals(store, r, 1, b)
+    a = start_rank(tmp_path, "A", 2, port, backend, "tokA")
+    out_a, _ = a.communicate(timeout=60)
+    assert a.returncode != 0 and re.search(r"A2 ERROR .*two jobs", out_a), out_a
+    b.append(start_rank(tmp_path, "B", 3, port, backend, "tokB"))
+    outs = [p.communicate(timeout=60)[0] for p in b]
+    assert [o.strip() for o in outs] == [f"B{r} ok" for r in range(4)], outs
+    assert all(p.returncode == 0 for p in b)
 
 
 # ---- leftovers in /dev/shm ----
