@@ -232,7 +232,7 @@ tsan_absl_shim() {
   local src=tools/sanitizers/tsan_absl_mutex.cc out=$PWD/out/sanitizers/libtsan_absl_mutex.so
   if [ ! -f "$out" ] || [ "$src" -nt "$out" ]; then
     mkdir -p "$(dirname "$out")"
-    g++ -std=c++17 -O1 -fPIC -shared -Wl,-z,lazy -o "$out" "$src" -labsl_synchronization -ldl >&2 ||
+    g++ -std=c++17 -O1 -fPIC -shared -Wl,-z,lazy -o "$out" "$src" -labsl_synchronization -labsl_time -ldl >&2 ||
       return 1
   fi
   echo "$out"
