@@ -110,14 +110,16 @@ at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
 
 at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placements& placements,
                       bool run_check, const std::optional<std::vector<int64_t>>& shape,
-                      const std::optional<std::vector<int64_t>>& stride) {
+                      const std::optional<std::vector<int64_t>>& stride,
+                      const ShardOrder& shard_order) {
   if (is_dtensor(local)) {
     throw Error("from_local: the local tensor is already distributed (" + to_string(local) + ")");
   }
   // NOTE [inputs move to the mesh's device]: moved here, differentiably, so that the gradient
   // reaches `local` on its own device.
   const at::Tensor moved = to_mesh_device_type(local, mesh);
-  const DTensor v = dtensor::from_local(moved.detach(), mesh, placements, run_check, shape, stride);
+  const DTensor v =
+      dtensor::from_local(moved.detach(), mesh, placements, run_check, shape, stride, shard_order);
   if (records_grad(moved)) return autograd::from_local(moved, v.spec());
   return make_dtensor(v.to_local(), v.spec());
 }

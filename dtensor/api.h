@@ -61,7 +61,8 @@ at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
 at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placements& placements,
                       bool run_check = false,
                       const std::optional<std::vector<int64_t>>& shape = std::nullopt,
-                      const std::optional<std::vector<int64_t>>& stride = std::nullopt);
+                      const std::optional<std::vector<int64_t>>& stride = std::nullopt,
+                      const ShardOrder& shard_order = {});
 // This rank's piece, differentiable (NOTE [DTensor autograd] in dtensor.h).
 at::Tensor to_local(const at::Tensor& dtensor,
                     const std::optional<Placements>& grad_placements = std::nullopt);

@@ -183,7 +183,8 @@ DTensor distribute_tensor(const at::Tensor& input, const DeviceMesh& mesh,
 
 DTensor from_local(const at::Tensor& input, const DeviceMesh& mesh, const Placements& placements,
                    bool run_check, const std::optional<std::vector<int64_t>>& shape,
-                   const std::optional<std::vector<int64_t>>& stride) {
+                   const std::optional<std::vector<int64_t>>& stride,
+                   const ShardOrder& shard_order) {
   const EngineScope engine;  // NOTE [engine activity]
   // NOTE [inputs move to the mesh's device]
   const at::Tensor local = to_mesh_device_type(input, mesh);
@@ -204,7 +205,8 @@ DTensor from_local(const at::Tensor& input, const DeviceMesh& mesh, const Placem
   }
   const DTensorSpec spec = DTensorSpec::make(
       mesh, placements,
-      TensorMeta::make(global, local.scalar_type(), stride.value_or(std::vector<int64_t>{})));
+      TensorMeta::make(global, local.scalar_type(), stride.value_or(std::vector<int64_t>{})),
+      shard_order);
   const auto coord = my_coordinate(mesh, "from_local");
   if (run_check) {
     const auto metas = exchange_meta(mesh, local, "from_local");

@@ -82,11 +82,13 @@ DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
 // ranks), and, as in PyTorch, each Replicate mesh dim's first rank broadcasts its data so the
 // replicas agree (written into `local`). A piece whose device type is not the mesh's is moved
 // to the mesh's device (NOTE [inputs move to the mesh's device]; then the result does not share
-// `local`).
+// `local`). `shard_order`: the order in which mesh dims split each tensor dim (DTensorSpec's;
+// empty: ascending, PyTorch's default; FSDP over TP splits by the TP dim first).
 DTensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placements& placements,
                    bool run_check = false,
                    const std::optional<std::vector<int64_t>>& shape = std::nullopt,
-                   const std::optional<std::vector<int64_t>>& stride = std::nullopt);
+                   const std::optional<std::vector<int64_t>>& stride = std::nullopt,
+                   const ShardOrder& shard_order = {});
 
 // Partial(op) placements read as Replicate (the gradient convention of NOTE [DTensor autograd]).
 DTensorSpec without_partial(const DTensorSpec& spec);

@@ -109,6 +109,11 @@ void bind_tensors(py::module& m) {
   m.def("is_dtensor", [](const at::Tensor& t) { return is_dtensor(t); });
   m.def("placements", [](const at::Tensor& t) { return api::spec(t).placements(); });
   m.def("mesh", [](const at::Tensor& t) { return api::spec(t).mesh(); });
+  // Empty for the default (ascending) order; else per tensor dim the mesh dims in split order.
+  m.def("shard_order", [](const at::Tensor& t) {
+    const DTensorSpec& s = api::spec(t);
+    return s.has_default_shard_order() ? ShardOrder{} : s.shard_order();
+  });
   m.def("to_string", [](const at::Tensor& t) { return api::to_string(t); });
   m.def("visualize", [](const at::Tensor& t) { return visualize_sharding(api::spec(t)); });
 
@@ -117,14 +122,16 @@ void bind_tensors(py::module& m) {
   m.def(
       "from_local",
       [](const at::Tensor& local, const DeviceMesh& mesh, const Placements& placements,
-         bool run_check, const py::object& shape, const py::object& stride) {
+         bool run_check, const py::object& shape, const py::object& stride,
+         const ShardOrder& shard_order) {
         auto sh = opt_ints(shape);
         auto st = opt_ints(stride);
         py::gil_scoped_release release;
-        return api::from_local(local, mesh, placements, run_check, sh, st);
+        return api::from_local(local, mesh, placements, run_check, sh, st, shard_order);
       },
       py::arg("local"), py::arg("mesh"), py::arg("placements"), py::arg("run_check") = false,
-      py::arg("shape") = py::none(), py::arg("stride") = py::none());
+      py::arg("shape") = py::none(), py::arg("stride") = py::none(),
+      py::arg("shard_order") = ShardOrder{});
   m.def("to_local", &api::to_local, py::arg("dtensor"), py::arg("grad_placements") = std::nullopt,
         Release());
   m.def("keep_grad_layout", [](at::Tensor t) { api::keep_grad_layout(t); });

@@ -349,10 +349,80 @@ bool admissible(const OpEntry& entry, const Rule& rule, const Candidate& c,
          (c.in[0] == inputs[0].placements() && c.out[0] == inputs[0].placements());
 }
 
+// NOTE [shard order through ops]
+// A tensor dim sharded by several mesh dims may be split in another order than ascending
+// (DTensorSpec's shard order: FSDP over TP splits a weight by "tp" first). An op keeps that order
+// when it can: per factor, the order in which its kept inputs' dims (those whose major factor it
+// is, sharded by two or more mesh dims) are split, when every such input agrees (inputs that are
+// moved anyway are moved to that order). Then every input and output dim of that factor is split
+// in that order, so each rank's pieces cover the same indices of the factor, as with the
+// ascending order; any disagreement gives every dim the ascending order (the inputs are
+// redistributed to it). Empty when every input has the default order.
+std::vector<std::vector<int64_t>> factor_orders(const Rule& rule, const Candidate& c,
+                                                const std::vector<DTensorSpec>& inputs) {
+  if (std::all_of(inputs.begin(), inputs.end(),
+                  [](const DTensorSpec& s) { return s.has_default_shard_order(); })) {
+    return {};
+  }
+  std::vector<std::vector<int64_t>> order(rule.factors.size());
+  std::vector<bool> conflict(rule.factors.size(), false);
+  for (size_t i = 0; i < inputs.size() && i < rule.inputs.size(); ++i) {
+    // A moved input takes whatever order the kept ones agree on (its plan slices accordingly).
+    if (c.in[i] != inputs[i].placements()) continue;
+    if (static_cast<int64_t>(rule.inputs[i].size()) != inputs[i].ndim()) return {};
+    for (size_t d = 0; d < rule.inputs[i].size(); ++d) {
+      if (rule.inputs[i][d].empty()) continue;
+      const int f = rule.inputs[i][d][0];
+      std::vector<int64_t> mine;
+      for (size_t m = 0; m < c.in[i].size(); ++m) {
+        if (c.in[i][m].is_shard() && c.in[i][m].dim() == static_cast<int64_t>(d)) {
+          mine.push_back(static_cast<int64_t>(m));
+        }
+      }
+      if (mine.size() < 2) continue;
+      mine = inputs[i].shard_order(static_cast<int64_t>(d));
+      if (order[f].empty()) {
+        order[f] = mine;
+      } else if (order[f] != mine) {
+        conflict[f] = true;
+      }
+    }
+  }
+  for (size_t f = 0; f < order.size(); ++f) {
+    if (conflict[f] || std::is_sorted(order[f].begin(), order[f].end())) order[f].clear();
+  }
+  return order;
+}
+
+// The shard order of a tensor laid out by `placements` whose dims have the factors `dims`: the
+// factor's order (factor_orders) where it is set and the dim is sharded by exactly its mesh dims,
+// else ascending. Empty (the default) when no dim takes a factor's order.
+ShardOrder order_of(const TensorFactors& dims, const Placements& placements,
+                    const std::vector<std::vector<int64_t>>& orders) {
+  if (orders.empty()) return {};
+  ShardOrder out(dims.size());
+  bool any = false;
+  for (size_t m = 0; m < placements.size(); ++m) {
+    if (!placements[m].is_shard()) continue;
+    // A rule whose dims are not the tensor's (none should be): the default order.
+    if (placements[m].dim() >= static_cast<int64_t>(dims.size())) return {};
+    out[placements[m].dim()].push_back(static_cast<int64_t>(m));
+  }
+  for (size_t d = 0; d < dims.size(); ++d) {
+    if (dims[d].empty() || orders[dims[d][0]].empty()) continue;
+    std::vector<int64_t> theirs = orders[dims[d][0]];
+    std::sort(theirs.begin(), theirs.end());
+    if (theirs != out[d]) continue;
+    out[d] = orders[dims[d][0]];
+    any = true;
+  }
+  return any ? out : ShardOrder{};
+}
+
 // The candidate's input targets and plans, or null when a move is not allowed (a Partial(max)
 // bias cannot join a Partial(sum) product) or its cost cannot beat `best`. `extra`: its cost
 // besides the moves (extra_cost), `flops` its compute.
-std::shared_ptr<OpSharding> priced(const std::string& op, const Candidate& c,
+std::shared_ptr<OpSharding> priced(const std::string& op, const Rule& rule, const Candidate& c,
                                    const std::vector<DTensorSpec>& inputs,
                                    const std::vector<TensorMeta>& metas, const OpSharding* best,
                                    double extra, double flops) {
@@ -361,8 +431,11 @@ std::shared_ptr<OpSharding> priced(const std::string& op, const Candidate& c,
   cand->op = op;
   cand->cost = extra;
   cand->flops = flops;
+  const auto orders = factor_orders(rule, c, inputs);  // NOTE [shard order through ops]
   for (size_t i = 0; i < inputs.size(); ++i) {
-    cand->input_targets.push_back(DTensorSpec::make(mesh, c.in[i], metas[i]));
+    const ShardOrder order =
+        i < rule.inputs.size() ? order_of(rule.inputs[i], c.in[i], orders) : ShardOrder{};
+    cand->input_targets.push_back(DTensorSpec::make(mesh, c.in[i], metas[i], order));
   }
   if (best) {  // a bound that cannot beat the best skips the plan searches
     double bound = extra;
@@ -475,7 +548,7 @@ std::shared_ptr<const OpSharding> compute(const OpEntry& entry,
     // A candidate that needs a collective costs at least one latency: once a cheaper one is
     // known, it cannot win (ties go to the earlier), so its plans are never searched.
     if (best && needs_collective(inputs, c.in) && latency + *extra >= best->cost) continue;
-    auto cand = priced(entry.name, c, inputs, metas, best.get(), *extra, flops);
+    auto cand = priced(entry.name, rule, c, inputs, metas, best.get(), *extra, flops);
     if (cand && (!best || cand->cost < best->cost)) {
       best = std::move(cand);
       best_layout = std::move(c);
@@ -500,9 +573,11 @@ std::shared_ptr<const OpSharding> compute(const OpEntry& entry,
   DTENSOR_CHECK(best != nullptr, entry.name, " on ", specs_text(inputs),
                 ": no sharding keeps the written inputs' placements; redistribute them first");
   std::vector<TensorMeta> out_metas = output_metas(entry, built, inputs, aten_metas);
+  const auto orders = factor_orders(rule, best_layout, inputs);  // NOTE [shard order through ops]
   for (size_t o = 0; o < rule.outputs.size(); ++o) {
-    best->outputs.push_back(
-        DTensorSpec::make(inputs[0].mesh(), best_layout.out[o], std::move(out_metas[o])));
+    best->outputs.push_back(DTensorSpec::make(inputs[0].mesh(), best_layout.out[o],
+                                              std::move(out_metas[o]),
+                                              order_of(rule.outputs[o], best_layout.out[o], orders)));
   }
   best->rule = rule.to_string();
   if (opt.strict) check_strict(entry.name, *best, inputs);

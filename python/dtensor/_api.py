@@ -12,7 +12,8 @@ import torch
 
 from dtensor import _C
 from dtensor.device_mesh import DeviceMesh, _current_mesh_or, _ensure_context
-from dtensor.placement_types import Placement, Replicate, _from_c, _to_c_list
+from dtensor.placement_types import (Placement, Replicate, _from_c, _split_strided, _to_c_list,
+                                     _with_strided)
 
 __all__ = [
     "DTensor",
@@ -74,10 +75,12 @@ class DTensor(torch.Tensor, metaclass=_DTensorMeta):
         """Wraps this rank's piece (gradients flow back to ``local_tensor``). ``device_mesh=None``:
         the current mesh (``with mesh:``)."""
         device_mesh = _current_mesh_or(device_mesh, "DTensor.from_local")
+        # NOTE [strided shards] in placement_types.py
+        placements, order = _split_strided(placements, device_mesh.shape, local_tensor.dim())
         c_pl = _check_mesh(device_mesh, placements, local_tensor.dim())
         return _C.from_local(local_tensor, device_mesh._mesh, c_pl, run_check,
                              None if shape is None else list(shape),
-                             None if stride is None else list(stride))
+                             None if stride is None else list(stride), order)
 
 
 def _to_local(self, *, grad_placements=None):
@@ -166,7 +169,9 @@ class _RedistributeWithDtypes(torch.autograd.Function):
 
 def _placements(self):
     _need_dtensor(self, "placements")
-    return tuple(_from_c(p) for p in _C.placements(self))
+    placements = tuple(_from_c(p) for p in _C.placements(self))
+    order = _C.shard_order(self)
+    return _with_strided(placements, order, _C.mesh(self).shape) if order else placements
 
 
 def _repr(self, *args, **kwargs):

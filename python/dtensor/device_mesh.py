@@ -72,6 +72,10 @@ class _MeshResources(threading.local):
     def __init__(self):
         self.mesh_stack = []
         self.groups = {}  # (mesh, dim) -> its ProcessGroup (DeviceMesh.get_group)
+        # C++ sub-mesh -> the Python mesh it was last sliced from (its root), as PyTorch's
+        # _mesh_resources.get_root_mesh; per thread, so a rank never reaches another rank's (or
+        # an earlier job's) mesh objects.
+        self.roots = {}
 
     def get_current_mesh(self):
         if not self.mesh_stack:
@@ -80,6 +84,11 @@ class _MeshResources(threading.local):
 
 
 _mesh_resources = _MeshResources()
+
+
+def _root_mesh(mesh):
+    """The mesh ``mesh`` was sliced from (``mesh`` itself when it was not sliced)."""
+    return _mesh_resources.roots.get(mesh._mesh, mesh)
 
 
 def _current_mesh_or(device_mesh, what):
@@ -220,6 +229,9 @@ class DeviceMesh:
                 raise KeyError(f"DeviceMesh: no dim named {n!r} in {self.mesh_dim_names}")
         sub = self._mesh.submesh(list(names), _C.rank())
         _C.context_register_mesh(sub)
+        # The mesh a slice came from, as PyTorch's _mesh_resources.get_root_mesh (FSDP over TP
+        # lays its parameters out on the root's (dp, tp) dims).
+        _mesh_resources.roots[sub] = _root_mesh(self)
         return DeviceMesh._wrap(sub, self.device_type)
 
     def get_rank(self):

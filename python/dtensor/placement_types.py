@@ -2,7 +2,7 @@
 
 from dtensor import _C
 
-__all__ = ["Placement", "Shard", "Replicate", "Partial"]
+__all__ = ["Placement", "Shard", "Replicate", "Partial"]  # and _StridedShard, as PyTorch
 
 
 class Placement:
@@ -66,6 +66,76 @@ class Shard(Placement):
 
     def __repr__(self):
         return f"Shard(dim={self.dim})"
+
+
+class _StridedShard(Shard):
+    """PyTorch's name for a Shard that splits after later mesh dims did (FSDP over TP): on a
+    (dp, tp) mesh, ``(_StridedShard(0, split_factor=tp), Shard(0))`` cuts dim 0 by "tp" first and
+    each of those pieces by "dp". ``split_factor`` is the number of pieces the mesh dims that split
+    first made. NOTE [strided shards]: the engine keeps a shard order per tensor dim (DTensorSpec's
+    ShardOrder) instead; the two are translated at the Python boundary (``_split_strided`` and
+    ``_with_strided``): for each tensor dim the plain Shards split first in mesh order, then the
+    strided ones from the last mesh dim to the first."""
+
+    def __init__(self, dim, split_factor):
+        super().__init__(dim)
+        self.split_factor = split_factor
+
+    def _text(self):
+        return f"_S({self.dim},{self.split_factor})"
+
+    def _to_c(self):
+        # Only _split_strided hands strided shards to C++, as plain Shards plus an order; any
+        # other path would lose the order, which is a wrong layout, never a silent one.
+        raise NotImplementedError(
+            f"{self!r} is accepted by DTensor.from_local (and read back from .placements); "
+            f"redistribute and distribute_tensor take Shard/Replicate/Partial")
+
+    def __repr__(self):
+        return f"_StridedShard(dim={self.dim}, sf={self.split_factor})"
+
+
+def _split_strided(placements, mesh_shape, ndim):
+    """(placements with every _StridedShard made a Shard, shard order for C++ or [] when every
+    tensor dim splits in mesh order) for a tensor of ``ndim`` dims. Raises when a split_factor is
+    not the product of the sizes of the mesh dims that split that tensor dim first."""
+    if placements is None or not any(isinstance(p, _StridedShard) for p in placements):
+        return placements, []
+    placements = [_StridedShard(p.dim % ndim, p.split_factor) if isinstance(p, _StridedShard)
+                  else Shard(p.dim % ndim) if isinstance(p, Shard) else p for p in placements]
+    plain = [Shard(p.dim) if isinstance(p, _StridedShard) else p for p in placements]
+    order = [[] for _ in range(ndim)]
+    for m, p in enumerate(placements):
+        if isinstance(p, Shard) and not isinstance(p, _StridedShard):
+            order[p.dim].append(m)
+    for m in reversed(range(len(placements))):
+        p = placements[m]
+        if isinstance(p, _StridedShard):
+            before = 1
+            for k in order[p.dim]:
+                before *= mesh_shape[k]
+            if p.split_factor != before:
+                raise ValueError(
+                    f"{p!r} on mesh dim {m} of {list(placements)}: the mesh dims that split dim "
+                    f"{p.dim} before it make {before} pieces, not {p.split_factor}")
+            order[p.dim].append(m)
+    return plain, order
+
+
+def _with_strided(placements, order, mesh_shape):
+    """The inverse of _split_strided: C++'s shard order back to _StridedShard placements."""
+    out = list(placements)
+    for d, dims in enumerate(order):
+        k = 1
+        while k < len(dims) and dims[k] > dims[k - 1]:
+            k += 1  # the plain Shards: the longest prefix in mesh order
+        before = 1
+        for m in dims[:k]:
+            before *= mesh_shape[m]
+        for m in dims[k:]:
+            out[m] = _StridedShard(d, before)
+            before *= mesh_shape[m]
+    return tuple(out)
 
 
 class Replicate(Placement):

@@ -151,7 +151,9 @@ tree_patterns() {
   local d out=(//:all)
   for d in */; do
     d=${d%/}
-    [ -L "$d" ] || [ "$d" = out ] || out+=("//$d/...")
+    # Folders without a Bazel package (docs/) would make the whole query fail.
+    [ -L "$d" ] || [ "$d" = out ] || [ -z "$(find "$d" -name BUILD -print -quit)" ] ||
+      out+=("//$d/...")
   done
   echo "${out[@]}"
 }

@@ -20,7 +20,8 @@ from torch import nn
 from dtensor import _C
 from dtensor import _functional_collectives as funcol
 from dtensor._api import DTensor, distribute_tensor
-from dtensor.placement_types import Replicate, Shard
+from dtensor.device_mesh import _root_mesh
+from dtensor.placement_types import Replicate, Shard, _StridedShard
 
 
 class ShardedState(enum.Enum):
@@ -33,6 +34,33 @@ class TrainingState(enum.Enum):
     FORWARD = "forward"
     PRE_BACKWARD = "pre_backward"
     POST_BACKWARD = "post_backward"
+
+
+def _storage_tensor(t):
+    """The tensor whose storage holds ``t``'s data on this rank: its piece for a distributed one."""
+    if not _C.is_dtensor(t):
+        return t
+    with torch.no_grad():
+        return _C.to_local(t, None)
+
+
+def _fsdp_tp_mesh(mesh, tp_mesh, what):
+    """The mesh FSDP over TP lays sharded parameters out on: the root's dims of ``mesh`` (data
+    parallel) then of ``tp_mesh``, both sliced from one root by name, data parallel outer (as
+    PyTorch requires)."""
+    root = _root_mesh(tp_mesh)
+    names = (mesh.mesh_dim_names or ()) + (tp_mesh.mesh_dim_names or ())
+    if (root == tp_mesh or _root_mesh(mesh) != root or not root.mesh_dim_names
+            or len(set(names)) != len(names)):
+        raise ValueError(f"fully_shard: {what} is distributed on {tp_mesh}; FSDP over it needs "
+                         f"fully_shard's mesh and that mesh sliced by name from one mesh "
+                         f"(world['dp'] and world['tp']), got {mesh}")
+    where = [root.mesh_dim_names.index(n) for n in names]
+    if where != sorted(where):
+        raise NotImplementedError(f"fully_shard: the data-parallel dims {mesh.mesh_dim_names} "
+                                  f"must come before the tensor-parallel dims "
+                                  f"{tp_mesh.mesh_dim_names} in {root}")
+    return root[names]
 
 
 def _set_param(module, name, param):
@@ -51,17 +79,41 @@ class FSDPParam:
         # uses: [(module, attribute name)] where this parameter is registered (shared ones twice).
         if param.dim() == 0:
             raise NotImplementedError("fully_shard: 0-dim parameters are not supported yet")
-        if isinstance(param, DTensor):
-            raise NotImplementedError("fully_shard: parameters that are already distributed "
-                                      "(2-D FSDP x TP) are not supported yet")
         self.uses = uses
-        self.mesh = mesh
         self.shard_dim = shard_dim % param.dim()
         self.shard_size = mesh.size(mesh.ndim - 1)
         self.shard_rank = mesh.get_local_rank(mesh.ndim - 1)
-        self.orig_size = param.shape
+        self.global_size = param.shape
         self.orig_dtype = param.dtype
-        self.placements = ((Replicate(),) if mesh.ndim == 2 else ()) + (Shard(self.shard_dim),)
+        fsdp_placements = ((Replicate(),) if mesh.ndim == 2 else ()) + (Shard(self.shard_dim),)
+        # NOTE [FSDP over TP]: a parameter that is already distributed (parallelize_module on the
+        # "tp" dims) is sharded again, over the data-parallel dims, as PyTorch's FSDP2 does: FSDP
+        # works on its TP piece (which is what the all-gather rebuilds, and what the unsharded
+        # parameter wraps, a distributed tensor on the TP mesh for compute), and the sharded
+        # parameter lives on the (dp, tp) mesh with the data-parallel placements first. Where both
+        # shard one tensor dim, TP splits first (_StridedShard, NOTE [strided shards]).
+        self.tp_mesh = self.tp_placements = None
+        if isinstance(param, DTensor):
+            if mesh.ndim != 1:
+                raise NotImplementedError("fully_shard: HSDP over tensor-parallel parameters")
+            if any(p.is_partial() for p in param.placements):
+                raise ValueError(f"fully_shard: a parameter placed {param.placements} (Partial)")
+            self.tp_mesh, self.tp_placements = param.device_mesh, tuple(param.placements)
+            mesh_2d = _fsdp_tp_mesh(mesh, self.tp_mesh, f"a parameter of shape "
+                                    f"{tuple(param.shape)}")
+            tp_split = 1
+            for m, p in enumerate(self.tp_placements):
+                if p.is_shard(self.shard_dim):
+                    tp_split *= self.tp_mesh.size(m)
+            first = (_StridedShard(self.shard_dim, tp_split) if tp_split > 1
+                     else Shard(self.shard_dim))
+            self.placements = (first,) + self.tp_placements
+            self.mesh = mesh_2d
+            param = _C.to_local(param, None)  # FSDP shards the TP piece from here on
+        else:
+            self.placements = fsdp_placements
+            self.mesh = mesh
+        self.orig_size = param.shape  # the TP piece's shape under FSDP over TP
         dim_size = param.shape[self.shard_dim]
         self.chunk = math.ceil(dim_size / self.shard_size)  # slices per piece (padded)
         self.local_slices = max(0, min(self.chunk, dim_size - self.shard_rank * self.chunk))
@@ -69,15 +121,32 @@ class FSDPParam:
         self.padded_numel = self.chunk * self.slice_numel  # elements each rank contributes
         # No communication: every rank keeps its own piece of its own copy (PyTorch's rule; the
         # ranks must hold the same values, e.g. the same seed or a loaded checkpoint).
-        sharded = distribute_tensor(param.detach(), mesh, list(self.placements),
-                                    src_data_rank=None)
+        if self.tp_mesh is None:
+            sharded = distribute_tensor(param.detach(), mesh, list(self.placements),
+                                        src_data_rank=None)
+        else:
+            piece = param.detach().narrow(self.shard_dim, min(self.shard_rank * self.chunk,
+                                                               dim_size), self.local_slices)
+            sharded = DTensor.from_local(piece.contiguous(), self.mesh, list(self.placements),
+                                         shape=self.global_size,
+                                         stride=self._global_stride())
         self.sharded_param = nn.Parameter(sharded, requires_grad=param.requires_grad)
+        if tuple(self.sharded_param.placements) != tuple(self.placements):
+            # nn.Parameter detaches, and the engine's detach moves a Shard on a size-1 dim
+            # (which its rules never shard) to another dim: FSDP's pieces would be wrong.
+            raise NotImplementedError(
+                f"fully_shard: a parameter of shape {tuple(self.global_size)} cannot be placed "
+                f"{self.placements} on {self.mesh} (its dim {self.shard_dim} has size "
+                f"{dim_size}); shard another dim with shard_placement_fn")
         self.unsharded_param = None
         self.accumulated_grad = None  # unsharded gradient kept while gradient sync is off
         self.param_dtype = None
         self.reduce_dtype = None
         for module, name in uses:
             _set_param(module, name, self.sharded_param)
+
+    def _global_stride(self):
+        return torch.empty(self.global_size, device="meta").stride()
 
     def init_dtypes(self, mp_policy):
         """PyTorch's clamping: no cast where the dtype already matches."""
@@ -113,15 +182,25 @@ class FSDPParam:
         full = rows.reshape(self.shard_size * self.chunk, *rest)[: self.orig_size[self.shard_dim]]
         full = full.movedim(0, self.shard_dim)
         if self.unsharded_param is None:
-            self.unsharded_param = nn.Parameter(full.contiguous(),
+            # Its own storage, always: `full` may be a contiguous slice of the all-gather output
+            # (a parameter whose pieces all lie on the first rank), and freeing or refilling a
+            # storage shared with the buffer at an offset wrote past its end (seen: heap
+            # corruption with FSDP over TP, hidden dim 3).
+            data = full.clone(memory_format=torch.contiguous_format)
+            if self.tp_mesh is not None:
+                data = DTensor.from_local(data, self.tp_mesh, list(self.tp_placements),
+                                          shape=self.global_size, stride=self._global_stride())
+            self.unsharded_param = nn.Parameter(data,
                                                 requires_grad=self.sharded_param.requires_grad)
             return
         p = self.unsharded_param
+        local = _storage_tensor(p)
         # Refill the freed storage in place: autograd saved p (or views of it) in an earlier
         # forward; the copy must not bump its version counter, as PyTorch's FSDP does.
-        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(p):
-            p.untyped_storage().resize_(p.numel() * p.element_size())
-            p.copy_(full)
+        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(p), \
+                torch.autograd._unsafe_preserve_version_counter(local):
+            local.untyped_storage().resize_(local.numel() * local.element_size())
+            local.copy_(full)
         p.requires_grad_(self.sharded_param.requires_grad)
 
     def to_unsharded(self):
@@ -132,7 +211,7 @@ class FSDPParam:
         for module, name in self.uses:
             _set_param(module, name, self.sharded_param)
         if self.unsharded_param is not None:
-            self.unsharded_param.untyped_storage().resize_(0)
+            _storage_tensor(self.unsharded_param).untyped_storage().resize_(0)
 
     # ---- gradients ----------------------------------------------------------------------------
 
@@ -141,7 +220,13 @@ class FSDPParam:
         reduce dtype; clears both. None when there is none."""
         grad = None
         if self.unsharded_param is not None and self.unsharded_param.grad is not None:
-            grad = self.unsharded_param.grad.to(self.grad_reduce_dtype)
+            grad = self.unsharded_param.grad
+            if self.tp_mesh is not None:
+                # The gradient of a TP parameter: its piece in the parameter's TP placements.
+                if tuple(grad.placements) != self.tp_placements:
+                    grad = grad.redistribute(self.tp_mesh, list(self.tp_placements))
+                grad = _C.to_local(grad, None)
+            grad = grad.to(self.grad_reduce_dtype)
             self.unsharded_param.grad = None
         if self.accumulated_grad is not None:
             grad = self.accumulated_grad if grad is None else self.accumulated_grad + grad
@@ -169,8 +254,7 @@ class FSDPParam:
         local = flat[: self.local_slices * self.slice_numel].reshape(self.local_slices, *rest)
         local = local.movedim(0, self.shard_dim).contiguous().to(self.orig_dtype)
         grad = DTensor.from_local(local, self.mesh, list(self.placements),
-                                  shape=self.orig_size,
-                                  stride=torch.empty(self.orig_size, device="meta").stride())
+                                  shape=self.global_size, stride=self._global_stride())
         p = self.sharded_param
         if p.grad is None:
             p.grad = grad
