@@ -34,6 +34,9 @@ What is implemented (PyTorch's names and meanings):
   pre-backward).
 * ``state_dict()`` returns the sharded distributed tensors with no communication (a pre-hook
   registers the sharded parameters first, as PyTorch's); ``load_state_dict`` copies into them.
+* FSDP over TP (NOTE [FSDP over TP] in ``_param_group.py``): parameters that
+  ``parallelize_module`` distributed on the "tp" dims of a mesh are sharded again on its "dp"
+  dims; sharded parameters live on the (dp, tp) mesh with PyTorch's placements.
 * ``MixedPrecisionPolicy``: unsharded parameters in ``param_dtype``, forward inputs cast to it
   (``cast_forward_inputs``), outputs cast to ``output_dtype``, gradients reduced in
   ``reduce_dtype`` (default ``param_dtype``), sharded parameters and gradients in the original
@@ -47,7 +50,8 @@ Not implemented yet:
   its forward/backward stream overlap; only explicit prefetch lists are honoured.
 * ``CPUOffloadPolicy``: accepted on a CPU mesh, where the sharded parameters and gradients are on
   the CPU already (nothing to move); on a CUDA mesh it raises NotImplementedError.
-* 2-D FSDP x TP (parameters already distributed), ``reshard_after_forward`` as an int (reshard
+* HSDP over TP (3-D), a Shard on a dim of size 1 (the engine's rules never shard one; refused
+  with the parameter's shape), ``reshard_after_forward`` as an int (reshard
   to a smaller mesh), 0-dim parameters, activation checkpointing's recompute forward, all-gather
   extensions (``fsdp_pre_all_gather``), custom all-gather / reduce-scatter comms,
   ``set_requires_all_reduce``, ``fully_shard`` on a list of modules.
