@@ -165,9 +165,10 @@ void check_membership(c10d::Store& store, const LaunchEnv& e, const std::string&
     if (first != mine) throw foreign(e.rank, first);
     const std::string where_first =
         identity.empty() ? text(store.get(key("launcher/" + me + "/1"))) : std::string();
-    const std::string why = where + ": another process already joined this store as global rank " +
-                            me + " (launch token '" + mine + "'): two processes share RANK=" + me +
-                            " (two jobs with one MASTER_PORT, or one launch that gave a rank twice)";
+    const std::string why =
+        where + ": another process already joined this store as global rank " + me +
+        " (launch token '" + mine + "'): two processes share RANK=" + me +
+        " (two jobs with one MASTER_PORT, or one launch that gave a rank twice)";
     if (where_first != launcher) throw Error(why);
     // Indistinguishable from the first arrival: nobody can tell which job is rightful; both are
     // refused, as far as the mark reaches them in time.

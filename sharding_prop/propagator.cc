@@ -575,9 +575,9 @@ std::shared_ptr<const OpSharding> compute(const OpEntry& entry,
   std::vector<TensorMeta> out_metas = output_metas(entry, built, inputs, aten_metas);
   const auto orders = factor_orders(rule, best_layout, inputs);  // NOTE [shard order through ops]
   for (size_t o = 0; o < rule.outputs.size(); ++o) {
-    best->outputs.push_back(DTensorSpec::make(inputs[0].mesh(), best_layout.out[o],
-                                              std::move(out_metas[o]),
-                                              order_of(rule.outputs[o], best_layout.out[o], orders)));
+    best->outputs.push_back(
+        DTensorSpec::make(inputs[0].mesh(), best_layout.out[o], std::move(out_metas[o]),
+                          order_of(rule.outputs[o], best_layout.out[o], orders)));
   }
   best->rule = rule.to_string();
   if (opt.strict) check_strict(entry.name, *best, inputs);
