@@ -2,7 +2,11 @@
 
 def pytest_test(name, test, srcs = [], data = [], launches_ranks = False, **kwargs):
     """`test` is the test file. launches_ranks: the test starts processes with ./x launch's
-    launcher (LAUNCH_PY) and must not share the machine with other tests (tag exclusive).
+    launcher (LAUNCH_PY). Such tests share the machine with other tests (NOTE [what ./x test
+    runs] in tools/x/test.sh: every job names its own port, shm segments and store, and the
+    timed bounds leave room for a loaded machine); a test whose bound cannot says so with the
+    tag "exclusive". shard_count (Bazel's) splits the file's cases over that many processes
+    (NOTE [test shards] in run_pytest.py).
 
     The test imports the package from its runfiles: :dtensor_engine's `imports = ["."]` puts
     <runfiles>/<workspace>/python on sys.path, where dtensor/_C.so lies beside the .py files (the
@@ -12,7 +16,6 @@ def pytest_test(name, test, srcs = [], data = [], launches_ranks = False, **kwar
     if launches_ranks:
         data = data + ["//tools:launch.py", "//tools:shm_clean.py"]
         env["LAUNCH_PY"] = "$(location //tools:launch.py)"
-        tags = tags + ["exclusive"]
     native.py_test(
         name = name,
         srcs = [test, "//python:run_pytest.py"] + srcs,

@@ -26,6 +26,22 @@ def count_cases(xml_path):
     return passed, failed, skipped
 
 
+def target_xmls(folder):
+    """The target's JUnit XML: one file, or one per shard (shard_K_of_N/test.xml, NOTE [test
+    shards] in python/run_pytest.py). A shard without its file makes the list empty (not
+    fresh: counted as failed)."""
+    shards = sorted(d for d in os.listdir(folder) if d.startswith("shard_")) \
+        if os.path.isdir(folder) else []
+    if shards:
+        # Folders of an earlier shard_count stay behind: keep the newest run's count.
+        newest = max(shards, key=lambda d: os.path.getmtime(os.path.join(folder, d)))
+        shards = [d for d in shards if d.endswith(newest[newest.index("_of_"):])]
+        xmls = [os.path.join(folder, d, "test.xml") for d in shards]
+        return xmls if all(os.path.exists(x) for x in xmls) else []
+    xml = os.path.join(folder, "test.xml")
+    return [xml] if os.path.exists(xml) else []
+
+
 def main():
     log_path, testlogs, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
     bazel_status = int(sys.argv[4]) if len(sys.argv) > 4 else 0
@@ -39,10 +55,14 @@ def main():
     print("\nTest cases per target:")
     for target, status in sorted(targets.items()):
         pkg, name = target[2:].split(":")
-        xml = os.path.join(testlogs, pkg, name, "test.xml")
-        fresh = os.path.exists(xml) and (status == "PASSED" or os.path.getmtime(xml) >= start)
+        xmls = target_xmls(os.path.join(testlogs, pkg, name))
+        fresh = bool(xmls) and all(
+            status == "PASSED" or os.path.getmtime(x) >= start for x in xmls)
         if status in ("PASSED", "FAILED", "FLAKY", "TIMEOUT") and fresh:
-            p, f_, s = count_cases(xml)
+            p = f_ = s = 0
+            for x in xmls:
+                counts = count_cases(x)
+                p, f_, s = p + counts[0], f_ + counts[1], s + counts[2]
             if status != "PASSED" and f_ == 0:
                 f_ = 1  # crashed or timed out after its cases passed
         else:

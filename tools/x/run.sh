@@ -9,6 +9,11 @@ x_help demo '  demo [-n N] [args]
 x_help demo '  demo cpp [-n N] [args]
                   the same kind of training from C++ (examples/tp_train.cc, plain ATen calls on
                   distributed tensors; [--steps 5] [--backend shm|c10d] [--mesh 2,2])'
+x_help demo '  demo fsdp [-n N] [args]
+                  the same model trained with FSDP (dtensor.fsdp.fully_shard) on N (default 4)
+                  processes, then FSDP x TP on (N/2, 2); loss next to one process'\''s, the
+                  collectives of a step and the training state per rank (examples/llama_fsdp.py;
+                  [--steps 5] [--tp 2])'
 x_help demo '  demo layout [args]
                   lay a real tensor out on a mesh and show what each rank holds
                   (--mesh 2,2 --shape 10,7 --placements "S(0),S(1)" [--names dp,tp] [--order "0:1,0"])'
@@ -76,6 +81,15 @@ cmd_demo() {
       shift
       bz build //examples:layout_demo >&2
       "$(bin_path examples/layout_demo)" "$@"
+      return ;;
+    fsdp)
+      shift
+      local n=4 dir
+      if [ "${1:-}" = -n ]; then n=$2; shift 2; fi
+      dir=$(stage_python -c opt)
+      echo "./x demo fsdp: FSDP, then FSDP x TP, on $n processes (shm)" >&2
+      PYTHONPATH="$dir" PYTHONSAFEPATH=1 "$PY" tools/launch.py -n "$n" -- \
+        "$PY" examples/llama_fsdp.py "$@"
       return ;;
     cpp)
       shift
