@@ -236,7 +236,8 @@ class C10dCommunicator : public Communicator {
   // was doing in the store and reads the others' (whereabouts()), so the error names them.
   void check_fingerprints(const CollectiveCall& call) {
     const int64_t n = size();
-    const int64_t width = 6 + 4 + 2 + 2 * n + 3;
+    constexpr int64_t kPurposeWords = kPurposeBytes / 8;
+    const int64_t width = 6 + 4 + 2 + 2 * n + 3 + kPurposeWords;
     at::Tensor mine = at::zeros({width}, at::kLong);
     int64_t* f = mine.data_ptr<int64_t>();
     const CallSignature sig = signature_of(call);
@@ -256,12 +257,14 @@ class C10dCommunicator : public Communicator {
     f[12 + 2 * n] = static_cast<int64_t>(call.thread_seq);
     f[13 + 2 * n] = static_cast<int64_t>(call.program_ops);
     f[14 + 2 * n] = static_cast<int64_t>(call.program);
+    std::memcpy(f + 15 + 2 * n, call.purpose.data(),
+                std::min<size_t>(call.purpose.size(), kPurposeBytes - 1));
     std::vector<std::vector<at::Tensor>> outs(1);
     for (int64_t r = 0; r < n; ++r) outs[0].push_back(at::empty({width}, at::kLong));
     std::vector<at::Tensor> in = {mine};
     wait(pg_->allgather(outs, in));
     std::vector<CallSignature> sigs(n);
-    std::vector<std::string> threads(n);
+    std::vector<std::string> threads(n), purposes(n);
     for (int64_t r = 0; r < n; ++r) {
       const int64_t* g = outs[0][r].data_ptr<int64_t>();
       CallSignature& s = sigs[r];
@@ -279,6 +282,9 @@ class C10dCommunicator : public Communicator {
       s.thread_seq = static_cast<uint64_t>(g[12 + 2 * n]);
       s.program_ops = static_cast<uint64_t>(g[13 + 2 * n]);
       s.program = static_cast<uint64_t>(g[14 + 2 * n]);
+      const char* purpose = reinterpret_cast<const char*>(g + 15 + 2 * n);
+      purposes[r].assign(purpose, strnlen(purpose, kPurposeBytes - 1));
+      s.purpose = purposes[r];
       if (s.kind > CollectiveKind::kBarrier) s.kind = CollectiveKind::kBarrier;  // garbage guard
     }
     // A rank whose splits are absent cannot be compared split by split: its kind differs.

@@ -62,6 +62,15 @@ std::string pair_difference(const CallSignature& a, const CallSignature& b, size
                         " of this group, group rank ", r, " at #", b.seq,
                         " (a rank skipped or repeated a collective)");
   }
+  if (a.purpose != b.purpose) {  // NOTE [collective purpose] in functional.h
+    auto named = [](std::string_view p) {
+      return p.empty() ? std::string("no named purpose") : absl::StrCat("'", std::string(p), "'");
+    };
+    return absl::StrCat("purpose differs: rank 0 issues this collective for ", named(a.purpose),
+                        ", group rank ", r, " for ", named(b.purpose),
+                        " (the ranks reached different parts of the program: e.g. a module that "
+                        "ran on some ranks only, or modules run in a different order)");
+  }
   if (a.program_ops != 0 && b.program_ops != 0 &&
       (a.program_ops != b.program_ops || a.program != b.program)) {
     return absl::StrCat(
@@ -160,6 +169,7 @@ CallSignature signature_of(const CollectiveCall& call) {
   s.thread_seq = call.thread_seq;
   s.program_ops = call.program_ops;
   s.program = call.program;
+  s.purpose = call.purpose;
   return s;
 }
 

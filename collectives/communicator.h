@@ -51,6 +51,7 @@ struct CollectiveCall {
   std::vector<int64_t> output_splits;  // all_gather, reduce_scatter, all_to_all
   int64_t src = 0;                     // broadcast: group rank of the source
   std::string label;                   // what the user called (for errors): "all_reduce"
+  std::string purpose;                 // NOTE [collective purpose] (CommPurpose); may be empty
   std::string thread;                  // the issuing thread's label (NOTE [issuing thread])
   uint64_t thread_seq = 0;             // the call's number among that thread's calls on the group
   uint64_t seq = 0;  // set by the backend: this call's number among the group's calls (1, 2, ...)
@@ -113,8 +114,11 @@ struct CallSignature {
   std::string_view thread;  // the issuing thread's label
   uint64_t thread_seq = 0;  // the call's number among that thread's calls on the group
   uint64_t program_ops = 0, program = 0;  // CollectiveCall::program_ops, program
+  std::string_view purpose;               // CollectiveCall::purpose
 };
 CallSignature signature_of(const CollectiveCall& call);
+// Purposes are compared and carried by the backends up to this many bytes (cut to one less).
+constexpr size_t kPurposeBytes = 48;
 
 // Describes how the ranks' calls (by group rank) disagree, e.g. "dtype differs: rank 0 has
 // Float, group rank 1 has Int (group rank 0: all_reduce #3 of 4 Float (sum) from thread

@@ -102,6 +102,7 @@ thread_local std::vector<CommCounter*> t_counters;
 // is gone on every rank alike, so the counts still agree.
 thread_local absl::flat_hash_map<const void*, uint64_t> t_thread_calls;
 thread_local const char* t_cause = nullptr;
+thread_local std::string t_purpose;                      // NOTE [collective purpose]
 thread_local uint64_t t_program_ops = 0, t_program = 0;  // NOTE [program digest]
 
 void count_calls(const std::string& group, const Job& job) {
@@ -126,6 +127,7 @@ std::vector<at::Tensor> submit(const std::string& group, std::shared_ptr<Job> jo
     c.thread_seq = ++thread_calls;
     c.program_ops = t_program_ops;
     c.program = t_program;
+    c.purpose = t_purpose;
     const at::Tensor& t = c.input.defined() ? c.input : c.output;
     if (t.defined() && t.is_cuda()) {  // NOTE [nccl stream order]
       c.stream = c10::impl::getDeviceGuardImpl(t.device().type())->getStream(t.device());
@@ -574,6 +576,13 @@ CommCounter::CommCounter() { t_counters.push_back(this); }
 CommCounter::~CommCounter() {
   t_counters.erase(std::find(t_counters.begin(), t_counters.end(), this));
 }
+
+CommPurpose::CommPurpose(std::string purpose) : previous_(std::move(t_purpose)) {
+  if (purpose.size() >= kPurposeBytes) purpose.resize(kPurposeBytes - 1);
+  t_purpose = std::move(purpose);
+}
+CommPurpose::~CommPurpose() { t_purpose = std::move(previous_); }
+const std::string& current_purpose() { return t_purpose; }
 
 CommCause::CommCause(const char* op) : previous_(t_cause) { t_cause = op; }
 CommCause::~CommCause() { t_cause = previous_; }

@@ -97,6 +97,29 @@ class CommCause {
   const char* previous_;
 };
 
+// NOTE [collective purpose]
+// Two calls of one kind, dtype and size pair up on every backend, whatever each rank meant them
+// for. A caller that issues collectives for a named part of a program (FSDP: the all-gathers and
+// reduce-scatters of one module's parameter group) names it while a CommPurpose is alive; the
+// name travels with each call (CollectiveCall::purpose, cut to kPurposeBytes - 1) and the ranks
+// compare it with the rest of the call. Ranks that reached different parts (a module skipped on
+// some ranks, as with unused experts, or modules run in another order) then fail that collective
+// on every rank with an error naming both parts, instead of exchanging one module's parameters
+// for another's of the same size (a silent wrong answer) or waiting out the timeout. Scopes nest
+// (the innermost names the call); calls outside any scope carry "" and agree with each other.
+class CommPurpose {
+ public:
+  explicit CommPurpose(std::string purpose);
+  ~CommPurpose();
+  CommPurpose(const CommPurpose&) = delete;
+  CommPurpose& operator=(const CommPurpose&) = delete;
+
+ private:
+  std::string previous_;
+};
+// The calling thread's purpose ("" outside any CommPurpose).
+const std::string& current_purpose();
+
 // NOTE [program digest]
 // Ranks of one job must run the same distributed-tensor ops with the same arguments (SPMD). A rank
 // that gets another scalar (a Python random number drawn per process, a size, a reduction) or

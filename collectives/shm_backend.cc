@@ -55,6 +55,7 @@ CallSignature signature_of(const Snap& s) {
   sig.thread_seq = s.d.thread_seq;
   sig.program_ops = s.d.program_ops;
   sig.program = s.d.program;
+  sig.purpose = std::string_view(s.d.purpose, strnlen(s.d.purpose, sizeof(s.d.purpose)));
   return sig;
 }
 
@@ -115,6 +116,8 @@ void check_call(const CollectiveCall& c, int64_t n, int64_t me, const std::strin
 
 }  // namespace
 
+static_assert(sizeof(Desc::purpose) == kPurposeBytes);
+
 Desc describe(const CollectiveCall& c, int64_t n) {
   Desc d;
   d.kind = static_cast<int32_t>(c.kind);
@@ -129,6 +132,7 @@ Desc describe(const CollectiveCall& c, int64_t n) {
   d.program_ops = c.program_ops;
   d.program = c.program;
   std::memcpy(d.thread, c.thread.data(), std::min(c.thread.size(), sizeof(d.thread) - 1));
+  std::memcpy(d.purpose, c.purpose.data(), std::min(c.purpose.size(), sizeof(d.purpose) - 1));
   d.n_in = static_cast<int64_t>(c.input_splits.size()) == n ? static_cast<int32_t>(n) : 0;
   d.n_out = static_cast<int64_t>(c.output_splits.size()) == n ? static_cast<int32_t>(n) : 0;
   return d;

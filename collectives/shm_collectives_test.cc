@@ -294,6 +294,15 @@ TEST_P(ShmCollectivesTest, MismatchedCallsFailOnEveryRankThenTheGroupGoesOn) {
       all_reduce(at::ones({2}), ReduceOp::kSum, kWorld);
     });
     expect(contains(e, "ranks disagree: collective differs"), "kind mismatch: '" + e + "'");
+    // NOTE [collective purpose]: equal calls for different parts of the program.
+    e = error_of([&] {
+      CommPurpose purpose(r == 1 ? "FSDP layers.1" : "FSDP layers.0");
+      all_reduce(at::ones({2}), ReduceOp::kSum, kWorld);
+    });
+    expect(contains(e,
+                    "ranks disagree: purpose differs: rank 0 issues this collective for "
+                    "'FSDP layers.0', group rank 1 for 'FSDP layers.1'"),
+           "purpose mismatch: '" + e + "'");
     // Rank 0 expects one row from everyone; the others send it two.
     std::vector<int64_t> out(n, r == 0 ? 1 : 2), in(n, 2);
     e = error_of([&] { all_to_all_single(at::ones({2 * n}), out, in, kWorld); });

@@ -70,6 +70,7 @@ struct Desc {
   char thread[32] = {};  // CollectiveCall::thread, NUL-terminated (NOTE [issuing thread])
   uint64_t thread_seq = 0;
   uint64_t program_ops = 0, program = 0;  // CollectiveCall::program_ops, program
+  char purpose[48] = {};                  // CollectiveCall::purpose, NUL-terminated (kPurposeBytes)
 };
 
 struct alignas(64) Ctrl {

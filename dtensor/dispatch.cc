@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include "base/error.h"
+#include "base/stable_hash.h"
 #include "collectives/functional.h"
 #include "collectives/rank_context.h"
 #include "dtensor/dispatch_args.h"
@@ -113,6 +114,7 @@ std::unique_ptr<OpInfo> make_info(const c10::OperatorHandle& op) {
   auto info = std::make_unique<OpInfo>();
   const c10::FunctionSchema& schema = op.schema();
   info->name = op_name(schema.operator_name());
+  info->name_hash = fnv1a(info->name);
   const sharding::OpEntry* entry = sharding::find_op(info->name);
   info->entry.store(entry, std::memory_order_release);
   info->args = OpArgs(entry, schema);

@@ -21,7 +21,8 @@ namespace dtensor::dispatch_detail {
 // What the kernel keeps per operator: its table entry and what the schema says about its
 // arguments.
 struct OpInfo {
-  std::string name;  // "aten::add.Tensor"
+  std::string name;        // "aten::add.Tensor"
+  uint64_t name_hash = 0;  // fnv1a(name): call_digest's seed (NOTE [program digest])
   OpArgs args;
   sharding::Execution execution = sharding::Execution::kPieces;
   std::vector<int> return_alias;   // per return: the argument it writes (in-place/out=), or -1

@@ -117,7 +117,7 @@ void fold_value(uint64_t& h, const c10::IValue& v) {
 }  // namespace
 
 uint64_t call_digest(const OpInfo& info, const c10::IValue* args, size_t n) {
-  uint64_t h = fnv1a(info.name);
+  uint64_t h = info.name_hash;
   for (size_t i = 0; i < n; ++i) fold_value(h, args[i]);
   return h;
 }

@@ -547,3 +547,146 @@ def test_size_one_shard_dim_is_refused_clearly():
         assert m.weight.placements == (Shard(1),)
 
     dtensor.run_threads(2, rank_fn)
+
+
+class TwoExperts(nn.Module):
+    """Two experts of one shape: their groups' all-gathers have equal sizes."""
+
+    def __init__(self):
+        super().__init__()
+        self.expert0 = nn.Linear(8, 8)
+        self.expert1 = nn.Linear(8, 8)
+
+    def forward(self, x, order):
+        for i in order:
+            x = getattr(self, f"expert{i}")(x)
+        return x
+
+
+@pytest.mark.parametrize("case", ["skipped", "reordered"])
+def test_ranks_that_reach_different_groups_fail_naming_the_modules(case):
+    """Rank 1 skips expert0 (an unused expert), or runs the experts in the other order: the
+    ranks' all-gathers pair different groups of equal size. Every rank must fail at once with an
+    error naming both modules (PyTorch hangs: pytorch/pytorch#158719), never exchange one
+    expert's parameters for the other's."""
+    orders = {"skipped": ([0, 1], [1]), "reordered": ([0, 1], [1, 0])}[case]
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (2,))
+        torch.manual_seed(0)
+        model = TwoExperts()
+        fully_shard(model.expert0, mesh=mesh)
+        fully_shard(model.expert1, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        model(torch.randn(4, 8), orders[rank]).sum().backward()
+
+    with pytest.raises(Exception, match=r"purpose differs: .*'FSDP expert0'.*'FSDP expert1'"):
+        dtensor.run_threads(2, rank_fn)
+
+
+def test_checkpoint_reshards_2d_to_fsdp_to_hsdp_to_one_process(tmp_path):
+    """The state dicts of FSDP x TP (2, 2), FSDP on 4 ranks and HSDP (2, 2) save with
+    dtensor.checkpoint and load into each other's layouts, then into one plain process: model
+    and AdamW state equal to the layout they were saved from (full_tensor), and training goes on
+    from them equal to one process trained without the round trips."""
+    from dtensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    torch.manual_seed(0)
+    base = TPMLP(17)  # 17 rows: uneven pieces on every layout
+    batches = _batches(4, 3)
+    _, _, ref_final = _reference(base, batches, 4)
+    ckpt_2d, ckpt_fsdp, ckpt_hsdp = (str(tmp_path / n) for n in ("2d", "fsdp", "hsdp"))
+
+    def train(model, opt, steps, rows, dp_rank):
+        for (x, y), in steps:
+            loss = _loss(model(x[dp_rank * rows:(dp_rank + 1) * rows]),
+                         y[dp_rank * rows:(dp_rank + 1) * rows])
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+    def full(state):
+        return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in state.items()}
+
+    def layout(kind, source=None):
+        """`source` (else a fresh model of another seed whose AdamW has state to load into)
+        sharded as `kind`, its AdamW, and the data-parallel rank and size."""
+        torch.manual_seed(123)
+        model = copy.deepcopy(source) if source is not None else TPMLP(17)
+        if kind == "2d":
+            mesh = dtensor.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+            parallelize_module(model, mesh["tp"], {"w_in": ColwiseParallel(use_local_output=False),
+                                                    "w_out": RowwiseParallel()})
+            for m in (model.w_in, model.w_out, model):
+                fully_shard(m, mesh=mesh["dp"])
+            dp_rank, dp = mesh.get_local_rank(0), 2
+        else:
+            shape = (4,) if kind == "fsdp" else (2, 2)
+            mesh = dtensor.init_device_mesh("cpu", shape)
+            for m in (model.w_in, model.w_out, model):
+                fully_shard(m, mesh=mesh)
+            dp_rank, dp = mesh.get_rank(), 4
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        if source is None:
+            for p in model.parameters():  # NOTE [optimizer state]: the state exists before load
+                p.grad = torch.zeros_like(p)
+            opt.step()
+            opt.zero_grad()
+        return model, opt, dp_rank, dp
+
+    def state_of(model, opt):
+        return {"model": model.state_dict(), "optim": opt.state_dict()}
+
+    def rank_fn(rank):
+        # 2-D: start from `base`, train one step, save.
+        model, opt, dp_rank, dp = layout("2d", base)
+        train(model, opt, batches[:1], 4 * ROWS // dp, dp_rank)
+        saved = state_of(model, opt)
+        dtensor.checkpoint.save(saved, checkpoint_id=ckpt_2d)
+        want_model, want_moments = full(saved["model"]), _moments(saved["optim"])
+        # FSDP on 4 ranks: load, compare, train one step, save.
+        model, opt, dp_rank, dp = layout("fsdp")
+        state = state_of(model, opt)
+        dtensor.checkpoint.load(state, checkpoint_id=ckpt_2d)
+        opt.load_state_dict(state["optim"])
+        _assert_equal(full(model.state_dict()), want_model)
+        _assert_equal(_moments(opt.state_dict()), want_moments)
+        train(model, opt, batches[1:2], 4 * ROWS // dp, dp_rank)
+        saved = state_of(model, opt)
+        dtensor.checkpoint.save(saved, checkpoint_id=ckpt_fsdp)
+        want_model, want_moments = full(saved["model"]), _moments(saved["optim"])
+        # HSDP (2, 2): load, compare, train the last step, save.
+        model, opt, dp_rank, dp = layout("hsdp")
+        state = state_of(model, opt)
+        dtensor.checkpoint.load(state, checkpoint_id=ckpt_fsdp)
+        opt.load_state_dict(state["optim"])
+        _assert_equal(full(model.state_dict()), want_model)
+        _assert_equal(_moments(opt.state_dict()), want_moments)
+        train(model, opt, batches[2:], 4 * ROWS // dp, dp_rank)
+        dtensor.checkpoint.save({"model": model.state_dict()}, checkpoint_id=ckpt_hsdp)
+        return full(model.state_dict())
+
+    finals = dtensor.run_threads(4, rank_fn)
+    # Three steps over three layouts equal three steps of one process.
+    _assert_close(finals[0], ref_final)
+    # One process, plain tensors: the last checkpoint is the trained model.
+    plain = TPMLP(17)
+    state = {"model": {k: torch.zeros_like(v) for k, v in plain.state_dict().items()}}
+    dtensor.checkpoint.load(state, checkpoint_id=ckpt_hsdp)
+    _assert_equal(state["model"], finals[0])
+
+
+def _moments(optim_state):
+    return {(i, k): v.full_tensor() if isinstance(v, DTensor) else v
+            for i, s in optim_state["state"].items() for k, v in s.items() if k != "step"}
+
+
+def _assert_equal(got, want):
+    assert got.keys() == want.keys(), (sorted(got), sorted(want))
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+
+
+def _assert_close(got, want):
+    assert got.keys() == want.keys()
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], **TOL, msg=k)

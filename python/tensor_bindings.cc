@@ -92,6 +92,12 @@ at::Scalar scalar_from_python(const py::handle& v) {
               py::repr(v).cast<std::string>());
 }
 
+// The calling thread's open CommPurpose scopes (pushed and popped from Python).
+std::vector<std::unique_ptr<collectives::CommPurpose>>& comm_purposes() {
+  thread_local std::vector<std::unique_ptr<collectives::CommPurpose>> scopes;
+  return scopes;
+}
+
 // NOTE [caller locks and thread ranks] (dispatch.h): ops on distributed tensors never block in a
 // collective holding the GIL (torch's property getters such as .mT call ops with it held).
 void release_gil_if_held(void (*body)(void*), void* ctx) {
@@ -205,6 +211,14 @@ void bind_tensors(py::module& m) {
         if (mesh.contains(ctx.rank())) collectives::current_context().register_mesh(mesh);
       },
       Release());
+  // NOTE [collective purpose]: Python's `with funcol._purpose(name):` pushes and pops a scope.
+  m.def("push_comm_purpose", [](std::string purpose) {
+    comm_purposes().push_back(std::make_unique<collectives::CommPurpose>(std::move(purpose)));
+  });
+  m.def("pop_comm_purpose", [] {
+    if (!comm_purposes().empty()) comm_purposes().pop_back();
+  });
+  m.def("comm_purpose", [] { return collectives::current_purpose(); });
   m.def("group_size", [](const std::string& name) {
     return static_cast<int64_t>(collectives::current_context().group(name).ranks.size());
   });

@@ -28,6 +28,11 @@ struct Checker {
       std::cerr << "[rank " << rank << "] " << what << ": got " << got << " want " << want << "\n";
     }
   }
+  void expect(bool ok, const std::string& what) {
+    if (ok) return;
+    ++failures;
+    std::cerr << "[rank " << rank << "] " << what << "\n";
+  }
 };
 
 void set_launch_env(int rank, int n, int port) { testing::set_launch_env(rank, n, port); }
@@ -86,6 +91,20 @@ int conformance(int rank, int n, int port) {
   const at::Tensor pending = all_reduce(g[rank], ReduceOp::kSum, world, /*async_op=*/true);
   check(wait_tensor(pending), at::stack(g).sum(0), "async all_reduce");
   barrier(world);
+  // NOTE [collective purpose]: equal calls for different parts fail on every rank, naming both.
+  if (n > 1) {
+    std::string e;
+    try {
+      CommPurpose purpose(rank == 1 ? "FSDP layers.1" : "FSDP layers.0");
+      all_reduce(g[rank], ReduceOp::kSum, world);
+    } catch (const CollectiveError& err) {
+      e = err.what();
+    }
+    check.expect(e.find("ranks disagree: purpose differs: rank 0 issues this collective for "
+                        "'FSDP layers.0', group rank 1 for 'FSDP layers.1'") != std::string::npos,
+                 "purpose mismatch: '" + e + "'");
+    check(all_reduce(g[rank], ReduceOp::kSum, world), at::stack(g).sum(0), "after a mismatch");
+  }
   // Mesh sub-groups: each dim's group gets its own Gloo group over the one store.
   if (n == 4) {
     const auto names = ctx->register_mesh(DeviceMesh::arange({2, 2}));

@@ -8,6 +8,8 @@ out/bench/NAME.jsonl and calls this script, which writes PNGs beside them (matpl
   redistribute redistribute vs the bare collective it runs, per case, against bytes
   checkpoint   save/load throughput against dd's, per layout
   serve        tokens/s vs concurrency, per model and rank count
+  fsdp         training state per rank and time per step: FSDP, replicated, PyTorch's FSDP2, one
+               process
 
 Usage: tools/plot_bench.py NAME FILE.jsonl OUT_DIR   (prints the PNGs it wrote)
 """
@@ -153,8 +155,42 @@ def plot_serve(rows, out_dir, written):
     _save(fig, out_dir, "serve", written)
 
 
+def plot_fsdp(rows, out_dir, written):
+    """Training state per rank and time per step, per side (FSDP, replicated, PyTorch's FSDP2,
+    one process), one group of bars per rank count."""
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if "state_bytes" in r]
+    if not rows:
+        return
+    worlds = sorted({r["ranks"] for r in rows})
+    sides = [s for s in ("fsdp", "replicated", "pytorch", "one_process")
+             if any(r["side"] == s for r in rows)]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    width = 0.8 / len(sides)
+    for k, side in enumerate(sides):
+        for ax, key, scale in ((axes[0], "state_bytes", 2**20), (axes[1], "ms_per_step", 1)):
+            xs, ys = [], []
+            for i, w in enumerate(worlds):
+                got = [r[key] for r in rows if r["side"] == side and r["ranks"] == w]
+                if got:
+                    xs.append(i + k * width)
+                    ys.append(got[0] / scale)
+            ax.bar(xs, ys, width, label=side.replace("_", " "))
+    for ax, title, ylabel in ((axes[0], "training state per rank", "MiB (params, grads, AdamW)"),
+                              (axes[1], "time per training step", "ms")):
+        ax.set_title(title)
+        ax.set_ylabel(ylabel)
+        ax.set_xticks([i + width * (len(sides) - 1) / 2 for i in range(len(worlds))])
+        ax.set_xticklabels([f"{w} ranks" for w in worlds])
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    _save(fig, out_dir, "fsdp", written)
+
+
 PLOTS = {"collectives": plot_collectives, "python": plot_python,
-         "redistribute": plot_redistribute, "checkpoint": plot_checkpoint, "serve": plot_serve}
+         "redistribute": plot_redistribute, "checkpoint": plot_checkpoint, "serve": plot_serve,
+         "fsdp": plot_fsdp}
 
 
 def main(argv):

@@ -12,6 +12,8 @@ Start a job with ``init_from_env()`` in each rank (launched by
 with a group name (default ``"world"``).
 """
 
+import contextlib
+
 import torch
 
 from dtensor import _C
@@ -38,6 +40,18 @@ __all__ = [
 ]
 
 WORLD = "world"
+
+
+@contextlib.contextmanager
+def _purpose(name):
+    """Names what the collectives issued inside are for (NOTE [collective purpose] in
+    collectives/functional.h): ranks whose calls name different purposes fail that collective
+    on every rank with an error naming both. Not part of PyTorch's API."""
+    _C.push_comm_purpose(name)
+    try:
+        yield
+    finally:
+        _C.pop_comm_purpose()
 _context = None
 
 

@@ -162,6 +162,8 @@ class FSDPState:
             state.ctx = self.ctx
             self.ctx.all_states.append(state)
             if state.group is not None:
+                # Its name in the root's tree names its collectives (NOTE [collective purpose]).
+                state.group.name = name or "the root"
                 state.group.lazy_init()
         if self.group is not None and self.auto_reshard_after_forward:
             self.group.reshard_after_forward = False
@@ -307,6 +309,7 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
         group = FSDPParamGroup(fsdp_params, mesh,
                                True if reshard_after_forward is None else reshard_after_forward,
                                mp_policy)
+        group.name = type(module).__name__  # until the root names it (lazy_init)
     state = FSDPState(module, group, mp_policy, reshard_after_forward is None)
     module.__dict__[_STATE_ATTR] = state
     cls = module.__class__

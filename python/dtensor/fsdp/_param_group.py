@@ -278,11 +278,20 @@ class FSDPParamGroup:
         self.sharded_state = ShardedState.SHARDED
         self.training_state = TrainingState.IDLE
         self._pending = None  # an issued, not yet copied-out all-gather
+        # The module's name under the root (set at the root's lazy init; its class before).
+        self.name = None
         shard_dim = mesh.ndim - 1
         self._shard_group = (mesh, shard_dim)
         self._replicate_group = (mesh, 0) if mesh.ndim == 2 else None
         for p in fsdp_params:
             p.init_dtypes(mp_policy)
+
+    def _purpose(self):
+        """NOTE [collective purpose]: every collective of this group names its module, so ranks
+        that reach different groups (a module skipped on some ranks, as with unused experts, or
+        run in another order) fail on every rank naming both modules, instead of exchanging one
+        group's parameters for another's of the same size."""
+        return funcol._purpose(f"FSDP {self.name or 'module'}")
 
     def lazy_init(self):
         """Dtypes again (the user may have changed parameter dtypes since fully_shard)."""
@@ -303,7 +312,7 @@ class FSDPParamGroup:
                                       f"dtypes {sorted(map(str, dtypes))} is not supported")
         inputs = [p.all_gather_input() for p in self.fsdp_params]
         flat = torch.cat(inputs) if len(inputs) > 1 else inputs[0]
-        with torch.no_grad():
+        with torch.no_grad(), self._purpose():
             self._pending = funcol.all_gather_into_tensor(flat, 0, self._shard_group,
                                                           async_op=async_op)
 
@@ -358,7 +367,7 @@ class FSDPParamGroup:
         if len(dtypes) != 1:
             raise NotImplementedError(f"fully_shard: gradients of several reduce dtypes "
                                       f"{sorted(map(str, dtypes))} in one group")
-        with torch.no_grad():
+        with torch.no_grad(), self._purpose():
             pieces = [p.reduce_scatter_input(g) for p, g in with_grad]
             flat = torch.cat(pieces, dim=1).reshape(-1)
             out = funcol.wait_tensor(
