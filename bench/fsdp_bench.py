@@ -4,21 +4,21 @@ PyTorch's own FSDP2, in one run.
     ./x bench fsdp [--ranks 2,4] [--layers 8] [--dim 512] [--batch 16] [--steps 10] [--plot]
 
 A model of --layers Linear(dim, dim) + ReLU blocks trained with AdamW, --batch rows per rank.
-For each world size, one job of that many processes (the engine on its shm backend) runs, in
-turn and each from the same weights:
-  fsdp       dtensor.fsdp.fully_shard on every block, then the root (reshard after forward)
-  replicated the model on every rank; one all_reduce of the flattened gradients per step (DDP's
-             algorithm, through the engine's functional collectives)
-  pytorch    torch.distributed.fsdp.fully_shard, the same calls, on a Gloo group of the same
-             processes
-and rank 0 runs one process on the whole batch (the ranks' rows together). Every side must end
-with the one process's loss (checked; a wrong answer is no benchmark).
+For each data-parallel size, every side runs in processes of its own (so each one's peak memory is
+its own), from the same weights on the same data:
+  fsdp         dtensor.fsdp.fully_shard on every block, then the root (reshard after forward),
+               the engine on its shm backend
+  replicated   the model on every rank; one all_reduce of the flattened gradients per step (DDP's
+               algorithm, through the engine's functional collectives)
+  pytorch      torch.distributed.fsdp.fully_shard, the same calls, on a Gloo group
+  one_process  one process on the whole batch (the ranks' rows together)
+Every side must end with the one process's loss (checked; a wrong answer is no benchmark).
 
 Per side: ms per step (median of the steps after the first), the training state each rank holds
 (parameters, gradients, AdamW's moments: bytes of its local pieces), the peak resident memory the
-steps added (VmHWM after resetting it, /proc/self/clear_refs), and the bytes each rank sends per
-step by the algorithm (ring all-gather and reduce-scatter send (W-1)/W of the full tensor,
-all-reduce twice that). One JSON line per side and world size:
+training steps added on top of the built model (VmHWM after resetting it with /proc/self/clear_refs;
+the largest over the ranks), and the bytes each rank sends per step by the algorithm (ring
+all-gather and reduce-scatter send (W-1)/W of the full tensor, all-reduce twice that). One JSON line per side and world size:
   {"bench":"fsdp","side":"fsdp","ranks":2,"ms_per_step":..,"state_bytes":..,"peak_rss_bytes":..,
    "comm_bytes":..,"ratio_state_to_one":..,"ratio_time_to_pytorch":..}
 """
@@ -124,138 +124,139 @@ def comm_bytes(side, param_bytes, world, groups_regathered=True):
     return int((gathers + 1) * param_bytes * share)  # + one reduce-scatter of the gradients
 
 
-def rank_main(args):
+def side_main(args):
+    """One side in this job's processes; rank 0 prints one JSON line with its figures."""
     import torch
     import torch.distributed as dist
 
     import dtensor
     from dtensor import _functional_collectives as fc
-    from dtensor.fsdp import fully_shard
 
     torch.set_num_threads(1)
+    side = args.side
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    mesh = dtensor.init_device_mesh("cpu", (world,))
     base = model(args)
-    data = batches(args, world)
+    data = batches(args, args.dp)
     param_bytes = sum(p.numel() * p.element_size() for p in base.parameters())
-    results = {}
-
-    def mean_loss(loss):
-        t = loss.reshape(1).double()
-        return fc.all_reduce(t, "sum", group=mesh).wait().item() / world
-
-    # The engine's FSDP.
     m = copy.deepcopy(base)
-    for layer in m:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(m, mesh=mesh)
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-    ms, loss, state, peak = run_side("fsdp", m, opt, data, rank, world, args)
-    results["fsdp"] = (ms, mean_loss(loss), state, peak, comm_bytes("fsdp", param_bytes, world))
-    del m, opt
+    before_step, pt = None, side == "pytorch"
+    if side == "one_process":  # the whole batch (every data-parallel rank's rows) in one process
+        run_args = copy.copy(args)
+        run_args.batch = args.batch * args.dp
+    else:
+        run_args = args
+    if side == "fsdp":
+        from dtensor.fsdp import fully_shard
 
-    # Replicated data parallelism: one all_reduce of the flattened gradients (DDP's algorithm).
-    m = copy.deepcopy(base)
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        mesh = dtensor.init_device_mesh("cpu", (world,))
+        for layer in m:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(m, mesh=mesh)
+    elif side == "replicated":  # DDP's algorithm: one all_reduce of the flattened gradients
+        mesh = dtensor.init_device_mesh("cpu", (world,))
 
-    def all_reduce_grads():
-        grads = [p.grad for p in m.parameters()]
-        flat = fc.all_reduce(torch.cat([g.reshape(-1) for g in grads]), "sum",
-                             group=mesh).wait() / world
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
-
-    ms, loss, state, peak = run_side("replicated", m, opt, data, rank, world, args,
-                                     all_reduce_grads)
-    results["replicated"] = (ms, mean_loss(loss), state, peak,
-                             comm_bytes("replicated", param_bytes, world))
-    del m, opt
-
-    # PyTorch's FSDP2 on a Gloo group of the same processes.
-    pt_error = None
-    try:
+        def before_step():
+            grads = [p.grad for p in m.parameters()]
+            flat = fc.all_reduce(torch.cat([g.reshape(-1) for g in grads]), "sum",
+                                 group=mesh).wait() / world
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
+    elif pt:  # PyTorch's FSDP2 on a Gloo group of these processes
         from torch.distributed.device_mesh import init_device_mesh as pt_mesh
         from torch.distributed.fsdp import fully_shard as pt_fully_shard
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.anchor_port}",
                                 rank=rank, world_size=world)
         pmesh = pt_mesh("cpu", (world,))
-        m = copy.deepcopy(base)
         for layer in m:
             if isinstance(layer, torch.nn.Linear):
                 pt_fully_shard(layer, mesh=pmesh)
         pt_fully_shard(m, mesh=pmesh)
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-        ms, loss, state, peak = run_side("pytorch", m, opt, data, rank, world, args)
-        t = loss.reshape(1).double()
-        dist.all_reduce(t)
-        results["pytorch"] = (ms, t.item() / world, state, peak,
-                              comm_bytes("pytorch", param_bytes, world))
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    ms, loss, state, peak = run_side(side, m, opt, data, rank, world, run_args, before_step)
+    loss = loss.reshape(1).double()
+    if pt:
+        dist.all_reduce(loss)
         dist.barrier()
         dist.destroy_process_group()
-    except Exception as e:  # reported, never hidden: the row says why it is missing
-        pt_error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-
-    if rank != 0:
-        return 0
-    # One process on the whole batch.
-    m = copy.deepcopy(base)
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-    one_args = copy.copy(args)
-    one_args.batch = args.batch * world
-    ms, loss, state, peak = run_side("one", m, opt, data, 0, 1, one_args)
-    results["one process"] = (ms, loss.item(), state, peak, 0)
-    one_loss, one_state = loss.item(), state
-
-    failed = False
-    print(f"\n{world} ranks: {args.layers} x Linear({args.dim}, {args.dim}), "
-          f"{param_bytes / 2**20:.1f} MiB of parameters, {args.batch} rows per rank, AdamW, "
-          f"{args.steps} steps")
-    print(f"{'side':<12} {'ms/step':>8} {'state/rank':>11} {'vs one':>7} {'peak RSS +':>11} "
-          f"{'sent/step':>10} {'final loss':>11}")
-    pt_ms = results["pytorch"][0] if "pytorch" in results else None
-    for side, (ms, loss, state, peak, sent) in results.items():
-        ok = abs(loss - one_loss) <= 1e-4 * max(1.0, abs(one_loss))
-        failed |= not ok
-        print(f"{side:<12} {ms:>8.2f} {state / 2**20:>9.2f}Mi {state / one_state:>6.2f}x "
-              f"{peak / 2**20:>9.1f}Mi {sent / 2**20:>8.2f}Mi {loss:>11.6f}"
-              f"{'' if ok else '  WRONG: differs from one process'}")
-        row = {"bench": "fsdp", "side": side.replace(" ", "_"), "ranks": world,
-               "ms_per_step": round(ms, 3), "state_bytes": state, "peak_rss_bytes": peak,
-               "comm_bytes": sent, "ratio_state_to_one": round(state / one_state, 4),
-               "loss": loss, "equal_to_one_process": ok}
-        if pt_ms is not None:
-            row["ratio_time_to_pytorch"] = round(ms / pt_ms, 4)
-        print(json.dumps(row, separators=(",", ":")))
-    if pt_error is not None:
-        print(f"pytorch: PyTorch's FSDP2 did not run here: {pt_error}")
-        print(json.dumps({"bench": "fsdp", "side": "pytorch", "ranks": world,
-                          "error": pt_error}, separators=(",", ":")))
-    return 1 if failed else 0
+    elif side != "one_process":
+        loss = fc.all_reduce(loss, "sum", group=mesh).wait()
+    peaks = [peak]
+    if side != "one_process" and not pt:  # the largest peak over the ranks
+        peaks = fc.all_gather_tensor(torch.tensor([float(peak)]), 0, group=mesh).wait().tolist()
+    if rank == 0:
+        sent = 0 if side == "one_process" else comm_bytes(side, param_bytes, world)
+        print(json.dumps({"bench": "fsdp", "side": side, "ranks": args.dp,
+                          "ms_per_step": round(ms, 3), "state_bytes": state,
+                          "peak_rss_bytes": int(max(peaks)), "comm_bytes": sent,
+                          "loss": loss.item() / world, "param_bytes": param_bytes},
+                         separators=(",", ":")), flush=True)
+    return 0
 
 
-def launch(args, argv, world):
+SIDES = ("fsdp", "replicated", "pytorch", "one_process")
+
+
+def launch(args, argv, side, world, dp):
+    """One job of `world` processes running `side`; returns rank 0's JSON row (or an error)."""
     port, anchor = free_port(), free_port()
     procs = []
-    with tempfile.TemporaryFile() as others:
+    with tempfile.TemporaryFile() as out0, tempfile.TemporaryFile() as others:
         for rank in range(world):
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                        LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-            procs.append(subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), "--anchor-port", str(anchor)] + argv,
-                env=env, stdout=None if rank == 0 else others,
-                stderr=None if rank == 0 else subprocess.STDOUT))
+            cmd = [sys.executable, os.path.abspath(__file__), "--side", side, "--dp", str(dp),
+                   "--anchor-port", str(anchor)] + argv
+            procs.append(subprocess.Popen(cmd, env=env, stdout=out0 if rank == 0 else others,
+                                          stderr=subprocess.STDOUT))
         codes = [p.wait() for p in procs]
-        if any(codes):
+        out0.seek(0)
+        text = out0.read().decode(errors="replace")
+        rows = [json.loads(x) for x in text.splitlines() if x.startswith('{"bench"')]
+        if any(codes) or not rows:
             others.seek(0)
-            sys.stderr.write(others.read().decode(errors="replace"))
-            sys.stderr.write(f"fsdp bench: exit codes {codes}\n")
-            return 1
-    return 0
+            why = (text + others.read().decode(errors="replace")).strip().splitlines()
+            return {"bench": "fsdp", "side": side, "ranks": dp,
+                    "error": f"exit codes {codes}: " + " | ".join(why[-3:])[:400]}
+        return rows[0]
+
+
+def report(rows, args, dp):
+    """The table and the JSON lines of one data-parallel size; False when a side is wrong."""
+    ok_rows = {r["side"]: r for r in rows if "error" not in r}
+    one = ok_rows.get("one_process")
+    pt = ok_rows.get("pytorch")
+    params = next(iter(ok_rows.values()))["param_bytes"] if ok_rows else 0
+    print(f"\n{dp} ranks: {args.layers} x Linear({args.dim}, {args.dim}), "
+          f"{params / 2**20:.1f} MiB of parameters, {args.batch} rows per rank, AdamW, "
+          f"{args.steps} steps; each side in its own processes")
+    print(f"{'side':<12} {'ms/step':>8} {'vs PyTorch':>10} {'state/rank':>11} {'vs one':>7} "
+          f"{'peak RSS +':>11} {'sent/step':>10} {'final loss':>11}")
+    good = True
+    for r in rows:
+        if "error" in r:
+            print(f"{r['side']:<12} did not run: {r['error']}")
+            print(json.dumps(r, separators=(",", ":")))
+            good = good and r["side"] == "pytorch"  # PyTorch's side may be missing, ours not
+            continue
+        r["equal_to_one_process"] = one is not None and \
+            abs(r["loss"] - one["loss"]) <= 1e-4 * max(1.0, abs(one["loss"]))
+        good = good and r["equal_to_one_process"]
+        if one is not None:
+            r["ratio_state_to_one"] = round(r["state_bytes"] / one["state_bytes"], 4)
+        if pt is not None:
+            r["ratio_time_to_pytorch"] = round(r["ms_per_step"] / pt["ms_per_step"], 4)
+        print(f"{r['side'].replace('_', ' '):<12} {r['ms_per_step']:>8.2f} "
+              f"{r.get('ratio_time_to_pytorch', float('nan')):>9.2f}x "
+              f"{r['state_bytes'] / 2**20:>9.2f}Mi {r.get('ratio_state_to_one', float('nan')):>6.2f}x "
+              f"{r['peak_rss_bytes'] / 2**20:>9.1f}Mi {r['comm_bytes'] / 2**20:>8.2f}Mi "
+              f"{r['loss']:>11.6f}{'' if r['equal_to_one_process'] else '  WRONG: not one process'}")
+        print(json.dumps(r, separators=(",", ":")))
+    return good
 
 
 def main(argv):
@@ -265,14 +266,18 @@ def main(argv):
     p.add_argument("--dim", type=int, default=512)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
+    p.add_argument("--dp", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--anchor-port", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if "RANK" in os.environ:
-        return rank_main(args)
-    rc = 0
-    for world in [int(w) for w in args.ranks.split(",") if w]:
-        rc = launch(args, argv, world) or rc
-    return rc
+    if args.side is not None:
+        return side_main(args)
+    good = True
+    for dp in [int(w) for w in args.ranks.split(",") if w]:
+        rows = [launch(args, argv, side, 1 if side == "one_process" else dp, dp)
+                for side in SIDES]
+        good = report(rows, args, dp) and good
+    return 0 if good else 1
 
 
 if __name__ == "__main__":

@@ -177,9 +177,9 @@ std::string plain_error(const OpInfo& info, const c10::FunctionSchema& schema, i
 }
 
 // Finds the inputs; plain tensors become Replicate inputs under ReplicatePlainTensorsGuard.
-std::vector<Input> collect_inputs(const OpInfo& info, const c10::FunctionSchema& schema,
+Inputs collect_inputs(const OpInfo& info, const c10::FunctionSchema& schema,
                                   c10::IValue* args, size_t n) {
-  std::vector<Input> inputs;
+  Inputs inputs;
   inputs.reserve(n);
   std::vector<std::pair<int, int>> plain;  // (arg, element)
   auto visit = [&](const at::Tensor& t, int arg, int element) {
@@ -238,7 +238,7 @@ const sharding::OpEntry* entry_of(const OpInfo& info) {
 // operator; the specs vector is reused, so a cache hit allocates nothing here).
 std::shared_ptr<const sharding::OpSharding> propagate_inputs(const c10::OperatorHandle& op,
                                                              const OpInfo& info,
-                                                             const std::vector<Input>& inputs,
+                                                             const Inputs& inputs,
                                                              const c10::IValue* args, size_t n) {
   thread_local std::vector<DTensorSpec> specs;
   specs.clear();
@@ -278,7 +278,7 @@ void run_replicated(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
 
 // Moves every input to its propagated target and puts the pieces into the arguments.
 void redistribute_inputs(const OpInfo& info, const sharding::OpSharding& s,
-                         std::vector<Input>& inputs, c10::IValue* args) {
+                         Inputs& inputs, c10::IValue* args) {
   for (size_t k = 0; k < inputs.size(); ++k) {
     Input& in = inputs[k];
     if (s.input_targets[k] != in.spec) {
@@ -321,7 +321,7 @@ void prepare_out_args(const OpInfo& info, const c10::FunctionSchema& schema,
 // Runs an op whose execution is not "the same op on the pieces" (Execution); false for those
 // that are.
 bool run_special(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
-                 c10::IValue* args, size_t n, const std::vector<Input>& inputs,
+                 c10::IValue* args, size_t n, const Inputs& inputs,
                  const sharding::OpSharding& s, const c10::SmallVector<at::Tensor, 8>& originals) {
   at::Tensor out;  // the one output of the cases that compute it here
   switch (info.execution) {
@@ -365,7 +365,7 @@ bool run_special(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::
 }
 
 // NOTE [FLOP counter]: the FLOPs of the op on this rank's pieces (their shapes, after the moves).
-void count_local_flops(const OpInfo& info, const std::vector<Input>& inputs,
+void count_local_flops(const OpInfo& info, const Inputs& inputs,
                        const c10::IValue* args) {
   std::vector<at::Tensor> locals;
   for (const Input& in : inputs) locals.push_back(in.local);
@@ -430,7 +430,7 @@ void kernel_body(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                   "so the write would not reach the tensor it views; redistribute that input to "
                   "the needed layout before taking the view, or write out of place");
   }
-  std::vector<Input> inputs = collect_inputs(info, schema, args, n);
+  Inputs inputs = collect_inputs(info, schema, args, n);
   if (program_check_enabled()) {  // NOTE [program digest]
     record_program_op(inputs[0].spec.mesh(), kOpRan, call_digest(info, args, n));
   }
@@ -557,7 +557,7 @@ std::string explain(const std::string& op, std::vector<c10::IValue> args) {
     args.push_back(*formal[i].default_value());
   }
   const OpInfo& info = info_for(*handle);
-  const std::vector<Input> inputs = collect_inputs(info, schema, args.data(), args.size());
+  const Inputs inputs = collect_inputs(info, schema, args.data(), args.size());
   return propagate_inputs(*handle, info, inputs, args.data(), args.size())->to_string();
 }
 

@@ -65,7 +65,7 @@ bool fallback_disabled_by_env() {
 }
 
 // The "no sharding rule" error of an op without an entry, with why no fallback ran.
-[[noreturn]] void no_rule(const OpInfo& info, const std::vector<Input>& inputs, const char* why) {
+[[noreturn]] void no_rule(const OpInfo& info, const Inputs& inputs, const char* why) {
   std::vector<DTensorSpec> specs;
   for (const Input& in : inputs) specs.push_back(in.spec);
   throw Error(sharding::no_rule_message(info.name, specs) + why);
@@ -160,7 +160,7 @@ void note_fallback(const OpInfo& info, const collectives::CommCounter& counter) 
 
 // Gathers every distributed input and out= argument to Replicate and puts the whole tensors into
 // the arguments; true when some piece had to be gathered (a copy, not the piece itself).
-bool gather_arguments(const OpInfo& info, std::vector<Input>& inputs,
+bool gather_arguments(const OpInfo& info, Inputs& inputs,
                       const c10::SmallVector<at::Tensor, 8>& originals, c10::IValue* args,
                       size_t n) {
   bool gathered = false;
@@ -217,7 +217,7 @@ void wrap_fallback_returns(const OpInfo& info, size_t returns, const DeviceMesh&
 
 // Runs `op` by the replicate fallback (NOTE [replicate fallback]).
 void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
-                  c10::IValue* args, size_t n, std::vector<Input>& inputs,
+                  c10::IValue* args, size_t n, Inputs& inputs,
                   const c10::SmallVector<at::Tensor, 8>& originals) {
   if (strict_mode_enabled()) no_rule(info, inputs, " (strict mode: no replicate fallback)");
   if (fallback_disabled_by_env()) no_rule(info, inputs, " (DTENSOR_FALLBACK=error)");

@@ -4,6 +4,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <absl/container/inlined_vector.h>
 #include <c10/util/SmallVector.h>
 
 #include <atomic>
@@ -42,6 +43,8 @@ struct Input {
   DTensorSpec spec;
   at::Tensor local;
 };
+// An op's distributed inputs: inline for the usual few (no heap allocation per call).
+using Inputs = absl::InlinedVector<Input, 4>;
 
 // This rank's coordinate on `mesh` (an error naming "DTensor op" when it is not in the mesh).
 const std::vector<int64_t>& my_coordinate(const DeviceMesh& mesh);
@@ -60,7 +63,7 @@ void encode_call(const OpInfo& info, const c10::IValue* args, size_t n, std::vec
 // arguments (scalars, numbers, lists, strings; wrapped Python numbers by value).
 uint64_t call_digest(const OpInfo& info, const c10::IValue* args, size_t n);
 std::optional<std::vector<std::optional<TensorMeta>>> aten_output_metas(
-    const c10::OperatorHandle& op, const OpInfo& info, const std::vector<Input>& inputs,
+    const c10::OperatorHandle& op, const OpInfo& info, const Inputs& inputs,
     const c10::IValue* args, size_t n);
 
 // This rank's piece shape of `spec` (memoized per thread).
@@ -81,7 +84,7 @@ at::Tensor wrap(const std::string& op, at::Tensor local, const DTensorSpec& spec
 
 // Random ops and dropout on distributed tensors (dispatch_random.cc; NOTE [DTensor random]).
 void run_random(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
-                c10::IValue* args, const std::vector<Input>& inputs, const sharding::OpSharding& s,
+                c10::IValue* args, const Inputs& inputs, const sharding::OpSharding& s,
                 const at::Tensor& self);
 void run_dropout(const c10::IValue* args, torch::jit::Stack* stack, size_t n,
                  const at::Tensor& input, const sharding::OpSharding& s);
@@ -89,7 +92,7 @@ void run_dropout(const c10::IValue* args, torch::jit::Stack* stack, size_t n,
 // Runs `op`, which has no table entry, by the replicate fallback (dispatch_fallback.cc, NOTE
 // [replicate fallback]).
 void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
-                  c10::IValue* args, size_t n, std::vector<Input>& inputs,
+                  c10::IValue* args, size_t n, Inputs& inputs,
                   const c10::SmallVector<at::Tensor, 8>& originals);
 // Runs an in-place op as its out-of-place overload, then copies into self (NOTE [in-place by
 // copy], dispatch_fallback.cc).

@@ -125,7 +125,7 @@ uint64_t call_digest(const OpInfo& info, const c10::IValue* args, size_t n) {
 // The outputs' metadata from ATen: the op run on meta tensors of the global inputs; nullopt when
 // ATen cannot run it on meta tensors (no meta kernel). Undefined outputs stay nullopt.
 std::optional<std::vector<std::optional<TensorMeta>>> aten_output_metas(
-    const c10::OperatorHandle& op, const OpInfo& info, const std::vector<Input>& inputs,
+    const c10::OperatorHandle& op, const OpInfo& info, const Inputs& inputs,
     const c10::IValue* args, size_t n) {
   torch::jit::Stack stack(args, args + n);
   for (const Input& in : inputs) {

@@ -18,7 +18,7 @@ namespace dtensor::dispatch_detail {
 // random]): each chunk is the op called on a 1-D buffer standing in for the global tensor, or for
 // the *_like factories (no generator argument) ATen's fill of it from the rank generator.
 void run_random(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
-                c10::IValue* args, const std::vector<Input>& inputs, const sharding::OpSharding& s,
+                c10::IValue* args, const Inputs& inputs, const sharding::OpSharding& s,
                 const at::Tensor& self) {
   const DTensorSpec& out = s.outputs.at(0);
   const at::Tensor local = inputs.at(0).local;
