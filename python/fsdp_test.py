@@ -690,3 +690,44 @@ def _assert_close(got, want):
     assert got.keys() == want.keys()
     for k in want:
         torch.testing.assert_close(got[k], want[k], **TOL, msg=k)
+
+
+class MixedDtypes(nn.Module):
+    """A float64 layer and a float32 layer in one parameter group."""
+
+    def __init__(self):
+        super().__init__()
+        self.wide = nn.Linear(7, 15).double()
+        self.narrow = nn.Linear(15, 2)
+
+    def forward(self, x):
+        return self.narrow(torch.relu(self.wide(x.double())).float())
+
+
+def test_one_group_with_mixed_dtypes_matches_one_process():
+    """fully_shard on the root only: one group of float64 and float32 parameters (PyTorch's FSDP2
+    refuses it, pytorch/pytorch#156784): one all-gather and one reduce-scatter per dtype, and
+    5 AdamW steps equal one process's, each parameter and gradient in its own dtype."""
+    torch.manual_seed(0)
+    base = MixedDtypes()
+    batches = _batches(2, 5)
+    ref_losses, ref_grads, ref_final = _reference(base, batches, 2)
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (2,))
+        model = fully_shard(copy.deepcopy(base), mesh=mesh)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for step, ((x, y),) in enumerate(batches):
+            with CommDebugMode() as comm:
+                loss = _loss(model(_local(x, rank)), _local(y, rank))
+                loss.backward()
+            torch.testing.assert_close(loss.item(), ref_losses[step][0][rank], **TOL)
+            assert _counts(comm) == {"all_gather_into_tensor": 2, "reduce_scatter_tensor": 2}
+            for n, p in model.named_parameters():
+                assert p.dtype == p.grad.dtype == dict(base.named_parameters())[n].dtype, n
+                torch.testing.assert_close(p.grad.full_tensor(), ref_grads[step][n], **TOL)
+            opt.step()
+            opt.zero_grad()
+        _check_params(model, ref_final)
+
+    dtensor.run_threads(2, rank_fn)

@@ -65,6 +65,12 @@ Decisions where PyTorch is silent or its mechanism is CUDA-specific:
   ``torch.autograd._unsafe_preserve_version_counter``, PyTorch's own mechanism, so tensors saved
   for backward in an earlier forward see the refilled data.
 * ``mesh=None``: the current mesh (``with mesh:``), else a 1-D CPU mesh over the world.
+* A group whose parameters have several dtypes (or compute / reduce dtypes) works: one
+  all-gather and one reduce-scatter per dtype (NOTE [mixed dtypes in a group]); PyTorch refuses
+  such a group (pytorch/pytorch#156784).
+* Every collective of a group names its module (NOTE [collective purpose]): ranks that run
+  different modules (an expert skipped on one rank, or another order) fail on every rank with
+  an error naming both modules; PyTorch hangs (pytorch/pytorch#158719).
 """
 
 import functools

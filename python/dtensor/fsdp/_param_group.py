@@ -277,7 +277,7 @@ class FSDPParamGroup:
         self.mp_policy = mp_policy
         self.sharded_state = ShardedState.SHARDED
         self.training_state = TrainingState.IDLE
-        self._pending = None  # an issued, not yet copied-out all-gather
+        self._pending = None  # issued, not yet copied-out all-gathers: [(params, tensor)]
         # The module's name under the root (set at the root's lazy init; its class before).
         self.name = None
         shard_dim = mesh.ndim - 1
@@ -302,40 +302,53 @@ class FSDPParamGroup:
     def is_unsharded(self):
         return self.sharded_state == ShardedState.UNSHARDED
 
+    @staticmethod
+    def _by_dtype(items, dtype_of):
+        """NOTE [mixed dtypes in a group]: ``items`` split by dtype, in the order each dtype first
+        appears (the parameters' order, equal on every rank): one all-gather (or reduce-scatter)
+        per dtype, so a group may hold parameters of several dtypes (PyTorch's FSDP2 refuses them,
+        pytorch/pytorch#156784). One dtype, the usual case, is one collective as before."""
+        buckets = {}
+        for item in items:
+            buckets.setdefault(dtype_of(item), []).append(item)
+        return list(buckets.values())
+
     def unshard(self, async_op=False):
-        """Issues the group's all-gather (no-op when unsharded or already issued)."""
+        """Issues the group's all-gathers, one per compute dtype (no-op when unsharded or
+        already issued)."""
         if self.is_unsharded or self._pending is not None:
             return
-        dtypes = {p.compute_dtype for p in self.fsdp_params}
-        if len(dtypes) != 1:
-            raise NotImplementedError(f"fully_shard: one parameter group with several compute "
-                                      f"dtypes {sorted(map(str, dtypes))} is not supported")
-        inputs = [p.all_gather_input() for p in self.fsdp_params]
-        flat = torch.cat(inputs) if len(inputs) > 1 else inputs[0]
+        pending = []
         with torch.no_grad(), self._purpose():
-            self._pending = funcol.all_gather_into_tensor(flat, 0, self._shard_group,
-                                                          async_op=async_op)
+            for params in self._by_dtype(self.fsdp_params, lambda p: p.compute_dtype):
+                inputs = [p.all_gather_input() for p in params]
+                flat = torch.cat(inputs) if len(inputs) > 1 else inputs[0]
+                pending.append((params, funcol.all_gather_into_tensor(
+                    flat, 0, self._shard_group, async_op=async_op)))
+        self._pending = pending
+
+    def _wait_pending(self):
+        pending, self._pending = self._pending or [], None
+        return [(params, funcol.wait_tensor(t)) for params, t in pending]
 
     def wait_for_unshard(self):
-        """Copies the issued all-gather out into the unsharded parameters and registers them."""
+        """Copies the issued all-gathers out into the unsharded parameters and registers them."""
         if self._pending is None:
             return
-        out = funcol.wait_tensor(self._pending)
-        self._pending = None
-        shard_size = self.fsdp_params[0].shard_size
-        rows = out.view(shard_size, -1)
-        offset = 0
+        for params, out in self._wait_pending():
+            rows = out.view(params[0].shard_size, -1)
+            offset = 0
+            for p in params:
+                p.set_unsharded_from(rows[:, offset: offset + p.padded_numel])
+                offset += p.padded_numel
         for p in self.fsdp_params:
-            p.set_unsharded_from(rows[:, offset: offset + p.padded_numel])
-            offset += p.padded_numel
             p.to_unsharded()
         self.sharded_state = ShardedState.UNSHARDED
 
     def reshard(self):
         """Registers the sharded parameters and frees the unsharded ones (no communication)."""
         if self._pending is not None:  # an unshard that nobody waited for
-            funcol.wait_tensor(self._pending)
-            self._pending = None
+            self._wait_pending()
         for p in self.fsdp_params:
             p.to_sharded()
         self.sharded_state = ShardedState.SHARDED
@@ -361,28 +374,25 @@ class FSDPParamGroup:
             self._reduce(with_grad)
 
     def _reduce(self, with_grad):
-        """One reduce-scatter (sum) over the shard dim, one all-reduce (sum) over the replicate
-        dim for HSDP, then the division by the divide factor."""
-        dtypes = {g.dtype for _, g in with_grad}
-        if len(dtypes) != 1:
-            raise NotImplementedError(f"fully_shard: gradients of several reduce dtypes "
-                                      f"{sorted(map(str, dtypes))} in one group")
+        """Per reduce dtype (NOTE [mixed dtypes in a group]): one reduce-scatter (sum) over the
+        shard dim, one all-reduce (sum) over the replicate dim for HSDP, then the division by the
+        divide factor."""
+        factor = self.gradient_divide_factor
         with torch.no_grad(), self._purpose():
-            pieces = [p.reduce_scatter_input(g) for p, g in with_grad]
-            flat = torch.cat(pieces, dim=1).reshape(-1)
-            out = funcol.wait_tensor(
-                funcol.reduce_scatter_tensor(flat, "sum", 0, self._shard_group))
-            if self._replicate_group is not None:
-                out = funcol.wait_tensor(funcol.all_reduce(out, "sum", self._replicate_group))
-            factor = self.gradient_divide_factor
-            out = out / (self.mesh.size() if factor is None else factor)
-            offset = 0
-            for p, _ in with_grad:
-                p.add_sharded_grad(out[offset: offset + p.padded_numel])
-                offset += p.padded_numel
+            for bucket in self._by_dtype(with_grad, lambda pg: pg[1].dtype):
+                pieces = [p.reduce_scatter_input(g) for p, g in bucket]
+                flat = torch.cat(pieces, dim=1).reshape(-1)
+                out = funcol.wait_tensor(
+                    funcol.reduce_scatter_tensor(flat, "sum", 0, self._shard_group))
+                if self._replicate_group is not None:
+                    out = funcol.wait_tensor(funcol.all_reduce(out, "sum", self._replicate_group))
+                out = out / (self.mesh.size() if factor is None else factor)
+                offset = 0
+                for p, _ in bucket:
+                    p.add_sharded_grad(out[offset: offset + p.padded_numel])
+                    offset += p.padded_numel
 
     def finalize_backward(self):
         """End of the last backward: drop a prefetched all-gather nobody used."""
         if self._pending is not None:
-            funcol.wait_tensor(self._pending)
-            self._pending = None
+            self._wait_pending()
