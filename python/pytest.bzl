@@ -1,12 +1,13 @@
 """pytest_test: a py_test that runs pytest (run_pytest.py) on one test file."""
 
-def pytest_test(name, test, srcs = [], data = [], launches_ranks = False, **kwargs):
+def pytest_test(name, test, srcs = [], data = [], launches_ranks = False, pytest_args = [],
+                **kwargs):
     """`test` is the test file. launches_ranks: the test starts processes with ./x launch's
-    launcher (LAUNCH_PY). Such tests share the machine with other tests (NOTE [what ./x test
-    runs] in tools/x/test.sh: every job names its own port, shm segments and store, and the
-    timed bounds leave room for a loaded machine); a test whose bound cannot says so with the
-    tag "exclusive". shard_count (Bazel's) splits the file's cases over that many processes
-    (NOTE [test shards] in run_pytest.py).
+    launcher (LAUNCH_PY). Such tests share the machine with other tests (every job has its own
+    port, shm segments and store, and bounds measured inside the ranks hold on a loaded machine);
+    a test whose bound is wall time across process starts says so with the tag "exclusive". shard_count (Bazel's) splits the file's cases over that many processes
+    (NOTE [test shards] in run_pytest.py). pytest_args: more pytest arguments (e.g. "-k" to run
+    some of the file's cases in one target and the rest in another).
 
     The test imports the package from its runfiles: :dtensor_engine's `imports = ["."]` puts
     <runfiles>/<workspace>/python on sys.path, where dtensor/_C.so lies beside the .py files (the
@@ -19,7 +20,7 @@ def pytest_test(name, test, srcs = [], data = [], launches_ranks = False, **kwar
     native.py_test(
         name = name,
         srcs = [test, "//python:run_pytest.py"] + srcs,
-        args = ["$(location %s)" % test],
+        args = ["$(location %s)" % test] + pytest_args,
         data = data,
         env = env,
         main = "//python:run_pytest.py",
