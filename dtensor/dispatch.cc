@@ -177,8 +177,8 @@ std::string plain_error(const OpInfo& info, const c10::FunctionSchema& schema, i
 }
 
 // Finds the inputs; plain tensors become Replicate inputs under ReplicatePlainTensorsGuard.
-Inputs collect_inputs(const OpInfo& info, const c10::FunctionSchema& schema,
-                                  c10::IValue* args, size_t n) {
+Inputs collect_inputs(const OpInfo& info, const c10::FunctionSchema& schema, c10::IValue* args,
+                      size_t n) {
   Inputs inputs;
   inputs.reserve(n);
   std::vector<std::pair<int, int>> plain;  // (arg, element)
@@ -277,8 +277,8 @@ void run_replicated(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
 }
 
 // Moves every input to its propagated target and puts the pieces into the arguments.
-void redistribute_inputs(const OpInfo& info, const sharding::OpSharding& s,
-                         Inputs& inputs, c10::IValue* args) {
+void redistribute_inputs(const OpInfo& info, const sharding::OpSharding& s, Inputs& inputs,
+                         c10::IValue* args) {
   for (size_t k = 0; k < inputs.size(); ++k) {
     Input& in = inputs[k];
     if (s.input_targets[k] != in.spec) {
@@ -321,8 +321,8 @@ void prepare_out_args(const OpInfo& info, const c10::FunctionSchema& schema,
 // Runs an op whose execution is not "the same op on the pieces" (Execution); false for those
 // that are.
 bool run_special(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
-                 c10::IValue* args, size_t n, const Inputs& inputs,
-                 const sharding::OpSharding& s, const c10::SmallVector<at::Tensor, 8>& originals) {
+                 c10::IValue* args, size_t n, const Inputs& inputs, const sharding::OpSharding& s,
+                 const c10::SmallVector<at::Tensor, 8>& originals) {
   at::Tensor out;  // the one output of the cases that compute it here
   switch (info.execution) {
     case Execution::kRandom:
@@ -365,8 +365,7 @@ bool run_special(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::
 }
 
 // NOTE [FLOP counter]: the FLOPs of the op on this rank's pieces (their shapes, after the moves).
-void count_local_flops(const OpInfo& info, const Inputs& inputs,
-                       const c10::IValue* args) {
+void count_local_flops(const OpInfo& info, const Inputs& inputs, const c10::IValue* args) {
   std::vector<at::Tensor> locals;
   for (const Input& in : inputs) locals.push_back(in.local);
   count_flops(*entry_of(info), locals, info.args.layout(args));
