@@ -128,7 +128,8 @@ def plot_checkpoint(rows, out_dir, written):
     if not rows:
         return
     fig, ax = _figure("checkpoint throughput against dd", "", "GB/s")
-    labels = [f"{r['op']}\n{r['layout']}, {r['ranks']}" for r in rows]
+    labels = [f"{r['op']} {r['bytes'] // 2**20} MiB\n{r['layout']}, {r['ranks']} ranks"
+              if "bytes" in r else f"{r['op']}\n{r['layout']}, {r['ranks']} ranks" for r in rows]
     import numpy as np
 
     x = np.arange(len(rows))
