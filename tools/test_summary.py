@@ -37,7 +37,11 @@ def target_xmls(folder):
         newest = max(shards, key=lambda d: os.path.getmtime(os.path.join(folder, d)))
         shards = [d for d in shards if d.endswith(newest[newest.index("_of_"):])]
         xmls = [os.path.join(folder, d, "test.xml") for d in shards]
-        return xmls if all(os.path.exists(x) for x in xmls) else []
+        top = os.path.join(folder, "test.xml")
+        # A target no longer sharded leaves its shard folders too: a newer top-level file wins.
+        if not (os.path.exists(top) and all(os.path.exists(x) for x in xmls) and
+                os.path.getmtime(top) > max(os.path.getmtime(x) for x in xmls)):
+            return xmls if all(os.path.exists(x) for x in xmls) else []
     xml = os.path.join(folder, "test.xml")
     return [xml] if os.path.exists(xml) else []
 
