@@ -1,8 +1,9 @@
 """dtensor.fsdp.fully_shard (NOTE [fully_shard]) against one process, ranks as threads: training
 parity over AdamW steps with uneven and empty shards and several groups, the collectives of a
 step, gradient accumulation without sync, parameter registration across a step, HSDP on a 2-D
-mesh, the gradient divide factor, mixed precision, unshard/reshard, explicit prefetch and the
-state dict. Every expected value is computed here by one process (or from the model's
+mesh, the gradient divide factor, mixed precision, mixed dtypes in one group, unshard/reshard,
+explicit prefetch, the state dict and ranks that reach different groups (FSDP over TP is in
+fsdp_tp_test.py; shared helpers in fsdp_testing.py). Every expected value is computed here by one process (or from the model's
 structure), as PyTorch's FSDP2 tests do."""
 
 import copy
@@ -15,96 +16,8 @@ import dtensor
 from dtensor import DTensor, Replicate, Shard
 from dtensor.debug import CommDebugMode
 from dtensor.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-
-TOL = dict(rtol=1e-5, atol=1e-5)
-ROWS = 4  # rows of the batch per data-parallel rank
-
-
-class MLP(nn.Module):
-    """Uneven shapes: on 2 ranks l1's weight splits 8/7 rows, on 3 ranks l3's 1/1/0 (empty)."""
-
-    def __init__(self):
-        super().__init__()
-        self.l1 = nn.Linear(7, 15)
-        self.l2 = nn.Linear(15, 3)
-        self.l3 = nn.Linear(3, 2)
-
-    def forward(self, x):
-        return self.l3(torch.relu(self.l2(torch.relu(self.l1(x)))))
-
-
-def _base_model(seed=0):
-    torch.manual_seed(seed)
-    return MLP()
-
-
-def _batches(dp, steps, microbatches=1, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return [[(torch.randn(dp * ROWS, 7, generator=g), torch.randn(dp * ROWS, 2, generator=g))
-             for _ in range(microbatches)] for _ in range(steps)]
-
-
-def _loss(out, y):
-    return (out - y).pow(2).mean()
-
-
-def _local(t, dp_rank):
-    return t[dp_rank * ROWS:(dp_rank + 1) * ROWS]
-
-
-def _reference(base, batches, dp, compute_dtype=None):
-    """One process: AdamW on the full batch (mean loss over micro-batches). Returns, per step and
-    micro-batch, each data-parallel rank's loss on its slice, the gradients of each step (before
-    the optimizer step) and the final parameters."""
-    model = copy.deepcopy(base)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses, grads = [], []
-    for step in batches:
-        step_losses = []
-        for x, y in step:
-            if compute_dtype is None:
-                out = model(x)
-            else:  # mixed precision: compute with casts of the float32 parameters
-                p = {n: t.to(compute_dtype) for n, t in model.named_parameters()}
-                out = torch.func.functional_call(model, p, (x.to(compute_dtype),))
-            step_losses.append([_loss(_local(out, r), _local(y, r)).item() for r in range(dp)])
-            (_loss(out, y) / len(step)).backward()
-        losses.append(step_losses)
-        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
-        opt.step()
-        opt.zero_grad()
-    return losses, grads, {n: p.detach().clone() for n, p in model.named_parameters()}
-
-
-def _shard(model, mesh, **kwargs):
-    """fully_shard on l1, l2, then the root (which keeps l3): three parameter groups."""
-    fully_shard(model.l1, mesh=mesh, **kwargs)
-    fully_shard(model.l2, mesh=mesh, **kwargs)
-    fully_shard(model, mesh=mesh, **kwargs)
-    return model
-
-
-def _groups(model):
-    """The FSDP modules that own a parameter group: a parameter of their subtree that no inner
-    FSDP module holds."""
-    fsdp = [m for m in model.modules() if isinstance(m, FSDPModule)]
-
-    def own(m):
-        inner = {p for sub in m.modules() if sub is not m and isinstance(sub, FSDPModule)
-                 for p in sub.parameters()}
-        return [p for p in m.parameters() if p not in inner]
-
-    return [m for m in fsdp if own(m)]
-
-
-def _check_params(model, expected):
-    for n, p in model.named_parameters():
-        assert isinstance(p, nn.Parameter) and isinstance(p, DTensor), n
-        torch.testing.assert_close(p.full_tensor(), expected[n], **TOL, msg=n)
-
-
-def _counts(comm):
-    return {k: v for k, v in comm.get_comm_counts().items() if v}
+from fsdp_testing import (TOL, MLP, _base_model, _batches, _check_params, _counts,
+                          _groups, _local, _loss, _reference, _shard)
 
 
 # ---- training parity and collectives ---------------------------------------------------------
@@ -455,100 +368,6 @@ def test_shard_placement_fn_and_class():
     dtensor.run_threads(world, rank_fn)
 
 
-# ---- 2-D: FSDP over tensor parallelism (NOTE [FSDP over TP]) --------------------------------
-
-class TPMLP(nn.Module):
-    """A colwise then a rowwise Linear (hidden dim `hidden`: 3 splits 2/1 over tp=2, then 1/1 and
-    1/0 over dp=2; 17 splits 9/8 then 5/4 and 4/4)."""
-
-    def __init__(self, hidden):
-        super().__init__()
-        self.w_in = nn.Linear(7, hidden)
-        self.w_out = nn.Linear(hidden, 2)
-
-    def forward(self, x):
-        return self.w_out(torch.relu(self.w_in(x)))
-
-
-@pytest.mark.parametrize("hidden", [3, 16, 17])
-@pytest.mark.parametrize("reshard_after_forward", [True, False])
-def test_fsdp_over_tp_parity(hidden, reshard_after_forward):
-    """parallelize_module on "tp", fully_shard on "dp" (2x2 mesh): parameter placements as
-    PyTorch's (colwise weight (_StridedShard(0, sf=2), Shard(0)), rowwise (Shard(0), Shard(1))),
-    full_tensor exact, 10 AdamW steps equal to one process, gradients in the parameters'
-    placements, and clip_grad_norm_ over them equal to one process's total norm."""
-    from dtensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-    from dtensor.placement_types import _StridedShard
-    dp, tp = 2, 2
-    torch.manual_seed(0)
-    base = TPMLP(hidden)
-    batches = _batches(dp, 10)
-    ref_losses, ref_grads, ref_final = _reference(base, batches, dp)
-    ref_norm = torch.nn.utils.get_total_norm([g for g in ref_grads[0].values()])
-
-    def rank_fn(rank):
-        world = dtensor.init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
-        dp_rank = world.get_local_rank(0)
-        model = copy.deepcopy(base)
-        # The hidden activation stays distributed: its uneven global shape (3 over 2 ranks)
-        # cannot be inferred from a local piece, as PyTorch's (use_local_output=True) would.
-        parallelize_module(model, world["tp"], {"w_in": ColwiseParallel(use_local_output=False),
-                                                 "w_out": RowwiseParallel()})
-        fully_shard(model.w_in, mesh=world["dp"], reshard_after_forward=reshard_after_forward)
-        fully_shard(model.w_out, mesh=world["dp"], reshard_after_forward=reshard_after_forward)
-        fully_shard(model, mesh=world["dp"], reshard_after_forward=reshard_after_forward)
-        want = {"w_in.weight": (_StridedShard(0, 2), Shard(0)),
-                "w_in.bias": (_StridedShard(0, 2), Shard(0)),
-                "w_out.weight": (Shard(0), Shard(1)),
-                "w_out.bias": (Shard(0), Replicate())}
-        for n, p in model.named_parameters():
-            assert p.placements == want[n], (n, p.placements)
-            assert tuple(p.device_mesh.mesh_dim_names) == ("dp", "tp")
-            assert torch.equal(p.full_tensor(), dict(base.named_parameters())[n].detach()), n
-        # Each unsharded parameter owns exactly its storage (with hidden 3 a TP piece of one row
-        # is a contiguous slice of the all-gather output: sharing that buffer, freeing and
-        # refilling it wrote past its end, a heap corruption seen as a crash).
-        model.w_in.unshard()
-        for n, p in model.w_in.named_parameters():
-            local = p.to_local()
-            assert local.untyped_storage().nbytes() == local.numel() * local.element_size(), n
-        model.w_in.reshard()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        for step, ((x, y),) in enumerate(batches):
-            loss = _loss(model(_local(x, dp_rank)), _local(y, dp_rank))
-            loss.backward()
-            torch.testing.assert_close(loss.item(), ref_losses[step][0][dp_rank], **TOL)
-            for n, p in model.named_parameters():
-                assert p.grad.placements == p.placements, n
-                torch.testing.assert_close(p.grad.full_tensor(), ref_grads[step][n], **TOL,
-                                           msg=n)
-            if step == 0:
-                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1e9)
-                norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
-                torch.testing.assert_close(norm, ref_norm, **TOL)
-            opt.step()
-            opt.zero_grad()
-        _check_params(model, ref_final)
-
-    dtensor.run_threads(dp * tp, rank_fn)
-
-
-
-def test_size_one_shard_dim_is_refused_clearly():
-    """A (1, 7) weight placed Shard(0) over 2 ranks: the engine's rules never shard a size-1
-    dim, so rather than pieces of another layout (a silently wrong all-gather), fully_shard
-    raises naming the shape; shard_placement_fn's Shard(1) works."""
-    def rank_fn(rank):
-        mesh = dtensor.init_device_mesh("cpu", (2,))
-        with pytest.raises(NotImplementedError, match=r"shape \(1, 7\).*shard_placement_fn"):
-            fully_shard(nn.Linear(7, 1), mesh=mesh)
-        m = fully_shard(nn.Linear(7, 1, bias=False), mesh=mesh,
-                        shard_placement_fn=lambda p: Shard(1))
-        assert m.weight.placements == (Shard(1),)
-
-    dtensor.run_threads(2, rank_fn)
-
-
 class TwoExperts(nn.Module):
     """Two experts of one shape: their groups' all-gathers have equal sizes."""
 
@@ -582,114 +401,6 @@ def test_ranks_that_reach_different_groups_fail_naming_the_modules(case):
 
     with pytest.raises(Exception, match=r"purpose differs: .*'FSDP expert0'.*'FSDP expert1'"):
         dtensor.run_threads(2, rank_fn)
-
-
-def test_checkpoint_reshards_2d_to_fsdp_to_hsdp_to_one_process(tmp_path):
-    """The state dicts of FSDP x TP (2, 2), FSDP on 4 ranks and HSDP (2, 2) save with
-    dtensor.checkpoint and load into each other's layouts, then into one plain process: model
-    and AdamW state equal to the layout they were saved from (full_tensor), and training goes on
-    from them equal to one process trained without the round trips."""
-    from dtensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-    torch.manual_seed(0)
-    base = TPMLP(17)  # 17 rows: uneven pieces on every layout
-    batches = _batches(4, 3)
-    _, _, ref_final = _reference(base, batches, 4)
-    ckpt_2d, ckpt_fsdp, ckpt_hsdp = (str(tmp_path / n) for n in ("2d", "fsdp", "hsdp"))
-
-    def train(model, opt, steps, rows, dp_rank):
-        for (x, y), in steps:
-            loss = _loss(model(x[dp_rank * rows:(dp_rank + 1) * rows]),
-                         y[dp_rank * rows:(dp_rank + 1) * rows])
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-
-    def full(state):
-        return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in state.items()}
-
-    def layout(kind, source=None):
-        """`source` (else a fresh model of another seed whose AdamW has state to load into)
-        sharded as `kind`, its AdamW, and the data-parallel rank and size."""
-        torch.manual_seed(123)
-        model = copy.deepcopy(source) if source is not None else TPMLP(17)
-        if kind == "2d":
-            mesh = dtensor.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-            parallelize_module(model, mesh["tp"], {"w_in": ColwiseParallel(use_local_output=False),
-                                                    "w_out": RowwiseParallel()})
-            for m in (model.w_in, model.w_out, model):
-                fully_shard(m, mesh=mesh["dp"])
-            dp_rank, dp = mesh.get_local_rank(0), 2
-        else:
-            shape = (4,) if kind == "fsdp" else (2, 2)
-            mesh = dtensor.init_device_mesh("cpu", shape)
-            for m in (model.w_in, model.w_out, model):
-                fully_shard(m, mesh=mesh)
-            dp_rank, dp = mesh.get_rank(), 4
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        if source is None:
-            for p in model.parameters():  # NOTE [optimizer state]: the state exists before load
-                p.grad = torch.zeros_like(p)
-            opt.step()
-            opt.zero_grad()
-        return model, opt, dp_rank, dp
-
-    def state_of(model, opt):
-        return {"model": model.state_dict(), "optim": opt.state_dict()}
-
-    def rank_fn(rank):
-        # 2-D: start from `base`, train one step, save.
-        model, opt, dp_rank, dp = layout("2d", base)
-        train(model, opt, batches[:1], 4 * ROWS // dp, dp_rank)
-        saved = state_of(model, opt)
-        dtensor.checkpoint.save(saved, checkpoint_id=ckpt_2d)
-        want_model, want_moments = full(saved["model"]), _moments(saved["optim"])
-        # FSDP on 4 ranks: load, compare, train one step, save.
-        model, opt, dp_rank, dp = layout("fsdp")
-        state = state_of(model, opt)
-        dtensor.checkpoint.load(state, checkpoint_id=ckpt_2d)
-        opt.load_state_dict(state["optim"])
-        _assert_equal(full(model.state_dict()), want_model)
-        _assert_equal(_moments(opt.state_dict()), want_moments)
-        train(model, opt, batches[1:2], 4 * ROWS // dp, dp_rank)
-        saved = state_of(model, opt)
-        dtensor.checkpoint.save(saved, checkpoint_id=ckpt_fsdp)
-        want_model, want_moments = full(saved["model"]), _moments(saved["optim"])
-        # HSDP (2, 2): load, compare, train the last step, save.
-        model, opt, dp_rank, dp = layout("hsdp")
-        state = state_of(model, opt)
-        dtensor.checkpoint.load(state, checkpoint_id=ckpt_fsdp)
-        opt.load_state_dict(state["optim"])
-        _assert_equal(full(model.state_dict()), want_model)
-        _assert_equal(_moments(opt.state_dict()), want_moments)
-        train(model, opt, batches[2:], 4 * ROWS // dp, dp_rank)
-        dtensor.checkpoint.save({"model": model.state_dict()}, checkpoint_id=ckpt_hsdp)
-        return full(model.state_dict())
-
-    finals = dtensor.run_threads(4, rank_fn)
-    # Three steps over three layouts equal three steps of one process.
-    _assert_close(finals[0], ref_final)
-    # One process, plain tensors: the last checkpoint is the trained model.
-    plain = TPMLP(17)
-    state = {"model": {k: torch.zeros_like(v) for k, v in plain.state_dict().items()}}
-    dtensor.checkpoint.load(state, checkpoint_id=ckpt_hsdp)
-    _assert_equal(state["model"], finals[0])
-
-
-def _moments(optim_state):
-    return {(i, k): v.full_tensor() if isinstance(v, DTensor) else v
-            for i, s in optim_state["state"].items() for k, v in s.items() if k != "step"}
-
-
-def _assert_equal(got, want):
-    assert got.keys() == want.keys(), (sorted(got), sorted(want))
-    for k in want:
-        assert torch.equal(got[k], want[k]), k
-
-
-def _assert_close(got, want):
-    assert got.keys() == want.keys()
-    for k in want:
-        torch.testing.assert_close(got[k], want[k], **TOL, msg=k)
 
 
 class MixedDtypes(nn.Module):
