@@ -95,8 +95,8 @@ def peak_rss():
     return 0
 
 
-def run_side(name, m, opt, data, rank, world, args, before_step=None):
-    """Trains on this rank's rows; returns (ms per step, last loss mean over ranks, state, peak)."""
+def run_side(m, opt, data, rank, args, before_step=None):
+    """Trains on this rank's rows; returns (ms per step, its last loss, state bytes, peak RSS added)."""
     import torch
 
     rows = slice(rank * args.batch, (rank + 1) * args.batch)
@@ -116,12 +116,13 @@ def run_side(name, m, opt, data, rank, world, args, before_step=None):
     return statistics.median(times[1:] or times), loss.detach(), state_bytes(m, opt), peak
 
 
-def comm_bytes(side, param_bytes, world, groups_regathered=True):
+def comm_bytes(side, param_bytes, world):
     share = (world - 1) / world
     if side == "replicated":
         return int(2 * param_bytes * share)
-    gathers = 2 if groups_regathered else 1  # forward, and again for backward after resharding
-    return int((gathers + 1) * param_bytes * share)  # + one reduce-scatter of the gradients
+    # FSDP resharding after forward: all-gathers in forward and again in backward, one
+    # reduce-scatter of the gradients.
+    return int(3 * param_bytes * share)
 
 
 def side_main(args):
@@ -176,7 +177,7 @@ def side_main(args):
                 pt_fully_shard(layer, mesh=pmesh)
         pt_fully_shard(m, mesh=pmesh)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-    ms, loss, state, peak = run_side(side, m, opt, data, rank, world, run_args, before_step)
+    ms, loss, state, peak = run_side(m, opt, data, rank, run_args, before_step)
     loss = loss.reshape(1).double()
     if pt:
         dist.all_reduce(loss)
