@@ -96,7 +96,8 @@ def peak_rss():
 
 
 def run_side(m, opt, data, rank, args, before_step=None):
-    """Trains on this rank's rows; returns (ms per step, its last loss, state bytes, peak RSS added)."""
+    """Trains on this rank's rows; returns (ms per step, its last loss, state bytes, peak RSS
+    added)."""
     import torch
 
     rows = slice(rank * args.batch, (rank + 1) * args.batch)
