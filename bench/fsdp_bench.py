@@ -18,7 +18,8 @@ Per side: ms per step (median of the steps after the first), the training state 
 (parameters, gradients, AdamW's moments: bytes of its local pieces), the peak resident memory the
 training steps added on top of the built model (VmHWM after resetting it with /proc/self/clear_refs;
 the largest over the ranks), and the bytes each rank sends per step by the algorithm (ring
-all-gather and reduce-scatter send (W-1)/W of the full tensor, all-reduce twice that). One JSON line per side and world size:
+all-gather and reduce-scatter send (W-1)/W of the full tensor, all-reduce twice that). One JSON
+line per side and world size:
   {"bench":"fsdp","side":"fsdp","ranks":2,"ms_per_step":..,"state_bytes":..,"peak_rss_bytes":..,
    "comm_bytes":..,"ratio_state_to_one":..,"ratio_time_to_pytorch":..}
 """
@@ -252,11 +253,13 @@ def report(rows, args, dp):
             r["ratio_state_to_one"] = round(r["state_bytes"] / one["state_bytes"], 4)
         if pt is not None:
             r["ratio_time_to_pytorch"] = round(r["ms_per_step"] / pt["ms_per_step"], 4)
+        verdict = "" if r["equal_to_one_process"] else "  WRONG: not one process"
+        nan = float("nan")
         print(f"{r['side'].replace('_', ' '):<12} {r['ms_per_step']:>8.2f} "
-              f"{r.get('ratio_time_to_pytorch', float('nan')):>9.2f}x "
-              f"{r['state_bytes'] / 2**20:>9.2f}Mi {r.get('ratio_state_to_one', float('nan')):>6.2f}x "
+              f"{r.get('ratio_time_to_pytorch', nan):>9.2f}x "
+              f"{r['state_bytes'] / 2**20:>9.2f}Mi {r.get('ratio_state_to_one', nan):>6.2f}x "
               f"{r['peak_rss_bytes'] / 2**20:>9.1f}Mi {r['comm_bytes'] / 2**20:>8.2f}Mi "
-              f"{r['loss']:>11.6f}{'' if r['equal_to_one_process'] else '  WRONG: not one process'}")
+              f"{r['loss']:>11.6f}{verdict}")
         print(json.dumps(r, separators=(",", ":")))
     return good
 

@@ -3,8 +3,8 @@ parity over AdamW steps with uneven and empty shards and several groups, the col
 step, gradient accumulation without sync, parameter registration across a step, HSDP on a 2-D
 mesh, the gradient divide factor, mixed precision, mixed dtypes in one group, unshard/reshard,
 explicit prefetch, the state dict and ranks that reach different groups (FSDP over TP is in
-fsdp_tp_test.py; shared helpers in fsdp_testing.py). Every expected value is computed here by one process (or from the model's
-structure), as PyTorch's FSDP2 tests do."""
+fsdp_tp_test.py; shared helpers in fsdp_testing.py). Every expected value is computed here by
+one process (or from the model's structure), as PyTorch's FSDP2 tests do."""
 
 import copy
 
