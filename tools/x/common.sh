@@ -40,6 +40,7 @@ ensure_packages() {
   for p in "${PACKAGES[@]}" "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
+  prune_stale_bases
   [ ${#missing[@]} -eq 0 ] && { ensure_venv; return 0; }
   local cmd="apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ${missing[*]}"
   if [ "$(id -u)" -ne 0 ]; then
@@ -79,14 +80,48 @@ else
 fi
 
 # ensure_venv: .venv with tools/requirements.txt (a no-op once it matches).
+# NOTE [shared venv]: the environment itself lives once per set of requirements and Python
+# version, in ~/.cache/dtensor-venv/<hash> (made under a lock, so two clones never build it at
+# once), and .venv is a link to it. A fresh clone then starts in seconds instead of installing
+# several GB of wheels, and clones (CI makes one per run) do not each hold a copy: a copy per
+# clone once filled this machine's disk and failed CI in pip. The Bazel build does not see the
+# path (@torch links torch's folders into its own repository), so the disk cache stays warm
+# across clones. A checkout whose .venv is a real folder with the right requirements keeps it.
 ensure_venv() {
   [ "$TORCH_KIND" = pip ] || return 0
-  local stamp=.venv/.requirements
-  if [ -x .venv/bin/python3 ] && cmp -s tools/requirements.txt "$stamp"; then return 0; fi
-  log "installing PyPI packages into .venv (tools/requirements.txt; torch is several GB)"
-  [ -x .venv/bin/python3 ] || python3 -m venv .venv
-  .venv/bin/pip install -q -r tools/requirements.txt
-  cp tools/requirements.txt "$stamp"
+  if [ -x .venv/bin/python3 ] && cmp -s tools/requirements.txt .venv/.requirements; then
+    return 0
+  fi
+  local key shared
+  key=$( { cat tools/requirements.txt; python3 -c 'import sys; print(sys.version)'; } |
+    md5sum | cut -c1-12)
+  shared="${HOME:-/tmp}/.cache/dtensor-venv/$key"
+  mkdir -p "${shared%/*}"
+  (
+    flock 9
+    [ -x "$shared/bin/python3" ] && cmp -s tools/requirements.txt "$shared/.requirements" && exit 0
+    log "installing PyPI packages into $shared (tools/requirements.txt; torch is several GB)"
+    rm -rf "$shared"
+    python3 -m venv "$shared" && "$shared/bin/pip" install -q -r tools/requirements.txt &&
+      cp tools/requirements.txt "$shared/.requirements"
+  ) 9>"$shared.lock" || { log "installing the PyPI packages failed"; exit 1; }
+  [ -L .venv ] || rm -rf .venv  # a clone's own environment of other requirements
+  ln -sfn "$shared" .venv
+}
+
+# NOTE [stale output bases]: each checkout has its own Bazel output bases (its path's hash, see
+# above and side_base in test.sh), about 1-3 GB each; once the checkout is deleted nothing else
+# frees them. Every ./x run removes those whose workspace (the target of the execroot's WORKSPACE
+# link) no longer exists.
+prune_stale_bases() {
+  local base ws
+  for base in "${HOME:-/tmp}"/.cache/dtensor-bazel-{torch-pip,asan,tsan,fuzz}/*/; do
+    ws=$(readlink "${base}execroot/dtensor_repo/WORKSPACE" 2>/dev/null) || continue
+    [ -e "$ws" ] && continue
+    log "removing the Bazel output base of deleted checkout ${ws%/WORKSPACE}: $base"
+    chmod -R u+w "$base" 2>/dev/null
+    rm -rf "$base"
+  done
 }
 
 # NCCL is compiled (and its link checked) whenever CUDA + NCCL are installed.
