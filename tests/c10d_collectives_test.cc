@@ -113,6 +113,10 @@ int conformance(int rank, int n, int port) {
     check(all_reduce(x, ReduceOp::kSum, names[1]), at::full({1}, 2 * row + 1, at::kDouble), "tp");
     check(all_reduce(x, ReduceOp::kSum, names[0]), at::full({1}, 2 * col + 2, at::kDouble), "dp");
   }
+  // Rank 0 hosts the store: it may not leave while others still set up groups through it (seen:
+  // ranks 1 and 3 failed connecting their dp group, "Connection reset by peer", after rank 0,
+  // done with its own dp group, had exited). PyTorch's rule too: a barrier before exit.
+  barrier(world);
   return check.failures == 0 ? 0 : 1;
 }
 

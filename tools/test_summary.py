@@ -27,15 +27,16 @@ def count_cases(xml_path):
 
 
 def target_xmls(folder):
-    """The target's JUnit XML: one file, or one per shard (shard_K_of_N/test.xml, NOTE [test
-    shards] in python/run_pytest.py). A shard without its file makes the list empty (not
-    fresh: counted as failed)."""
-    shards = sorted(d for d in os.listdir(folder) if d.startswith("shard_")) \
+    """The target's JUnit XML: one file, or one per shard and run (shard_K_of_N/test.xml, NOTE
+    [test shards] in python/run_pytest.py; run_J_of_M/ with --runs_per_test, or both). A shard
+    without its file makes the list empty (not fresh: counted as failed)."""
+    shards = sorted(d for d in os.listdir(folder) if d.startswith(("shard_", "run_"))) \
         if os.path.isdir(folder) else []
     if shards:
-        # Folders of an earlier shard_count stay behind: keep the newest run's count.
+        # Folders of an earlier shard_count (or run count) stay behind: keep the newest run's.
         newest = max(shards, key=lambda d: os.path.getmtime(os.path.join(folder, d)))
-        shards = [d for d in shards if d.endswith(newest[newest.index("_of_"):])]
+        kind = re.sub(r"\d+_of_", "K_of_", newest)
+        shards = [d for d in shards if re.sub(r"\d+_of_", "K_of_", d) == kind]
         xmls = [os.path.join(folder, d, "test.xml") for d in shards]
         top = os.path.join(folder, "test.xml")
         # A target no longer sharded leaves its shard folders too: a newer top-level file wins.
