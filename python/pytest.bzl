@@ -17,6 +17,10 @@ def pytest_test(name, test, srcs = [], data = [], launches_ranks = False, pytest
     if launches_ranks:
         data = data + ["//tools:launch.py", "//tools:shm_clean.py"]
         env["LAUNCH_PY"] = "$(location //tools:launch.py)"
+        # Ranks forked from a launcher that imported torch once (NOTE [preloaded ranks] in
+        # tools/launch.py): torch's import was ~70% of the suite's CPU. launch_test checks that
+        # such ranks see what exec'd ones see.
+        env.setdefault("DTENSOR_LAUNCH_PRELOAD", "1")
     native.py_test(
         name = name,
         srcs = [test, "//python:run_pytest.py"] + srcs,
