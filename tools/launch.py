@@ -23,7 +23,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 import uuid
 
 _PATH = list(sys.path)  # what a rank forked from here starts from (NOTE [preloaded ranks])
@@ -131,11 +130,13 @@ class _BecomeRank(BaseException):
         _exit(code)
 
     def _print(self, e):
-        """The traceback `python3 script.py` prints: from the script's frame on (not runpy's)."""
+        """What `python3 script.py` does with an uncaught exception: sys.excepthook (dtensor's
+        tells the peers why this rank left), with the traceback from the script's frame on."""
         tb = e.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != self.script:
             tb = tb.tb_next
-        traceback.print_exception(type(e), e, tb or e.__traceback__)
+        tb = tb or e.__traceback__
+        sys.excepthook(type(e), e.with_traceback(tb), tb)  # the hook prints e.__traceback__
 
 
 def _exit(code):
