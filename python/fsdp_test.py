@@ -7,6 +7,7 @@ fsdp_tp_test.py; shared helpers in fsdp_testing.py). Every expected value is com
 one process (or from the model's structure), as PyTorch's FSDP2 tests do."""
 
 import copy
+import threading
 
 import pytest
 import torch
@@ -442,3 +443,56 @@ def test_one_group_with_mixed_dtypes_matches_one_process():
         _check_params(model, ref_final)
 
     dtensor.run_threads(2, rank_fn)
+
+
+def test_implicit_backward_prefetch_issues_the_next_groups_all_gather_early():
+    """NOTE [implicit backward prefetch]: in backward, the group that ran forward before this
+    one is all-gathered at this one's pre-backward, before this group's reduce-scatter (without
+    prefetch it came after); the counts and the result stay those without prefetch, and an
+    empty explicit list turns it off."""
+    from dtensor.fsdp._param_group import FSDPParamGroup
+
+    world = 2
+    base = _base_model()
+    batches = _batches(world, 2)
+    ref_losses, _, ref_final = _reference(base, batches, world)
+    events = {}  # thread -> [(kind, group name)] during backward
+    unshard, reduce = FSDPParamGroup.unshard, FSDPParamGroup._reduce
+
+    def record(kind, real):
+        def wrapped(group, *args, **kwargs):
+            if threading.get_ident() in events:
+                events[threading.get_ident()].append((kind, group.name))
+            return real(group, *args, **kwargs)
+        return wrapped
+
+    def rank_fn(rank, prefetch):
+        mesh = dtensor.init_device_mesh("cpu", (world,))
+        model = _shard(copy.deepcopy(base), mesh, reshard_after_forward=True)
+        if not prefetch:
+            for m in (model, model.l1, model.l2):
+                m.set_modules_to_backward_prefetch([])
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for step, ((x, y),) in enumerate(batches):
+            with CommDebugMode() as comm:
+                loss = _loss(model(_local(x, rank)), _local(y, rank))
+                events[threading.get_ident()] = []
+                loss.backward()
+            seq = events.pop(threading.get_ident())
+            torch.testing.assert_close(loss.item(), ref_losses[step][0][rank], **TOL)
+            assert _counts(comm) == {"all_gather_into_tensor": 2 * 3, "reduce_scatter_tensor": 3}
+            for later, earlier in (("the root", "l2"), ("l2", "l1")):
+                gathered = seq.index(("unshard", earlier))
+                reduced = seq.index(("reduce", later))
+                assert (gathered < reduced) == prefetch, (prefetch, seq)
+            opt.step()
+            opt.zero_grad()
+        _check_params(model, ref_final)
+
+    FSDPParamGroup.unshard = record("unshard", unshard)
+    FSDPParamGroup._reduce = record("reduce", reduce)
+    try:
+        for prefetch in (True, False):
+            dtensor.run_threads(world, lambda rank: rank_fn(rank, prefetch))
+    finally:
+        FSDPParamGroup.unshard, FSDPParamGroup._reduce = unshard, reduce

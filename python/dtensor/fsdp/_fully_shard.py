@@ -31,7 +31,9 @@ What is implemented (PyTorch's names and meanings):
   PyTorch), ``set_is_last_backward``, ``set_modules_to_forward_prefetch`` /
   ``set_modules_to_backward_prefetch`` (explicit prefetch: the targets' all-gathers are issued
   asynchronously after this module's own unshard and copied out at their pre-forward /
-  pre-backward).
+  pre-backward). Without an explicit backward list, PyTorch's implicit backward prefetch: the
+  group that ran post-forward before this one is all-gathered at this one's pre-backward (NOTE
+  [implicit backward prefetch]).
 * ``state_dict()`` returns the sharded distributed tensors with no communication (a pre-hook
   registers the sharded parameters first, as PyTorch's); ``load_state_dict`` copies into them.
 * FSDP over TP (NOTE [FSDP over TP] in ``_param_group.py``): parameters that
@@ -46,8 +48,8 @@ Not implemented yet:
 
 * The flat-buffer copy-in/copy-out runs in Python (torch.cat and slicing); a C++ runtime with
   preallocated buffers, separate streams and overlap of communication with compute is not there.
-* PyTorch's implicit backward prefetch (the previous group in reverse post-forward order) and
-  its forward/backward stream overlap; only explicit prefetch lists are honoured.
+* PyTorch's forward/backward stream overlap (the engine's CPU collectives run where they are
+  waited for).
 * ``CPUOffloadPolicy``: accepted on a CPU mesh, where the sharded parameters and gradients are on
   the CPU already (nothing to move); on a CUDA mesh it raises NotImplementedError.
 * HSDP over TP (3-D), a Shard on a dim of size 1 (the engine's rules never shard one; refused
@@ -102,6 +104,8 @@ class _SharedContext:
         self.all_states = []
         self.is_last_backward = True
         self.callback_queued = False
+        # The states that ran post-forward in this forward, in order (implicit backward prefetch).
+        self.post_forward_order = []
 
 
 class _RegisterPostBackward(torch.autograd.Function):
@@ -138,7 +142,8 @@ class FSDPState:
         self.ctx = _SharedContext()
         self.training_state = TrainingState.IDLE
         self.forward_prefetch = []
-        self.backward_prefetch = []
+        self.backward_prefetch = None  # None: implicit (NOTE [implicit backward prefetch])
+        self.post_forward_indices = []  # where this state stands in ctx.post_forward_order
         module.register_forward_pre_hook(self._pre_forward, prepend=True, with_kwargs=True)
         module.register_forward_hook(self._post_forward, prepend=False)
         if group is not None:
@@ -176,6 +181,10 @@ class FSDPState:
 
     def _pre_forward(self, module, args, kwargs):
         self.lazy_init()
+        if self.is_root and torch.is_grad_enabled():
+            self.ctx.post_forward_order.clear()
+            for state in self.ctx.all_states:
+                state.post_forward_indices.clear()
         self.training_state = TrainingState.FORWARD
         if self.mp_policy.cast_forward_inputs and self.mp_policy.param_dtype is not None:
             cast = functools.partial(_cast_floating, self.mp_policy.param_dtype)
@@ -207,6 +216,9 @@ class FSDPState:
             if self.group.reshard_after_forward:
                 self.group.reshard()
             self.group.training_state = TrainingState.IDLE
+            if torch.is_grad_enabled():
+                self.post_forward_indices.append(len(self.ctx.post_forward_order))
+                self.ctx.post_forward_order.append(self)
         if torch.is_grad_enabled():
             for t in tree_flatten(output)[0]:
                 if isinstance(t, torch.Tensor) and t.requires_grad:
@@ -228,10 +240,24 @@ class FSDPState:
             self.group.training_state = TrainingState.PRE_BACKWARD
             self.group.unshard()
             self.group.wait_for_unshard()
-        for target in self.backward_prefetch:
+        for target in self._backward_prefetch_targets():
             if target.group is not None:
                 target.group.unshard(async_op=True)
         return grad
+
+    def _backward_prefetch_targets(self):
+        """NOTE [implicit backward prefetch]: PyTorch's default. Backward runs the groups in the
+        reverse of their post-forward order, so once this group is unsharded for backward, the
+        group that ran post-forward just before it is the next to need its parameters: its
+        all-gather is issued now (asynchronously) and waited for at its own pre-backward, so it
+        runs while this group computes. An explicit set_modules_to_backward_prefetch list
+        replaces it (an empty list turns prefetching off)."""
+        if self.backward_prefetch is not None:
+            return self.backward_prefetch
+        if not self.post_forward_indices:
+            return []
+        index = self.post_forward_indices.pop()
+        return [self.ctx.post_forward_order[index - 1]] if index > 0 else []
 
     def _root_post_backward(self):
         """End of backward: post_backward for groups whose inputs needed no gradient (or that
