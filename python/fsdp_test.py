@@ -481,10 +481,10 @@ def test_implicit_backward_prefetch_issues_the_next_groups_all_gather_early():
             seq = events.pop(threading.get_ident())
             torch.testing.assert_close(loss.item(), ref_losses[step][0][rank], **TOL)
             assert _counts(comm) == {"all_gather_into_tensor": 2 * 3, "reduce_scatter_tensor": 3}
-            for later, earlier in (("the root", "l2"), ("l2", "l1")):
-                gathered = seq.index(("unshard", earlier))
-                reduced = seq.index(("reduce", later))
-                assert (gathered < reduced) == prefetch, (prefetch, seq)
+            # l1 is all-gathered before l2's reduce-scatter only when prefetched (the root's
+            # reduce-scatter comes last either way: its inputs need no gradient).
+            gathered, reduced = seq.index(("unshard", "l1")), seq.index(("reduce", "l2"))
+            assert (gathered < reduced) == prefetch, (prefetch, seq)
             opt.step()
             opt.zero_grad()
         _check_params(model, ref_final)
