@@ -46,8 +46,10 @@ What is implemented (PyTorch's names and meanings):
 
 Not implemented yet:
 
-* The flat-buffer copy-in/copy-out runs in Python (torch.cat and slicing); a C++ runtime with
-  preallocated buffers, separate streams and overlap of communication with compute is not there.
+* A C++ runtime: the flat buffers (one copy-in per all-gather and reduce-scatter, one copy-out
+  per parameter, symmetric memory on the shm backend: NOTE [FSDP flat buffers] in
+  ``_param_group.py``) are driven from Python, and nothing runs communication on its own
+  thread or stream beside compute.
 * PyTorch's forward/backward stream overlap (the engine's CPU collectives run where they are
   waited for).
 * ``CPUOffloadPolicy``: accepted on a CPU mesh, where the sharded parameters and gradients are on

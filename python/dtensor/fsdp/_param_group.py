@@ -24,6 +24,11 @@ from dtensor.device_mesh import _root_mesh
 from dtensor.placement_types import Replicate, Shard, _StridedShard
 
 
+# The reduce-scatter inputs in symmetric memory, shared by every group of a shard group and
+# dtype (NOTE [FSDP flat buffers]).
+_SHARED_SCRATCH = {}
+
+
 class ShardedState(enum.Enum):
     SHARDED = "sharded"
     UNSHARDED = "unsharded"
@@ -167,26 +172,24 @@ class FSDPParam:
 
     # ---- all-gather ---------------------------------------------------------------------------
 
-    def all_gather_input(self):
-        """This rank's piece, in the compute dtype, flattened and padded to ``padded_numel``."""
-        local = _C.to_local(self.sharded_param, None).detach()
-        local = local.movedim(self.shard_dim, 0).reshape(-1).to(self.compute_dtype)
-        pad = self.padded_numel - local.numel()
-        if pad:
-            local = torch.cat([local, local.new_zeros(pad)])
-        return local
+    def copy_all_gather_input(self, out):
+        """Writes this rank's piece into ``out`` (``padded_numel`` elements of the group's flat
+        all-gather input, in the compute dtype): flattened, then zeros for the padding."""
+        local = _C.to_local(self.sharded_param, None).detach().movedim(self.shard_dim, 0)
+        n = local.numel()
+        out[:n].view(local.shape).copy_(local)
+        if n < self.padded_numel:
+            out[n:].zero_()
 
     def set_unsharded_from(self, rows):
         """Fills the unsharded parameter from ``rows`` (S, padded_numel): every rank's piece."""
-        rest = [s for i, s in enumerate(self.orig_size) if i != self.shard_dim]
-        full = rows.reshape(self.shard_size * self.chunk, *rest)[: self.orig_size[self.shard_dim]]
-        full = full.movedim(0, self.shard_dim)
         if self.unsharded_param is None:
-            # Its own storage, always: `full` may be a contiguous slice of the all-gather output
-            # (a parameter whose pieces all lie on the first rank), and freeing or refilling a
-            # storage shared with the buffer at an offset wrote past its end (seen: heap
-            # corruption with FSDP over TP, hidden dim 3).
-            data = full.clone(memory_format=torch.contiguous_format)
+            # Its own storage, always (never a view of the all-gather output: freeing or
+            # refilling a storage shared with the buffer at an offset wrote past its end, seen
+            # with FSDP over TP, hidden dim 3).
+            data = torch.empty(self.orig_size, dtype=rows.dtype)
+            with torch.no_grad():
+                self._copy_out(rows, data)
             if self.tp_mesh is not None:
                 data = DTensor.from_local(data, self.tp_mesh, list(self.tp_placements),
                                           shape=self.global_size, stride=self._global_stride())
@@ -200,8 +203,18 @@ class FSDPParam:
         with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(p), \
                 torch.autograd._unsafe_preserve_version_counter(local):
             local.untyped_storage().resize_(local.numel() * local.element_size())
-            local.copy_(full)
+            self._copy_out(rows, local)
         p.requires_grad_(self.sharded_param.requires_grad)
+
+    def _copy_out(self, rows, dst):
+        """Copies each rank's piece (its row of ``rows``, padding dropped) to its place in
+        ``dst`` (the full shape): one copy per element (NOTE [FSDP flat buffers])."""
+        d = dst.movedim(self.shard_dim, 0)
+        size, rest = d.shape[0], d.shape[1:]
+        for r in range(self.shard_size):
+            lo, hi = min(r * self.chunk, size), min((r + 1) * self.chunk, size)
+            if hi > lo:
+                d[lo:hi].copy_(rows[r, : (hi - lo) * self.slice_numel].view(hi - lo, *rest))
 
     def to_unsharded(self):
         for module, name in self.uses:
@@ -239,13 +252,17 @@ class FSDPParam:
         grad = self.take_unsharded_grad()
         self.accumulated_grad = grad
 
-    def reduce_scatter_input(self, grad):
-        """``grad`` (the full shape) as (S, padded_numel): row r is rank r's padded piece."""
-        g = grad.movedim(self.shard_dim, 0).reshape(grad.shape[self.shard_dim], -1)
-        pad = self.shard_size * self.chunk - g.shape[0]
-        if pad:
-            g = torch.cat([g, g.new_zeros(pad, g.shape[1])])
-        return g.reshape(self.shard_size, self.padded_numel)
+    def copy_reduce_scatter_input(self, grad, out):
+        """Writes ``grad`` (the full shape) into ``out`` (S, padded_numel), a block of the
+        group's flat reduce-scatter input: row r is rank r's piece, then zeros for the padding."""
+        g = grad.movedim(self.shard_dim, 0)
+        rows = g.shape[0]
+        pieces = out.view(self.shard_size, self.chunk, *g.shape[1:])
+        for r in range(self.shard_size):
+            lo, hi = min(r * self.chunk, rows), min((r + 1) * self.chunk, rows)
+            pieces[r, : hi - lo].copy_(g[lo:hi])
+            if hi - lo < self.chunk:
+                pieces[r, hi - lo:].zero_()
 
     def add_sharded_grad(self, flat):
         """Sets (or accumulates into) the sharded parameter's gradient from this rank's reduced
@@ -278,6 +295,7 @@ class FSDPParamGroup:
         self.sharded_state = ShardedState.SHARDED
         self.training_state = TrainingState.IDLE
         self._pending = None  # issued, not yet copied-out all-gathers: [(params, tensor)]
+        self._gather_inputs = {}  # (bucket, dtype) -> this group's symmetric all-gather input
         # The module's name under the root (set at the root's lazy init; its class before).
         self.name = None
         shard_dim = mesh.ndim - 1
@@ -313,6 +331,33 @@ class FSDPParamGroup:
             buckets.setdefault(dtype_of(item), []).append(item)
         return list(buckets.values())
 
+    def _symmetric(self):
+        """NOTE [FSDP flat buffers]: each all-gather and reduce-scatter reads one flat buffer
+        that its parameters are copied into once (no torch.cat of padded pieces). On the shm
+        backend (CPU processes) those buffers are symmetric memory rendezvoused on the shard
+        group (NOTE [symmetric collectives]): peers read them directly, each byte copied once
+        instead of staged through the segment. The all-gather inputs are per group (1/S of its
+        parameters, kept, as a prefetched all-gather may be in flight beside another group's);
+        the reduce-scatter input is one scratch per (shard group, dtype) shared by every group
+        (one reduce-scatter runs at a time), sized to the largest. The choice depends on the
+        backend and mesh only, equal on every rank, as rendezvous is collective."""
+        return (self.mesh.device_type == "cpu" and self.mesh.size(self.mesh.ndim - 1) > 1
+                and funcol.context().backend == "shm")
+
+    def _flat(self, key, numel, dtype, shared):
+        if not self._symmetric():
+            return torch.empty(numel, dtype=dtype)
+        from dtensor import symmetric_memory
+
+        store = _SHARED_SCRATCH if shared else self._gather_inputs
+        key = (funcol._group_name(self._shard_group), dtype) + key
+        buf = store.get(key)
+        if buf is None or buf.numel() < numel:
+            buf = symmetric_memory.empty(numel, dtype=dtype)
+            symmetric_memory.rendezvous(buf, self._shard_group)
+            store[key] = buf
+        return buf[:numel]
+
     def unshard(self, async_op=False):
         """Issues the group's all-gathers, one per compute dtype (no-op when unsharded or
         already issued)."""
@@ -320,9 +365,14 @@ class FSDPParamGroup:
             return
         pending = []
         with torch.no_grad(), self._purpose():
-            for params in self._by_dtype(self.fsdp_params, lambda p: p.compute_dtype):
-                inputs = [p.all_gather_input() for p in params]
-                flat = torch.cat(inputs) if len(inputs) > 1 else inputs[0]
+            for i, params in enumerate(self._by_dtype(self.fsdp_params,
+                                                      lambda p: p.compute_dtype)):
+                dtype = params[0].compute_dtype
+                flat = self._flat((i,), sum(p.padded_numel for p in params), dtype, False)
+                offset = 0
+                for p in params:
+                    p.copy_all_gather_input(flat[offset: offset + p.padded_numel])
+                    offset += p.padded_numel
                 pending.append((params, funcol.all_gather_into_tensor(
                     flat, 0, self._shard_group, async_op=async_op)))
         self._pending = pending
@@ -380,8 +430,13 @@ class FSDPParamGroup:
         factor = self.gradient_divide_factor
         with torch.no_grad(), self._purpose():
             for bucket in self._by_dtype(with_grad, lambda pg: pg[1].dtype):
-                pieces = [p.reduce_scatter_input(g) for p, g in bucket]
-                flat = torch.cat(pieces, dim=1).reshape(-1)
+                total = sum(p.padded_numel for p, _ in bucket)
+                size = bucket[0][0].shard_size
+                flat = self._flat((), size * total, bucket[0][1].dtype, True)
+                rows, offset = flat.view(size, total), 0
+                for p, g in bucket:
+                    p.copy_reduce_scatter_input(g, rows[:, offset: offset + p.padded_numel])
+                    offset += p.padded_numel
                 out = funcol.wait_tensor(
                     funcol.reduce_scatter_tensor(flat, "sum", 0, self._shard_group))
                 if self._replicate_group is not None:
