@@ -243,7 +243,14 @@ def test_bad_requests_get_4xx_and_never_reach_the_ranks(checkpoint, tmp_path):
             statuses[i] = server.complete({"prompt": "busy", "max_tokens": 200})[0]
 
         threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
-        for t in threads:
+        # The first runs before the others arrive (seen on a loaded machine: all six arrived
+        # while the first still sat in the queue, so only it was admitted: [200, 429 x 5]).
+        threads[0].start()
+        deadline = time.monotonic() + 60
+        while server.metric("dtensor_serve_running") < 1 and threads[0].is_alive():
+            assert time.monotonic() < deadline, "the first request never started running"
+            time.sleep(0.01)
+        for t in threads[1:]:
             t.start()
         for t in threads:
             t.join()
