@@ -30,6 +30,8 @@ if how == "raise" and rank == 1:
     raise ValueError("boom")
 if how == "message" and rank == 1:
     sys.exit("a message")
+if how == "minus1" and rank == 1:
+    sys.exit(-1)
 '''
 
 
@@ -50,7 +52,7 @@ def rank_lines(out, rank, drop=("numpy",)):
                   if l.startswith(f"[rank {rank}] ") and l.split()[2] not in drop)
 
 
-@pytest.mark.parametrize("how", ["ok", "exit3", "raise", "message"])
+@pytest.mark.parametrize("how", ["ok", "exit3", "raise", "message", "minus1"])
 def test_preloaded_ranks_see_what_exec_ranks_see(tmp_path, how):
     runs = {preload: launch(tmp_path, how, preload) for preload in (False, True)}
     (code_e, out_e, err_e), (code_p, out_p, err_p) = runs[False], runs[True]
@@ -66,6 +68,8 @@ def test_preloaded_ranks_see_what_exec_ranks_see(tmp_path, how):
         assert "ValueError: boom" in out_p
     if how == "message":
         assert "[rank 1] a message" in out_p
+    if how == "minus1":
+        assert "rank 1 exited with 255" in err_p and "rank 1 exited with 255" in err_e
 
 
 def test_preloaded_ranks_draw_their_own_numpy_seed(tmp_path):

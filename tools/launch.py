@@ -58,15 +58,16 @@ def forward(rank, stream, lock):
 
 # NOTE [preloaded ranks]: with --preload (or DTENSOR_LAUNCH_PRELOAD=1), a command that is this
 # Python running a script (`python3 script.py ARGS`) is not exec'd per rank: the launcher imports
-# torch once, then forks each rank, which sets its own environment, arguments and sys.path as
-# `python3 script.py` would and runs the script as __main__ (runpy). A rank is still its own
-# process (own session, pid, pipes, exit code, signals), but it skips the ~2 s of CPU that
-# importing torch costs (and dtensor, when the launcher's sys.path has it): 4 ranks start in ~2 s
-# instead of ~8 on 2 cores, and the test suite,
-# whose CPU went ~70% to those imports, uses it for all the tests that launch ranks (pytest.bzl).
-# What differs from exec: /proc/PID/cmdline shows the launcher, and the ranks share Python's
-# string hash seed (an exec'd rank draws its own); numpy's global generator, if torch imported
-# numpy, is reseeded in each rank as a fresh import would. The default stays exec, as torchrun.
+# torch (and dtensor, when its sys.path has it) once, then forks each rank, which sets its own
+# environment, arguments and sys.path as `python3 script.py` would and runs the script as __main__
+# (runpy). A rank is still its own process (own session, pid, pipes, exit code, signals), but it
+# skips the ~2 s of CPU that importing torch costs: 4 ranks start in ~2 s instead of ~8 on 2
+# cores, and the test suite, whose CPU went ~70% to those imports, launches its ranks this way
+# (pytest.bzl). The thread-count variables each rank gets are set before the import (libgomp and
+# OpenBLAS size their pools when loaded). What differs from exec: /proc/PID/cmdline shows the
+# launcher, and the ranks share Python's string hash seed (an exec'd rank draws its own); numpy's
+# global generator, if loaded, is reseeded in each rank as a fresh import would. The default stays
+# exec, as torchrun's.
 def _preload_script(cmd):
     """The script of ``cmd`` when it is ``<this python> script.py ...``, else None."""
     if len(cmd) < 2 or cmd[1].startswith("-") or not cmd[1].endswith(".py"):
@@ -116,18 +117,18 @@ class _BecomeRank(BaseException):
             [os.path.dirname(os.path.abspath(self.script))] + _PATH[1:]
         if "numpy" in sys.modules:
             sys.modules["numpy"].random.seed()
+        code, signum = 0, None
         try:
             runpy.run_path(self.script, run_name="__main__")
-            code = 0
         except SystemExit as e:
             code = e.code
         except KeyboardInterrupt as e:
             self._print(e)
-            code = -signal.SIGINT  # dies by SIGINT, as the interpreter does
+            signum = signal.SIGINT  # dies by SIGINT, as the interpreter does
         except BaseException as e:  # noqa: B036  (the interpreter's: print, exit 1)
             self._print(e)
             code = 1
-        _exit(code)
+        _exit(code, signum)
 
     def _print(self, e):
         """What `python3 script.py` does with an uncaught exception: sys.excepthook (dtensor's
@@ -139,7 +140,7 @@ class _BecomeRank(BaseException):
         sys.excepthook(type(e), e.with_traceback(tb), tb)  # the hook prints e.__traceback__
 
 
-def _exit(code):
+def _exit(code, signum=None):
     """Ends a forked rank as the interpreter's exit does (non-daemon threads joined, atexit
     handlers, stdio flushed, then C's exit: C atexit and C++ static destructors), without
     tearing down every module and object: that teardown of torch took ~0.6 s of CPU per rank,
@@ -157,10 +158,10 @@ def _exit(code):
             f.flush()
         except (OSError, ValueError):
             pass
-    if code is not None and code < 0:
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-    ctypes.PyDLL(None).exit(code or 0)  # PyDLL: the GIL stays held for destructors that need it
+    if signum is not None:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+    ctypes.PyDLL(None).exit((code or 0) & 0xFF)  # PyDLL: the GIL stays held (destructors)
 
 
 def _fork_rank(script, args, env):
@@ -205,7 +206,11 @@ def main(argv):
     if args.preload or os.environ.get("DTENSOR_LAUNCH_PRELOAD") == "1":
         script = _preload_script(cmd)
         if script is not None:
-            import torch  # noqa: F401  (what each rank would import; no thread starts)
+            # Libraries size their thread pools when loaded (libgomp, OpenBLAS): load them under
+            # the thread counts each rank gets below.
+            for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+                os.environ.setdefault(var, "1")
+            import torch  # noqa: F401  (what each rank would import)
             try:
                 import dtensor  # noqa: F401  (reads its environment lazily, in the rank)
             except ImportError:
