@@ -350,7 +350,7 @@ class FSDPParamGroup:
         from dtensor import symmetric_memory
 
         store = _SHARED_SCRATCH if shared else self._gather_inputs
-        key = (funcol._group_name(self._shard_group), dtype) + key
+        key = (funcol.context().job, funcol._group_name(self._shard_group), dtype) + key
         buf = store.get(key)
         if buf is None or buf.numel() < numel:
             buf = symmetric_memory.empty(numel, dtype=dtype)
