@@ -17,7 +17,7 @@ import dtensor
 from dtensor import DTensor, Replicate, Shard
 from dtensor.debug import CommDebugMode
 from dtensor.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from fsdp_testing import (TOL, MLP, _base_model, _batches, _check_params, _counts,
+from fsdp_testing import (TOL, MLP, _base_model, _batches, _check_params, _counts, _train_step,
                           _groups, _local, _loss, _reference, _shard)
 
 
@@ -77,9 +77,7 @@ def test_hsdp_parity():
             assert p.placements == (Replicate(), Shard(0))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         for step, ((x, y),) in enumerate(batches):
-            with CommDebugMode() as comm:
-                loss = _loss(model(_local(x, rank)), _local(y, rank))
-                loss.backward()
+            loss, comm = _train_step(model, x, y, rank)
             torch.testing.assert_close(loss.item(), ref_losses[step][0][rank], **TOL)
             c = _counts(comm)
             assert c["reduce_scatter_tensor"] == len(groups)
@@ -327,9 +325,7 @@ def test_unshard_reshard_and_prefetch():
         model.l2.set_modules_to_backward_prefetch([model.l1])
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         for step, ((x, y),) in enumerate(batches):
-            with CommDebugMode() as comm:
-                loss = _loss(model(_local(x, rank)), _local(y, rank))
-                loss.backward()
+            loss, comm = _train_step(model, x, y, rank)
             torch.testing.assert_close(loss.item(), ref_losses[step][0][rank], **TOL)
             assert _counts(comm) == {"all_gather_into_tensor": 2 * len(groups),
                                      "reduce_scatter_tensor": len(groups)}
@@ -430,9 +426,7 @@ def test_one_group_with_mixed_dtypes_matches_one_process():
         model = fully_shard(copy.deepcopy(base), mesh=mesh)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         for step, ((x, y),) in enumerate(batches):
-            with CommDebugMode() as comm:
-                loss = _loss(model(_local(x, rank)), _local(y, rank))
-                loss.backward()
+            loss, comm = _train_step(model, x, y, rank)
             torch.testing.assert_close(loss.item(), ref_losses[step][0][rank], **TOL)
             assert _counts(comm) == {"all_gather_into_tensor": 2, "reduce_scatter_tensor": 2}
             for n, p in model.named_parameters():

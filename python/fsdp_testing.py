@@ -45,6 +45,17 @@ def _local(t, dp_rank):
     return t[dp_rank * ROWS:(dp_rank + 1) * ROWS]
 
 
+def _train_step(model, x, y, rank):
+    """Forward and backward on data-parallel rank ``rank``'s rows of ``x``/``y``; returns the
+    loss and the CommDebugMode that saw the step's collectives."""
+    from dtensor.debug import CommDebugMode
+
+    with CommDebugMode() as comm:
+        loss = _loss(model(_local(x, rank)), _local(y, rank))
+        loss.backward()
+    return loss, comm
+
+
 def _reference(base, batches, dp, compute_dtype=None):
     """One process: AdamW on the full batch (mean loss over micro-batches). Returns, per step and
     micro-batch, each data-parallel rank's loss on its slice, the gradients of each step (before
