@@ -85,6 +85,7 @@ from torch.autograd import Variable
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from dtensor import _C
+from dtensor._api import DTensor
 from dtensor.device_mesh import DeviceMesh, _mesh_resources, init_device_mesh
 from dtensor.fsdp._api import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 from dtensor.fsdp._param_group import FSDPParam, FSDPParamGroup, TrainingState
@@ -132,11 +133,18 @@ def _cast_floating(dtype, x):
     return x
 
 
+def _to_device(device, x):
+    if isinstance(x, torch.Tensor) and not isinstance(x, DTensor) and x.device != device:
+        return x.to(device, non_blocking=True)
+    return x
+
+
 class FSDPState:
     """The hooks of one ``fully_shard`` call: forward pre/post, pre-backward, root callback."""
 
-    def __init__(self, module, group, mp_policy, auto_reshard_after_forward):
+    def __init__(self, module, group, mp_policy, auto_reshard_after_forward, device):
         self.module = module
+        self.device = device  # the mesh's device for this rank (NOTE [mesh device])
         self.group = group
         self.mp_policy = mp_policy
         self.auto_reshard_after_forward = auto_reshard_after_forward
@@ -188,6 +196,10 @@ class FSDPState:
             for state in self.ctx.all_states:
                 state.post_forward_indices.clear()
         self.training_state = TrainingState.FORWARD
+        if self.is_root and self.device.type != "cpu":
+            # As PyTorch's root pre-forward: plain tensor inputs move to the mesh's device.
+            move = functools.partial(_to_device, self.device)
+            args, kwargs = tree_map(move, args), tree_map(move, kwargs)
         if self.mp_policy.cast_forward_inputs and self.mp_policy.param_dtype is not None:
             cast = functools.partial(_cast_floating, self.mp_policy.param_dtype)
             args, kwargs = tree_map(cast, args), tree_map(cast, kwargs)
@@ -279,7 +291,9 @@ class FSDPState:
 def _default_mesh():
     if _mesh_resources.mesh_stack:
         return _mesh_resources.mesh_stack[-1]
-    return init_device_mesh("cpu", (_C.group_size("world"),))
+    # As PyTorch: the accelerator's device type where there is one.
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    return init_device_mesh(device_type, (_C.group_size("world"),))
 
 
 def _managed_modules(module):
@@ -344,7 +358,8 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
                                True if reshard_after_forward is None else reshard_after_forward,
                                mp_policy)
         group.name = type(module).__name__  # until the root names it (lazy_init)
-    state = FSDPState(module, group, mp_policy, reshard_after_forward is None)
+    state = FSDPState(module, group, mp_policy, reshard_after_forward is None,
+                       torch.device(mesh._mesh.local_device()))
     module.__dict__[_STATE_ATTR] = state
     cls = module.__class__
     module.__class__ = _fsdp_class(cls)

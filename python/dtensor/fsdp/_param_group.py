@@ -187,7 +187,7 @@ class FSDPParam:
             # Its own storage, always (never a view of the all-gather output: freeing or
             # refilling a storage shared with the buffer at an offset wrote past its end, seen
             # with FSDP over TP, hidden dim 3).
-            data = torch.empty(self.orig_size, dtype=rows.dtype)
+            data = torch.empty(self.orig_size, dtype=rows.dtype, device=rows.device)
             with torch.no_grad():
                 self._copy_out(rows, data)
             if self.tp_mesh is not None:
@@ -346,7 +346,9 @@ class FSDPParamGroup:
 
     def _flat(self, key, numel, dtype, shared):
         if not self._symmetric():
-            return torch.empty(numel, dtype=dtype)
+            # On the mesh's device (NOTE [mesh device]): the all-gather's and the
+            # reduce-scatter's inputs, which the backend (NCCL on CUDA) reads.
+            return torch.empty(numel, dtype=dtype, device=self.mesh._mesh.local_device())
         from dtensor import symmetric_memory
 
         store = _SHARED_SCRATCH if shared else self._gather_inputs
