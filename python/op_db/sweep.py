@@ -416,11 +416,23 @@ def _check(what, got, want, mesh, compare_values, rank):
 
 
 def _expected(op, sample, backward):
+    """One device's outputs and gradients. NOTE [fresh leaves]: with ``backward`` the op runs on
+    fresh leaves (``detach().requires_grad_()``) of the sample's tensors that require grad, as the
+    engine's run does (_distribute): the sample's own tensors may be views or reused across
+    samples, and one device's autograd then gave no gradient at all where the output depends on
+    them (_efficient_attention_forward on an H100, torch 2.11: None for query, key and value;
+    a leaf copy of the query got one). Values and strides are the sample's (detach shares
+    storage); gradients come back in the sample's flattened order."""
+    inp, args, kwargs = sample.input, sample.args, sample.kwargs
+    if backward:
+        fresh = lambda t: (t.detach().requires_grad_()  # noqa: E731
+                           if _is_tensor(t) and t.requires_grad and t.is_floating_point() else t)
+        inp, args, kwargs = tree_map(fresh, (inp, args, kwargs))
     torch.manual_seed(_op_seed[0])
-    out = op(sample.input, *sample.args, **sample.kwargs)
+    out = op(inp, *args, **kwargs)
     grads = None
     if backward:
-        leaves = [t for t in tree_flatten((sample.input, sample.args, sample.kwargs))[0]
+        leaves = [t for t in tree_flatten((inp, args, kwargs))[0]
                   if _is_tensor(t) and t.requires_grad and t.is_floating_point()]
         outs = _float_outputs(out)
         if leaves and outs:
