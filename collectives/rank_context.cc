@@ -194,7 +194,7 @@ RankScope::RankScope(std::shared_ptr<RankContext> context) : previous_(std::move
 RankScope::~RankScope() { t_context = std::move(previous_); }
 
 c10::DeviceType backend_device_type(const std::string& backend) {
-  return backend == "nccl" ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+  return backend == "nccl" || backend == "cuda_ipc" ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
 }
 
 c10::Device group_device(const std::string& name) {

@@ -110,9 +110,10 @@ class RankScope {
 };
 
 // NOTE [control tensors]: the device type a backend's collectives take tensors on: CUDA for
-// nccl, the CPU for every other backend (PyTorch's _get_pg_default_device). Collectives over a
-// group with no mesh at hand (the checkpoint's world-wide flags and file statistics) make their
-// small tensors on mesh_device(backend_device_type(group's backend)) (NOTE [mesh device]).
+// nccl and cuda_ipc, the CPU for every other backend (PyTorch's _get_pg_default_device).
+// Collectives over a group with no mesh at hand (the checkpoint's world-wide flags and file
+// statistics) make their small tensors on mesh_device(backend_device_type(group's backend)) (NOTE
+// [mesh device]).
 c10::DeviceType backend_device_type(const std::string& backend);
 // That device for the calling rank's group `name` (the world by default).
 c10::Device group_device(const std::string& name = RankContext::kWorld);

@@ -62,6 +62,8 @@ struct DeviceHooks {
   void (*synchronize)(int device) = nullptr;  // waits for the device's queued work
 };
 void set_device_hooks(const DeviceHooks& hooks);
+// The installed hooks (all null in a build without CUDA); the cuda_ipc backend uses them too.
+DeviceHooks& device_hooks();
 }  // namespace symmetric
 
 class SymmetricMemory {

@@ -384,6 +384,14 @@ def test_default_backend(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     assert default_backend("cpu") == "c10d"
     assert default_backend("cuda") == "nccl"
+    # Ranks that outnumber the host's GPUs share one: cuda_ipc (NCCL refuses that), on one host.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert default_backend("cuda") == "nccl"  # the ranks span hosts
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert default_backend("cuda") == "cuda_ipc"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert default_backend("cuda") == "nccl"
     monkeypatch.setenv("DTENSOR_BACKEND", "threads")
     assert default_backend("cpu") == "threads"
 

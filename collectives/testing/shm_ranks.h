@@ -88,9 +88,10 @@ struct RunOptions {
   int64_t cma_rank = -1;     // >= 0: only this rank gets `cma`
   std::string symmetric_min_bytes = "0";  // DTENSOR_SHM_SYMMETRIC_MIN_BYTES in the children
   std::string stream_bytes;               // DTENSOR_SHM_STREAM_BYTES in the children; empty = unset
+  std::string backend = "shm";            // the job's backend (cuda_ipc runs over shm too)
 };
 
-// Runs body(n, rank) on n forked ranks of a fresh job on the shm backend, then checks that every
+// Runs body(n, rank) on n forked ranks of a fresh job (on options.backend), then checks that every
 // rank exited 0 and that no segment of the job is left in /dev/shm.
 inline void run_ranks(int64_t n, const std::function<void(int64_t n, int64_t rank)>& body,
                       const RunOptions& options = {}, const std::string& job = new_job()) {
@@ -106,7 +107,7 @@ inline void run_ranks(int64_t n, const std::function<void(int64_t n, int64_t ran
     if (!options.cma.empty() && (options.cma_rank < 0 || options.cma_rank == rank)) {
       ::setenv("DTENSOR_SHM_CMA", options.cma.c_str(), 1);
     }
-    auto ctx = std::make_shared<RankContext>(rank, n, "shm", job, options.timeout);
+    auto ctx = std::make_shared<RankContext>(rank, n, options.backend, job, options.timeout);
     RankScope scope(ctx);
     body(n, rank);
     return 0;

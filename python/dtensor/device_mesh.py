@@ -11,20 +11,26 @@ __all__ = ["DeviceMesh", "default_backend", "init_device_mesh"]
 
 
 def default_backend(device_type="cpu"):
-    """The collectives backend a launched job uses: $DTENSOR_BACKEND when set; else ``nccl``
-    for CUDA, ``c10d`` (Gloo) when the ranks span hosts (WORLD_SIZE > LOCAL_WORLD_SIZE), and
-    ``shm`` (shared memory) for CPU ranks on one host."""
+    """The collectives backend a launched job uses: $DTENSOR_BACKEND when set; else for CUDA
+    ``nccl``, or ``cuda_ipc`` when this host's ranks outnumber its GPUs (LOCAL_WORLD_SIZE >
+    device count: ranks share a GPU, which NCCL refuses; NOTE [cuda_ipc backend]); ``c10d``
+    (Gloo) when the ranks span hosts (WORLD_SIZE > LOCAL_WORLD_SIZE), and ``shm`` (shared
+    memory) for CPU ranks on one host."""
     if os.environ.get("DTENSOR_BACKEND"):
         return os.environ["DTENSOR_BACKEND"]
-    if device_type == "cuda":
-        return "nccl"
     local = os.environ.get("LOCAL_WORLD_SIZE")
+    if device_type == "cuda":
+        shared = (local is not None and torch.cuda.is_available()
+                  and int(local) > torch.cuda.device_count()
+                  and int(os.environ.get("WORLD_SIZE", local)) == int(local))
+        return "cuda_ipc" if shared else "nccl"
     if local is not None and int(local) < int(os.environ.get("WORLD_SIZE", local)):
         return "c10d"
     return "shm"
 
 
-# The device types this engine runs meshes on (CPU collectives: threads, shm, Gloo; CUDA: NCCL).
+# The device types this engine runs meshes on (CPU collectives: threads, shm, Gloo; CUDA: NCCL,
+# cuda_ipc).
 _DEVICE_TYPES = ("cpu", "cuda")
 
 

@@ -22,8 +22,11 @@
 # then the TP demo on CUDA (examples/llama_train.py --device cuda, 1 rank: loss equal to one
 # device's within 1e-5) and bench/python_bench.py --device cuda (per call against PyTorch's
 # DTensor, bench/pytorch_anchor.py).
-# Tests: nccl_link_test (world size 1: NCCL refuses two ranks on one GPU), and
-# symmetric_memory_cuda_test (2 processes sharing the GPU). Logs go to the build folder, and
+# Tests: nccl_link_test (world size 1: NCCL refuses two ranks on one GPU),
+# symmetric_memory_cuda_test (2 processes sharing the GPU) and cuda_ipc_test (every collective on
+# 2 and 3 processes sharing the GPU, NOTE [cuda_ipc backend]); after the 1-rank TP demo, the demo
+# on 2 and 4 ranks sharing the GPU (cuda_ipc) and tools/gpu/ipc_bandwidth.py (its bus bandwidth
+# against a device copy). Logs go to the build folder, and
 # all of them as one file to $OUT when that is set (the device run's folder that comes back).
 # Ends with one summary line per stage; exits non-zero when something failed to build or a test
 # failed. SKIP_ENGINE=1 stops after the collectives' tests.
@@ -40,9 +43,9 @@ PY=${PYTHON:-python3}
 JOBS=${JOBS:-$(nproc)}
 NCCL_BACKEND_SRC=${NCCL_BACKEND_SRC:-collectives/nccl_backend.cc}
 TESTS=("$@")
-[ ${#TESTS[@]} -gt 0 ] || TESTS=(nccl_link_test symmetric_memory_cuda_test)
+[ ${#TESTS[@]} -gt 0 ] || TESTS=(nccl_link_test symmetric_memory_cuda_test cuda_ipc_test)
 # STAGES: which stages run (all by default), e.g. STAGES=tp,bench for a short rerun.
-STAGES=${STAGES:-tests,probe,cuda_test,op_db,tp,bench}
+STAGES=${STAGES:-tests,probe,cuda_test,op_db,tp,tp_shared,ipc_bench,bench}
 stage() { [[ ",$STAGES," == *",$1,"* ]]; }
 stage tests || TESTS=()
 rm -rf "$LOGS"
@@ -83,7 +86,7 @@ LIB_SRCS=(base/error.cc layout/placement.cc device_mesh/device_mesh.cc
   collectives/reduce.cc collectives/work.cc collectives/shm_segment.cc collectives/shm_backend.cc
   collectives/shm_cma.cc collectives/shm_symmetric.cc collectives/symmetric_memory.cc
   collectives/symmetric_memory_cuda.cc collectives/threads_backend.cc collectives/launch_env.cc
-  collectives/torch_ops.cc
+  collectives/torch_ops.cc collectives/cuda_ipc_backend.cc
   "$NCCL_BACKEND_SRC")
 # The rest of the engine and the extension (c10d_backend.cc builds without Gloo headers:
 # NOTE [Gloo headers]).
@@ -195,6 +198,31 @@ if [ "${SKIP_ENGINE:-}" != 1 ]; then
       tail -6 "$LOGS/tp_demo_cuda.log"
       summary+=("TP demo on cuda (1 rank): $(grep '^loss vs one device' "$LOGS/tp_demo_cuda.log" \
         || echo "did not finish (exit $rc)")")
+      [ $rc -eq 0 ] || engine=1
+    fi
+    # The TP demo with 2 and 4 ranks sharing the one GPU (cuda_ipc: NOTE [cuda_ipc backend];
+    # the default backend when a host's ranks outnumber its GPUs), each against one device.
+    if stage tp_shared; then
+      for n in 2 4; do
+        PYTHONPATH=$PYPKG timeout 300 $PY tools/launch.py -n $n -- $PY examples/llama_train.py \
+          --device cuda --steps 3 --tol 1e-5 --save "$BUILD/llama_ckpt_$n" \
+          >"$LOGS/tp_demo_cuda_$n.log" 2>&1
+        rc=$?
+        tail -4 "$LOGS/tp_demo_cuda_$n.log"
+        summary+=("TP demo on cuda ($n ranks sharing the GPU): $(grep -o 'loss vs one device.*' \
+          "$LOGS/tp_demo_cuda_$n.log" || echo "did not finish (exit $rc)")")
+        [ $rc -eq 0 ] || engine=1
+      done
+    fi
+    # cuda_ipc's bus bandwidth on 2 ranks sharing the GPU against a device copy (64 MiB).
+    if stage ipc_bench; then
+      PYTHONPATH=$PYPKG timeout 120 $PY tools/launch.py -n 2 -- $PY tools/gpu/ipc_bandwidth.py \
+        >"$LOGS/ipc_bench.log" 2>&1
+      rc=$?
+      grep '{' "$LOGS/ipc_bench.log"
+      summary+=("cuda_ipc bandwidth (2 ranks, one GPU): $(grep -o '"what": "[a-z_]*".*"ratio_to_copy": [0-9.]*' \
+        "$LOGS/ipc_bench.log" | sed -E 's/"what": "([a-z_]*)".*"ratio_to_copy": ([0-9.]*)/\1 \2x copy/' \
+        | paste -sd, - || true) (exit $rc)")
       [ $rc -eq 0 ] || engine=1
     fi
     # ./x bench python's rows against PyTorch's DTensor, on the GPU (bench/pytorch_anchor.py).
