@@ -389,3 +389,62 @@ def test_src_data_rank_decides_whose_parameters_count(src):
         return True
 
     assert all(dtensor.run_threads(2, rank_fn))
+
+
+def test_tp_training_step_reads_no_scalar_to_the_host():
+    """Issue 29's "no hidden host round trip": a TP training step (LayerNorm, ColwiseParallel,
+    RowwiseParallel, a residual, SGD with momentum) on 2 ranks calls no op that reads a value back
+    to the host (item, _local_scalar_dense, is_nonzero, nonzero, equal: on CUDA each is a
+    device-to-host copy and a sync). The profiler records every ATen call of rank 0's step, the
+    engine's own included. python/cuda_test.py counts the CUDA memcpys themselves on a GPU."""
+    import collections
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from dtensor import _functional_collectives as funcol
+
+    reads = ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero", "aten::nonzero",
+             "aten::equal")
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.LayerNorm(16)
+            self.w1 = nn.Linear(16, 32)
+            self.w2 = nn.Linear(32, 16)
+
+        def forward(self, x):
+            return x + self.w2(F.relu(self.w1(self.norm(x))))
+
+    torch.manual_seed(0)
+    ref, x0 = Block(), torch.randn(4, 8, 16)
+
+    def fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (2,))
+        model = parallelize_module(copy.deepcopy(ref), mesh, {
+            "w1": ColwiseParallel(), "w2": RowwiseParallel(use_local_output=False)})
+        dtensor.distribute_module(model, mesh)
+        x = dtensor.distribute_tensor(x0, mesh, [Replicate()])
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+
+        def step():
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+
+        step()  # the first step makes the momentum buffers and fills the caches
+        prof = profile(activities=[ProfilerActivity.CPU])
+        funcol.all_reduce(torch.zeros(1))
+        if rank == 0:
+            prof.__enter__()
+        funcol.all_reduce(torch.zeros(1))
+        step()
+        funcol.all_reduce(torch.zeros(1))
+        if rank != 0:
+            return None
+        prof.__exit__(None, None, None)
+        events = prof.events()
+        assert any(e.name == "aten::mm" for e in events), "the profiler saw no matrix product"
+        return collections.Counter(e.name for e in events if e.name in reads)
+
+    assert dtensor.run_threads(2, fn)[0] == collections.Counter()
