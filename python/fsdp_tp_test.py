@@ -1,5 +1,6 @@
 """FSDP over tensor parallelism (NOTE [FSDP over TP]) against one process, ranks as threads: 2-D
-parameter placements as PyTorch's, parity over AdamW steps with hidden dims 3, 16 and 17,
+parameter placements as PyTorch's, parity over AdamW steps with hidden dims 3, 16 and 17, HSDP over
+TP on 8 ranks (3-D),
 clip_grad_norm_, the size-1 shard refusal, and checkpoints that reshard 2-D -> FSDP -> HSDP -> one
 process. Split from fsdp_test.py (shared helpers in fsdp_testing.py)."""
 
@@ -92,6 +93,55 @@ def test_fsdp_over_tp_parity(hidden, reshard_after_forward):
 
     dtensor.run_threads(dp * tp, rank_fn)
 
+
+
+def test_hsdp_over_tp_parity():
+    """3-D (torchtitan's dp_replicate x dp_shard x tp): parallelize_module on "tp", fully_shard on
+    the 2-D ("rep", "shard") mesh (HSDP) over it, 8 ranks: placements (Replicate(), FSDP's, TP's),
+    full_tensor exact, 10 AdamW steps equal to one process with gradients in the parameters'
+    placements."""
+    from dtensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from dtensor.placement_types import _StridedShard
+    rep, shard, tp = 2, 2, 2
+    dp = rep * shard
+    torch.manual_seed(0)
+    base = TPMLP(17)
+    batches = _batches(dp, 10)
+    ref_losses, ref_grads, ref_final = _reference(base, batches, dp)
+
+    def rank_fn(rank):
+        world = dtensor.init_device_mesh("cpu", (rep, shard, tp),
+                                         mesh_dim_names=("rep", "shard", "tp"))
+        dp_rank = world.get_local_rank(0) * shard + world.get_local_rank(1)
+        model = copy.deepcopy(base)
+        parallelize_module(model, world["tp"], {"w_in": ColwiseParallel(use_local_output=False),
+                                                 "w_out": RowwiseParallel()})
+        hsdp = world["rep", "shard"]
+        fully_shard(model.w_in, mesh=hsdp)
+        fully_shard(model.w_out, mesh=hsdp)
+        fully_shard(model, mesh=hsdp)
+        want = {"w_in.weight": (Replicate(), _StridedShard(0, 2), Shard(0)),
+                "w_in.bias": (Replicate(), _StridedShard(0, 2), Shard(0)),
+                "w_out.weight": (Replicate(), Shard(0), Shard(1)),
+                "w_out.bias": (Replicate(), Shard(0), Replicate())}
+        for n, p in model.named_parameters():
+            assert p.placements == want[n], (n, p.placements)
+            assert tuple(p.device_mesh.mesh_dim_names) == ("rep", "shard", "tp")
+            assert torch.equal(p.full_tensor(), dict(base.named_parameters())[n].detach()), n
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for step, ((x, y),) in enumerate(batches):
+            loss = _loss(model(_local(x, dp_rank)), _local(y, dp_rank))
+            loss.backward()
+            torch.testing.assert_close(loss.item(), ref_losses[step][0][dp_rank], **TOL)
+            for n, p in model.named_parameters():
+                assert p.grad.placements == p.placements, n
+                torch.testing.assert_close(p.grad.full_tensor(), ref_grads[step][n], **TOL,
+                                           msg=n)
+            opt.step()
+            opt.zero_grad()
+        _check_params(model, ref_final)
+
+    dtensor.run_threads(rep * shard * tp, rank_fn)
 
 
 def test_size_one_shard_dim_is_refused_clearly():

@@ -54,7 +54,7 @@ Not implemented yet:
   waited for).
 * ``CPUOffloadPolicy``: accepted on a CPU mesh, where the sharded parameters and gradients are on
   the CPU already (nothing to move); on a CUDA mesh it raises NotImplementedError.
-* HSDP over TP (3-D), a Shard on a dim of size 1 (the engine's rules never shard one; refused
+* A Shard on a dim of size 1 (the engine's rules never shard one; refused
   with the parameter's shape), ``reshard_after_forward`` as an int (reshard
   to a smaller mesh), 0-dim parameters, activation checkpointing's recompute forward, all-gather
   extensions (``fsdp_pre_all_gather``), custom all-gather / reduce-scatter comms,

@@ -96,15 +96,15 @@ class FSDPParam:
         # works on its TP piece (which is what the all-gather rebuilds, and what the unsharded
         # parameter wraps, a distributed tensor on the TP mesh for compute), and the sharded
         # parameter lives on the (dp, tp) mesh with the data-parallel placements first. Where both
-        # shard one tensor dim, TP splits first (_StridedShard, NOTE [strided shards]).
+        # shard one tensor dim, TP splits first (_StridedShard, NOTE [strided shards]). HSDP over
+        # TP (3-D, as torchtitan's dp_replicate x dp_shard x tp): the mesh is (replicate, shard,
+        # tp...) and the placements (Replicate(), the shard dim's, TP's).
         self.tp_mesh = self.tp_placements = None
         if isinstance(param, DTensor):
-            if mesh.ndim != 1:
-                raise NotImplementedError("fully_shard: HSDP over tensor-parallel parameters")
             if any(p.is_partial() for p in param.placements):
                 raise ValueError(f"fully_shard: a parameter placed {param.placements} (Partial)")
             self.tp_mesh, self.tp_placements = param.device_mesh, tuple(param.placements)
-            mesh_2d = _fsdp_tp_mesh(mesh, self.tp_mesh, f"a parameter of shape "
+            mesh_nd = _fsdp_tp_mesh(mesh, self.tp_mesh, f"a parameter of shape "
                                     f"{tuple(param.shape)}")
             tp_split = 1
             for m, p in enumerate(self.tp_placements):
@@ -112,8 +112,8 @@ class FSDPParam:
                     tp_split *= self.tp_mesh.size(m)
             first = (_StridedShard(self.shard_dim, tp_split) if tp_split > 1
                      else Shard(self.shard_dim))
-            self.placements = (first,) + self.tp_placements
-            self.mesh = mesh_2d
+            self.placements = fsdp_placements[:-1] + (first,) + self.tp_placements
+            self.mesh = mesh_nd
             param = _C.to_local(param, None)  # FSDP shards the TP piece from here on
         else:
             self.placements = fsdp_placements
