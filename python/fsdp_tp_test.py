@@ -1,8 +1,7 @@
 """FSDP over tensor parallelism (NOTE [FSDP over TP]) against one process, ranks as threads: 2-D
 parameter placements as PyTorch's, parity over AdamW steps with hidden dims 3, 16 and 17, HSDP over
-TP on 8 ranks (3-D),
-clip_grad_norm_, the size-1 shard refusal, and checkpoints that reshard 2-D -> FSDP -> HSDP -> one
-process. Split from fsdp_test.py (shared helpers in fsdp_testing.py)."""
+TP on 8 ranks (3-D), clip_grad_norm_, the size-1 shard refusal, and checkpoints that reshard 2-D ->
+FSDP -> HSDP -> one process. Split from fsdp_test.py (shared helpers in fsdp_testing.py)."""
 
 import copy
 
