@@ -1,7 +1,8 @@
 """./x bench fsdp: FSDP training steps against replicated data parallelism, one process and
 PyTorch's own FSDP2, in one run.
 
-    ./x bench fsdp [--ranks 2,4] [--layers 8] [--dim 512] [--batch 16] [--steps 10] [--plot]
+    ./x bench fsdp [--ranks 2,4] [--layers 8] [--dim 512] [--batch 16] [--steps 10]
+                   [--repeats 3] [--plot]
 
 A model of --layers Linear(dim, dim) + ReLU blocks trained with AdamW, --batch rows per rank.
 For each data-parallel size, every side runs in processes of its own (so each one's peak memory is
@@ -14,6 +15,10 @@ its own), from the same weights on the same data:
   one_process  one process on the whole batch (the ranks' rows together)
 Every side must end with the one process's loss (checked; a wrong answer is no benchmark).
 
+Each side's job runs --repeats times, the sides interleaved (fsdp, replicated, pytorch, one process,
+fsdp, ...), and the run with the median time is reported with every run's time
+("ms_per_step_runs"): on this shared 2-core VM one job's time varies by up to 1.5x, and a slow
+spell should not fall on one side only.
 Per side: ms per step (median of the steps after the first), the training state each rank holds
 (parameters, gradients, AdamW's moments: bytes of its local pieces), the peak resident memory the
 training steps added on top of the built model (VmHWM after resetting it with /proc/self/clear_refs;
@@ -228,6 +233,17 @@ def launch(args, argv, side, world, dp):
         return rows[0]
 
 
+def _median_run(rows):
+    """The run with the median time (an error if any run failed), with every run's time."""
+    failed = [r for r in rows if "error" in r]
+    if failed:
+        return failed[0]
+    rows = sorted(rows, key=lambda r: r["ms_per_step"])
+    row = dict(rows[(len(rows) - 1) // 2])
+    row["ms_per_step_runs"] = [r["ms_per_step"] for r in rows]
+    return row
+
+
 def report(rows, args, dp):
     """The table and the JSON lines of one data-parallel size; False when a side is wrong."""
     ok_rows = {r["side"]: r for r in rows if "error" not in r}
@@ -271,6 +287,7 @@ def main(argv):
     p.add_argument("--dim", type=int, default=512)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     p.add_argument("--dp", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--anchor-port", type=int, default=0, help=argparse.SUPPRESS)
@@ -279,9 +296,11 @@ def main(argv):
         return side_main(args)
     good = True
     for dp in [int(w) for w in args.ranks.split(",") if w]:
-        rows = [launch(args, argv, side, 1 if side == "one_process" else dp, dp)
-                for side in SIDES]
-        good = report(rows, args, dp) and good
+        runs = {side: [] for side in SIDES}
+        for _ in range(max(1, args.repeats)):
+            for side in SIDES:
+                runs[side].append(launch(args, argv, side, 1 if side == "one_process" else dp, dp))
+        good = report([_median_run(runs[side]) for side in SIDES], args, dp) and good
     return 0 if good else 1
 
 

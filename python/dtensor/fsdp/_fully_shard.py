@@ -88,7 +88,7 @@ from dtensor import _C
 from dtensor._api import DTensor
 from dtensor.device_mesh import DeviceMesh, _mesh_resources, init_device_mesh
 from dtensor.fsdp._api import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
-from dtensor.fsdp._param_group import FSDPParam, FSDPParamGroup, TrainingState
+from dtensor.fsdp._param_group import FSDPParam, FSDPParamGroup, TrainingState, finish_reduces
 from dtensor.placement_types import Shard
 
 __all__ = ["FSDPModule", "UnshardHandle", "fully_shard"]
@@ -109,6 +109,8 @@ class _SharedContext:
         self.callback_queued = False
         # The states that ran post-forward in this forward, in order (implicit backward prefetch).
         self.post_forward_order = []
+        # Reduce-scatters in flight (NOTE [reduce-scatter in flight] in _param_group.py).
+        self.pending_reduces = []
 
 
 class _RegisterPostBackward(torch.autograd.Function):
@@ -185,6 +187,7 @@ class FSDPState:
             if state.group is not None:
                 # Its name in the root's tree names its collectives (NOTE [collective purpose]).
                 state.group.name = name or "the root"
+                state.group.pending_reduces = self.ctx.pending_reduces
                 state.group.lazy_init()
         if self.group is not None and self.auto_reshard_after_forward:
             self.group.reshard_after_forward = False
@@ -285,6 +288,7 @@ class FSDPState:
                 if self.ctx.is_last_backward:
                     group.finalize_backward()
             state.training_state = TrainingState.IDLE
+        finish_reduces(self.ctx.pending_reduces)
         self.ctx.callback_queued = False
 
 

@@ -280,6 +280,20 @@ class FSDPParam:
                 p.grad.add_(grad)
 
 
+def finish_reduces(pending):
+    """NOTE [reduce-scatter in flight]: a group's gradient reduce-scatter is issued
+    asynchronously at its post-backward, so it runs while autograd computes the gradients of the
+    groups before it (PyTorch's reduce-scatter stream does the same on CUDA); it is finished (the
+    HSDP all-reduce, the division, the sharded gradients) at the next group's reduce-scatter,
+    whose copy-in reuses the same scratch (NOTE [FSDP flat buffers]), and at the end of backward
+    (the root's callback), so the gradients are complete when backward returns. ``pending`` is
+    the root's list (one per model, per rank): every rank finishes them at the same points, in
+    the same order."""
+    while pending:
+        group, params, out = pending.pop(0)
+        group._finish_reduce(params, out)
+
+
 class FSDPParamGroup:
     """The parameters of one ``fully_shard`` call: unshard (one all-gather), reshard (free),
     post-backward (one reduce-scatter, and one all-reduce across replicas for HSDP)."""
@@ -289,6 +303,7 @@ class FSDPParamGroup:
         self.mesh = mesh
         self.reshard_after_forward = reshard_after_forward
         self.reshard_after_backward = True
+        self.pending_reduces = []  # the root's list, set at lazy init (finish_reduces)
         self.reduce_grads = True  # set_requires_gradient_sync
         self.gradient_divide_factor = None  # None: the data-parallel size
         self.mp_policy = mp_policy
@@ -427,9 +442,8 @@ class FSDPParamGroup:
 
     def _reduce(self, with_grad):
         """Per reduce dtype (NOTE [mixed dtypes in a group]): one reduce-scatter (sum) over the
-        shard dim, one all-reduce (sum) over the replicate dim for HSDP, then the division by the
-        divide factor."""
-        factor = self.gradient_divide_factor
+        shard dim, issued asynchronously and finished later (NOTE [reduce-scatter in flight])."""
+        finish_reduces(self.pending_reduces)  # they share the reduce-scatter scratch
         with torch.no_grad(), self._purpose():
             for bucket in self._by_dtype(with_grad, lambda pg: pg[1].dtype):
                 total = sum(p.padded_numel for p, _ in bucket)
@@ -439,15 +453,23 @@ class FSDPParamGroup:
                 for p, g in bucket:
                     p.copy_reduce_scatter_input(g, rows[:, offset: offset + p.padded_numel])
                     offset += p.padded_numel
-                out = funcol.wait_tensor(
-                    funcol.reduce_scatter_tensor(flat, "sum", 0, self._shard_group))
-                if self._replicate_group is not None:
-                    out = funcol.wait_tensor(funcol.all_reduce(out, "sum", self._replicate_group))
-                out = out / (self.mesh.size() if factor is None else factor)
-                offset = 0
-                for p, _ in bucket:
-                    p.add_sharded_grad(out[offset: offset + p.padded_numel])
-                    offset += p.padded_numel
+                out = funcol.reduce_scatter_tensor(flat, "sum", 0, self._shard_group,
+                                                   async_op=True)
+                self.pending_reduces.append((self, [p for p, _ in bucket], out))
+
+    def _finish_reduce(self, params, out):
+        """The rest of one reduce: the all-reduce (sum) over the replicate dim for HSDP, the
+        division by the divide factor, and the sharded gradients."""
+        factor = self.gradient_divide_factor
+        with torch.no_grad(), self._purpose():
+            out = funcol.wait_tensor(out)
+            if self._replicate_group is not None:
+                out = funcol.wait_tensor(funcol.all_reduce(out, "sum", self._replicate_group))
+            out = out / (self.mesh.size() if factor is None else factor)
+            offset = 0
+            for p in params:
+                p.add_sharded_grad(out[offset: offset + p.padded_numel])
+                offset += p.padded_numel
 
     def finalize_backward(self):
         """End of the last backward: drop a prefetched all-gather nobody used."""
