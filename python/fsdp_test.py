@@ -490,3 +490,62 @@ def test_implicit_backward_prefetch_issues_the_next_groups_all_gather_early():
             dtensor.run_threads(world, lambda rank: rank_fn(rank, prefetch))
     finally:
         FSDPParamGroup.unshard, FSDPParamGroup._reduce = unshard, reduce
+
+
+# ---- size-1 dims (NOTE [size-1 dims under FSDP]) ----------------------------------------------
+
+class SizeOneParams(nn.Module):
+    """A token (1, 15) added to every row (as ViT's cls_token), a 0-dim scale, and a
+    Linear(15, 1) head whose weight is (1, 15) and bias (1,)."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1 = nn.Linear(7, 15)
+        self.token = nn.Parameter(torch.randn(1, 15))
+        self.scale = nn.Parameter(torch.tensor(0.5))
+        self.head = nn.Linear(15, 1)
+        self.out = nn.Linear(1, 2)
+
+    def forward(self, x):
+        return self.out(self.head(torch.relu(self.l1(x) + self.token)) * self.scale)
+
+
+@pytest.mark.parametrize("shape", [(2,), (3,), (2, 2)])
+def test_size_one_dims_train_like_one_process(shape):
+    """Dim 0 of size 1 shards on the first larger dim; parameters with no dim larger than 1 stay
+    whole (Replicate) with their gradient averaged; 10 AdamW steps equal one process (FSDP on 2
+    and 3 ranks, HSDP on (2, 2))."""
+    world = shape[0] * (shape[1] if len(shape) > 1 else 1)
+    hsdp = (Replicate(),) if len(shape) > 1 else ()
+    torch.manual_seed(0)
+    base = SizeOneParams()
+    batches = _batches(world, 10)
+    ref_losses, ref_grads, ref_final = _reference(base, batches, world)
+    want = {"l1.weight": (Shard(0),), "l1.bias": (Shard(0),), "token": (Shard(1),),
+            "scale": (Replicate(),), "head.weight": (Shard(1),), "head.bias": (Replicate(),),
+            "out.weight": (Shard(0),), "out.bias": (Shard(0),)}
+    want = {n: hsdp + p for n, p in want.items()}
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", shape)
+        model = copy.deepcopy(base)
+        fully_shard(model.l1, mesh=mesh)
+        fully_shard(model.head, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        for n, p in model.named_parameters():
+            assert p.placements == want[n], (n, p.placements)
+            assert torch.equal(p.full_tensor(), dict(base.named_parameters())[n].detach()), n
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for step, ((x, y),) in enumerate(batches):
+            loss = _loss(model(_local(x, rank)), _local(y, rank))
+            loss.backward()
+            torch.testing.assert_close(loss.item(), ref_losses[step][0][rank], **TOL)
+            for n, p in model.named_parameters():
+                assert p.grad.placements == p.placements, n
+                torch.testing.assert_close(p.grad.full_tensor(), ref_grads[step][n], **TOL,
+                                           msg=n)
+            opt.step()
+            opt.zero_grad()
+        _check_params(model, ref_final)
+
+    dtensor.run_threads(world, rank_fn)

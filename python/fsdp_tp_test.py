@@ -144,16 +144,17 @@ def test_hsdp_over_tp_parity():
 
 
 def test_size_one_shard_dim_is_refused_clearly():
-    """A (1, 7) weight placed Shard(0) over 2 ranks: the engine's rules never shard a size-1
-    dim, so rather than pieces of another layout (a silently wrong all-gather), fully_shard
-    raises naming the shape; shard_placement_fn's Shard(1) works."""
+    """A (1, 7) weight placed Shard(0) over 2 ranks by an explicit shard_placement_fn: the
+    engine's rules never shard a size-1 dim, so rather than pieces of another layout (a silently
+    wrong all-gather), fully_shard raises naming the shape; by default it shards dim 1 (NOTE
+    [size-1 dims under FSDP]; fsdp_test.py trains such parameters)."""
     def rank_fn(rank):
         mesh = dtensor.init_device_mesh("cpu", (2,))
         with pytest.raises(NotImplementedError, match=r"shape \(1, 7\).*shard_placement_fn"):
-            fully_shard(nn.Linear(7, 1), mesh=mesh)
-        m = fully_shard(nn.Linear(7, 1, bias=False), mesh=mesh,
-                        shard_placement_fn=lambda p: Shard(1))
-        assert m.weight.placements == (Shard(1),)
+            fully_shard(nn.Linear(7, 1, bias=False), mesh=mesh,
+                        shard_placement_fn=lambda p: Shard(0))
+        m = fully_shard(nn.Linear(7, 1), mesh=mesh)
+        assert m.weight.placements == (Shard(1),) and m.bias.placements == (Replicate(),)
 
     dtensor.run_threads(2, rank_fn)
 

@@ -54,9 +54,10 @@ Not implemented yet:
   waited for).
 * ``CPUOffloadPolicy``: accepted on a CPU mesh, where the sharded parameters and gradients are on
   the CPU already (nothing to move); on a CUDA mesh it raises NotImplementedError.
-* A Shard on a dim of size 1 (the engine's rules never shard one; refused
-  with the parameter's shape), ``reshard_after_forward`` as an int (reshard
-  to a smaller mesh), 0-dim parameters, activation checkpointing's recompute forward, all-gather
+* A Shard on a dim of size 1 that ``shard_placement_fn`` asks for (the engine's rules never
+  shard one; refused with the parameter's shape; by default such parameters shard another dim or
+  stay whole: NOTE [size-1 dims under FSDP] in ``_param_group.py``), ``reshard_after_forward`` as
+  an int (reshard to a smaller mesh), activation checkpointing's recompute forward, all-gather
   extensions (``fsdp_pre_all_gather``), custom all-gather / reduce-scatter comms,
   ``set_requires_all_reduce``, ``fully_shard`` on a list of modules.
 
@@ -351,11 +352,12 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
     fsdp_params = []
     for p in order:
         placement = shard_placement_fn(p) if shard_placement_fn is not None else None
+        explicit = placement is not None
         placement = placement if placement is not None else Shard(0)
         if not isinstance(placement, Shard):
             raise ValueError(f"fully_shard: shard_placement_fn must return Shard(d) or None, "
                              f"got {placement}")
-        fsdp_params.append(FSDPParam(p, uses[p], mesh, placement.dim))
+        fsdp_params.append(FSDPParam(p, uses[p], mesh, placement.dim, explicit))
     group = None
     if fsdp_params:
         group = FSDPParamGroup(fsdp_params, mesh,

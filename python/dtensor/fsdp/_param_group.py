@@ -80,17 +80,30 @@ class FSDPParam:
     tensor of the full shape, registered for compute; its storage is freed when resharded and
     refilled by the next all-gather, so autograd's saved references to it stay valid)."""
 
-    def __init__(self, param, uses, mesh, shard_dim):
+    def __init__(self, param, uses, mesh, shard_dim, explicit=False):
         # uses: [(module, attribute name)] where this parameter is registered (shared ones twice).
-        if param.dim() == 0:
-            raise NotImplementedError("fully_shard: 0-dim parameters are not supported yet")
+        # NOTE [size-1 dims under FSDP]: the engine's rules never shard a dim of size 1 (its
+        # factors skip them), where PyTorch puts all of it on rank 0 and empty pieces elsewhere.
+        # So a parameter whose default shard dim 0 has size 1 (ViT's cls_token (1, 1, d) and
+        # pos_embed (1, n, d)) is sharded on its first dim larger than 1 instead, and one with no
+        # such dim (a (1,) bias of Linear(d, 1), a 0-dim temperature) is kept whole on every rank
+        # (placed Replicate: it joins the group's all-gather as every rank's full copy and its
+        # gradient is averaged over the ranks by the group's reduce-scatter, each rank sending
+        # the full gradient in every row). A Shard(d) on a size-1 dim that shard_placement_fn
+        # asks for explicitly is refused (below).
         self.uses = uses
-        self.shard_dim = shard_dim % param.dim()
+        self.replicated = all(s == 1 for s in param.shape)  # 0-dim included
+        if not self.replicated:
+            shard_dim %= param.dim()
+            if param.shape[shard_dim] == 1 and not explicit:
+                shard_dim = next(d for d, s in enumerate(param.shape) if s > 1)
+        self.shard_dim = 0 if self.replicated else shard_dim
         self.shard_size = mesh.size(mesh.ndim - 1)
         self.shard_rank = mesh.get_local_rank(mesh.ndim - 1)
         self.global_size = param.shape
         self.orig_dtype = param.dtype
-        fsdp_placements = ((Replicate(),) if mesh.ndim == 2 else ()) + (Shard(self.shard_dim),)
+        fsdp_placements = ((Replicate(),) if mesh.ndim == 2 else ()) + (
+            Replicate() if self.replicated else Shard(self.shard_dim),)
         # NOTE [FSDP over TP]: a parameter that is already distributed (parallelize_module on the
         # "tp" dims) is sharded again, over the data-parallel dims, as PyTorch's FSDP2 does: FSDP
         # works on its TP piece (which is what the all-gather rebuilds, and what the unsharded
@@ -101,6 +114,9 @@ class FSDPParam:
         # tp...) and the placements (Replicate(), the shard dim's, TP's).
         self.tp_mesh = self.tp_placements = None
         if isinstance(param, DTensor):
+            if self.replicated:
+                raise NotImplementedError(f"fully_shard: a tensor-parallel parameter of shape "
+                                          f"{tuple(param.shape)} has no dim larger than 1")
             if any(p.is_partial() for p in param.placements):
                 raise ValueError(f"fully_shard: a parameter placed {param.placements} (Partial)")
             self.tp_mesh, self.tp_placements = param.device_mesh, tuple(param.placements)
@@ -119,11 +135,15 @@ class FSDPParam:
             self.placements = fsdp_placements
             self.mesh = mesh
         self.orig_size = param.shape  # the TP piece's shape under FSDP over TP
-        dim_size = param.shape[self.shard_dim]
-        self.chunk = math.ceil(dim_size / self.shard_size)  # slices per piece (padded)
-        self.local_slices = max(0, min(self.chunk, dim_size - self.shard_rank * self.chunk))
-        self.slice_numel = param.numel() // dim_size if dim_size else 0
-        self.padded_numel = self.chunk * self.slice_numel  # elements each rank contributes
+        if self.replicated:  # every rank's "piece" is the whole parameter
+            dim_size, self.chunk, self.local_slices = 1, 1, 1
+            self.slice_numel = self.padded_numel = param.numel()
+        else:
+            dim_size = param.shape[self.shard_dim]
+            self.chunk = math.ceil(dim_size / self.shard_size)  # slices per piece (padded)
+            self.local_slices = max(0, min(self.chunk, dim_size - self.shard_rank * self.chunk))
+            self.slice_numel = param.numel() // dim_size if dim_size else 0
+            self.padded_numel = self.chunk * self.slice_numel  # elements each rank contributes
         # No communication: every rank keeps its own piece of its own copy (PyTorch's rule; the
         # ranks must hold the same values, e.g. the same seed or a loaded checkpoint).
         if self.tp_mesh is None:
@@ -175,7 +195,8 @@ class FSDPParam:
     def copy_all_gather_input(self, out):
         """Writes this rank's piece into ``out`` (``padded_numel`` elements of the group's flat
         all-gather input, in the compute dtype): flattened, then zeros for the padding."""
-        local = _C.to_local(self.sharded_param, None).detach().movedim(self.shard_dim, 0)
+        local = _C.to_local(self.sharded_param, None).detach()
+        local = local.reshape(-1) if self.replicated else local.movedim(self.shard_dim, 0)
         n = local.numel()
         out[:n].view(local.shape).copy_(local)
         if n < self.padded_numel:
@@ -209,6 +230,9 @@ class FSDPParam:
     def _copy_out(self, rows, dst):
         """Copies each rank's piece (its row of ``rows``, padding dropped) to its place in
         ``dst`` (the full shape): one copy per element (NOTE [FSDP flat buffers])."""
+        if self.replicated:  # every row holds the whole parameter (NOTE [size-1 dims under FSDP])
+            dst.copy_(rows[0, : self.padded_numel].view(dst.shape))
+            return
         d = dst.movedim(self.shard_dim, 0)
         size, rest = d.shape[0], d.shape[1:]
         for r in range(self.shard_size):
@@ -255,6 +279,9 @@ class FSDPParam:
     def copy_reduce_scatter_input(self, grad, out):
         """Writes ``grad`` (the full shape) into ``out`` (S, padded_numel), a block of the
         group's flat reduce-scatter input: row r is rank r's piece, then zeros for the padding."""
+        if self.replicated:  # the whole gradient in every row: each rank gets the sum
+            out.view(self.shard_size, self.padded_numel).copy_(grad.reshape(1, -1))
+            return
         g = grad.movedim(self.shard_dim, 0)
         rows = g.shape[0]
         pieces = out.view(self.shard_size, self.chunk, *g.shape[1:])
@@ -267,9 +294,12 @@ class FSDPParam:
     def add_sharded_grad(self, flat):
         """Sets (or accumulates into) the sharded parameter's gradient from this rank's reduced
         padded piece ``flat``; the gradient keeps the parameter's dtype and placements."""
-        rest = [s for i, s in enumerate(self.orig_size) if i != self.shard_dim]
-        local = flat[: self.local_slices * self.slice_numel].reshape(self.local_slices, *rest)
-        local = local.movedim(0, self.shard_dim).contiguous().to(self.orig_dtype)
+        if self.replicated:
+            local = flat[: self.padded_numel].reshape(self.orig_size).clone().to(self.orig_dtype)
+        else:
+            rest = [s for i, s in enumerate(self.orig_size) if i != self.shard_dim]
+            local = flat[: self.local_slices * self.slice_numel].reshape(self.local_slices, *rest)
+            local = local.movedim(0, self.shard_dim).contiguous().to(self.orig_dtype)
         grad = DTensor.from_local(local, self.mesh, list(self.placements),
                                   shape=self.global_size, stride=self._global_stride())
         p = self.sharded_param
