@@ -77,6 +77,12 @@ void every_collective(int64_t n, int64_t r, c10::Device device) {
         all_to_all_single(on(c.inputs[r]), c.output_splits(r), c.input_splits(r), world).cpu(),
         c.expected(r), "uneven all_to_all x" + std::to_string(scale));
   }
+  // Equal all_to_all (split dim 0, concat dim 1): chunk q of rank s's rows goes to rank q.
+  std::vector<at::Tensor> chunks;
+  for (int64_t s = 0; s < n; ++s)
+    chunks.push_back(input_for(s, {n * 40, 3}, at::kFloat, s).chunk(n)[r]);
+  expect_same(all_to_all(on(input_for(r, {n * 40, 3}, at::kFloat, r)), 0, 1, world).cpu(),
+              at::cat(chunks, 1), "all_to_all dim 0 -> 1");
   barrier(world);
 }
 
