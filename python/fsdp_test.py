@@ -17,8 +17,9 @@ import dtensor
 from dtensor import DTensor, Replicate, Shard
 from dtensor.debug import CommDebugMode
 from dtensor.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from fsdp_testing import (TOL, MLP, _base_model, _batches, _check_params, _counts, _train_step,
-                          _groups, _local, _loss, _reference, _shard)
+from fsdp_testing import (TOL, MLP, _base_model, _batches, _check_layout, _check_params, _counts,
+                          _groups, _local, _loss, _reference, _shard, _train_like_one_process,
+                          _train_step)
 
 
 # ---- training parity and collectives ---------------------------------------------------------
@@ -520,7 +521,7 @@ def test_size_one_dims_train_like_one_process(shape):
     torch.manual_seed(0)
     base = SizeOneParams()
     batches = _batches(world, 10)
-    ref_losses, ref_grads, ref_final = _reference(base, batches, world)
+    reference = _reference(base, batches, world)
     want = {"l1.weight": (Shard(0),), "l1.bias": (Shard(0),), "token": (Shard(1),),
             "scale": (Replicate(),), "head.weight": (Shard(1),), "head.bias": (Replicate(),),
             "out.weight": (Shard(0),), "out.bias": (Shard(0),)}
@@ -532,20 +533,7 @@ def test_size_one_dims_train_like_one_process(shape):
         fully_shard(model.l1, mesh=mesh)
         fully_shard(model.head, mesh=mesh)
         fully_shard(model, mesh=mesh)
-        for n, p in model.named_parameters():
-            assert p.placements == want[n], (n, p.placements)
-            assert torch.equal(p.full_tensor(), dict(base.named_parameters())[n].detach()), n
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        for step, ((x, y),) in enumerate(batches):
-            loss = _loss(model(_local(x, rank)), _local(y, rank))
-            loss.backward()
-            torch.testing.assert_close(loss.item(), ref_losses[step][0][rank], **TOL)
-            for n, p in model.named_parameters():
-                assert p.grad.placements == p.placements, n
-                torch.testing.assert_close(p.grad.full_tensor(), ref_grads[step][n], **TOL,
-                                           msg=n)
-            opt.step()
-            opt.zero_grad()
-        _check_params(model, ref_final)
+        _check_layout(model, base, want)
+        _train_like_one_process(model, batches, rank, reference)
 
     dtensor.run_threads(world, rank_fn)

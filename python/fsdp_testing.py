@@ -109,3 +109,30 @@ def _check_params(model, expected):
 
 def _counts(comm):
     return {k: v for k, v in comm.get_comm_counts().items() if v}
+
+
+def _check_layout(model, base, want):
+    """Each parameter is placed ``want[name]`` and its full_tensor() is ``base``'s exactly."""
+    for n, p in model.named_parameters():
+        assert p.placements == want[n], (n, p.placements)
+        assert torch.equal(p.full_tensor(), dict(base.named_parameters())[n].detach()), n
+
+
+def _train_like_one_process(model, batches, dp_rank, reference, after_backward=None):
+    """AdamW over ``batches`` on data-parallel rank ``dp_rank``'s rows: every step's loss and
+    gradients (in the parameters' placements) and the final parameters equal ``reference``'s
+    (what _reference returns). ``after_backward(step)`` runs before each optimizer step."""
+    ref_losses, ref_grads, ref_final = reference
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for step, ((x, y),) in enumerate(batches):
+        loss = _loss(model(_local(x, dp_rank)), _local(y, dp_rank))
+        loss.backward()
+        torch.testing.assert_close(loss.item(), ref_losses[step][0][dp_rank], **TOL)
+        for n, p in model.named_parameters():
+            assert p.grad.placements == p.placements, n
+            torch.testing.assert_close(p.grad.full_tensor(), ref_grads[step][n], **TOL, msg=n)
+        if after_backward is not None:
+            after_backward(step)
+        opt.step()
+        opt.zero_grad()
+    _check_params(model, ref_final)

@@ -12,7 +12,8 @@ from torch import nn
 import dtensor
 from dtensor import DTensor, Replicate, Shard
 from dtensor.fsdp import fully_shard
-from fsdp_testing import ROWS, TOL, _batches, _check_params, _local, _loss, _reference
+from fsdp_testing import (ROWS, TOL, _batches, _check_layout, _loss,
+                          _reference, _train_like_one_process)
 
 
 # ---- 2-D: FSDP over tensor parallelism (NOTE [FSDP over TP]) --------------------------------
@@ -43,8 +44,8 @@ def test_fsdp_over_tp_parity(hidden, reshard_after_forward):
     torch.manual_seed(0)
     base = TPMLP(hidden)
     batches = _batches(dp, 10)
-    ref_losses, ref_grads, ref_final = _reference(base, batches, dp)
-    ref_norm = torch.nn.utils.get_total_norm([g for g in ref_grads[0].values()])
+    reference = _reference(base, batches, dp)
+    ref_norm = torch.nn.utils.get_total_norm([g for g in reference[1][0].values()])
 
     def rank_fn(rank):
         world = dtensor.init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
@@ -61,10 +62,9 @@ def test_fsdp_over_tp_parity(hidden, reshard_after_forward):
                 "w_in.bias": (_StridedShard(0, 2), Shard(0)),
                 "w_out.weight": (Shard(0), Shard(1)),
                 "w_out.bias": (Shard(0), Replicate())}
-        for n, p in model.named_parameters():
-            assert p.placements == want[n], (n, p.placements)
+        _check_layout(model, base, want)
+        for p in model.parameters():
             assert tuple(p.device_mesh.mesh_dim_names) == ("dp", "tp")
-            assert torch.equal(p.full_tensor(), dict(base.named_parameters())[n].detach()), n
         # Each unsharded parameter owns exactly its storage (with hidden 3 a TP piece of one row
         # is a contiguous slice of the all-gather output: sharing that buffer, freeing and
         # refilling it wrote past its end, a heap corruption seen as a crash).
@@ -73,22 +73,14 @@ def test_fsdp_over_tp_parity(hidden, reshard_after_forward):
             local = p.to_local()
             assert local.untyped_storage().nbytes() == local.numel() * local.element_size(), n
         model.w_in.reshard()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        for step, ((x, y),) in enumerate(batches):
-            loss = _loss(model(_local(x, dp_rank)), _local(y, dp_rank))
-            loss.backward()
-            torch.testing.assert_close(loss.item(), ref_losses[step][0][dp_rank], **TOL)
-            for n, p in model.named_parameters():
-                assert p.grad.placements == p.placements, n
-                torch.testing.assert_close(p.grad.full_tensor(), ref_grads[step][n], **TOL,
-                                           msg=n)
+
+        def clip_at_first_step(step):
             if step == 0:
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1e9)
                 norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
                 torch.testing.assert_close(norm, ref_norm, **TOL)
-            opt.step()
-            opt.zero_grad()
-        _check_params(model, ref_final)
+
+        _train_like_one_process(model, batches, dp_rank, reference, clip_at_first_step)
 
     dtensor.run_threads(dp * tp, rank_fn)
 
@@ -106,7 +98,7 @@ def test_hsdp_over_tp_parity():
     torch.manual_seed(0)
     base = TPMLP(17)
     batches = _batches(dp, 10)
-    ref_losses, ref_grads, ref_final = _reference(base, batches, dp)
+    reference = _reference(base, batches, dp)
 
     def rank_fn(rank):
         world = dtensor.init_device_mesh("cpu", (rep, shard, tp),
@@ -123,22 +115,10 @@ def test_hsdp_over_tp_parity():
                 "w_in.bias": (Replicate(), _StridedShard(0, 2), Shard(0)),
                 "w_out.weight": (Replicate(), Shard(0), Shard(1)),
                 "w_out.bias": (Replicate(), Shard(0), Replicate())}
-        for n, p in model.named_parameters():
-            assert p.placements == want[n], (n, p.placements)
+        _check_layout(model, base, want)
+        for p in model.parameters():
             assert tuple(p.device_mesh.mesh_dim_names) == ("rep", "shard", "tp")
-            assert torch.equal(p.full_tensor(), dict(base.named_parameters())[n].detach()), n
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        for step, ((x, y),) in enumerate(batches):
-            loss = _loss(model(_local(x, dp_rank)), _local(y, dp_rank))
-            loss.backward()
-            torch.testing.assert_close(loss.item(), ref_losses[step][0][dp_rank], **TOL)
-            for n, p in model.named_parameters():
-                assert p.grad.placements == p.placements, n
-                torch.testing.assert_close(p.grad.full_tensor(), ref_grads[step][n], **TOL,
-                                           msg=n)
-            opt.step()
-            opt.zero_grad()
-        _check_params(model, ref_final)
+        _train_like_one_process(model, batches, dp_rank, reference)
 
     dtensor.run_threads(rep * shard * tp, rank_fn)
 
