@@ -89,10 +89,10 @@ class FSDPParam:
         # such dim (a (1,) bias of Linear(d, 1), a 0-dim temperature) is kept whole on every rank
         # (placed Replicate: it joins the group's all-gather as every rank's full copy and its
         # gradient is averaged over the ranks by the group's reduce-scatter, each rank sending
-        # the full gradient in every row). A Shard(d) on a size-1 dim that shard_placement_fn
-        # asks for explicitly is refused (below).
+        # the full gradient in every row), whatever shard_placement_fn says. A Shard(d) on a
+        # size-1 dim that shard_placement_fn asks for explicitly is refused otherwise (below).
         self.uses = uses
-        self.replicated = all(s == 1 for s in param.shape)  # 0-dim included
+        self.replicated = not any(s > 1 for s in param.shape)  # 0-dim included
         if not self.replicated:
             shard_dim %= param.dim()
             if param.shape[shard_dim] == 1 and not explicit:
