@@ -49,9 +49,12 @@ def main():
     shard = torch.ones(out_bytes // 4 // n, device="cuda")
     full = torch.ones(out_bytes // 4, device="cuda")
     rows = []
-    for name, fn in (("all_gather", lambda: funcol.all_gather_into_tensor(shard, 0)),
-                     ("reduce_scatter", lambda: funcol.reduce_scatter_tensor(full, "sum", 0))):
+    for name, fn, want in (("all_gather", lambda: funcol.all_gather_into_tensor(shard, 0), 1.0),
+                           ("reduce_scatter", lambda: funcol.reduce_scatter_tensor(full, "sum", 0),
+                            float(n))):
         funcol.all_reduce(torch.zeros(1, device="cuda"))
+        got = fn()  # a wrong answer is no benchmark
+        assert bool((got == want).all()), f"{name}: a wrong result on rank {rank}"
         t = timed(fn, reps)
         busbw = out_bytes * (n - 1) / n / t / 1e9
         rows.append((name, t, busbw))
