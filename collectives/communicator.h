@@ -117,6 +117,12 @@ struct CallSignature {
   std::string_view purpose;               // CollectiveCall::purpose
 };
 CallSignature signature_of(const CollectiveCall& call);
+// Where rank r's part starts in a buffer cut by `splits` (elements): the sum of splits[0..r).
+inline int64_t offset_of(absl::Span<const int64_t> splits, int64_t r) {
+  int64_t off = 0;
+  for (int64_t i = 0; i < r; ++i) off += splits[i];
+  return off;
+}
 // Purposes are compared and carried by the backends up to this many bytes (cut to one less).
 constexpr size_t kPurposeBytes = 48;
 

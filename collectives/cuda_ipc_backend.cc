@@ -88,12 +88,6 @@ struct Buffers {
 // The descriptor of one call, as int64s: what the ranks must agree on, and all_to_all's splits.
 enum Field : int64_t { kKind, kOp, kDtype, kDevice, kNumel, kOutNumel, kSrc, kFields };
 
-int64_t offset_of(absl::Span<const int64_t> splits, int64_t r) {
-  int64_t off = 0;
-  for (int64_t i = 0; i < r; ++i) off += splits[i];
-  return off;
-}
-
 int64_t clamp_len(int64_t total, int64_t off, int64_t cap) {
   return std::max<int64_t>(0, std::min(cap, total - off));
 }

@@ -123,12 +123,6 @@ TEST(CudaIpcBackend, DisagreeingRanksFailOnEveryRank) {
       ipc_options());
 }
 
-bool usable_gpu_in_a_child() {
-  const auto codes =
-      run_forked(1, [](int) { return at::hasCUDA() && at::getNumGPUs() > 0 ? 0 : 1; });
-  return codes[0] == 0;
-}
-
 TEST(CudaIpcBackend, EveryCollectiveWithRanksSharingOneGpu) {
   if (!usable_gpu_in_a_child()) GTEST_SKIP() << "no usable GPU (or a CPU-only libtorch)";
   for (const int64_t n : {2, 3}) {

@@ -39,12 +39,6 @@ constexpr size_t kPieceBytes = size_t{256} << 10;
 // Folds of at most this many bytes use combine_raw (ShmCommunicator::fold).
 constexpr int64_t kRawFoldBytes = int64_t{64} << 10;
 
-inline int64_t offset_of(const std::vector<int64_t>& splits, int64_t r) {
-  int64_t off = 0;
-  for (int64_t i = 0; i < r; ++i) off += splits[i];
-  return off;
-}
-
 // A rank's call as every rank sees it (copied out of shared memory during the first step, since
 // the slot may be rewritten while later steps of the call are still running).
 struct Snap {

@@ -20,14 +20,6 @@ namespace {
 
 using namespace dtensor::testing;
 
-bool usable_gpu_in_a_child() {
-  const auto codes = run_forked(1, [](int) {
-    int devices = 0;
-    return cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0 && at::hasCUDA() ? 0 : 1;
-  });
-  return codes[0] == 0;
-}
-
 TEST(SymmetricMemoryCuda, PeersReadEachOthersDeviceBuffers) {
   if (!usable_gpu_in_a_child()) GTEST_SKIP() << "no usable GPU (or a CPU-only libtorch)";
   run_ranks(2, [](int64_t n, int64_t r) {

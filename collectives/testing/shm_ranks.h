@@ -71,6 +71,14 @@ inline std::string new_job() {
   return "shm-test-" + std::to_string(::getpid()) + "-" + std::to_string(++counter);
 }
 
+// Whether a forked child sees a GPU through a CUDA build of libtorch: the parent itself never
+// touches CUDA (a CUDA context does not survive fork).
+inline bool usable_gpu_in_a_child() {
+  const auto codes =
+      run_forked(1, [](int) { return at::hasCUDA() && at::getNumGPUs() > 0 ? 0 : 1; });
+  return codes[0] == 0;
+}
+
 inline std::vector<std::string> leftover_segments(const std::string& job) {
   std::vector<std::string> found;
   const std::string tag = shm_job_tag(job);
