@@ -54,4 +54,11 @@ const CostModel& default_cost_model() {
   return model;
 }
 
+const CostModel& cost_model_for(c10::DeviceType device) {
+  // NOTE [cost model per device]: cuda_ipc's figures.
+  static const CostModel cuda{/*latency_us=*/60.0, /*bandwidth_gbs=*/41.9, /*local_gbs=*/1806.0,
+                              /*flops_per_us=*/50e6};
+  return device == c10::DeviceType::CUDA ? cuda : default_cost_model();
+}
+
 }  // namespace dtensor

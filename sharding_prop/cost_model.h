@@ -27,6 +27,21 @@
 // op one per output element; every other family is priced by its communication only. Only global
 // metadata enters (shapes, placements, mesh sizes), never a timing at run time, so every rank
 // makes the same choice; equal costs still go to the earlier candidate.
+//
+// NOTE [cost model per device]
+// The figures are those of the mesh's device type (cost_model_for(mesh.device_type())), global
+// metadata equal on every rank and part of every cache key (specs hold their mesh), so plans and
+// strategies cached for a CPU mesh never serve a CUDA one:
+//   CPU   the shm backend on this 2-core machine (the defaults above);
+//   CUDA  the CUDA backend this project has measured between ranks of one host, cuda_ipc (NOTE
+//         [cuda_ipc backend]): bus bandwidth 41.9 GB/s (all_gather, 2 ranks on one H200,
+//         docs/benchmarks.md), latency 60 us (three host meetings a call, each near the shm
+//         backend's 22 us small-message all_reduce), device copies 1806 GB/s (measured in the
+//         same run), compute 50e6 FLOP/us (50 TFLOP/s: an H100's fp32 rate is 67 TFLOP/s dense,
+//         by NVIDIA's figures; not measured here). NCCL between GPUs moves data faster; with no
+//         figure of ours for it, CUDA meshes take cuda_ipc's.
+// So a product a CPU rank is better off splitting (the weight gradient above) stays whole on a
+// GPU, where its compute costs a thousandth and a collective several times more.
 // The rate is configured, not measured at run time: flops_per_us = 50e3 (50 GFLOP/s) is this
 // machine kind's single-thread fp32 GEMM rate, measured once (2026-11-26) with torch.mm of two
 // 512x512 float32 matrices under torch.set_num_threads(1): medians of 15 timings of 20 calls
@@ -41,6 +56,8 @@
 // local chunk) + 23.1 (the all_gather charge) = 65.4 us; it would stay whole at a rate above
 // about 89e3 FLOP/us, or for a batch below about 18 rows. Copies, fills and casts count no FLOPs
 // (op_table_pointwise.cc: moves_data).
+
+#include <c10/core/DeviceType.h>
 
 #include <cstdint>
 #include <string_view>
@@ -74,7 +91,9 @@ struct CostModel {
   double compute_cost(double flops) const;
 };
 
-// The model every planner uses unless told otherwise.
+// The CPU model (the shm backend's figures).
 const CostModel& default_cost_model();
+// The model of a mesh on `device` (NOTE [cost model per device]).
+const CostModel& cost_model_for(c10::DeviceType device);
 
 }  // namespace dtensor

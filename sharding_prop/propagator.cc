@@ -317,7 +317,7 @@ std::optional<double> extra_cost(const OpEntry& entry, const BuiltRule& built, c
                                  const DeviceMesh& mesh, double* flops) {
   const Rule& rule = built.rule;
   *flops = rule_flops(entry.flops, rule, c.shards);
-  double cost = default_cost_model().compute_cost(*flops);
+  double cost = cost_model_for(mesh.device_type()).compute_cost(*flops);
   for (size_t o = 0; o < rule.outputs.size() && !c.introduced.empty(); ++o) {
     const TensorMeta meta = TensorMeta::make(rule.output_shape(o), built.out_dtypes.at(o));
     Placements whole = c.out[o];
@@ -440,7 +440,8 @@ std::shared_ptr<OpSharding> priced(const std::string& op, const Rule& rule, cons
   if (best) {  // a bound that cannot beat the best skips the plan searches
     double bound = extra;
     for (size_t i = 0; i < inputs.size(); ++i) {
-      bound += plan_cost_lower_bound(inputs[i], cand->input_targets[i], default_cost_model());
+      bound += plan_cost_lower_bound(inputs[i], cand->input_targets[i],
+                                     cost_model_for(inputs[i].mesh().device_type()));
     }
     if (bound >= best->cost) return nullptr;
   }
@@ -535,7 +536,8 @@ std::shared_ptr<const OpSharding> compute(const OpEntry& entry,
   const Rule& rule = built.rule;
   const std::vector<std::vector<Choice>> per_dim = choices_per_dim(entry, rule, inputs);
   const DeviceMesh& mesh = inputs[0].mesh();
-  const double latency = default_cost_model().step_cost(CommKind::kAllReduce, 2, 0);
+  const double latency =
+      cost_model_for(mesh.device_type()).step_cost(CommKind::kAllReduce, 2, 0);
   std::shared_ptr<OpSharding> best;
   Candidate best_layout;
   std::vector<size_t> pick(per_dim.size(), 0);

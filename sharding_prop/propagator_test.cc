@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include "base/testing/expect_error.h"
+#include "sharding_prop/cost_model.h"
+#include "sharding_prop/redistribute_plan.h"
 
 namespace dtensor::sharding {
 namespace {
@@ -276,6 +278,37 @@ TEST(PropagatorTest, ReplicatedWeightGradientProductIsComputedSharded) {
   const auto add =
       propagate("aten::add.Tensor", {spec({4}, "R", {512, 512}), spec({4}, "R", {512, 512})});
   EXPECT_EQ(placements_of(add->outputs), "[R]") << add->to_string();
+}
+
+// NOTE [cost model per device]: on a CUDA mesh compute is priced a thousandth of a CPU rank's and
+// a collective several times more, so the same weight-gradient product stays whole there; the
+// propagation cache (keyed by specs, which hold the mesh) keeps the two answers apart.
+TEST(PropagatorTest, CostModelFollowsTheMeshDevice) {
+  const int64_t out = 256, in = 256, batch = 32;
+  const DeviceMesh cpu = DeviceMesh::arange({2});
+  const DeviceMesh cuda = cpu.with_device_type(c10::DeviceType::CUDA);
+  auto on = [&](const DeviceMesh& mesh, const std::vector<int64_t>& shape) {
+    return DTensorSpec::make(mesh, parse_placements("R"), TensorMeta::make(shape));
+  };
+  for (int round = 0; round < 2; ++round) {  // the second round answers from the cache
+    const auto c = propagate("aten::mm", {on(cpu, {out, batch}), on(cpu, {batch, in})});
+    EXPECT_EQ(placements_of(c->outputs), "[S(0)]") << c->to_string();
+    const auto g = propagate("aten::mm", {on(cuda, {out, batch}), on(cuda, {batch, in})});
+    EXPECT_EQ(placements_of(g->outputs), "[R]") << g->to_string();
+    EXPECT_EQ(g->outputs[0].mesh().device_type(), c10::DeviceType::CUDA);
+  }
+  // Plans are priced by their mesh's model too: the same all_gather costs more on CUDA's.
+  const auto meta = TensorMeta::make({64, 64});
+  const auto gather_cpu = plan_redistribute(DTensorSpec::make(cpu, parse_placements("S(0)"), meta),
+                                            DTensorSpec::make(cpu, parse_placements("R"), meta));
+  const auto gather_cuda =
+      plan_redistribute(DTensorSpec::make(cuda, parse_placements("S(0)"), meta),
+                        DTensorSpec::make(cuda, parse_placements("R"), meta));
+  EXPECT_DOUBLE_EQ(gather_cpu->cost,
+                   default_cost_model().step_cost(CommKind::kAllGather, 2, 64 * 64 * 4));
+  EXPECT_DOUBLE_EQ(gather_cuda->cost, cost_model_for(c10::DeviceType::CUDA)
+                                          .step_cost(CommKind::kAllGather, 2, 64 * 64 * 4));
+  EXPECT_GT(gather_cuda->cost, gather_cpu->cost);
 }
 
 // Among candidates of equal communication, the one computing less per rank wins; the FLOPs are

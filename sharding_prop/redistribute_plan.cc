@@ -565,7 +565,8 @@ std::shared_ptr<const RedistributePlan> try_plan_redistribute(const DTensorSpec&
   if (auto hit = plan_cache().find(key)) return hit;
   if (plan_refusal(src, dst, options)) return nullptr;
   return plan_cache().insert(key, std::make_shared<const RedistributePlan>(
-                                      compute_plan(src, dst, options, default_cost_model())));
+                                      compute_plan(src, dst, options,
+                                                   cost_model_for(src.mesh().device_type()))));
 }
 
 std::shared_ptr<const RedistributePlan> plan_redistribute(DTensorSpec src, DTensorSpec dst,

@@ -69,7 +69,7 @@ struct PlanOptions {
   bool allow_partial = false;
 };
 
-// The cheapest plan under default_cost_model(), cached. Throws dtensor::Error with a clear
+// The cheapest plan under the mesh's cost model (NOTE [cost model per device]), cached. Throws dtensor::Error with a clear
 // message when the move is not allowed (see the NOTE above).
 std::shared_ptr<const RedistributePlan> plan_redistribute(DTensorSpec src, DTensorSpec dst,
                                                           PlanOptions options = {});

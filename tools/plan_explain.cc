@@ -69,7 +69,7 @@ int run() {
   const DTensorSpec dst =
       make(absl::GetFlag(FLAGS_to).values, absl::GetFlag(FLAGS_to_order), "--to-order");
   const auto plan = plan_redistribute(src, dst);
-  const CostModel& model = default_cost_model();
+  const CostModel& model = cost_model_for(mesh.device_type());  // the model the plan used
 
   std::cout << plan->to_string() << "\n\n";
   std::printf(
