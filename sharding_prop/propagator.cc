@@ -536,8 +536,7 @@ std::shared_ptr<const OpSharding> compute(const OpEntry& entry,
   const Rule& rule = built.rule;
   const std::vector<std::vector<Choice>> per_dim = choices_per_dim(entry, rule, inputs);
   const DeviceMesh& mesh = inputs[0].mesh();
-  const double latency =
-      cost_model_for(mesh.device_type()).step_cost(CommKind::kAllReduce, 2, 0);
+  const double latency = cost_model_for(mesh.device_type()).step_cost(CommKind::kAllReduce, 2, 0);
   std::shared_ptr<OpSharding> best;
   Candidate best_layout;
   std::vector<size_t> pick(per_dim.size(), 0);

@@ -306,8 +306,9 @@ TEST(PropagatorTest, CostModelFollowsTheMeshDevice) {
                         DTensorSpec::make(cuda, parse_placements("R"), meta));
   EXPECT_DOUBLE_EQ(gather_cpu->cost,
                    default_cost_model().step_cost(CommKind::kAllGather, 2, 64 * 64 * 4));
-  EXPECT_DOUBLE_EQ(gather_cuda->cost, cost_model_for(c10::DeviceType::CUDA)
-                                          .step_cost(CommKind::kAllGather, 2, 64 * 64 * 4));
+  EXPECT_DOUBLE_EQ(
+      gather_cuda->cost,
+      cost_model_for(c10::DeviceType::CUDA).step_cost(CommKind::kAllGather, 2, 64 * 64 * 4));
   EXPECT_GT(gather_cuda->cost, gather_cpu->cost);
 }
 

@@ -564,9 +564,9 @@ std::shared_ptr<const RedistributePlan> try_plan_redistribute(const DTensorSpec&
   const CacheKey key{src, dst, options.allow_partial};
   if (auto hit = plan_cache().find(key)) return hit;
   if (plan_refusal(src, dst, options)) return nullptr;
-  return plan_cache().insert(key, std::make_shared<const RedistributePlan>(
-                                      compute_plan(src, dst, options,
-                                                   cost_model_for(src.mesh().device_type()))));
+  return plan_cache().insert(
+      key, std::make_shared<const RedistributePlan>(
+               compute_plan(src, dst, options, cost_model_for(src.mesh().device_type()))));
 }
 
 std::shared_ptr<const RedistributePlan> plan_redistribute(DTensorSpec src, DTensorSpec dst,

@@ -69,8 +69,8 @@ struct PlanOptions {
   bool allow_partial = false;
 };
 
-// The cheapest plan under the mesh's cost model (NOTE [cost model per device]), cached. Throws dtensor::Error with a clear
-// message when the move is not allowed (see the NOTE above).
+// The cheapest plan under the mesh's cost model (NOTE [cost model per device]), cached. Throws
+// dtensor::Error with a clear message when the move is not allowed (see the NOTE above).
 std::shared_ptr<const RedistributePlan> plan_redistribute(DTensorSpec src, DTensorSpec dst,
                                                           PlanOptions options = {});
 // The same, or null when the move is not allowed (candidate searches: NOTE [error convention]).
