@@ -293,9 +293,10 @@ class FSDPParam:
 
     def add_sharded_grad(self, flat):
         """Sets (or accumulates into) the sharded parameter's gradient from this rank's reduced
-        padded piece ``flat``; the gradient keeps the parameter's dtype and placements."""
+        padded piece ``flat``; the gradient keeps the parameter's dtype and placements. ``flat``
+        is a slice of this reduce's own result (never the shared scratch), so views of it are kept."""
         if self.replicated:
-            local = flat[: self.padded_numel].reshape(self.orig_size).clone().to(self.orig_dtype)
+            local = flat[: self.padded_numel].reshape(self.orig_size).to(self.orig_dtype)
         else:
             rest = [s for i, s in enumerate(self.orig_size) if i != self.shard_dim]
             local = flat[: self.local_slices * self.slice_numel].reshape(self.local_slices, *rest)
