@@ -294,7 +294,7 @@ class FSDPParam:
     def add_sharded_grad(self, flat):
         """Sets (or accumulates into) the sharded parameter's gradient from this rank's reduced
         padded piece ``flat``; the gradient keeps the parameter's dtype and placements. ``flat``
-        is a slice of this reduce's own result (never the shared scratch), so views of it are kept."""
+        is a slice of this reduce's own result (never the shared scratch): views of it may stay."""
         if self.replicated:
             local = flat[: self.padded_numel].reshape(self.orig_size).to(self.orig_dtype)
         else:
