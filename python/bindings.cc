@@ -18,6 +18,7 @@ void bind_tensors(py::module& m);           // tensor_bindings.cc
 void bind_checkpoint(py::module& m);        // checkpoint_bindings.cc
 void bind_sharding(py::module& m);          // sharding_bindings.cc
 void bind_symmetric_memory(py::module& m);  // symmetric_memory_bindings.cc
+void bind_fsdp(py::module& m);              // fsdp_bindings.cc
 
 namespace {
 
@@ -36,6 +37,7 @@ PYBIND11_MODULE(_C, m) {
   bind_checkpoint(m);
   bind_sharding(m);
   bind_symmetric_memory(m);
+  bind_fsdp(m);
 
   // NOTE [interrupts]: Ctrl-C reaches a rank blocked in a collective as KeyboardInterrupt within
   // kInterruptPoll. Only the main thread runs Python's signal handlers; threads Python did not

@@ -39,6 +39,13 @@ What is implemented (PyTorch's names and meanings):
 * FSDP over TP (NOTE [FSDP over TP] in ``_param_group.py``): parameters that
   ``parallelize_module`` distributed on the "tp" dims of a mesh are sharded again on its "dp"
   dims; sharded parameters live on the (dp, tp) mesh with PyTorch's placements.
+* The runtime's per-step work per parameter is C++ (NOTE [FSDP runtime in C++] in
+  fsdp/flat_params.h): per group and dtype one call copies the pieces into one flat buffer and
+  issues the all-gather, one call copies every parameter out of its result, one call builds the
+  reduce-scatter input and issues it, and one gives the gradient pieces as views of its result
+  (NOTE [FSDP flat buffers]; symmetric memory on the shm backend, NOTE [FSDP buffers in
+  symmetric memory] in ``_param_group.py``). Python keeps the hooks and the state machine, as
+  PyTorch's FSDP2 does over its C++ copy-in / copy-out ops.
 * ``MixedPrecisionPolicy``: unsharded parameters in ``param_dtype``, forward inputs cast to it
   (``cast_forward_inputs``), outputs cast to ``output_dtype``, gradients reduced in
   ``reduce_dtype`` (default ``param_dtype``), sharded parameters and gradients in the original
@@ -46,12 +53,11 @@ What is implemented (PyTorch's names and meanings):
 
 Not implemented yet:
 
-* A C++ runtime: the flat buffers (one copy-in per all-gather and reduce-scatter, one copy-out
-  per parameter, symmetric memory on the shm backend: NOTE [FSDP flat buffers] in
-  ``_param_group.py``) are driven from Python, and nothing runs communication on its own
-  thread or stream beside compute.
-* PyTorch's forward/backward stream overlap (the engine's CPU collectives run where they are
-  waited for).
+* Separate CUDA streams for communication (PyTorch's all-gather and reduce-scatter streams): on
+  a CUDA mesh the engine's NCCL calls run on the issuing thread's current stream (NOTE [nccl
+  stream order]), so they are ordered with compute instead of overlapping it. On CPU meshes the
+  asynchronous collectives (prefetched all-gathers, reduce-scatters in flight) run on the
+  group's worker thread beside compute.
 * ``CPUOffloadPolicy``: accepted on a CPU mesh, where the sharded parameters and gradients are on
   the CPU already (nothing to move); on a CUDA mesh it raises NotImplementedError.
 * A Shard on a dim of size 1 that ``shard_placement_fn`` asks for (the engine's rules never

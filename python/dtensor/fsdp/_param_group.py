@@ -1,18 +1,12 @@
 """FSDP's parameter groups: one all-gather before compute and one reduce-scatter after backward
 for all parameters of one ``fully_shard`` call (NOTE [fully_shard] in ``_fully_shard.py``).
 
-Layout of the flat buffers (PyTorch's): a parameter sharded on dim ``d`` over S ranks is cut into
-S pieces of ``c = ceil(size(d) / S)`` slices along ``d`` (torch.chunk's: the last pieces may be
-smaller or empty); each rank pads its piece to ``c`` slices, so every rank contributes the same
-number of elements, ``c * numel / size(d)``, per parameter. The group's all-gather input is the
-concatenation of this rank's padded pieces; its output, seen as ``(S, per_rank)``, holds rank r's
-pieces in row r, from which each parameter is rebuilt by concatenating the rows' slices and
-dropping the padding. The reduce-scatter input is built the other way round from the unsharded
-gradients.
+The flat buffers' layout (PyTorch's: padded pieces per rank, NOTE [FSDP flat buffers]) and the
+per-parameter copies around each collective are the C++ runtime's (fsdp/flat_params.h, NOTE
+[FSDP runtime in C++]): one call per group and phase. This module keeps the state machine.
 """
 
 import enum
-import math
 
 import torch
 from torch import nn
@@ -25,7 +19,7 @@ from dtensor.placement_types import Replicate, Shard, _StridedShard
 
 
 # The reduce-scatter inputs in symmetric memory, shared by every group of a shard group and
-# dtype (NOTE [FSDP flat buffers]).
+# dtype (NOTE [FSDP buffers in symmetric memory]).
 _SHARED_SCRATCH = {}
 
 
@@ -135,15 +129,12 @@ class FSDPParam:
             self.placements = fsdp_placements
             self.mesh = mesh
         self.orig_size = param.shape  # the TP piece's shape under FSDP over TP
-        if self.replicated:  # every rank's "piece" is the whole parameter
-            dim_size, self.chunk, self.local_slices = 1, 1, 1
-            self.slice_numel = self.padded_numel = param.numel()
-        else:
-            dim_size = param.shape[self.shard_dim]
-            self.chunk = math.ceil(dim_size / self.shard_size)  # slices per piece (padded)
-            self.local_slices = max(0, min(self.chunk, dim_size - self.shard_rank * self.chunk))
-            self.slice_numel = param.numel() // dim_size if dim_size else 0
-            self.padded_numel = self.chunk * self.slice_numel  # elements each rank contributes
+        # The flat-buffer arithmetic is the C++ runtime's (NOTE [FSDP flat buffers] in
+        # fsdp/flat_params.h).
+        layout = _C.FsdpFlatParams([self.flat_param()], self.shard_size)
+        self.chunk = layout.chunk(0)  # slices per rank's padded piece
+        self.local_slices = layout.local_slices(0, self.shard_rank)
+        dim_size = 1 if self.replicated else param.shape[self.shard_dim]
         # No communication: every rank keeps its own piece of its own copy (PyTorch's rule; the
         # ranks must hold the same values, e.g. the same seed or a loaded checkpoint).
         if self.tp_mesh is None:
@@ -164,6 +155,7 @@ class FSDPParam:
                 f"{self.placements} on {self.mesh} (its dim {self.shard_dim} has size "
                 f"{dim_size}); shard another dim with shard_placement_fn")
         self.unsharded_param = None
+        self._unsharded_data = None  # between unsharded_dst and finish_unshard at first unshard
         self.accumulated_grad = None  # unsharded gradient kept while gradient sync is off
         self.param_dtype = None
         self.reduce_dtype = None
@@ -192,53 +184,38 @@ class FSDPParam:
 
     # ---- all-gather ---------------------------------------------------------------------------
 
-    def copy_all_gather_input(self, out):
-        """Writes this rank's piece into ``out`` (``padded_numel`` elements of the group's flat
-        all-gather input, in the compute dtype): flattened, then zeros for the padding."""
-        local = _C.to_local(self.sharded_param, None).detach()
-        local = local.reshape(-1) if self.replicated else local.movedim(self.shard_dim, 0)
-        n = local.numel()
-        out[:n].view(local.shape).copy_(local)
-        if n < self.padded_numel:
-            out[n:].zero_()
+    def flat_param(self):
+        """This parameter in the C++ runtime's flat layout (NOTE [FSDP flat buffers] in
+        fsdp/flat_params.h): unsharded shape, shard dim, replicated."""
+        return (tuple(self.orig_size), self.shard_dim, self.replicated)
 
-    def set_unsharded_from(self, rows):
-        """Fills the unsharded parameter from ``rows`` (S, padded_numel): every rank's piece."""
+    def all_gather_input(self):
+        """This rank's piece, which the all-gather's copy-in reads."""
+        return _C.to_local(self.sharded_param, None)
+
+    def unsharded_dst(self, dtype, device):
+        """The tensor the all-gather's copy-out fills: the unsharded parameter's own storage (never
+        a view of the all-gather output: freeing or refilling a storage shared with the buffer at
+        an offset wrote past its end, seen with FSDP over TP, hidden dim 3), allocated at the
+        first unshard and re-allocated in place after each reshard."""
         if self.unsharded_param is None:
-            # Its own storage, always (never a view of the all-gather output: freeing or
-            # refilling a storage shared with the buffer at an offset wrote past its end, seen
-            # with FSDP over TP, hidden dim 3).
-            data = torch.empty(self.orig_size, dtype=rows.dtype, device=rows.device)
-            with torch.no_grad():
-                self._copy_out(rows, data)
+            self._unsharded_data = torch.empty(self.orig_size, dtype=dtype, device=device)
+            return self._unsharded_data
+        local = _storage_tensor(self.unsharded_param)
+        local.untyped_storage().resize_(local.numel() * local.element_size())
+        return local
+
+    def finish_unshard(self):
+        """After the copy-out: the unsharded ``nn.Parameter`` (made at the first unshard)."""
+        if self.unsharded_param is None:
+            data, self._unsharded_data = self._unsharded_data, None
             if self.tp_mesh is not None:
                 data = DTensor.from_local(data, self.tp_mesh, list(self.tp_placements),
                                           shape=self.global_size, stride=self._global_stride())
             self.unsharded_param = nn.Parameter(data,
                                                 requires_grad=self.sharded_param.requires_grad)
-            return
-        p = self.unsharded_param
-        local = _storage_tensor(p)
-        # Refill the freed storage in place: autograd saved p (or views of it) in an earlier
-        # forward; the copy must not bump its version counter, as PyTorch's FSDP does.
-        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(p), \
-                torch.autograd._unsafe_preserve_version_counter(local):
-            local.untyped_storage().resize_(local.numel() * local.element_size())
-            self._copy_out(rows, local)
-        p.requires_grad_(self.sharded_param.requires_grad)
-
-    def _copy_out(self, rows, dst):
-        """Copies each rank's piece (its row of ``rows``, padding dropped) to its place in
-        ``dst`` (the full shape): one copy per element (NOTE [FSDP flat buffers])."""
-        if self.replicated:  # every row holds the whole parameter (NOTE [size-1 dims under FSDP])
-            dst.copy_(rows[0, : self.padded_numel].view(dst.shape))
-            return
-        d = dst.movedim(self.shard_dim, 0)
-        size, rest = d.shape[0], d.shape[1:]
-        for r in range(self.shard_size):
-            lo, hi = min(r * self.chunk, size), min((r + 1) * self.chunk, size)
-            if hi > lo:
-                d[lo:hi].copy_(rows[r, : (hi - lo) * self.slice_numel].view(hi - lo, *rest))
+        else:
+            self.unsharded_param.requires_grad_(self.sharded_param.requires_grad)
 
     def to_unsharded(self):
         for module, name in self.uses:
@@ -276,31 +253,11 @@ class FSDPParam:
         grad = self.take_unsharded_grad()
         self.accumulated_grad = grad
 
-    def copy_reduce_scatter_input(self, grad, out):
-        """Writes ``grad`` (the full shape) into ``out`` (S, padded_numel), a block of the
-        group's flat reduce-scatter input: row r is rank r's piece, then zeros for the padding."""
-        if self.replicated:  # the whole gradient in every row: each rank gets the sum
-            out.view(self.shard_size, self.padded_numel).copy_(grad.reshape(1, -1))
-            return
-        g = grad.movedim(self.shard_dim, 0)
-        rows = g.shape[0]
-        pieces = out.view(self.shard_size, self.chunk, *g.shape[1:])
-        for r in range(self.shard_size):
-            lo, hi = min(r * self.chunk, rows), min((r + 1) * self.chunk, rows)
-            pieces[r, : hi - lo].copy_(g[lo:hi])
-            if hi - lo < self.chunk:
-                pieces[r, hi - lo:].zero_()
-
-    def add_sharded_grad(self, flat):
+    def add_sharded_grad(self, piece):
         """Sets (or accumulates into) the sharded parameter's gradient from this rank's reduced
-        padded piece ``flat``; the gradient keeps the parameter's dtype and placements. ``flat``
-        is a slice of this reduce's own result (never the shared scratch): views of it may stay."""
-        if self.replicated:
-            local = flat[: self.padded_numel].reshape(self.orig_size).to(self.orig_dtype)
-        else:
-            rest = [s for i, s in enumerate(self.orig_size) if i != self.shard_dim]
-            local = flat[: self.local_slices * self.slice_numel].reshape(self.local_slices, *rest)
-            local = local.movedim(0, self.shard_dim).contiguous().to(self.orig_dtype)
+        ``piece`` (its local shape); the gradient keeps the parameter's dtype and placements.
+        ``piece`` is a view of this reduce's own result (never the shared scratch): it may stay."""
+        local = piece.to(self.orig_dtype)
         grad = DTensor.from_local(local, self.mesh, list(self.placements),
                                   shape=self.global_size, stride=self._global_stride())
         p = self.sharded_param
@@ -316,13 +273,13 @@ def finish_reduces(pending):
     asynchronously at its post-backward, so it runs while autograd computes the gradients of the
     groups before it (PyTorch's reduce-scatter stream does the same on CUDA); it is finished (the
     HSDP all-reduce, the division, the sharded gradients) at the next group's reduce-scatter,
-    whose copy-in reuses the same scratch (NOTE [FSDP flat buffers]), and at the end of backward
-    (the root's callback), so the gradients are complete when backward returns. ``pending`` is
+    whose copy-in reuses the same scratch (NOTE [FSDP buffers in symmetric memory]), and at the
+    end of backward (the root's callback), so the gradients are complete when backward returns. ``pending`` is
     the root's list (one per model, per rank): every rank finishes them at the same points, in
     the same order."""
     while pending:
-        group, params, out = pending.pop(0)
-        group._finish_reduce(params, out)
+        group, layout, params, out = pending.pop(0)
+        group._finish_reduce(layout, params, out)
 
 
 class FSDPParamGroup:
@@ -342,6 +299,7 @@ class FSDPParamGroup:
         self.training_state = TrainingState.IDLE
         self._pending = None  # issued, not yet copied-out all-gathers: [(params, tensor)]
         self._gather_inputs = {}  # (bucket, dtype) -> this group's symmetric all-gather input
+        self._layouts = {}  # the C++ runtime's flat layouts per bucket (_layout)
         # The module's name under the root (set at the root's lazy init; its class before).
         self.name = None
         shard_dim = mesh.ndim - 1
@@ -378,8 +336,8 @@ class FSDPParamGroup:
         return list(buckets.values())
 
     def _symmetric(self):
-        """NOTE [FSDP flat buffers]: each all-gather and reduce-scatter reads one flat buffer
-        that its parameters are copied into once (no torch.cat of padded pieces). On the shm
+        """NOTE [FSDP buffers in symmetric memory]: each all-gather and reduce-scatter reads one
+        flat buffer (NOTE [FSDP flat buffers] in fsdp/flat_params.h). On the shm
         backend (CPU processes) those buffers are symmetric memory rendezvoused on the shard
         group (NOTE [symmetric collectives]): peers read them directly, each byte copied once
         instead of staged through the segment. The all-gather inputs are per group (1/S of its
@@ -406,39 +364,46 @@ class FSDPParamGroup:
             store[key] = buf
         return buf[:numel]
 
+    def _layout(self, params):
+        """The C++ runtime's flat layout of ``params`` (one bucket of this group), kept per
+        bucket: the buckets are the same every step."""
+        key = tuple(id(p) for p in params)
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = _C.FsdpFlatParams([p.flat_param() for p in params], params[0].shard_size)
+            self._layouts[key] = layout
+        return layout
+
     def unshard(self, async_op=False):
         """Issues the group's all-gathers, one per compute dtype (no-op when unsharded or
-        already issued)."""
+        already issued): copy-in and all-gather in one C++ call (NOTE [FSDP runtime in C++])."""
         if self.is_unsharded or self._pending is not None:
             return
         pending = []
+        group = funcol._group_name(self._shard_group)
         with torch.no_grad(), self._purpose():
             for i, params in enumerate(self._by_dtype(self.fsdp_params,
                                                       lambda p: p.compute_dtype)):
-                dtype = params[0].compute_dtype
-                flat = self._flat((i,), sum(p.padded_numel for p in params), dtype, False)
-                offset = 0
-                for p in params:
-                    p.copy_all_gather_input(flat[offset: offset + p.padded_numel])
-                    offset += p.padded_numel
-                pending.append((params, funcol.all_gather_into_tensor(
-                    flat, 0, self._shard_group, async_op=async_op)))
+                layout = self._layout(params)
+                flat = self._flat((i,), layout.per_rank_numel, params[0].compute_dtype, False)
+                out = _C.fsdp_all_gather(layout, [p.all_gather_input() for p in params], flat,
+                                         group, async_op)
+                pending.append((layout, params, out))
         self._pending = pending
 
     def _wait_pending(self):
         pending, self._pending = self._pending or [], None
-        return [(params, funcol.wait_tensor(t)) for params, t in pending]
+        return [(layout, params, funcol.wait_tensor(t)) for layout, params, t in pending]
 
     def wait_for_unshard(self):
-        """Copies the issued all-gathers out into the unsharded parameters and registers them."""
+        """Copies the issued all-gathers out into the unsharded parameters (one C++ call per
+        all-gather) and registers them."""
         if self._pending is None:
             return
-        for params, out in self._wait_pending():
-            rows = out.view(params[0].shard_size, -1)
-            offset = 0
+        for layout, params, out in self._wait_pending():
+            layout.copy_out(out, [p.unsharded_dst(out.dtype, out.device) for p in params])
             for p in params:
-                p.set_unsharded_from(rows[:, offset: offset + p.padded_numel])
-                offset += p.padded_numel
+                p.finish_unshard()
         for p in self.fsdp_params:
             p.to_unsharded()
         self.sharded_state = ShardedState.UNSHARDED
@@ -475,20 +440,17 @@ class FSDPParamGroup:
         """Per reduce dtype (NOTE [mixed dtypes in a group]): one reduce-scatter (sum) over the
         shard dim, issued asynchronously and finished later (NOTE [reduce-scatter in flight])."""
         finish_reduces(self.pending_reduces)  # they share the reduce-scatter scratch
+        group = funcol._group_name(self._shard_group)
         with torch.no_grad(), self._purpose():
             for bucket in self._by_dtype(with_grad, lambda pg: pg[1].dtype):
-                total = sum(p.padded_numel for p, _ in bucket)
-                size = bucket[0][0].shard_size
-                flat = self._flat((), size * total, bucket[0][1].dtype, True)
-                rows, offset = flat.view(size, total), 0
-                for p, g in bucket:
-                    p.copy_reduce_scatter_input(g, rows[:, offset: offset + p.padded_numel])
-                    offset += p.padded_numel
-                out = funcol.reduce_scatter_tensor(flat, "sum", 0, self._shard_group,
-                                                   async_op=True)
-                self.pending_reduces.append((self, [p for p, _ in bucket], out))
+                params = [p for p, _ in bucket]
+                layout = self._layout(params)
+                size = params[0].shard_size
+                flat = self._flat((), size * layout.per_rank_numel, bucket[0][1].dtype, True)
+                out = _C.fsdp_reduce_scatter(layout, [g for _, g in bucket], flat, group, True)
+                self.pending_reduces.append((self, layout, params, out))
 
-    def _finish_reduce(self, params, out):
+    def _finish_reduce(self, layout, params, out):
         """The rest of one reduce: the all-reduce (sum) over the replicate dim for HSDP, the
         division by the divide factor, and the sharded gradients."""
         factor = self.gradient_divide_factor
@@ -497,10 +459,8 @@ class FSDPParamGroup:
             if self._replicate_group is not None:
                 out = funcol.wait_tensor(funcol.all_reduce(out, "sum", self._replicate_group))
             out = out / (self.mesh.size() if factor is None else factor)
-            offset = 0
-            for p in params:
-                p.add_sharded_grad(out[offset: offset + p.padded_numel])
-                offset += p.padded_numel
+            for p, piece in zip(params, layout.pieces_of(out, params[0].shard_rank)):
+                p.add_sharded_grad(piece)
 
     def finalize_backward(self):
         """End of the last backward: drop a prefetched all-gather nobody used."""
