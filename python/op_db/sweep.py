@@ -1,8 +1,8 @@
 """The op_db sweep: torch's own operator database against the engine.
 
-(One module past 600 lines on purpose: the default tier, the full tier, in-place, foreach and
-CUDA modes all share its mode runner, comparison and outcome rules; op_db_test, op_db_full_test
-and fuzz_ops import it as one unit.)
+(One module past 600 lines on purpose: the default tier, the full tier, in-place, foreach,
+CUDA and process modes all share its mode runner, comparison and outcome rules; op_db_test,
+op_db_full_test, op_db_procs_test and fuzz_ops import or run it as one unit.)
 
 For every OpInfo of ``torch.testing._internal.common_methods_invocations.op_db`` that supports
 float32 on CPU, take its first samples, make every tensor argument a distributed tensor under a
@@ -10,7 +10,7 @@ set of layouts ("modes"), run the op forward (and backward where the OpInfo supp
 ranks as threads, and compare with one device: values, shape, dtype, and the distributed
 tensor's own metadata (its local piece's shape and dtype for its placements).
 
-Modes (1-D mesh of 4 ranks unless named):
+Modes (1-D mesh of 4 ranks unless named; of WORLD_SIZE ranks with --ranks-as processes):
   R        every tensor argument Replicate
   S<d>     the first tensor argument(s) (``sample.input``; each element of a list) Shard(d) on
            every dim d it has (uneven sizes included: op_db's sizes are 5, 10, ...), the others
@@ -32,6 +32,8 @@ foreach OpInfos (``torch._foreach_*`` and their in-place forms, sweep_foreach), 
 Used by op_db_test.py (the project test) and as a script:
   ./x run python/op_db/sweep.py [--ops NAME,...] [--samples 2] [--verbose] [--time-budget S]
                                 [--device cuda]
+  python3 python/op_db/sweep.py --ranks-as processes [--world 2] [--backend shm] [--device cuda]
+                                [--ops ...]    (a process per rank: NOTE [sweep with processes])
 
 NOTE [sweep on CUDA]: `--device cuda` (the GPU check, tools/gpu/check.sh) sweeps the OpInfos that
 support float32 on CUDA with samples made on "cuda", on a 1-rank NCCL mesh of this process
@@ -42,11 +44,41 @@ sharding rules and the fallback on them, every local piece on one device's devic
 the same op on plain CUDA tensors. Random ops draw from the CPU generator on a CUDA mesh (NOTE
 [random on a CUDA mesh]), not CUDA's Philox, so for an OpInfo whose reference drew random numbers
 only metadata is compared there. Without a GPU it says "no GPU" and exits 0 (0 OpInfos).
+
+NOTE [sweep with processes]: `--ranks-as processes` makes every rank its own process, on a mesh
+of WORLD_SIZE ranks built on the launcher's backend (shm between CPU processes; cuda_ipc for
+processes sharing one GPU with `--device cuda`, where NCCL refuses two ranks on one GPU). Run
+without a launcher (no RANK in the environment), the script starts itself under tools/launch.py
+(`-n --world`, default 2; `--backend`, default shm or cuda_ipc; PYTHONHASHSEED fixed, the full
+sweep's seed passed down) and prints rank 0's lines without the launcher's prefix; under
+`./x run -n N` or `./x launch -n N -- python3 sweep.py --ranks-as processes` each process is a
+rank. Every rank runs the same OpInfos, samples and modes in the same order (same seed: rank 0's,
+agreed at the start); the modes that run are those whose mesh has WORLD_SIZE ranks (on 2 ranks the
+1-D modes R, S<d>, all-S0 on (2,); the 2-D ones are skipped, as on the 1-rank CUDA mesh). Each
+rank compares its own results with one device as the thread mode does (the same run_mode, _check).
+How outcomes are combined: after every mode, each rank's outcome (passed, a Failure, or the
+exception's type and message) is all-gathered through the engine itself (_exchange: a fixed-size
+uint8 CPU tensor of JSON on the mesh's group, under the collective purpose "op_db sweep outcome"),
+and every rank classifies the gathered list with the thread mode's rules (_classify), so all ranks
+reach the same outcome and stay in step; rank 0 prints. Why in-band, not per-rank files: when
+ranks diverge (one raised, another went on into a collective), the peer's pending collective
+meets this rank's exchange, the engine's call check fails both at once (their purposes differ:
+"ranks disagree", the group goes on), the exchange is retried and pairs with the peer's own; the
+divergence is then reported as `hang` (never `error`: it could be listed) within milliseconds,
+and the next mode starts in step. Files would leave the peer waiting out the collective timeout,
+which breaks the group for good. Each mode also gets a mesh of its own (fresh dim names), so a
+divergence's uneven program digests (NOTE [program digest]) never reach the next mode. A group
+that did break (a rank stuck outside collectives, or dead) cannot be mended within the job: the
+sweep stops there, says so in the summary and exits 1 (the launcher then ends every rank). Rank
+0's time-budget decision and any rank's CUDA failure are agreed the same way after every OpInfo,
+with the OpInfo's index and name, so ranks out of step stop with a message instead of mixing.
 """
 
 import argparse
+import json
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -195,10 +227,16 @@ def float32_opinfos(device="cpu"):
 
 class _Target:
     """Where the sweep runs: samples made on `device`; with `mesh` set, every mode runs in the
-    calling thread on that 1-rank mesh (NOTE [sweep on CUDA]), else on WORLD ranks as threads."""
+    calling thread on that 1-rank mesh (NOTE [sweep on CUDA]); with `processes`, this process is
+    one rank of WORLD and `root` the mesh outcomes are exchanged on (NOTE [sweep with
+    processes]); else on WORLD ranks as threads."""
 
     device = "cpu"
     mesh = None
+    processes = False
+    root = None
+    runs = 0  # _run_on_ranks calls so far (processes: the same count on every rank)
+    broken = ""  # processes: why the ranks can no longer run in step (the sweep stops)
 
 
 def _free_port():
@@ -222,15 +260,41 @@ def use_cuda():
     return True
 
 
+def use_processes(device):
+    """Makes this process one rank of the job its launcher started (NOTE [sweep with processes]):
+    the mesh (device, (WORLD_SIZE,)) on the launcher's backend, made once here for the outcome
+    exchange. False for "cuda" when torch has no GPU."""
+    global WORLD
+    if device == "cuda" and not torch.cuda.is_available():
+        return False
+    WORLD = int(os.environ["WORLD_SIZE"])
+    _Target.device = device
+    _Target.processes = True
+    _Target.root = init_device_mesh(device, (WORLD,), mesh_dim_names=("sweep",))
+    return True
+
+
 def _runnable(modes):
     """The modes the target's ranks can run: all on ranks as threads, those of a 1-rank mesh
-    on the calling thread's mesh."""
+    on the calling thread's mesh, those whose mesh has WORLD ranks on processes."""
+    if _Target.processes:
+        return [m for m in modes if _numel(m.mesh_shape) == WORLD]
     if _Target.mesh is None:
         return modes
     return [m for m in modes if tuple(m.mesh_shape) == tuple(_Target.mesh.shape)]
 
 
+def _numel(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
 def _mode_mesh(mode):
+    if _Target.processes:  # a mesh of its own per mode: NOTE [sweep with processes]
+        names = tuple(f"m{_Target.runs}_{d}" for d in range(len(mode.mesh_shape)))
+        return init_device_mesh(_Target.device, mode.mesh_shape, mesh_dim_names=names)
     return _Target.mesh if _Target.mesh is not None else init_device_mesh("cpu", mode.mesh_shape)
 
 
@@ -487,33 +551,54 @@ def run_mode(op, sample, mode, want, want_grads, compare_values):
 
 
 def _run_on_ranks(world, fn):
-    """Runs fn(rank) on `world` thread ranks (with _Target.mesh set: fn(0) in this thread on it);
-    classifies what they raised as a Failure."""
+    """Runs fn(rank) on `world` thread ranks (with _Target.mesh set: fn(0) in this thread on it;
+    on processes: fn(this rank), every rank's result gathered, NOTE [sweep with processes]);
+    classifies what they raised as a Failure, the same on every rank."""
     def guarded(rank):
         try:
             return fn(rank)
         except Exception as e:  # noqa: BLE001  (classified below, over all ranks)
             return e
 
-    if _Target.mesh is not None:
+    _Target.runs += 1
+    if _Target.processes:
+        if world != WORLD:
+            raise Failure("error", f"a mesh of {world} ranks; the sweep runs on {WORLD} "
+                                   f"processes (NOTE [sweep with processes])")
+        if _Target.broken:
+            raise Failure("hang", f"not run: {_Target.broken}")
+        results = _gathered(guarded(_Target.root.get_rank()))
+    elif _Target.mesh is not None:
         if world != _Target.mesh.size():
             raise Failure("error", f"a mesh of {world} ranks; the sweep runs on one "
                                    f"({_Target.device}, NOTE [sweep on CUDA])")
         results = [guarded(0)]
     else:
         results = dtensor.run_threads(world, guarded)
+    _classify(world, results)
+
+
+def _type_name(e):
+    """The exception's type name (for another rank's, the name it had there)."""
+    return e.type_name if isinstance(e, _RankError) else type(e).__name__
+
+
+def _text(e):
+    msg = str(e).strip()
+    return msg.splitlines()[0] if msg else _type_name(e)
+
+
+def _classify(world, results):
+    """Raises the Failure that every rank's result (True, or what it raised) amounts to."""
     errors = [(r, e) for r, e in enumerate(results) if isinstance(e, Exception)]
     if not errors:
         return
-
-    def text(e):
-        msg = str(e).strip()
-        return msg.splitlines()[0] if msg else type(e).__name__
+    text = _text
 
     timeouts = [r for r, e in errors if "did not arrive within the timeout" in str(e)]
     causes = [(r, e) for r, e in errors if r not in timeouts]
     if timeouts:  # ranks diverged: some wait in a collective the others never join
-        cause = (f"; rank {causes[0][0]} raised {type(causes[0][1]).__name__}: "
+        cause = (f"; rank {causes[0][0]} raised {_type_name(causes[0][1])}: "
                  f"{text(causes[0][1])}" if causes else "")
         where = sorted({text(e).split(" on group")[0] for r, e in errors if r in timeouts})
         raise Failure("hang", f"ranks {timeouts} timed out in a collective ({', '.join(where)})"
@@ -523,7 +608,124 @@ def _run_on_ranks(world, fn):
     r, e = errors[0]
     if isinstance(e, Failure):
         raise e
-    raise Failure("error", f"{type(e).__name__}: {text(e)}")
+    raise Failure("error", f"{_type_name(e)}: {text(e)}")
+
+
+# ---- ranks as processes: NOTE [sweep with processes] --------------------------------------------
+_EXCHANGE_PURPOSE = "op_db sweep outcome"  # NOTE [collective purpose]: never pairs with an op's
+_EXCHANGE_BYTES = 4096
+_EXCHANGE_TRIES = 16  # a diverged peer meets at most a few exchanges before its own
+
+
+class _RankError(Exception):
+    """What another rank raised (not a Failure): its type's name and message."""
+
+    def __init__(self, type_name, message):
+        super().__init__(message)
+        self.type_name = type_name
+
+
+def _exchange(record):
+    """Every rank's `record` (JSON), by rank, each with "diverged": whether a peer's collective
+    met that rank's exchange first (the ranks diverged). Raises RuntimeError when the group
+    cannot exchange."""
+    from dtensor import _functional_collectives as funcol
+
+    diverged = False
+    for attempt in range(_EXCHANGE_TRIES):
+        data = json.dumps(dict(record, diverged=diverged)).encode()
+        if len(data) > _EXCHANGE_BYTES:
+            raise RuntimeError(f"an outcome record of {len(data)} bytes (at most "
+                               f"{_EXCHANGE_BYTES})")
+        buf = torch.zeros(_EXCHANGE_BYTES, dtype=torch.uint8)
+        buf[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        try:
+            with funcol._purpose(_EXCHANGE_PURPOSE):
+                out = funcol.all_gather_tensor(buf, 0, _Target.root).wait()
+        except Exception as e:  # noqa: BLE001
+            if "ranks disagree" in str(e) and attempt + 1 < _EXCHANGE_TRIES:
+                diverged = True  # a peer's op collective met this exchange: both failed; again
+                continue
+            raise RuntimeError(f"the outcome exchange failed: {_text(e)}") from e
+        rows = out.reshape(WORLD, _EXCHANGE_BYTES)
+        return [json.loads(bytes(row.tolist()).rstrip(b"\0").decode()) for row in rows]
+    raise AssertionError("unreachable")
+
+
+def _record(result, at):
+    """This rank's result as an exchange record (messages cut to fit)."""
+    if isinstance(result, Failure):
+        kind, name, msg = "failure", result.kind, str(result)
+    elif isinstance(result, Exception):
+        kind, name, msg = "raised", _type_name(result), str(result)
+    else:
+        kind, name, msg = "passed", "", ""
+    return {"at": at, "kind": kind, "name": name, "message": msg[:1500]}
+
+
+def _result(rec):
+    if rec["kind"] == "failure":
+        return Failure(rec["name"], rec["message"])
+    if rec["kind"] == "raised":
+        return _RankError(rec["name"], rec["message"])
+    return True
+
+
+def _gathered(mine):
+    """Every rank's result of this mode (a list by rank, as dtensor.run_threads gives), from
+    this rank's `mine`; raises Failure("hang") when the ranks diverged, are out of step or
+    cannot exchange (then _Target.broken says why and the sweep stops)."""
+    rank = _Target.root.get_rank()
+    try:
+        recs = _exchange(_record(mine, _Target.runs))
+    except RuntimeError as e:
+        _Target.broken = str(e)
+        if mine is True:
+            raise Failure("hang", f"rank {rank} passed; {e}")
+        raise Failure("hang", f"rank {rank} raised {_type_name(mine)}: {_text(mine)}; the "
+                              f"outcomes could not be gathered (the group is broken)")
+    results = [_result(r) for r in recs]
+    at = [r["at"] for r in recs]
+    if len(set(at)) != 1:
+        _Target.broken = "ranks out of step: " + ", ".join(
+            f"rank {r} at mode run #{x}" for r, x in enumerate(at))
+        raise Failure("hang", _Target.broken)
+    if any(r["diverged"] for r in recs):
+        # The ranks whose op's collective met a peer's exchange say so in their error; the
+        # others say what made them leave the op early.
+        met = [r for r, x in enumerate(results) if _EXCHANGE_PURPOSE in str(x)]
+        said = "; ".join(f"rank {r} {_said(x)}" for r, x in enumerate(results) if r not in met)
+        detail = f"ranks diverged: {said}"
+        if met:
+            detail += (f"; while ranks {met} were in a collective of the op, which met that "
+                       f"outcome exchange ({_text(results[met[0]])[:160]}...)")
+        raise Failure("hang", detail)
+    return results
+
+
+def _said(x):
+    if x is True:
+        return "passed"
+    if isinstance(x, Failure):
+        return f"{x.kind}: {_text(x)}"
+    return f"raised {_type_name(x)}: {_text(x)[:200]}"
+
+
+def _agreed(what, value):
+    """Every rank's `value`, by rank, after checking that every rank is at `what` (processes;
+    on threads: [value]). On failure _Target.broken says why and the list holds only `value`."""
+    if not _Target.processes:
+        return [value]
+    if not _Target.broken:
+        try:
+            recs = _exchange({"at": what, "value": value})
+            if len({json.dumps(r["at"]) for r in recs}) == 1:
+                return [r["value"] for r in recs]
+            _Target.broken = ("ranks out of step: " +
+                              ", ".join(f"rank {r} at {x['at']}" for r, x in enumerate(recs)))
+        except RuntimeError as e:
+            _Target.broken = str(e)
+    return [value]
 
 
 def _clone_args(sample):
@@ -711,7 +913,9 @@ def _sweep_one(op, samples, full=False, seed=SEED, deadline=None):
             values = compare_values and not drew
             modes = full_modes_for(sample) if full else modes_for(sample, si == 0)
             for mode in _runnable(modes):
-                if deadline is not None and time.monotonic() > deadline:
+                if deadline is not None and _agreed(
+                        ["deadline", opinfo_name(op), si, mode.name],
+                        time.monotonic() > deadline)[0]:
                     kind, detail = out.result()
                     return kind, (detail + " " if detail else "") + (
                         f"(stopped at the time budget in {where}sample {si})")
@@ -746,6 +950,46 @@ def sweep_inplace_one(op, samples=3):
     return _sweep_inplace(op.inplace_variant, sample_list, op.name not in UNDEFINED_VALUES)
 
 
+def _no_gpu(on):
+    print("no GPU: torch.cuda.is_available() is False, nothing to sweep on cuda", flush=True)
+    print(f"summary: {{}} in 0s{on} (0 OpInfos: no GPU)", flush=True)
+
+
+def _launched():
+    """Whether a launcher started this process as a rank (torchrun's variables)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def _launch_self(a, argv):
+    """This script on `--world` processes under tools/launch.py (NOTE [sweep with processes]);
+    prints rank 0's lines without the launcher's "[rank 0] " prefix (the others' with it) and
+    returns the launcher's exit status."""
+    on = f" on {a.world} {a.device} processes"
+    if a.device == "cuda" and not torch.cuda.is_available():
+        _no_gpu(on)
+        return 0
+    here = os.path.dirname(os.path.abspath(__file__))
+    launcher = os.environ.get("LAUNCH_PY") or os.path.join(here, "..", "..", "tools", "launch.py")
+    backend = a.backend or ("cuda_ipc" if a.device == "cuda" else "shm")
+    if a.full and a.seed is None:
+        argv = argv + ["--seed", str(run_seed())]
+    cmd = [sys.executable, launcher, "-n", str(a.world), "--backend", backend, "--",
+           sys.executable, os.path.abspath(__file__)] + argv
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+               PYTHONHASHSEED="0")  # exec'd ranks draw op_db's samples alike
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace")
+    try:
+        for line in proc.stdout:
+            print(line[len("[rank 0] "):] if line.startswith("[rank 0] ") else line, end="",
+                  flush=True)
+        return proc.wait()
+    finally:
+        if proc.poll() is None:  # interrupted here: the launcher stops its ranks
+            proc.terminate()
+            proc.wait()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--ops", default="")
@@ -757,22 +1001,61 @@ def main():
                         help="the full sweep's seed (default $DTENSOR_SWEEP_SEED or a fresh one)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: samples on the GPU, a 1-rank mesh of this process "
-                             "(NOTE [sweep on CUDA])")
+                             "(NOTE [sweep on CUDA]), or with --ranks-as processes ranks "
+                             "sharing the GPU")
     parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                         help="start no OpInfo after this many seconds (the summary says so)")
+    parser.add_argument("--ranks-as", choices=("threads", "processes"), default="threads",
+                        help="processes: each rank its own process (NOTE [sweep with processes])")
+    parser.add_argument("--world", type=int, default=None,
+                        help="processes: the number of ranks (default: the launcher's "
+                             "WORLD_SIZE; started here without a launcher: 2)")
+    parser.add_argument("--backend", default=None,
+                        help="processes started here: the launcher's backend (default shm, "
+                             "cuda_ipc with --device cuda)")
     a = parser.parse_args()
+    procs = a.ranks_as == "processes"
+    if not procs and (a.world is not None or a.backend is not None):
+        parser.error("--world and --backend go with --ranks-as processes")
+    if procs and not _launched():
+        a.world = a.world or 2
+        if a.world < 1:
+            parser.error("--world must be at least 1")
+        return _launch_self(a, sys.argv[1:])
     seed = a.seed if a.seed is not None else run_seed()
     on = ""
-    if a.device == "cuda":
+    say = print  # rank 0 prints (every rank reaches the same outcomes)
+    if procs:
+        world = int(os.environ["WORLD_SIZE"])
+        if a.world is not None and a.world != world:
+            print(f"--world {a.world}, but the launcher started {world} ranks", file=sys.stderr)
+            return 2
+        on = f" on {world} {a.device} processes"
+        if not use_processes(a.device):
+            if os.environ.get("RANK") == "0":
+                _no_gpu(on)
+            return 0
+        from dtensor import _functional_collectives as funcol
+        backend = funcol.context().backend
+        if a.backend is not None and a.backend != backend:
+            print(f"--backend {a.backend}, but the ranks run on {backend}", file=sys.stderr)
+            return 2
+        on += f" ({backend})"
+        if _Target.root.get_rank() != 0:
+            say = lambda *args, **kwargs: None  # noqa: E731
+        seed = _agreed("seed", seed)[0]  # rank 0's
+        where = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
+        say(f"sweep on {where}: {world} processes on {backend}, the modes of a {world}-rank mesh "
+            f"(NOTE [sweep with processes])", flush=True)
+    elif a.device == "cuda":
         on = " on cuda"
         if not use_cuda():
-            print("no GPU: torch.cuda.is_available() is False, nothing to sweep on cuda", flush=True)
-            print("summary: {} in 0s on cuda (0 OpInfos: no GPU)", flush=True)
+            _no_gpu(on)
             return 0
         print(f"sweep on {torch.cuda.get_device_name()}: a 1-rank mesh of this process, the 1-D "
               f"modes (NOTE [sweep on CUDA])", flush=True)
     if a.full:
-        print(f"full sweep, seed {seed} (replay: --seed {seed})", flush=True)
+        say(f"full sweep, seed {seed} (replay: --seed {seed})", flush=True)
     wanted = set(a.ops.split(",")) if a.ops else None
     counts = {}
     t0 = time.time()
@@ -781,28 +1064,49 @@ def main():
     stopped = ""
     for i, op in enumerate(ops):
         name = opinfo_name(op)
-        if a.time_budget is not None and time.time() - t0 > a.time_budget:
+        if not procs and a.time_budget is not None and time.time() - t0 > a.time_budget:
             stopped = (f"; stopped at the time budget ({a.time_budget:g}s): {len(ops) - i} of "
                        f"{len(ops)} OpInfos not started")
             break
         t1 = time.time()
         outcome, detail = sweep_full_one(op, seed) if a.full else sweep_one(op, a.samples)
+        cuda_failed = ""
+        if a.device == "cuda":
+            try:  # an asynchronous CUDA error (a device-side assert) breaks every later op
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001
+                cuda_failed = str(e).strip().splitlines()[0]
+        over = False
+        if procs:  # every rank at this OpInfo, with one outcome; rank 0's clock decides
+            over = a.time_budget is not None and time.time() - t0 > a.time_budget
+            got = _agreed(["OpInfo", i, name], [outcome, cuda_failed, over])
+            if len({g[0] for g in got}) > 1:
+                outcome, detail = "hang", "ranks disagree on the outcome: " + ", ".join(
+                    f"rank {r} {g[0]}" for r, g in enumerate(got))
+            cuda_failed = next((f"rank {r}: {g[1]}" if len(got) > 1 else g[1]
+                                for r, g in enumerate(got) if g[1]), "")
+            over = got[0][2]
         fallbacks = fallback_ops()
         if outcome == "pass" and not fallbacks:
             outcome = "native"  # passed on native rules alone
         counts[outcome] = counts.get(outcome, 0) + 1
         via = f" (fallback: {','.join(fallbacks)})" if fallbacks else ""
-        print(f"{outcome:6s} {name:45s} {time.time() - t1:6.2f}s {detail[:300]}{via}", flush=True)
-        if a.device == "cuda":
-            try:  # an asynchronous CUDA error (a device-side assert) breaks every later op
-                torch.cuda.synchronize()
-            except Exception as e:  # noqa: BLE001
-                stopped = (f"; CUDA failed after {name}: {str(e).strip().splitlines()[0]}; "
-                           f"{len(ops) - i - 1} OpInfos not started")
-                break
-    print(f"summary: {counts} in {time.time() - t0:.0f}s{on} (native: passed with no op run by the "
-          f"replicate fallback){stopped}", flush=True)
-    return 0
+        say(f"{outcome:6s} {name:45s} {time.time() - t1:6.2f}s {detail[:300]}{via}", flush=True)
+        if cuda_failed:
+            stopped = (f"; CUDA failed after {name}: {cuda_failed}; "
+                       f"{len(ops) - i - 1} OpInfos not started")
+            break
+        if procs and _Target.broken:
+            stopped = (f"; stopped after {name}, the ranks cannot go on together: "
+                       f"{_Target.broken[:300]}; {len(ops) - i - 1} OpInfos not started")
+            break
+        if over and i + 1 < len(ops):
+            stopped = (f"; stopped at the time budget ({a.time_budget:g}s): {len(ops) - i - 1} "
+                       f"of {len(ops)} OpInfos not started")
+            break
+    say(f"summary: {counts} in {time.time() - t0:.0f}s{on} (native: passed with no op run by the "
+        f"replicate fallback){stopped}", flush=True)
+    return 1 if procs and _Target.broken else 0
 
 
 if __name__ == "__main__":

@@ -13,9 +13,11 @@
 # runs tools/gpu/cuda_probe.py: the distributed tensor's user paths on a 1-rank NCCL mesh of CUDA
 # tensors, each checked against plain CUDA tensors, and per-call costs against PyTorch's DTensor;
 # then python/cuda_test.py (pytest) when the device's python has pytest; then the op_db sweep on
-# CUDA tensors (python/op_db/sweep.py --device cuda --time-budget 180, NOTE [sweep on CUDA]: each
+# CUDA tensors (python/op_db/sweep.py --device cuda --time-budget 100, NOTE [sweep on CUDA]: each
 # OpInfo's samples made on the GPU, on a 1-rank mesh of the process, against plain CUDA tensors;
-# log op_db_cuda.log) when the device's python can import torch's op database
+# log op_db_cuda.log), and again on 2 processes sharing the GPU on cuda_ipc (--ranks-as
+# processes --world 2, NOTE [sweep with processes]; log op_db_cuda_2proc.log), when the device's
+# python can import torch's op database
 # (torch.testing._internal.common_methods_invocations; its `expecttest` import is met by PyPI's
 # expecttest that carry_deps.sh puts in .gpu/python): its counts and the "wrong" and "hang"
 # OpInfos, which must be 0 (as must a CUDA failure that stops the sweep; errors are allowed);
@@ -176,16 +178,24 @@ if [ "${SKIP_ENGINE:-}" != 1 ]; then
       :
     elif PYTHONPATH=$DEPS/python $PY -c 'import torch.testing._internal.common_methods_invocations' \
         >/dev/null 2>&1; then
-      PYTHONPATH=$PYPKG:$DEPS/python timeout 300 $PY python/op_db/sweep.py --device cuda \
-        --time-budget 180 >"$LOGS/op_db_cuda.log" 2>&1
-      rc=$?
-      grep -E '^(wrong|hang) |^summary:' "$LOGS/op_db_cuda.log" | head -20
-      wrong=$(grep -c '^wrong ' "$LOGS/op_db_cuda.log")
-      hang=$(grep -c '^hang ' "$LOGS/op_db_cuda.log")
-      counts=$(grep '^summary:' "$LOGS/op_db_cuda.log" | sed -E 's/^summary: //; s/ \(native: [^)]*\)//')
-      summary+=("op_db sweep on cuda: ${counts:-did not finish (exit $rc)}; wrong $wrong, hang $hang")
-      [ $rc -eq 0 ] && [ "$wrong" -eq 0 ] && [ "$hang" -eq 0 ] && [ -n "$counts" ] \
-        && ! grep -q '^summary:.*; CUDA failed' "$LOGS/op_db_cuda.log" || engine=1
+      # Two runs, ~100 s of OpInfos each (the stage stays within ~4 min): the 1-rank NCCL mesh
+      # of this process, then 2 processes sharing the GPU on cuda_ipc, the modes of a 2-rank
+      # mesh (NOTE [sweep with processes]: the sweep starts its own launcher and prints rank
+      # 0's lines unprefixed). Each must have 0 wrong, 0 hang, a summary, exit 0, no CUDA failure.
+      for run in "1-rank:op_db_cuda:" \
+          "2 processes (cuda_ipc):op_db_cuda_2proc:--ranks-as processes --world 2"; do
+        IFS=: read -r what log flags <<<"$run"
+        PYTHONPATH=$PYPKG:$DEPS/python timeout 180 $PY python/op_db/sweep.py --device cuda $flags \
+          --time-budget 100 >"$LOGS/$log.log" 2>&1
+        rc=$?
+        grep -E '^(wrong|hang) |^summary:' "$LOGS/$log.log" | head -20
+        wrong=$(grep -c '^wrong ' "$LOGS/$log.log")
+        hang=$(grep -c '^hang ' "$LOGS/$log.log")
+        counts=$(grep '^summary:' "$LOGS/$log.log" | sed -E 's/^summary: //; s/ \(native: [^)]*\)//')
+        summary+=("op_db sweep on cuda, $what: ${counts:-did not finish (exit $rc)}; wrong $wrong, hang $hang")
+        [ $rc -eq 0 ] && [ "$wrong" -eq 0 ] && [ "$hang" -eq 0 ] && [ -n "$counts" ] \
+          && ! grep -q '^summary:.*; CUDA failed' "$LOGS/$log.log" || engine=1
+      done
     else
       summary+=("op_db sweep on cuda: not run (torch's op database does not import in $PY)")
     fi
