@@ -92,10 +92,11 @@ LIB_SRCS=(base/error.cc layout/placement.cc device_mesh/device_mesh.cc
   "$NCCL_BACKEND_SRC")
 # The rest of the engine and the extension (c10d_backend.cc builds without Gloo headers:
 # NOTE [Gloo headers]).
-ENGINE_SRCS=(layout/dtensor_spec.cc layout/shard_layout.cc layout/tensor_meta.cc layout/visualize.cc
-  collectives/c10d_backend.cc $(ls sharding_prop/*.cc dtensor/*.cc checkpoint/*.cc | grep -v _test.cc))
-EXT_SRCS=(python/bindings.cc python/checkpoint_bindings.cc python/sharding_bindings.cc
-  python/symmetric_memory_bindings.cc python/tensor_bindings.cc)
+# Listed by folder, so a new source (or package) of the engine or the extension is built here
+# too without editing this file.
+ENGINE_SRCS=(collectives/c10d_backend.cc $(ls layout/*.cc sharding_prop/*.cc dtensor/*.cc \
+  checkpoint/*.cc fsdp/*.cc | grep -v -e _test.cc -e '^layout/placement.cc$'))
+EXT_SRCS=($(ls python/*.cc))
 PYINC=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
 PYBIND=$($PY -c 'import pybind11; print(pybind11.get_include())' 2>/dev/null)
 GTEST_SRCS=("$DEPS/googletest/src/gtest-all.cc" "$DEPS/googletest/src/gtest_main.cc")
