@@ -160,7 +160,7 @@ tree_patterns() {
 
 # What ./x test runs under ASan after the normal suite: the C++ tests of the core packages.
 CORE_PATTERNS=(//base/... //device_mesh/... //layout/... //collectives/... //sharding_prop/...
-  //dtensor/... //tests/fuzz/...)
+  //dtensor/... //fsdp/... //tests/fuzz/...)
 
 # NOTE [sanitizer runs]: san_test builds with --config=asan|tsan (.bazelrc, NOTE [sanitizer
 # configs]) and runs
