@@ -22,10 +22,14 @@ spell should not fall on one side only.
 Per side: ms per step (median of the steps after the first), the training state each rank holds
 (parameters, gradients, AdamW's moments: bytes of its local pieces), the peak resident memory the
 training steps added on top of the built model (VmHWM after resetting it with /proc/self/clear_refs;
-the largest over the ranks), and the bytes each rank sends per step by the algorithm (ring
-all-gather and reduce-scatter send (W-1)/W of the full tensor, all-reduce twice that). One JSON
-line per side and world size:
+the largest over the ranks), the peak CPU tensor memory of a step (NOTE [CPU memory meter]: every
+live tensor, from the second step on, the batches left out, the engine FSDP's symmetric flat
+buffers added; the largest over the ranks) against issue 30's bound, 1.1 x (parameters +
+gradients + optimizer state) / N + the largest group unsharded ("ratio_peak_to_bound"), and the
+bytes each rank sends per step by the algorithm (ring all-gather and reduce-scatter send (W-1)/W
+of the full tensor, all-reduce twice that). One JSON line per side and world size:
   {"bench":"fsdp","side":"fsdp","ranks":2,"ms_per_step":..,"state_bytes":..,"peak_rss_bytes":..,
+   "peak_tensor_bytes":..,"memory_bound_bytes":..,"ratio_peak_to_bound":..,
    "comm_bytes":..,"ratio_state_to_one":..,"ratio_time_to_pytorch":..}
 """
 
@@ -103,14 +107,21 @@ def peak_rss():
 
 def run_side(m, opt, data, rank, args, before_step=None):
     """Trains on this rank's rows; returns (ms per step, its last loss, state bytes, peak RSS
-    added)."""
+    added, peak CPU tensor bytes of a step). The tensor peak (NOTE [CPU memory meter]) is taken
+    from the second step on (the optimizer's state exists then, as in every later step) and
+    leaves out the batches, which the bench makes up front for every step."""
     import torch
 
+    from dtensor import _C
+
     rows = slice(rank * args.batch, (rank + 1) * args.batch)
+    data_bytes = sum(t.numel() * t.element_size() for xy in data for t in xy)
     times, loss = [], None
     reset_peak()
     base = peak_rss()
-    for x, y in data:
+    for i, (x, y) in enumerate(data):
+        if i == min(1, len(data) - 1):
+            _C.reset_cpu_peak_bytes()
         t0 = time.perf_counter()
         opt.zero_grad()
         loss = (m(x[rows]) - y[rows]).pow(2).mean()
@@ -120,7 +131,27 @@ def run_side(m, opt, data, rank, args, before_step=None):
         opt.step()
         times.append((time.perf_counter() - t0) * 1e3)
     peak = peak_rss() - base
-    return statistics.median(times[1:] or times), loss.detach(), state_bytes(m, opt), peak
+    tensor_peak = _C.cpu_peak_bytes() - data_bytes
+    return (statistics.median(times[1:] or times), loss.detach(), state_bytes(m, opt), peak,
+            tensor_peak)
+
+
+def fsdp_symmetric_bytes():
+    """The engine's FSDP flat buffers in symmetric memory (not from the CPU allocator, so not
+    in the meter): the all-gather inputs' pool (every one is back in it between steps) and the
+    shared reduce-scatter scratch."""
+    from dtensor.fsdp import _param_group
+
+    bufs = list(_param_group._SHARED_SCRATCH.values())
+    for free in _param_group._GATHER_POOL.values():
+        bufs += free
+    return sum(b.numel() * b.element_size() for b in bufs)
+
+
+def largest_group_bytes(base):
+    """The largest fully_shard group unsharded: one block's Linear (the root holds none)."""
+    return max(sum(p.numel() * p.element_size() for p in layer.parameters())
+               for layer in base if isinstance(layer, __import__("torch").nn.Linear))
 
 
 def comm_bytes(side, param_bytes, world):
@@ -138,15 +169,19 @@ def side_main(args):
     import torch.distributed as dist
 
     import dtensor
+    from dtensor import _C
     from dtensor import _functional_collectives as fc
 
+    _C.install_cpu_memory_meter()  # NOTE [CPU memory meter]: every side, before any tensor
     torch.set_num_threads(1)
     side = args.side
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     base = model(args)
     data = batches(args, args.dp)
     param_bytes = sum(p.numel() * p.element_size() for p in base.parameters())
+    group_bytes = largest_group_bytes(base)
     m = copy.deepcopy(base)
+    del base  # the model's one copy per rank is m (FSDP shards it)
     before_step, pt = None, side == "pytorch"
     if side == "one_process":  # the whole batch (every data-parallel rank's rows) in one process
         run_args = copy.copy(args)
@@ -184,7 +219,9 @@ def side_main(args):
                 pt_fully_shard(layer, mesh=pmesh)
         pt_fully_shard(m, mesh=pmesh)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-    ms, loss, state, peak = run_side(m, opt, data, rank, run_args, before_step)
+    ms, loss, state, peak, tensor_peak = run_side(m, opt, data, rank, run_args, before_step)
+    if side == "fsdp":
+        tensor_peak += fsdp_symmetric_bytes()
     loss = loss.reshape(1).double()
     if pt:
         dist.all_reduce(loss)
@@ -192,15 +229,19 @@ def side_main(args):
         dist.destroy_process_group()
     elif side != "one_process":
         loss = fc.all_reduce(loss, "sum", group=mesh).wait()
-    peaks = [peak]
-    if side != "one_process" and not pt:  # the largest peak over the ranks
-        peaks = fc.all_gather_tensor(torch.tensor([float(peak)]), 0, group=mesh).wait().tolist()
+    peaks, tensor_peaks = [peak], [tensor_peak]
+    if side != "one_process" and not pt:  # the largest peaks over the ranks
+        both = fc.all_gather_tensor(torch.tensor([[float(peak), float(tensor_peak)]]), 0,
+                                    group=mesh).wait()
+        peaks, tensor_peaks = both[:, 0].tolist(), both[:, 1].tolist()
     if rank == 0:
         sent = 0 if side == "one_process" else comm_bytes(side, param_bytes, world)
         print(json.dumps({"bench": "fsdp", "side": side, "ranks": args.dp,
                           "ms_per_step": round(ms, 3), "state_bytes": state,
-                          "peak_rss_bytes": int(max(peaks)), "comm_bytes": sent,
-                          "loss": loss.item() / world, "param_bytes": param_bytes},
+                          "peak_rss_bytes": int(max(peaks)),
+                          "peak_tensor_bytes": int(max(tensor_peaks)), "comm_bytes": sent,
+                          "loss": loss.item() / world, "param_bytes": param_bytes,
+                          "largest_group_bytes": group_bytes},
                          separators=(",", ":")), flush=True)
     return 0
 
@@ -254,7 +295,8 @@ def report(rows, args, dp):
           f"{params / 2**20:.1f} MiB of parameters, {args.batch} rows per rank, AdamW, "
           f"{args.steps} steps; each side in its own processes")
     print(f"{'side':<12} {'ms/step':>8} {'vs PyTorch':>10} {'state/rank':>11} {'vs one':>7} "
-          f"{'peak RSS +':>11} {'sent/step':>10} {'final loss':>11}")
+          f"{'peak RSS +':>11} {'peak tensors':>12} {'÷ bound':>7} {'sent/step':>10} "
+          f"{'final loss':>11}")
     good = True
     for r in rows:
         if "error" in r:
@@ -267,6 +309,10 @@ def report(rows, args, dp):
         good = good and r["equal_to_one_process"]
         if one is not None:
             r["ratio_state_to_one"] = round(r["state_bytes"] / one["state_bytes"], 4)
+            # Issue 30's bound on the peak per rank: 1.1 x (parameters + gradients + optimizer
+            # state) / N + the largest group unsharded.
+            r["memory_bound_bytes"] = int(1.1 * one["state_bytes"] / dp + r["largest_group_bytes"])
+            r["ratio_peak_to_bound"] = round(r["peak_tensor_bytes"] / r["memory_bound_bytes"], 4)
         if pt is not None:
             r["ratio_time_to_pytorch"] = round(r["ms_per_step"] / pt["ms_per_step"], 4)
         verdict = "" if r["equal_to_one_process"] else "  WRONG: not one process"
@@ -274,7 +320,8 @@ def report(rows, args, dp):
         print(f"{r['side'].replace('_', ' '):<12} {r['ms_per_step']:>8.2f} "
               f"{r.get('ratio_time_to_pytorch', nan):>9.2f}x "
               f"{r['state_bytes'] / 2**20:>9.2f}Mi {r.get('ratio_state_to_one', nan):>6.2f}x "
-              f"{r['peak_rss_bytes'] / 2**20:>9.1f}Mi {r['comm_bytes'] / 2**20:>8.2f}Mi "
+              f"{r['peak_rss_bytes'] / 2**20:>9.1f}Mi {r['peak_tensor_bytes'] / 2**20:>10.1f}Mi "
+              f"{r.get('ratio_peak_to_bound', nan):>6.2f}x {r['comm_bytes'] / 2**20:>8.2f}Mi "
               f"{r['loss']:>11.6f}{verdict}")
         print(json.dumps(r, separators=(",", ":")))
     return good

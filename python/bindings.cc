@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "base/cpu_memory.h"
 #include "collectives/launch_env.h"
 #include "collectives/rank_context.h"
 #include "layout/shard_layout.h"
@@ -38,6 +39,11 @@ PYBIND11_MODULE(_C, m) {
   bind_sharding(m);
   bind_symmetric_memory(m);
   bind_fsdp(m);
+  // NOTE [CPU memory meter] (benchmarks: the peak CPU tensor memory of a step).
+  m.def("install_cpu_memory_meter", &install_cpu_memory_meter);
+  m.def("cpu_live_bytes", &cpu_live_bytes);
+  m.def("cpu_peak_bytes", &cpu_peak_bytes);
+  m.def("reset_cpu_peak_bytes", &reset_cpu_peak_bytes);
 
   // NOTE [interrupts]: Ctrl-C reaches a rank blocked in a collective as KeyboardInterrupt within
   // kInterruptPoll. Only the main thread runs Python's signal handlers; threads Python did not

@@ -17,6 +17,7 @@ import dtensor
 from dtensor import DTensor, Replicate, Shard
 from dtensor.debug import CommDebugMode
 from dtensor.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from launch_ranks import run_on_ranks
 from fsdp_testing import (TOL, MLP, _base_model, _batches, _check_layout, _check_params, _counts,
                           _groups, _local, _loss, _reference, _shard, _train_like_one_process,
                           _train_step)
@@ -537,3 +538,41 @@ def test_size_one_dims_train_like_one_process(shape):
         _train_like_one_process(model, batches, rank, reference)
 
     dtensor.run_threads(world, rank_fn)
+
+
+_PROCESS_WORKER = r'''
+import copy
+import torch
+import dtensor
+from dtensor.fsdp import _param_group
+from fsdp_testing import TOL, _base_model, _batches, _check_params, _local, _loss, _reference, _shard
+
+world = 2
+base = _base_model()
+batches = _batches(world, 4)
+ref_losses, _, ref_final = _reference(base, batches, world)
+mesh = dtensor.init_device_mesh("cpu", (world,))
+rank = mesh.get_rank()
+model = _shard(copy.deepcopy(base), mesh, reshard_after_forward=True)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+for step, ((x, y),) in enumerate(batches):
+    loss = _loss(model(_local(x, rank)), _local(y, rank))
+    loss.backward()
+    torch.testing.assert_close(loss.item(), ref_losses[step][0][rank], **TOL)
+    opt.step()
+    opt.zero_grad()
+_check_params(model, ref_final)
+groups = sum(1 for m in model.modules() if type(m).__name__.startswith("FSDP"))
+pools = {k: len(v) for k, v in _param_group._GATHER_POOL.items()}
+# As many all-gather inputs as are in flight at once (a group's and a prefetched one's), not one
+# per group (NOTE [FSDP buffers in symmetric memory]).
+assert groups >= 3 and pools and all(n <= 2 for n in pools.values()), (groups, pools)
+print("ok")
+'''
+
+
+def test_processes_on_shm_train_like_one_process_with_a_bounded_buffer_pool(tmp_path):
+    """The shm backend's path (processes, flat buffers in symmetric memory, the zero-copy
+    algorithm forced for these small sizes): parity with one process, and a pool of at most two
+    symmetric all-gather inputs for every group of the model."""
+    run_on_ranks(_PROCESS_WORKER, 2, tmp_path, DTENSOR_SHM_SYMMETRIC_MIN_BYTES="0")

@@ -19,8 +19,10 @@ from dtensor.placement_types import Replicate, Shard, _StridedShard
 
 
 # The reduce-scatter inputs in symmetric memory, shared by every group of a shard group and
-# dtype (NOTE [FSDP buffers in symmetric memory]).
+# dtype, and the free all-gather inputs in symmetric memory per shard group and dtype (NOTE [FSDP
+# buffers in symmetric memory]).
 _SHARED_SCRATCH = {}
+_GATHER_POOL = {}
 
 
 class ShardedState(enum.Enum):
@@ -298,7 +300,6 @@ class FSDPParamGroup:
         self.sharded_state = ShardedState.SHARDED
         self.training_state = TrainingState.IDLE
         self._pending = None  # issued, not yet copied-out all-gathers: [(params, tensor)]
-        self._gather_inputs = {}  # (bucket, dtype) -> this group's symmetric all-gather input
         self._layouts = {}  # the C++ runtime's flat layouts per bucket (_layout)
         # The module's name under the root (set at the root's lazy init; its class before).
         self.name = None
@@ -340,29 +341,50 @@ class FSDPParamGroup:
         flat buffer (NOTE [FSDP flat buffers] in fsdp/flat_params.h). On the shm
         backend (CPU processes) those buffers are symmetric memory rendezvoused on the shard
         group (NOTE [symmetric collectives]): peers read them directly, each byte copied once
-        instead of staged through the segment. The all-gather inputs are per group (1/S of its
-        parameters, kept, as a prefetched all-gather may be in flight beside another group's);
-        the reduce-scatter input is one scratch per (shard group, dtype) shared by every group
-        (one reduce-scatter runs at a time), sized to the largest. The choice depends on the
-        backend and mesh only, equal on every rank, as rendezvous is collective."""
+        instead of staged through the segment. The all-gather inputs come from a pool per
+        (shard group, dtype): taken at issue, returned when the all-gather is waited for (a
+        symmetric call returns only when no peer still reads its input), so as many exist as
+        all-gathers are in flight at once (the current group's and a prefetched one: two), not
+        one per group (a second copy of every sharded parameter, seen in ./x bench fsdp's tensor
+        peak). The reduce-scatter input is one scratch per (shard group, dtype) shared by every
+        group (one reduce-scatter runs at a time), sized to the largest. The choices depend on
+        the backend, the mesh and the order of issues and waits only, equal on every rank, as
+        rendezvous is collective."""
         return (self.mesh.device_type == "cpu" and self.mesh.size(self.mesh.ndim - 1) > 1
                 and funcol.context().backend == "shm")
 
-    def _flat(self, key, numel, dtype, shared):
+    def _symmetric_key(self, dtype):
+        return (funcol.context().job, funcol._group_name(self._shard_group), dtype)
+
+    def _flat(self, numel, dtype, shared):
+        """A flat buffer of ``numel`` elements: the reduce-scatter scratch (``shared``) or an
+        all-gather input (symmetric: from the pool, returned by _release)."""
         if not self._symmetric():
             # On the mesh's device (NOTE [mesh device]): the all-gather's and the
             # reduce-scatter's inputs, which the backend (NCCL on CUDA) reads.
             return torch.empty(numel, dtype=dtype, device=self.mesh._mesh.local_device())
         from dtensor import symmetric_memory
 
-        store = _SHARED_SCRATCH if shared else self._gather_inputs
-        key = (funcol.context().job, funcol._group_name(self._shard_group), dtype) + key
-        buf = store.get(key)
-        if buf is None or buf.numel() < numel:
+        key = self._symmetric_key(dtype)
+        if shared:
+            buf = _SHARED_SCRATCH.get(key)
+            if buf is None or buf.numel() < numel:
+                buf = _SHARED_SCRATCH[key] = symmetric_memory.empty(numel, dtype=dtype)
+                symmetric_memory.rendezvous(buf, self._shard_group)
+            return buf[:numel]
+        free = _GATHER_POOL.setdefault(key, [])
+        fits = [i for i, b in enumerate(free) if b.numel() >= numel]
+        if fits:  # the smallest that fits (by position: tensors compare by value)
+            buf = free.pop(min(fits, key=lambda i: free[i].numel()))
+        else:
             buf = symmetric_memory.empty(numel, dtype=dtype)
             symmetric_memory.rendezvous(buf, self._shard_group)
-            store[key] = buf
-        return buf[:numel]
+        return buf
+
+    def _release(self, buf):
+        """Returns an all-gather input to the pool once its all-gather was waited for."""
+        if self._symmetric():
+            _GATHER_POOL.setdefault(self._symmetric_key(buf.dtype), []).append(buf)
 
     def _layout(self, params):
         """The C++ runtime's flat layout of ``params`` (one bucket of this group), kept per
@@ -382,18 +404,21 @@ class FSDPParamGroup:
         pending = []
         group = funcol._group_name(self._shard_group)
         with torch.no_grad(), self._purpose():
-            for i, params in enumerate(self._by_dtype(self.fsdp_params,
-                                                      lambda p: p.compute_dtype)):
+            for params in self._by_dtype(self.fsdp_params, lambda p: p.compute_dtype):
                 layout = self._layout(params)
-                flat = self._flat((i,), layout.per_rank_numel, params[0].compute_dtype, False)
-                out = _C.fsdp_all_gather(layout, [p.all_gather_input() for p in params], flat,
-                                         group, async_op)
-                pending.append((layout, params, out))
+                buf = self._flat(layout.per_rank_numel, params[0].compute_dtype, False)
+                out = _C.fsdp_all_gather(layout, [p.all_gather_input() for p in params],
+                                         buf[:layout.per_rank_numel], group, async_op)
+                pending.append((layout, params, out, buf))
         self._pending = pending
 
     def _wait_pending(self):
         pending, self._pending = self._pending or [], None
-        return [(layout, params, funcol.wait_tensor(t)) for layout, params, t in pending]
+        done = []
+        for layout, params, out, buf in pending:
+            done.append((layout, params, funcol.wait_tensor(out)))
+            self._release(buf)
+        return done
 
     def wait_for_unshard(self):
         """Copies the issued all-gathers out into the unsharded parameters (one C++ call per
@@ -446,7 +471,7 @@ class FSDPParamGroup:
                 params = [p for p, _ in bucket]
                 layout = self._layout(params)
                 size = params[0].shard_size
-                flat = self._flat((), size * layout.per_rank_numel, bucket[0][1].dtype, True)
+                flat = self._flat(size * layout.per_rank_numel, bucket[0][1].dtype, True)
                 out = _C.fsdp_reduce_scatter(layout, [g for _, g in bucket], flat, group, True)
                 self.pending_reduces.append((self, layout, params, out))
 
