@@ -1,10 +1,10 @@
 """The op_db sweep with every rank its own process (NOTE [sweep with processes] in sweep.py).
 
-2 processes on the shm backend sweep a small fixed list of OpInfos (an elementwise op, a matmul,
-a reduction, softmax, a view, a random op, and one OpInfo listed in expected_failures.py), each
-compared with one device in every mode of a 2-rank mesh: none may be wrong or hang, the listed
-one must raise the same clear error on both ranks (an `error`, not a `hang`) and the others must
-pass. Then the same job with faults put into the harness shows that the combination across ranks
+2 processes on the shm backend sweep every float32 OpInfo of torch's op_db (about 30 s on this
+2-core VM), each compared with one device in every mode of a 2-rank mesh: none may be wrong or
+hang, the listed ones (expected_failures.py; among them `trace`) must raise the same clear error
+on both ranks (an `error`, not a `hang`), all others must pass, and a fixed list of kinds (an
+elementwise op, a matmul, a reduction, softmax, a view, a random op) must be among them. Then the same job with faults put into the harness shows that the combination across ranks
 reports what it must: a wrong answer is `wrong`, a rank that raises while its peer is in a
 collective is a `hang` found at once (and the next OpInfo runs in step), and a rank that dies stops
 the sweep within the collective timeout instead of hanging it.
@@ -50,8 +50,8 @@ def test_two_processes_on_shm_match_one_device():
     assert LISTED in EXPECTED_FAILURES
     t0 = time.monotonic()
     out = subprocess.run([sys.executable, SWEEP, "--ranks-as", "processes", "--world", "2",
-                          "--backend", "shm", "--ops", ",".join(OPS)],
-                         env=_env(), capture_output=True, text=True, timeout=240)
+                          "--backend", "shm"],
+                         env=_env(), capture_output=True, text=True, timeout=400)
     took = time.monotonic() - t0
     text = out.stdout + out.stderr
     print(out.stdout)
@@ -71,6 +71,8 @@ def test_two_processes_on_shm_match_one_device():
     assert not problems, "\n".join(problems) + "\n" + text
     counts = summary[0].split(" in ")[0]
     assert "'wrong'" not in counts and "'hang'" not in counts, summary[0]
+    passed = sum(1 for outcome, _, _ in found.values() if outcome in ("native", "pass"))
+    assert passed >= 0.95 * len(found) and len(found) >= 600, (passed, len(found), summary[0])
     print(f"took {took:.1f} s")
 
 
