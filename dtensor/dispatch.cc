@@ -430,7 +430,7 @@ void kernel_body(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                   "the needed layout before taking the view, or write out of place");
   }
   Inputs inputs = collect_inputs(info, schema, args, n);
-  if (program_check_enabled()) {  // NOTE [program digest]
+  if (program_check_enabled() && inputs[0].spec.mesh().size() > 1) {  // NOTE [program digest]
     record_program_op(inputs[0].spec.mesh(), kOpRan, call_digest(info, args, n));
   }
   if (info.execution == Execution::kReplicateFirst) {

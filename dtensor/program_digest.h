@@ -24,8 +24,9 @@ bool program_check_enabled();
 inline constexpr uint64_t kOpRan = 0;
 inline constexpr uint64_t kLocalFailure = 1;
 
-// Folds one op into the calling thread's state for `mesh`. `op` and `args` must be equal on
-// every rank for the same call (deterministic hashes: no pointers, no per-process seeds).
+// Folds one op into the calling thread's state for `mesh` (nothing on a 1-rank mesh: no peer to
+// compare with). `op` and `args` must be equal on every rank for the same call (deterministic
+// hashes: no pointers, no per-process seeds).
 void record_program_op(const DeviceMesh& mesh, uint64_t op, uint64_t args);
 
 // The calling thread's state for `mesh`, its op count plus one (0: the check is off).
