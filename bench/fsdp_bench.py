@@ -150,8 +150,10 @@ def fsdp_symmetric_bytes():
 
 def largest_group_bytes(base):
     """The largest fully_shard group unsharded: one block's Linear (the root holds none)."""
+    from torch import nn
+
     return max(sum(p.numel() * p.element_size() for p in layer.parameters())
-               for layer in base if isinstance(layer, __import__("torch").nn.Linear))
+               for layer in base if isinstance(layer, nn.Linear))
 
 
 def comm_bytes(side, param_bytes, world):
