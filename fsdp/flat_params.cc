@@ -32,6 +32,15 @@ void check_flat(const at::Tensor& flat, int64_t numel, const char* what) {
   }
 }
 
+// A full-shape tensor of parameter `p` (`what`: "the unsharded parameter", "a gradient").
+void check_full_shape(const at::Tensor& t, const FlatParam& p, const char* where,
+                      const char* what) {
+  if (t.sizes() != c10::IntArrayRef(p.shape)) {
+    fail("fsdp ", where, ": ", what, " has shape ", t.sizes(), ", expected ",
+         c10::IntArrayRef(p.shape));
+  }
+}
+
 void check_count(const std::vector<at::Tensor>& ts, size_t n, const char* what) {
   if (ts.size() != n) fail("fsdp ", what, ": ", ts.size(), " tensors for ", n, " parameters");
 }
@@ -97,10 +106,7 @@ void FlatParams::copy_out(const at::Tensor& gathered, const std::vector<at::Tens
   for (size_t i = 0; i < params_.size(); ++i) {
     const FlatParam& p = params_[i];
     const at::Tensor& dst = dsts[i];
-    if (dst.sizes() != c10::IntArrayRef(p.shape)) {
-      fail("fsdp all-gather copy-out: the unsharded parameter has shape ", dst.sizes(),
-           ", expected ", c10::IntArrayRef(p.shape));
-    }
+    check_full_shape(dst, p, "all-gather copy-out", "the unsharded parameter");
     if (p.replicated) {  // every row holds the whole parameter
       dst.copy_(rows[0].narrow(0, offset_[i], padded_[i]).view(p.shape));
       continue;
@@ -123,10 +129,7 @@ void FlatParams::copy_reduce_scatter_input(const std::vector<at::Tensor>& grads,
   for (size_t i = 0; i < params_.size(); ++i) {
     const FlatParam& p = params_[i];
     const at::Tensor& grad = grads[i];
-    if (grad.sizes() != c10::IntArrayRef(p.shape)) {
-      fail("fsdp reduce-scatter copy-in: a gradient of shape ", grad.sizes(), ", expected ",
-           c10::IntArrayRef(p.shape));
-    }
+    check_full_shape(grad, p, "reduce-scatter copy-in", "a gradient");
     const at::Tensor block = rows.narrow(1, offset_[i], padded_[i]);
     if (p.replicated) {  // the whole gradient in every row: each rank gets the sum
       block.copy_(grad.reshape({1, -1}));
