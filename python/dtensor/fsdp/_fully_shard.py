@@ -35,7 +35,15 @@ What is implemented (PyTorch's names and meanings):
   group that ran post-forward before this one is all-gathered at this one's pre-backward (NOTE
   [implicit backward prefetch]).
 * ``state_dict()`` returns the sharded distributed tensors with no communication (a pre-hook
-  registers the sharded parameters first, as PyTorch's); ``load_state_dict`` copies into them.
+  registers the sharded parameters first, as PyTorch's); ``load_state_dict`` copies into them,
+  and with ``assign=True`` the parameters it registers become FSDP's (a post-hook; a state dict
+  of another layout is refused naming the parameter). Dtypes changed after ``fully_shard``
+  (``model.double()``) are read at the first forward, as PyTorch's lazy init does.
+* A module that runs several times before one backward is all-gathered again for each use's
+  backward after the previous one resharded it (the group's state decides, as PyTorch's), and
+  its gradients from every use are reduced and summed. Hooks registered with
+  ``register_post_accumulate_grad_hook`` on sharded parameters run once their reduced gradient
+  is set (optimizer in backward), as PyTorch's.
 * FSDP over TP (NOTE [FSDP over TP] in ``_param_group.py``): parameters that
   ``parallelize_module`` distributed on the "tp" dims of a mesh are sharded again on its "dp"
   dims; sharded parameters live on the (dp, tp) mesh with PyTorch's placements.
@@ -170,6 +178,11 @@ class FSDPState:
             for m in modules:
                 m.register_state_dict_pre_hook(lambda *a, **k: self._to_sharded())
                 m._register_load_state_dict_pre_hook(lambda *a, **k: self._to_sharded())
+                m.register_load_state_dict_post_hook(lambda *a: self._reset_sharded_params())
+
+    def _reset_sharded_params(self):
+        """After load_state_dict: the parameters it registered (assign=True) are FSDP's."""
+        self.group.lazy_init()
 
     def _to_sharded(self):
         if self.group is not None and self.group.is_unsharded:
@@ -257,10 +270,13 @@ class FSDPState:
         if not self.ctx.callback_queued:
             self.ctx.callback_queued = True
             Variable._execution_engine.queue_callback(self._root_post_backward)
-        if self.training_state == TrainingState.PRE_BACKWARD:
-            return grad  # another output of the same forward
         self.training_state = TrainingState.PRE_BACKWARD
         if self.group is not None:
+            # As PyTorch: the group's state decides. Another output of the same forward finds it
+            # in PRE_BACKWARD; a module run twice before one backward finds it resharded by the
+            # later call's post-backward (POST_BACKWARD) and unshards it again for the earlier.
+            if self.group.training_state == TrainingState.PRE_BACKWARD:
+                return grad
             self.group.training_state = TrainingState.PRE_BACKWARD
             self.group.unshard()
             self.group.wait_for_unshard()

@@ -22,6 +22,9 @@ from dtensor.placement_types import Replicate, Shard, _StridedShard
 # dtype, and the free all-gather inputs in symmetric memory per shard group and dtype (NOTE [FSDP
 # buffers in symmetric memory]).
 _SHARED_SCRATCH = {}
+# (job, shard group, dtype) -> the pending-reduce list (a root's) whose last reduce-scatter reads
+# that scratch: a reduce of another root finishes them before overwriting it.
+_SCRATCH_READERS = {}
 _GATHER_POOL = {}
 
 
@@ -164,11 +167,40 @@ class FSDPParam:
         for module, name in uses:
             _set_param(module, name, self.sharded_param)
 
+    def reset_sharded_param(self):
+        """Re-reads the registered sharded parameter, as PyTorch's FSDPParam.reset_sharded_param:
+        ``load_state_dict(..., assign=True)`` registers new parameter objects, which from then on
+        are the ones all-gathered and given gradients (else the optimizer built on them would never
+        see a gradient, and forward would keep the old values). The new one must have the same
+        mesh, placements and shape (a state dict of this layout); its dtype becomes the original
+        dtype. Called after load_state_dict and at lazy init."""
+        module, name = self.uses[0]
+        new = module._parameters.get(name)
+        if new is None or new is self.sharded_param or new is self.unsharded_param:
+            return
+        if (not isinstance(new, DTensor) or new.device_mesh != self.mesh
+                or tuple(new.placements) != tuple(self.placements)
+                or tuple(new.shape) != tuple(self.global_size)):
+            what = (f"{type(new).__name__} of shape {tuple(new.shape)}" if not
+                    isinstance(new, DTensor) else f"shape {tuple(new.shape)} placed "
+                    f"{tuple(new.placements)} on {new.device_mesh}")
+            raise ValueError(f"fully_shard: parameter {name!r} was replaced by a {what}; FSDP "
+                             f"expects shape {tuple(self.global_size)} placed "
+                             f"{tuple(self.placements)} on {self.mesh} (load a state dict of "
+                             f"this layout, or load without assign=True)")
+        if not isinstance(new, nn.Parameter):
+            new = nn.Parameter(new, requires_grad=self.sharded_param.requires_grad)
+        self.sharded_param = new
+        for m, n in self.uses:
+            _set_param(m, n, new)
+
     def _global_stride(self):
         return torch.empty(self.global_size, device="meta").stride()
 
     def init_dtypes(self, mp_policy):
-        """PyTorch's clamping: no cast where the dtype already matches."""
+        """PyTorch's clamping: no cast where the dtype already matches. The original dtype is the
+        sharded parameter's now (``model.double()`` after fully_shard changes it in place)."""
+        self.orig_dtype = self.sharded_param.dtype
         param_dtype, reduce_dtype = mp_policy.param_dtype, mp_policy.reduce_dtype
         if reduce_dtype == param_dtype:
             reduce_dtype = None
@@ -317,8 +349,10 @@ class FSDPParamGroup:
         return funcol._purpose(f"FSDP {self.name or 'module'}")
 
     def lazy_init(self):
-        """Dtypes again (the user may have changed parameter dtypes since fully_shard)."""
+        """The registered parameters and their dtypes again (the user may have loaded a state
+        dict with assign=True or changed parameter dtypes since fully_shard)."""
         for p in self.fsdp_params:
+            p.reset_sharded_param()
             p.init_dtypes(self.mp_policy)
 
     @property
@@ -347,7 +381,10 @@ class FSDPParamGroup:
         all-gathers are in flight at once (the current group's and a prefetched one: two), not
         one per group (a second copy of every sharded parameter, seen in ./x bench fsdp's tensor
         peak). The reduce-scatter input is one scratch per (shard group, dtype) shared by every
-        group (one reduce-scatter runs at a time), sized to the largest. The choices depend on
+        group of every root (one reduce-scatter runs at a time: a group's reduce first finishes
+        those in flight that read it, its own root's and, through _SCRATCH_READERS, another
+        root's, as when two separately sharded models share one backward), sized to the largest.
+        The choices depend on
         the backend, the mesh and the order of issues and waits only, equal on every rank, as
         rendezvous is collective."""
         return (self.mesh.device_type == "cpu" and self.mesh.size(self.mesh.ndim - 1) > 1
@@ -468,6 +505,12 @@ class FSDPParamGroup:
         group = funcol._group_name(self._shard_group)
         with torch.no_grad(), self._purpose():
             for bucket in self._by_dtype(with_grad, lambda pg: pg[1].dtype):
+                if self._symmetric():
+                    # The scratch is shared by every root too (two models in one backward): the
+                    # reduces in flight that read it, another root's included, finish first.
+                    key = self._symmetric_key(bucket[0][1].dtype)
+                    finish_reduces(_SCRATCH_READERS.get(key, []))
+                    _SCRATCH_READERS[key] = self.pending_reduces
                 params = [p for p, _ in bucket]
                 layout = self._layout(params)
                 size = params[0].shard_size
@@ -486,6 +529,12 @@ class FSDPParamGroup:
             out = out / (self.mesh.size() if factor is None else factor)
             for p, piece in zip(params, layout.pieces_of(out, params[0].shard_rank)):
                 p.add_sharded_grad(piece)
+                # As PyTorch's foreach_reduce: the sharded parameter's post-accumulate-grad hooks
+                # (optimizer in backward) see its new gradient; autograd never accumulates into
+                # it, so it would not call them.
+                for hook in (getattr(p.sharded_param, "_post_accumulate_grad_hooks", None)
+                             or {}).values():
+                    hook(p.sharded_param)
 
     def finalize_backward(self):
         """End of the last backward: drop a prefetched all-gather nobody used."""

@@ -1,0 +1,201 @@
+"""dtensor.fsdp.fully_shard on the paths a user's training code takes beyond one forward and one
+backward per step, each against one process (or PyTorch's documented FSDP2 behaviour): a module
+run twice before one backward, two separately sharded models in one backward (on shm processes,
+whose reduce-scatter scratch every root shares), parameter dtypes changed after fully_shard,
+load_state_dict(assign=True), and post-accumulate-grad hooks on the sharded parameters (the
+optimizer-in-backward pattern). Each case failed before its fix (a review found them)."""
+
+import copy
+
+import torch
+from torch import nn
+
+import dtensor
+from dtensor.fsdp import fully_shard
+from fsdp_testing import TOL, _local
+from launch_ranks import run_on_ranks
+
+
+def _grads_equal(model, reference):
+    for (n, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad.full_tensor(), q.grad, **TOL, msg=n)
+
+
+class Twice(nn.Module):
+    """`block` runs twice in one forward (weights reused, as a recurrent step or two views)."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Linear(5, 6)
+        self.block = nn.Linear(6, 6)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.head(self.block(torch.tanh(self.block(self.first(x)))))
+
+
+def test_module_run_twice_before_one_backward_matches_one_process():
+    """The later call's post-backward reshards the block; the earlier call's pre-backward must
+    unshard it again (the group's state decides, as PyTorch's), not skip it: autograd read a freed
+    storage ("setStorage ... out of bounds for storage of size 0"). Also two forwards of the whole
+    model in one loss."""
+    torch.manual_seed(0)
+    base = Twice()
+    x = torch.randn(8, 5)
+    ref = copy.deepcopy(base)
+    (ref(x).pow(2).mean() + ref(2 * x).pow(2).mean()).backward()
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (2,))
+        model = copy.deepcopy(base)
+        fully_shard(model.block, mesh=mesh)
+        fully_shard(model.head, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        xs = _local(x, rank)
+        loss = model(xs).pow(2).mean() + model(2 * xs).pow(2).mean()
+        # The mean over each rank's rows: the gradients are the average over ranks.
+        loss.backward()
+        _grads_equal(model, ref)
+
+    dtensor.run_threads(2, rank_fn)
+
+
+_TWO_ROOTS_WORKER = r'''
+import copy
+import torch
+from torch import nn
+import dtensor
+from dtensor.fsdp import fully_shard
+from fsdp_testing import TOL, _local
+
+def make(seed):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(),
+                         nn.Linear(64, 4))
+
+a0, b0 = make(0), make(1)
+torch.manual_seed(2)
+x = torch.randn(8, 16)
+ra, rb = copy.deepcopy(a0), copy.deepcopy(b0)
+(ra(x).pow(2).mean() + rb(x).pow(2).mean()).backward()
+mesh = dtensor.init_device_mesh("cpu", (2,))
+rank = mesh.get_rank()
+a, b = copy.deepcopy(a0), copy.deepcopy(b0)
+for m in (a, b):
+    fully_shard(m[0], mesh=mesh)
+    fully_shard(m[2], mesh=mesh)
+    fully_shard(m, mesh=mesh)
+for step in range(3):
+    for m in (a, b):
+        for p in m.parameters():
+            p.grad = None
+    (a(_local(x, rank)).pow(2).mean() + b(_local(x, rank)).pow(2).mean()).backward()
+    for m, r in ((a, ra), (b, rb)):
+        for (n, p), q in zip(m.named_parameters(), r.parameters()):
+            torch.testing.assert_close(p.grad.full_tensor(), q.grad, **TOL,
+                                       msg=f"step {step} {n}")
+print("ok")
+'''
+
+
+def test_processes_two_roots_in_one_backward_match_one_process(tmp_path):
+    """Two models, each with its own fully_shard root, in one loss, on shm processes: the
+    reduce-scatter input is one symmetric scratch per (shard group, dtype) that every root shares;
+    a root's reduce used to finish only its own reduces in flight before overwriting it, so the
+    other root's reduce-scatter read the wrong gradients (errors up to 0.1, varying run to run)."""
+    run_on_ranks(_TWO_ROOTS_WORKER, 2, tmp_path, DTENSOR_SHM_SYMMETRIC_MIN_BYTES="0")
+
+
+def test_parameter_dtype_changed_after_fully_shard():
+    """model.double() after fully_shard and before the first forward: FSDP's original dtype is
+    re-read at lazy init, as PyTorch's (it kept float32 and failed: "mat1 and mat2 must have the
+    same dtype"); gradients in float64, equal to a float64 process."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(7, 15), nn.ReLU(), nn.Linear(15, 2))
+    x = torch.randn(8, 7, dtype=torch.float64)
+    ref = copy.deepcopy(base).double()
+    ref(x).pow(2).mean().backward()
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (2,))
+        model = copy.deepcopy(base)
+        fully_shard(model[0], mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        model.double()
+        out = model(_local(x, rank))
+        assert out.dtype == torch.float64
+        out.pow(2).mean().backward()
+        for p in model.parameters():
+            assert p.dtype == p.grad.dtype == torch.float64
+        _grads_equal(model, ref)
+
+    dtensor.run_threads(2, rank_fn)
+
+
+def test_load_state_dict_with_assign_trains_the_loaded_parameters():
+    """load_state_dict(sd, assign=True) registers new parameter objects: FSDP adopts them (as
+    PyTorch's reset_sharded_param), so forward uses the loaded values and an optimizer built on
+    model.parameters() afterwards gets their gradients. Before, forward kept all-gathering the old
+    parameters (output equal to the model before loading) and the new ones never got a gradient.
+    A state dict of another layout is refused, naming the parameter."""
+    torch.manual_seed(0)
+    src0 = nn.Sequential(nn.Linear(7, 15), nn.ReLU(), nn.Linear(15, 2))
+    torch.manual_seed(1)
+    dst0 = nn.Sequential(nn.Linear(7, 15), nn.ReLU(), nn.Linear(15, 2))
+    x = torch.randn(8, 7)
+    ref = copy.deepcopy(src0)
+    ref(x).pow(2).mean().backward()
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (2,))
+        src, dst = copy.deepcopy(src0), copy.deepcopy(dst0)
+        for m in (src, dst):
+            fully_shard(m[0], mesh=mesh)
+            fully_shard(m, mesh=mesh)
+        dst.load_state_dict(src.state_dict(), assign=True)
+        opt = torch.optim.SGD(dst.parameters(), lr=0.1)  # on the registered (loaded) ones
+        xs = _local(x, rank)
+        with torch.no_grad():
+            torch.testing.assert_close(dst(xs), ref(xs), **TOL)
+        dst(xs).pow(2).mean().backward()
+        _grads_equal(dst, ref)
+        opt.step()  # the registered parameters are the ones trained
+        with torch.no_grad():
+            for p, q in zip(dst.parameters(), ref.parameters()):
+                torch.testing.assert_close(p.full_tensor(), q - 0.1 * q.grad, **TOL)
+        bad = {k: v.full_tensor() for k, v in src.state_dict().items()}  # plain tensors
+        try:
+            dst.load_state_dict(bad, assign=True)
+        except ValueError as e:
+            assert "'weight'" in str(e) and "assign=True" in str(e), e
+        else:
+            raise AssertionError("a state dict of plain tensors was accepted with assign=True")
+
+    dtensor.run_threads(2, rank_fn)
+
+
+def test_post_accumulate_grad_hooks_see_the_sharded_gradients():
+    """As PyTorch's FSDP2 (foreach_reduce calls them): a hook registered with
+    register_post_accumulate_grad_hook on a sharded parameter runs once its reduced gradient is
+    set (optimizer in backward); before, no hook ran."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(7, 15), nn.ReLU(), nn.Linear(15, 2))
+    x = torch.randn(8, 7)
+    ref = copy.deepcopy(base)
+    ref(x).pow(2).mean().backward()
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (2,))
+        model = copy.deepcopy(base)
+        fully_shard(model[0], mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        seen = {}
+        for n, p in model.named_parameters():
+            p.register_post_accumulate_grad_hook(
+                lambda param, n=n: seen.__setitem__(n, param.grad.full_tensor().clone()))
+        model(_local(x, rank)).pow(2).mean().backward()
+        assert sorted(seen) == sorted(n for n, _ in model.named_parameters()), seen.keys()
+        for (n, _), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(seen[n], q.grad, **TOL, msg=n)
+
+    dtensor.run_threads(2, rank_fn)
