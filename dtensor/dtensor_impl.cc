@@ -37,6 +37,10 @@ void DTensorImpl::set(at::Tensor local, DTensorSpec spec) {
   local_ = std::move(local);
   spec_ = spec;
   refresh_metadata();
+  // The device is the piece's, here too: `.data =` (Module.to_empty / _apply after building on
+  // the meta device) brings a piece on another device, and autograd checks gradients against
+  // this device ("expected device meta but got cpu").
+  device_opt_ = local_.device();
 }
 
 template <class Version>

@@ -114,6 +114,44 @@ def test_log_softmax_then_nll_loss(form):
     _check(_sharded(2, fn, x, lambda m: [Shard(1)], t), ref, [Shard(1)])
 
 
+@pytest.mark.parametrize("form", ["cross_entropy", "log_softmax_nll"])
+def test_every_target_ignored_gives_zero_gradients_as_one_device(form):
+    """A batch whose targets are all ignore_index (a micro-batch of prompt tokens only): the mean
+    loss is NaN on one device too, but its gradient is zeros; the backward multiplied the
+    incoming inf (1 / zero weight) by the rows' weight 0 and gave NaN everywhere."""
+    x, _ = _case((4, 7), seed=8)
+    t = torch.full((4,), -100)
+
+    def fn(v, target):
+        if form == "cross_entropy":
+            return F.cross_entropy(v, target)
+        return F.nll_loss(F.log_softmax(v, dim=1), target)
+
+    ref_loss, ref_grad = _reference(fn, x, t)
+    assert torch.isnan(ref_loss) and torch.equal(ref_grad, torch.zeros_like(ref_grad))
+    for loss, grad, _ in _sharded(2, fn, x, lambda m: [Shard(1)], t):
+        assert torch.isnan(loss)
+        torch.testing.assert_close(grad, ref_grad, **TOL)
+
+
+def test_log_softmax_result_is_contiguous_as_one_device():
+    """log_softmax of a transposed class-sharded input: torch returns a contiguous result (so
+    .view works); the engine's said the input's strides and refused the view."""
+    x = torch.randn(2, 3, 6)
+    ref = F.log_softmax(x.transpose(1, 2), dim=1)
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (2,))
+        xd = distribute_tensor(x, mesh, [Shard(2)])
+        with loss_parallel():
+            lp = F.log_softmax(xd.transpose(1, 2), dim=1)
+        assert lp.stride() == ref.stride() and lp.is_contiguous()
+        return lp.view(2, 18).full_tensor()
+
+    for out in dtensor.run_threads(2, rank_fn):
+        torch.testing.assert_close(out, ref.view(2, 18), **TOL)
+
+
 def test_input_not_sharded_on_the_class_dim_takes_the_ordinary_path():
     x, t = _case((8, 5), seed=7)
     ref = _reference(F.cross_entropy, x, t)

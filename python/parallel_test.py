@@ -344,6 +344,81 @@ def test_prepare_module_input_kwargs_and_output():
         torch.testing.assert_close(b, ref_b.detach().chunk(n, 0)[rank], **TOL)
 
 
+def test_prepare_module_input_kwargs_survive_deepcopy():
+    """A copy of a module prepared with input_kwarg_layouts (an EMA or eval copy) runs its own
+    forward and weights: the style wrapped forward in a closure over the original's bound
+    method, which deepcopy shared, so the copy computed with the original's weights."""
+    torch.manual_seed(0)
+    ref = TwoInputs()
+    x, scale = torch.randn(4, 8), torch.rand(4, 8) + 0.5
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (2,))
+        model = copy.deepcopy(ref)
+        parallelize_module(model, mesh, PrepareModuleInput(
+            input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),),
+            input_kwarg_layouts={"scale": Replicate()},
+            desired_input_kwarg_layouts={"scale": Replicate()}, use_local_output=True))
+        twin = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in twin.parameters():
+                p.mul_(2)
+        expect = copy.deepcopy(ref)
+        with torch.no_grad():
+            for p in expect.parameters():
+                p.mul_(2)
+        for got, want in zip(twin(x, scale=scale), expect(x, scale=scale)):
+            torch.testing.assert_close(got, want, **TOL)
+        for got, want in zip(model(x, scale=scale), ref(x, scale=scale)):
+            torch.testing.assert_close(got, want, **TOL)
+
+    dtensor.run_threads(2, rank_fn)
+
+
+def test_empty_plan_key_is_the_module_itself():
+    """As PyTorch's parallelize_module: the plan key "" applies its style to the module given."""
+    torch.manual_seed(0)
+    ref = MLP()
+    x = torch.randn(2, 4, 8)
+    out = ref(x)
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (2,))
+        model = parallelize_module(copy.deepcopy(ref), mesh, {
+            "": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "w1": ColwiseParallel(), "w2": RowwiseParallel()})
+        torch.testing.assert_close(model(x.chunk(2, 1)[rank]), out, **TOL)
+
+    dtensor.run_threads(2, rank_fn)
+
+
+def test_meta_device_model_parallelized_then_to_empty_trains():
+    """torchtitan's deferred init: build on the meta device, parallelize, to_empty, fill, train.
+    to_empty assigns .data; the distributed tensor kept reporting the meta device, and backward
+    failed ("expected device meta but got cpu")."""
+    torch.manual_seed(0)
+    ref = MLP()
+    x = torch.randn(4, 8)
+    ref(x).pow(2).sum().backward()
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (2,))
+        with torch.device("meta"):
+            model = MLP()
+        parallelize_module(model, mesh, {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+        model.to_empty(device="cpu")
+        with torch.no_grad():
+            for p, q in zip(model.parameters(), ref.parameters()):
+                p.copy_(dtensor.distribute_tensor(q.detach(), mesh, list(p.placements)))
+        for p in model.parameters():
+            assert p.device.type == "cpu" and not p.is_meta and p.to_local().device.type == "cpu"
+        model(x).pow(2).sum().backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad.full_tensor(), q.grad, **TOL)
+
+    dtensor.run_threads(2, rank_fn)
+
+
 def _on_mesh(fn):
     def rank_fn(rank):
         return fn(dtensor.init_device_mesh("cpu", (2,)))

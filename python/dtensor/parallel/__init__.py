@@ -136,7 +136,7 @@ def parallelize_module(module, device_mesh=None, parallelize_plan=None, *, tp_me
         if not isinstance(style, ParallelStyle):
             raise TypeError(f"parallelize_module: the plan for {path!r} is not a ParallelStyle: "
                             f"{style!r}")
-        targets = _matches(module, path) if path else []
+        targets = _matches(module, path) if path else [module]  # "": the module itself
         if not targets:
             raise ValueError(f"parallelize_module: no submodule of {type(module).__name__} "
                              f"matches {path!r} in the plan")

@@ -129,6 +129,13 @@ def _target_terms(lay, target, weight, ignore_index, dtype):
     return _Terms(valid, w_row, held, local, w_local, w_sum)
 
 
+def _valid_rows(g, t):
+    """The incoming per-row gradient, 0 on ignored rows (as torch's nll_loss backward): with
+    every target ignored, reduction="mean" divides by a zero weight and sends inf, and inf times
+    an ignored row's weight 0 made every gradient NaN where one device gives zeros."""
+    return torch.where(t.valid, g, torch.zeros((), dtype=g.dtype, device=g.device))
+
+
 def _unsq(t, lay):
     return t.unsqueeze(lay.class_dim)
 
@@ -173,6 +180,7 @@ class _CrossEntropy(torch.autograd.Function):
     def backward(ctx, g):
         (logp,) = ctx.saved_tensors
         lay, t, eps = ctx.lay, ctx.terms, ctx.eps
+        g = _valid_rows(g, t)
         # d loss / d x = a - p * sum(a), a = d loss / d logp.
         sum_a = -(1 - eps) * t.w_row - (eps / lay.classes) * t.w_sum * t.valid
         grad = logp.exp().mul_(_unsq(-sum_a * g, lay))
@@ -210,6 +218,7 @@ class _NllLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         lay, t = ctx.lay, ctx.terms
+        g = _valid_rows(g, t)
         grad = torch.zeros(ctx.shape, dtype=g.dtype, device=g.device)
         if lay.local_classes:
             grad.scatter_(lay.class_dim, _unsq(t.local, lay), _unsq(-t.w_row * g * t.held, lay))
@@ -294,8 +303,11 @@ def _log_softmax(func, args, kwargs):
     lay = _Layout(x, dim % max(x.dim(), 1), "log_softmax")
     if lay.mesh_dim is None:
         return None
-    out = _LogSoftmax.apply(x.to_local(), lay)
-    return DTensor.from_local(out, lay.mesh, lay.placements, shape=x.shape, stride=x.stride())
+    # A fresh result, contiguous as torch's log_softmax returns it (whatever the input's
+    # strides: a transposed input's piece would give its layout to the result).
+    out = _LogSoftmax.apply(x.to_local(), lay).contiguous()
+    return DTensor.from_local(out, lay.mesh, lay.placements, shape=x.shape,
+                              stride=torch.empty(x.shape, device="meta").stride())
 
 
 class _LossParallelMode(TorchFunctionMode):

@@ -255,18 +255,18 @@ class PrepareModuleInput(ParallelStyle):
             module.register_forward_pre_hook(
                 lambda _m, inputs: self._prepare_args(inputs, device_mesh, tp_mesh_dim))
             return module
-        # torch 1.13's forward pre-hooks do not see keyword inputs: wrap this module's forward.
-        forward = module.forward
-
-        def prepared_forward(*args, **kwargs):
+        # Keyword inputs through a pre-hook that sees them (as PyTorch's), never a wrapped
+        # forward: an instance attribute closing over the original bound method survives
+        # copy.deepcopy, so a copy ran the original module's forward and weights.
+        def prepare(_m, args, kwargs):
             args = self._prepare_args(args, device_mesh, tp_mesh_dim)
             kwargs = {k: self._prepare(v, device_mesh, tp_mesh_dim,
                                        self.input_kwarg_layouts.get(k),
                                        self.desired_input_kwarg_layouts.get(k))
                       for k, v in kwargs.items()}
-            return forward(*args, **kwargs)
+            return args, kwargs
 
-        module.forward = prepared_forward
+        module.register_forward_pre_hook(prepare, with_kwargs=True)
         return module
 
 
