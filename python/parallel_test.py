@@ -419,6 +419,20 @@ def test_meta_device_model_parallelized_then_to_empty_trains():
     dtensor.run_threads(2, rank_fn)
 
 
+def test_overriding_a_pytorch_style_hook_raises_instead_of_being_skipped():
+    """torchao's float8 styles subclass ColwiseParallel and override PyTorch's static
+    _prepare_input_fn; this package's styles do not call such hooks, so the override was
+    silently ignored. It raises, naming the method."""
+
+    class Custom(ColwiseParallel):
+        @staticmethod
+        def _prepare_input_fn(input_layouts, desired_input_layouts, mod, inputs, device_mesh):
+            return inputs
+
+    with pytest.raises(NotImplementedError, match="_prepare_input_fn"):
+        _on_mesh(lambda mesh: parallelize_module(nn.Linear(4, 4), mesh, Custom()))
+
+
 def _on_mesh(fn):
     def rank_fn(rank):
         return fn(dtensor.init_device_mesh("cpu", (2,)))

@@ -17,6 +17,9 @@ Differences from PyTorch:
   ``_apply(..., tp_mesh_dim=...)`` (the whole mesh and the tp dim).
 * ``device_mesh=None`` uses the current mesh (``with mesh:``), as PyTorch.
 * ``RowwiseParallel`` on ``nn.Embedding`` reads a plain input as Replicate by default.
+* The built-in styles have no ``_prepare_input_fn`` / ``_prepare_output_fn`` /
+  ``_partition_*_fn`` hooks; a subclass that overrides one (torchao's float8 styles) raises
+  NotImplementedError naming it, instead of being silently skipped: override ``_apply``.
 * ``loss_parallel`` also takes ``label_smoothing``, an N-D mesh (one mesh dim shards the class
   dim), and leaves inputs not sharded on the class dim to the engine (PyTorch raises).
 """
@@ -36,6 +39,9 @@ from dtensor.parallel.style import (
     RowwiseParallel,
     SequenceParallel,
 )
+
+_BUILTIN_STYLES = (ColwiseParallel, RowwiseParallel, SequenceParallel, PrepareModuleInput,
+                   PrepareModuleOutput, PrepareModuleInputOutput)
 
 __all__ = [
     "ColwiseParallel",
@@ -90,11 +96,34 @@ def _takes_tp_mesh_dim(style):
         return False
 
 
+# PyTorch's built-in styles run these (static) methods from their _apply, and subclasses override
+# them (torchao's float8 styles do); this package's styles have no such methods, so an override
+# would be silently skipped.
+_PYTORCH_STYLE_HOOKS = ("_prepare_input_fn", "_prepare_output_fn", "_partition_linear_fn",
+                        "_partition_embedding_fn", "_prepare_input_arg", "_prepare_input_kwarg_fn",
+                        "_prepare_out_fn")
+
+
+def _refuse_pytorch_hook_overrides(style):
+    """A subclass of one of this package's styles that defines a hook method of PyTorch's styles
+    raises instead of being ignored (override ``_apply`` instead)."""
+    builtin = next((c for c in _BUILTIN_STYLES if isinstance(style, c)), None)
+    if builtin is None:
+        return  # a user's own ParallelStyle: its _apply does what it says
+    for name in _PYTORCH_STYLE_HOOKS:
+        if hasattr(type(style), name):
+            raise NotImplementedError(
+                f"parallelize_module: {type(style).__name__} overrides {name}, a hook of "
+                f"PyTorch's {builtin.__name__} that this package's {builtin.__name__} does not "
+                f"call; override _apply(module, device_mesh) instead")
+
+
 def _apply_style(style, module, device_mesh, tp, src_data_rank):
     """PyTorch's contract: ``style.src_data_rank`` is set, then ``style._apply(module, mesh)``.
     A style whose ``_apply`` takes ``tp_mesh_dim`` (this package's) gets the whole mesh and the tp
     dim; any other (a user's ParallelStyle) gets the tp dim's 1-D sub-mesh."""
     style.src_data_rank = src_data_rank
+    _refuse_pytorch_hook_overrides(style)
     if _takes_tp_mesh_dim(style):
         out = style._apply(module, device_mesh, tp_mesh_dim=tp)
     else:
