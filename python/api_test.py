@@ -350,6 +350,24 @@ def test_src_data_rank_is_a_rank_of_the_mesh():
     assert all(dtensor.run_threads(4, fn))
 
 
+@pytest.mark.parametrize("placements", [[Replicate(), Replicate()], [Shard(0), Shard(1)],
+                                        [Replicate(), Shard(0)]])
+def test_src_data_rank_on_a_2d_mesh_is_a_group_rank_on_every_dim(placements):
+    """PyTorch broadcasts or scatters from group rank k on each mesh dim in turn, so the data
+    is the rank at coordinate (k, k): on a 2x2 mesh src_data_rank=1 is rank 3 (it was rank 1, the
+    mesh's second rank: another rank's data than PyTorch's, silently)."""
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (2, 2))
+        mine = torch.full((4, 4), float(rank))
+        got = distribute_tensor(mine, mesh, placements, src_data_rank=1).full_tensor()
+        torch.testing.assert_close(got, torch.full((4, 4), 3.0))
+        got = distribute_tensor(mine, mesh, placements).full_tensor()
+        torch.testing.assert_close(got, torch.full((4, 4), 0.0))
+        return True
+
+    assert all(dtensor.run_threads(4, fn))
+
+
 def test_functional_collectives_in_simulation():
     def fn(rank):
         mesh = init_device_mesh("cpu", (2,))

@@ -233,18 +233,23 @@ torch.Tensor.__deepcopy__ = _deepcopy
 
 def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_rank=0):
     """Lays ``tensor`` out on ``device_mesh``. ``src_data_rank=None``: every rank passes the same
-    data and keeps its piece (no communication); k: the data of the mesh's k-th rank (row-major
-    order; 0 by default, as PyTorch) is scattered to the others."""
+    data and keeps its piece (no communication); k (0 by default): the data of the rank at mesh
+    coordinate (k, ..., k) is scattered to the others. That is PyTorch's meaning: k is a group
+    rank, the source on every mesh dim in turn, so on a 1-D mesh the mesh's k-th rank."""
     device_mesh = _current_mesh_or(device_mesh, "distribute_tensor")
     c_pl = _check_mesh(device_mesh, placements, tensor.dim())
     src = None
     if src_data_rank is not None:
-        # As in PyTorch, a rank of the mesh (0: the mesh's first rank), not a global rank.
-        ranks = device_mesh._mesh.ranks
-        if not 0 <= src_data_rank < len(ranks):
-            raise ValueError(f"distribute_tensor: src_data_rank {src_data_rank} is not a rank of "
-                             f"the {len(ranks)}-rank mesh {device_mesh}")
-        src = ranks[src_data_rank]
+        # A group rank on each mesh dim, not a global rank (on a 2x2 mesh, 1 is coordinate
+        # (1, 1): the mesh's 4th rank, as PyTorch's per-dim broadcasts and scatters give).
+        shape = tuple(device_mesh.shape)
+        if not 0 <= src_data_rank < min(shape):
+            raise ValueError(f"distribute_tensor: src_data_rank {src_data_rank} is not a group "
+                             f"rank of every dim of the mesh {device_mesh} (shape {shape})")
+        index = 0
+        for size in shape:
+            index = index * size + src_data_rank
+        src = device_mesh._mesh.ranks[index]
     return _C.distribute_tensor(tensor, device_mesh._mesh, c_pl, src)
 
 

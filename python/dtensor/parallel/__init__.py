@@ -150,7 +150,8 @@ def parallelize_module(module, device_mesh=None, parallelize_plan=None, *, tp_me
     with ``tp_mesh_dim`` (index or name, default the last dim) naming the tensor-parallel dim;
     None: the current mesh (``with mesh:``). A user's ``ParallelStyle`` whose
     ``_apply(module, device_mesh)`` has PyTorch's two arguments gets the tp dim's 1-D mesh.
-    ``src_data_rank``: k (default 0) scatters the parameter values of the mesh's k-th rank;
+    ``src_data_rank``: k (default 0) scatters the parameter values of the rank at mesh
+    coordinate (k, ..., k) (PyTorch's group rank on every dim: on a 1-D mesh its k-th rank);
     None keeps each rank's own copy of the parameters (no communication)."""
     device_mesh = _current_mesh_or(device_mesh, "parallelize_module")
     tp = _tp_dim(device_mesh, tp_mesh_dim)
