@@ -241,6 +241,7 @@ at::Tensor rand(const std::vector<int64_t>& size, const DeviceMesh& mesh,
   return factory(size, mesh, placements, options, "rand",
                  [](const DTensorSpec& s, const LocalBox& b, const at::TensorOptions& o) {
                    const at::Generator g = rank_generator();
+                   check_generators_agree(s.mesh(), g, "rand");
                    at::Tensor piece = at::empty(b.shape, o);
                    draw_box(s.shape(), b, DrawOrder::kPerElement, g, piece,
                             [&g](const at::Tensor& buf) { return buf.uniform_(0, 1, g); });
@@ -253,6 +254,7 @@ at::Tensor randn(const std::vector<int64_t>& size, const DeviceMesh& mesh,
   return factory(size, mesh, placements, options, "randn",
                  [](const DTensorSpec& s, const LocalBox& b, const at::TensorOptions& o) {
                    const at::Generator g = rank_generator();
+                   check_generators_agree(s.mesh(), g, "randn");
                    at::Tensor piece = at::empty(b.shape, o);
                    draw_box(s.shape(), b, DrawOrder::kNormalFill, g, piece,
                             [&g](const at::Tensor& buf) { return buf.normal_(0, 1, g); });

@@ -23,6 +23,9 @@ bool program_check_enabled();
 // dispatch_local.cc).
 inline constexpr uint64_t kOpRan = 0;
 inline constexpr uint64_t kLocalFailure = 1;
+// A random op drew from a generator in this state (`args`: its hash; NOTE [rank generators
+// agree] in random.h).
+inline constexpr uint64_t kRandomState = 2;
 
 // Folds one op into the calling thread's state for `mesh` (nothing on a 1-rank mesh: no peer to
 // compare with). `op` and `args` must be equal on every rank for the same call (deterministic

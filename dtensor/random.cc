@@ -13,6 +13,11 @@
 #include <optional>
 #include <set>
 
+#include "base/error.h"
+#include "base/stable_hash.h"
+#include "collectives/rank_context.h"
+#include "dtensor/program_digest.h"
+
 namespace dtensor {
 namespace {
 thread_local std::optional<at::Generator> t_generator;
@@ -32,6 +37,32 @@ void manual_seed(uint64_t seed) {
 
 at::Generator rank_generator() {
   return t_generator ? *t_generator : at::detail::getDefaultCPUGenerator();
+}
+
+// NOTE [rank generators agree]
+void check_generators_agree(const DeviceMesh& mesh, const at::Generator& generator,
+                            const std::string& op) {
+  if (mesh.size() == 1) return;
+  const bool default_cpu = generator.device().is_cpu() &&
+                           generator.unsafeGetGeneratorImpl() ==
+                               at::detail::getDefaultCPUGenerator().unsafeGetGeneratorImpl();
+  if (default_cpu && !t_generator && collectives::has_current_context() &&
+      collectives::current_context().backend() == "threads") {
+    throw Error(op + " on a distributed tensor over " + mesh.to_string() +
+                ": the ranks are threads of one process and share its default generator, so "
+                "their draws would differ; call dtensor.manual_seed(seed) with the same seed on "
+                "every rank first (NOTE [rank generators agree])");
+  }
+  if (!program_check_enabled()) return;
+  at::Generator g = generator;  // a handle: mutex() is not const
+  at::Tensor state;
+  {
+    std::lock_guard<std::mutex> lock(g.mutex());
+    state = g.get_state();
+  }
+  state = state.contiguous();
+  record_program_op(mesh, kRandomState,
+                    fnv1a(state.data_ptr(), static_cast<size_t>(state.nbytes())));
 }
 
 void draw_with_rank_generator(const std::function<void()>& draw) {

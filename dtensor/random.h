@@ -58,6 +58,7 @@
 #include <string>
 #include <vector>
 
+#include "device_mesh/device_mesh.h"
 #include "layout/shard_layout.h"
 
 namespace c10 {
@@ -74,6 +75,21 @@ void manual_seed(uint64_t seed);
 void seed_process_default(uint64_t seed);
 // That generator: the thread's after manual_seed, else the process default CPU generator.
 at::Generator rank_generator();
+
+// NOTE [rank generators agree]
+// A random op on a distributed tensor gives one device's values (and equal replicas) only when
+// every rank of its mesh draws from a generator in the same state. Two ways that failed
+// silently, each Replicate "replica" holding other values: ranks as threads with no
+// manual_seed, which all replay the global draw from the one process default generator, each
+// from where the previous rank left it; and processes whose generators differ (seeded with
+// torch.manual_seed(rank) for their data, or advanced by a plain random call on some ranks
+// only). So before drawing on a mesh of several ranks: ranks that are threads without their own
+// generator raise, naming the op and the mesh; otherwise the generator's state is folded into
+// the program digest (NOTE [program digest]), so the next collective on the mesh fails on every
+// rank when the states differed. PyTorch's DTensor (CUDA only) instead copies rank 0's state at
+// its first random op and keeps its own state from then on.
+void check_generators_agree(const DeviceMesh& mesh, const at::Generator& generator,
+                            const std::string& op);
 // Runs `draw` (plain-tensor ATen calls only) so that an op with no generator argument
 // (rand_like, randn_like, randint_like) draws from rank_generator(): when that is not the process
 // default, the default generator takes its state for the call (under a process-wide lock, as
