@@ -320,6 +320,7 @@ def test_with_mesh_is_the_default_mesh():
 
     def fn(rank):
         mesh = init_device_mesh("cpu", (2,))
+        dtensor.manual_seed(0)  # rand/randn below: thread ranks need their own generators
         # No current mesh: the error says what to do.
         for call in (lambda: distribute_tensor(x, placements=[Shard(0)]),
                      lambda: DTensor.from_local(x, placements=[Replicate()]),
