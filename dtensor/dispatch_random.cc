@@ -36,7 +36,8 @@ void run_random(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::S
     }
   }
   check_generators_agree(out.mesh(), gen, info.name);  // NOTE [rank generators agree]
-  RandomFill fill = like_fill(info.name, args, gen);   // rand_like & co.: from the rank generator
+  check_row_major(out.shape(), out.meta().stride, info.name);
+  RandomFill fill = like_fill(info.name, args, gen);  // rand_like & co.: from the rank generator
   const bool own_generator = info.generator_arg >= 0 || fill != nullptr;
   const size_t n = op.schema().arguments().size();
   std::vector<c10::IValue> call(args, args + n);
@@ -78,6 +79,7 @@ void run_dropout(const c10::IValue* args, torch::jit::Stack* stack, size_t n,
     const LocalBox box = local_box(out, my_coordinate(out.mesh()));
     const at::Generator gen = rank_generator();
     check_generators_agree(out.mesh(), gen, "aten::native_dropout");
+    check_row_major(out.shape(), out.meta().stride, "aten::native_dropout");
     const LocalKernelScope local;  // NOTE [engine activity]
     mask = at::empty(box.shape, input.options());
     draw_box(out.shape(), box, draw_order_of("aten::bernoulli_.float"), gen, mask,

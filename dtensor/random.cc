@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/ops/empty.h>
+#include <c10/util/StringUtil.h>
 
 #include <algorithm>
 #include <atomic>
@@ -37,6 +38,25 @@ void manual_seed(uint64_t seed) {
 
 at::Generator rank_generator() {
   return t_generator ? *t_generator : at::detail::getDefaultCPUGenerator();
+}
+
+// NOTE [random draws in row-major order]
+void check_row_major(const std::vector<int64_t>& shape, const std::vector<int64_t>& stride,
+                     const std::string& op) {
+  int64_t expected = 1, numel = 1;
+  for (const int64_t s : shape) numel *= s;
+  bool row_major = true;
+  for (size_t d = shape.size(); d-- > 0;) {
+    if (shape[d] == 1) continue;
+    if (d < stride.size() && stride[d] != expected) row_major = false;
+    expected *= shape[d];
+  }
+  if (row_major || numel <= 1) return;
+  throw Error(op + " on a distributed tensor of shape " + c10::str(c10::IntArrayRef(shape)) +
+              " whose strides " + c10::str(c10::IntArrayRef(stride)) +
+              " are not row-major: one device draws it in memory order, which the engine does "
+              "not replay; call .contiguous() on it first (NOTE [random draws in row-major "
+              "order])");
 }
 
 // NOTE [rank generators agree]

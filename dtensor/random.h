@@ -90,6 +90,15 @@ at::Generator rank_generator();
 // its first random op and keeps its own state from then on.
 void check_generators_agree(const DeviceMesh& mesh, const at::Generator& generator,
                             const std::string& op);
+
+// NOTE [random draws in row-major order]: the replay draws the global tensor in row-major
+// (logical) order, which is one device's order for a contiguous tensor only: ATen fills a
+// tensor in memory order (a transposed one column by column), and its normal_ takes another
+// path for non-contiguous tensors. So a random op whose output's global strides are not
+// row-major (dims of size 1 aside) raises, naming the op and the strides, instead of returning
+// values one device would not give; .contiguous() first gives one device's values.
+void check_row_major(const std::vector<int64_t>& shape, const std::vector<int64_t>& stride,
+                     const std::string& op);
 // Runs `draw` (plain-tensor ATen calls only) so that an op with no generator argument
 // (rand_like, randn_like, randint_like) draws from rank_generator(): when that is not the process
 // default, the default generator takes its state for the call (under a process-wide lock, as

@@ -66,3 +66,26 @@ def test_processes_seeded_differently_fail_at_the_next_collective(seeds, tmp_pat
     seed = "0" if seeds == "alike" else "rank"
     out = run_on_ranks(_WORKER.replace("SEED_OF_RANK", seed), 2, tmp_path)
     assert out.count("raised") == (0 if seeds == "alike" else 2), out
+
+
+@pytest.mark.parametrize("op", ["dropout", "uniform_", "rand_like"])
+def test_random_op_on_a_non_row_major_tensor_raises(op):
+    """NOTE [random draws in row-major order]: one device fills a transposed tensor in memory
+    order; the engine's replay is row-major, so dropout of a transposed distributed tensor gave
+    other values than one device's, silently. It raises; .contiguous() first gives one device's
+    values."""
+    torch.manual_seed(7)
+    ref = F.dropout(torch.ones(3, 4).t().contiguous(), 0.5)
+
+    def fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (2,))
+        dtensor.manual_seed(7)
+        x = distribute_tensor(torch.ones(3, 4), mesh, [dtensor.Shard(0)]).t()
+        with pytest.raises(RuntimeError, match="row-major"):
+            {"dropout": lambda: F.dropout(x, 0.5), "uniform_": lambda: x.uniform_(),
+             "rand_like": lambda: torch.rand_like(x)}[op]()
+        dtensor.manual_seed(7)
+        return F.dropout(x.contiguous(), 0.5).full_tensor()
+
+    for got in dtensor.run_threads(2, fn):
+        torch.testing.assert_close(got, ref)
