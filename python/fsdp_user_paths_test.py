@@ -21,6 +21,25 @@ def _grads_equal(model, reference):
         torch.testing.assert_close(p.grad.full_tensor(), q.grad, **TOL, msg=n)
 
 
+def _small(seed=0):
+    """Two Linear layers, (7, 15) uneven over 2 ranks; with one process's gradients for a batch."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(7, 15), nn.ReLU(), nn.Linear(15, 2))
+
+
+def _reference_grads(base, x):
+    ref = copy.deepcopy(base)
+    ref(x).pow(2).mean().backward()
+    return ref
+
+
+def _shard_small(model, mesh):
+    """fully_shard on the first layer, then the root (two groups)."""
+    fully_shard(model[0], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
 class Twice(nn.Module):
     """`block` runs twice in one forward (weights reused, as a recurrent step or two views)."""
 
@@ -110,17 +129,14 @@ def test_parameter_dtype_changed_after_fully_shard():
     """model.double() after fully_shard and before the first forward: FSDP's original dtype is
     re-read at lazy init, as PyTorch's (it kept float32 and failed: "mat1 and mat2 must have the
     same dtype"); gradients in float64, equal to a float64 process."""
-    torch.manual_seed(0)
-    base = nn.Sequential(nn.Linear(7, 15), nn.ReLU(), nn.Linear(15, 2))
+    base = _small()
     x = torch.randn(8, 7, dtype=torch.float64)
-    ref = copy.deepcopy(base).double()
-    ref(x).pow(2).mean().backward()
+    ref = _reference_grads(base.double(), x)
+    base.float()
 
     def rank_fn(rank):
         mesh = dtensor.init_device_mesh("cpu", (2,))
-        model = copy.deepcopy(base)
-        fully_shard(model[0], mesh=mesh)
-        fully_shard(model, mesh=mesh)
+        model = _shard_small(copy.deepcopy(base), mesh)
         model.double()
         out = model(_local(x, rank))
         assert out.dtype == torch.float64
@@ -138,20 +154,14 @@ def test_load_state_dict_with_assign_trains_the_loaded_parameters():
     model.parameters() afterwards gets their gradients. Before, forward kept all-gathering the old
     parameters (output equal to the model before loading) and the new ones never got a gradient.
     A state dict of another layout is refused, naming the parameter."""
-    torch.manual_seed(0)
-    src0 = nn.Sequential(nn.Linear(7, 15), nn.ReLU(), nn.Linear(15, 2))
-    torch.manual_seed(1)
-    dst0 = nn.Sequential(nn.Linear(7, 15), nn.ReLU(), nn.Linear(15, 2))
+    src0, dst0 = _small(0), _small(1)
     x = torch.randn(8, 7)
-    ref = copy.deepcopy(src0)
-    ref(x).pow(2).mean().backward()
+    ref = _reference_grads(src0, x)
 
     def rank_fn(rank):
         mesh = dtensor.init_device_mesh("cpu", (2,))
-        src, dst = copy.deepcopy(src0), copy.deepcopy(dst0)
-        for m in (src, dst):
-            fully_shard(m[0], mesh=mesh)
-            fully_shard(m, mesh=mesh)
+        src = _shard_small(copy.deepcopy(src0), mesh)
+        dst = _shard_small(copy.deepcopy(dst0), mesh)
         dst.load_state_dict(src.state_dict(), assign=True)
         opt = torch.optim.SGD(dst.parameters(), lr=0.1)  # on the registered (loaded) ones
         xs = _local(x, rank)
@@ -178,17 +188,13 @@ def test_post_accumulate_grad_hooks_see_the_sharded_gradients():
     """As PyTorch's FSDP2 (foreach_reduce calls them): a hook registered with
     register_post_accumulate_grad_hook on a sharded parameter runs once its reduced gradient is
     set (optimizer in backward); before, no hook ran."""
-    torch.manual_seed(0)
-    base = nn.Sequential(nn.Linear(7, 15), nn.ReLU(), nn.Linear(15, 2))
+    base = _small()
     x = torch.randn(8, 7)
-    ref = copy.deepcopy(base)
-    ref(x).pow(2).mean().backward()
+    ref = _reference_grads(base, x)
 
     def rank_fn(rank):
         mesh = dtensor.init_device_mesh("cpu", (2,))
-        model = copy.deepcopy(base)
-        fully_shard(model[0], mesh=mesh)
-        fully_shard(model, mesh=mesh)
+        model = _shard_small(copy.deepcopy(base), mesh)
         seen = {}
         for n, p in model.named_parameters():
             p.register_post_accumulate_grad_hook(
