@@ -16,7 +16,7 @@ x_help test '  test --asan | --tsan
 # (NOTE [fuzz runs]), the consumer builds (NOTE [consumer tests]) and the core packages' C++ tests
 # under ASan + UBSan (NOTE [sanitizer runs]); the last line totals them all. The extras are
 # skipped with DTENSOR_TEST_FUZZ=0 / DTENSOR_TEST_CONSUMERS=0 / DTENSOR_TEST_ASAN=0, and the ASan
-# step also when the run has already taken DTENSOR_TEST_ASAN_AFTER_MIN minutes (default 40),
+# step also when the run has already taken DTENSOR_TEST_ASAN_AFTER_MIN minutes (default 30),
 # which keeps a cold run on a new machine inside CI's hour. With other arguments (bazel targets
 # or flags), only the suite on those.
 cmd_test() {
@@ -107,7 +107,7 @@ cmd_test() {
   local elapsed=$((($(date +%s) - start) / 60))
   if [ "${DTENSOR_TEST_ASAN:-1}" = 0 ]; then
     :
-  elif [ "$elapsed" -ge "${DTENSOR_TEST_ASAN_AFTER_MIN:-40}" ]; then
+  elif [ "$elapsed" -ge "${DTENSOR_TEST_ASAN_AFTER_MIN:-30}" ]; then
     log "asan: skipped, the run has taken $elapsed min (DTENSOR_TEST_ASAN_AFTER_MIN)"
   else
     log "asan: the core packages' C++ tests under ASan + UBSan"
