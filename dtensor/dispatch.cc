@@ -45,9 +45,21 @@ void put(c10::IValue* args, const Input& in, const at::Tensor& local) {
     args[in.arg] = local;
     return;
   }
-  c10::List<at::Tensor> list = args[in.arg].toTensorList().copy();
+  if (args[in.arg].isTensorList()) {
+    c10::List<at::Tensor> list = args[in.arg].toTensorList().copy();
+    list.set(in.element, local);
+    args[in.arg] = std::move(list);
+    return;
+  }
+  c10::List<std::optional<at::Tensor>> list = args[in.arg].toOptionalTensorList().copy();
   list.set(in.element, local);
   args[in.arg] = std::move(list);
+}
+
+at::Tensor element_of(const c10::IValue& v, int element) {
+  if (element < 0) return v.toTensor();
+  if (v.isTensorList()) return v.toTensorList().get(element);
+  return v.toListRef()[element].toTensor();
 }
 
 // This rank's piece shape of `spec`, memoized per thread (specs are interned: equal specs are one
@@ -182,13 +194,13 @@ Inputs collect_inputs(const OpInfo& info, const c10::FunctionSchema& schema, c10
   Inputs inputs;
   inputs.reserve(n);
   std::vector<std::pair<int, int>> plain;  // (arg, element)
-  auto visit = [&](const at::Tensor& t, int arg, int element) {
+  auto visit = [&](const at::Tensor& t, int arg, int element, bool plain_ok) {
     if (!t.defined()) return;
     if (DTensorImpl* impl = dtensor_impl(t)) {
       inputs.push_back({arg, element, impl->spec(), impl->ready_local()});
     } else {
       // 0-dim and one-element plain tensors are replicated scalars, as in PyTorch.
-      if (t.dim() > 0 && t.numel() != 1 && !t_replicate_plain)
+      if (t.dim() > 0 && t.numel() != 1 && !t_replicate_plain && !plain_ok)
         throw Error(plain_error(info, schema, arg, t));
       plain.emplace_back(arg, element);
     }
@@ -197,10 +209,21 @@ Inputs collect_inputs(const OpInfo& info, const c10::FunctionSchema& schema, c10
     if (info.is_out[i]) continue;
     const c10::IValue& v = args[i];
     if (v.isTensor()) {
-      visit(v.toTensor(), static_cast<int>(i), -1);
+      visit(v.toTensor(), static_cast<int>(i), -1, false);
     } else if (v.isTensorList()) {
       const auto list = v.toTensorList();
-      for (size_t k = 0; k < list.size(); ++k) visit(list.get(k), static_cast<int>(i), k);
+      for (size_t k = 0; k < list.size(); ++k) visit(list.get(k), static_cast<int>(i), k, false);
+    } else if (v.isList()) {
+      // NOTE [index tensors]: a Tensor?[] (the indices of aten::index and index_put_, what
+      // x[i] and x[i] = v call) is read like a tensor list: a distributed index is an input
+      // (before, it reached the local kernel still distributed and the call failed naming
+      // `self`), and a plain index tensor is read as replicated, which is what the call
+      // computed before this list was looked into (PyTorch raises for a plain one; x[i] with
+      // a plain i is too common to refuse, and its answer is one device's).
+      const c10::ArrayRef<c10::IValue> list = v.toListRef();
+      for (size_t k = 0; k < list.size(); ++k) {
+        if (list[k].isTensor()) visit(list[k].toTensor(), static_cast<int>(i), k, true);
+      }
     }
   }
   if (inputs.empty()) {
@@ -211,8 +234,7 @@ Inputs collect_inputs(const OpInfo& info, const c10::FunctionSchema& schema, c10
   if (!plain.empty()) {
     const DeviceMesh& mesh = inputs[0].spec.mesh();
     for (const auto& [arg, element] : plain) {
-      const at::Tensor t =
-          element < 0 ? args[arg].toTensor() : args[arg].toTensorList().get(element);
+      const at::Tensor t = element_of(args[arg], element);
       const DTensorSpec spec =
           DTensorSpec::replicated(mesh, TensorMeta::make(t.sizes().vec(), t.scalar_type()));
       inputs.push_back({arg, element, spec, t});

@@ -52,8 +52,12 @@ const std::vector<int64_t>& my_coordinate(const DeviceMesh& mesh);
 // A local tensor's metadata: shape, dtype, strides.
 TensorMeta meta_of(const at::Tensor& t);
 
-// Puts `local` where `in` sits in the arguments (a tensor list is copied, then set).
+// Puts `local` where `in` sits in the arguments (a tensor list or a Tensor?[] is copied, then
+// set).
 void put(c10::IValue* args, const Input& in, const at::Tensor& local);
+
+// The tensor at `element` of argument `v` (v itself when element < 0; NOTE [index tensors]).
+at::Tensor element_of(const c10::IValue& v, int element);
 
 // NOTE [output metadata from ATen] (propagator.h), the dispatcher's side (dispatch_metadata.cc):
 // the call's non-tensor arguments encoded for the cache key, and the outputs' metadata from the

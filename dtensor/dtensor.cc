@@ -193,20 +193,31 @@ DTensor from_local(const at::Tensor& input, const DeviceMesh& mesh, const Placem
                 std::to_string(mesh.ndim()) + "-D mesh " + mesh.to_string());
   }
   std::vector<int64_t> global = local.sizes().vec();
+  // NOTE [from_local strides]: without shape= and stride=, the global strides are the piece's
+  // with each sharded dim's mesh size folded into the strides at or above that dim's, as
+  // PyTorch's compute_global_tensor_info: a transposed piece gives a transposed global tensor
+  // (before, row-major strides were reported for any piece, so is_contiguous() was true and a
+  // reshape took the view path and raised). A row-major piece keeps row-major strides.
+  std::vector<int64_t> global_stride = stride.value_or(std::vector<int64_t>{});
   if (shape) {
     global = *shape;
   } else {
+    const bool strided = !stride && !local.is_contiguous() && local.is_non_overlapping_and_dense();
+    if (strided) global_stride = local.strides().vec();
     for (size_t m = 0; m < placements.size(); ++m) {
       if (!placements[m].is_shard()) continue;
       const int64_t d =
           normalize_tensor_dim(placements[m].dim(), local.dim(), "from_local Shard dim");
       global[d] *= mesh.shape()[m];
+      if (!strided) continue;
+      const int64_t at = global_stride[d];
+      for (int64_t i = 0; i < local.dim(); ++i) {
+        if (i != d && global_stride[i] >= at) global_stride[i] *= mesh.shape()[m];
+      }
     }
   }
   const DTensorSpec spec = DTensorSpec::make(
-      mesh, placements,
-      TensorMeta::make(global, local.scalar_type(), stride.value_or(std::vector<int64_t>{})),
-      shard_order);
+      mesh, placements, TensorMeta::make(global, local.scalar_type(), global_stride), shard_order);
   const auto coord = my_coordinate(mesh, "from_local");
   if (run_check) {
     const auto metas = exchange_meta(mesh, local, "from_local");
