@@ -24,9 +24,12 @@ void run_random(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::S
   const at::Tensor local = inputs.at(0).local;
   const bool in_place = info.return_alias.at(0) >= 0;
   const LocalBox box = local_box(out, my_coordinate(out.mesh()));
-  // In-place: self's piece is filled directly.
-  const at::Tensor piece =
-      in_place ? local : at::empty(box.shape, local.options().dtype(out.meta().dtype));
+  // In-place: self's piece is filled directly; else a new piece laid out as self's (empty_like,
+  // as ATen's functional random ops and *_like factories allocate).
+  const at::TensorOptions options = local.options().dtype(out.meta().dtype);
+  const at::Tensor piece = in_place                          ? local
+                           : local.sizes().equals(box.shape) ? at::empty_like(local, options)
+                                                             : at::empty(box.shape, options);
   at::Generator gen = rank_generator();
   if (info.generator_arg >= 0) {
     if (args[info.generator_arg].isNone()) {
@@ -36,8 +39,7 @@ void run_random(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::S
     }
   }
   check_generators_agree(out.mesh(), gen, info.name);  // NOTE [rank generators agree]
-  check_row_major(out.shape(), out.meta().stride, info.name);
-  RandomFill fill = like_fill(info.name, args, gen);  // rand_like & co.: from the rank generator
+  RandomFill fill = like_fill(info.name, args, gen);   // rand_like & co.: from the rank generator
   const bool own_generator = info.generator_arg >= 0 || fill != nullptr;
   const size_t n = op.schema().arguments().size();
   std::vector<c10::IValue> call(args, args + n);
@@ -53,12 +55,14 @@ void run_random(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::S
       return drawn;
     };
   }
-  const DrawOrder order = draw_order_of(info.name);
+  // NOTE [random draws in memory order]
+  const DrawLayout d =
+      draw_layout(out.shape(), out.meta().stride, box, piece, draw_order_of(info.name), info.name);
   if (own_generator) {
-    draw_box(out.shape(), box, order, gen, piece, fill);
+    draw_box(d.shape, d.box, d.order, gen, d.piece, fill);
   } else {  // the op draws from the default generator, which holds the rank's state meanwhile
     draw_with_rank_generator([&] {
-      draw_box(out.shape(), box, order, at::detail::getDefaultCPUGenerator(), piece, fill);
+      draw_box(d.shape, d.box, d.order, at::detail::getDefaultCPUGenerator(), d.piece, fill);
     });
   }
   stack->push_back(in_place ? self : make_dtensor(piece, out));
@@ -79,10 +83,13 @@ void run_dropout(const c10::IValue* args, torch::jit::Stack* stack, size_t n,
     const LocalBox box = local_box(out, my_coordinate(out.mesh()));
     const at::Generator gen = rank_generator();
     check_generators_agree(out.mesh(), gen, "aten::native_dropout");
-    check_row_major(out.shape(), out.meta().stride, "aten::native_dropout");
     const LocalKernelScope local;  // NOTE [engine activity]
-    mask = at::empty(box.shape, input.options());
-    draw_box(out.shape(), box, draw_order_of("aten::bernoulli_.float"), gen, mask,
+    // The mask is laid out as the input (empty_like), as ATen's draws it.
+    mask = at::empty_like(input);
+    const DrawLayout d =
+        draw_layout(out.shape(), out.meta().stride, box, mask,
+                    draw_order_of("aten::bernoulli_.float"), "aten::native_dropout");
+    draw_box(d.shape, d.box, d.order, gen, d.piece,
              [&](const at::Tensor& buffer) { return buffer.bernoulli_(p1m, gen); });
     result = input.mul(mask).mul_(scale);
     mask = mask.to(at::kBool);  // as ATen's CPU kernel returns it

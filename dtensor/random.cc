@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <set>
 
@@ -38,25 +39,6 @@ void manual_seed(uint64_t seed) {
 
 at::Generator rank_generator() {
   return t_generator ? *t_generator : at::detail::getDefaultCPUGenerator();
-}
-
-// NOTE [random draws in row-major order]
-void check_row_major(const std::vector<int64_t>& shape, const std::vector<int64_t>& stride,
-                     const std::string& op) {
-  int64_t expected = 1, numel = 1;
-  for (const int64_t s : shape) numel *= s;
-  bool row_major = true;
-  for (size_t d = shape.size(); d-- > 0;) {
-    if (shape[d] == 1) continue;
-    if (d < stride.size() && stride[d] != expected) row_major = false;
-    expected *= shape[d];
-  }
-  if (row_major || numel <= 1) return;
-  throw Error(op + " on a distributed tensor of shape " + c10::str(c10::IntArrayRef(shape)) +
-              " whose strides " + c10::str(c10::IntArrayRef(stride)) +
-              " are not row-major: one device draws it in memory order, which the engine does "
-              "not replay; call .contiguous() on it first (NOTE [random draws in row-major "
-              "order])");
 }
 
 // NOTE [rank generators agree]
@@ -265,6 +247,70 @@ RandomFill like_fill(const std::string& op, const c10::IValue* args,
   return nullptr;
 }
 
+// NOTE [random draws in memory order]
+DrawLayout draw_layout(const std::vector<int64_t>& shape, const std::vector<int64_t>& stride,
+                       const LocalBox& box, const at::Tensor& piece, DrawOrder order,
+                       const std::string& op) {
+  const int64_t ndim = static_cast<int64_t>(shape.size());
+  std::vector<int64_t> perm(ndim);
+  std::iota(perm.begin(), perm.end(), 0);
+  // Dims of size 1 hold no order; the others by decreasing stride (stable: ties keep dim order).
+  std::stable_sort(perm.begin(), perm.end(), [&](int64_t a, int64_t b) {
+    const int64_t sa = shape[a] == 1 ? 0 : stride.at(a), sb = shape[b] == 1 ? 0 : stride.at(b);
+    return sa > sb;
+  });
+  bool row_major = true;
+  int64_t last = -1, numel = 1;
+  for (int64_t d = 0; d < ndim; ++d) {
+    numel *= shape[d];
+    if (shape[perm[d]] == 1) continue;
+    if (perm[d] < last) row_major = false;
+    last = perm[d];
+  }
+  // A contiguous tensor as ATen sees it (is_contiguous: size-1 dims' strides do not count).
+  bool contiguous = true;
+  int64_t expected = 1;
+  for (int64_t d = ndim; d-- > 0;) {
+    if (shape[d] == 1) continue;
+    if (stride.at(d) != expected) contiguous = false;
+    expected *= shape[d];
+  }
+  if (contiguous || numel <= 1) return {shape, box, piece, order};
+  static const std::set<std::string> memory_order = {"aten::uniform_",
+                                                     "aten::random_",
+                                                     "aten::random_.from",
+                                                     "aten::random_.to",
+                                                     "aten::rand_like",
+                                                     "aten::randint_like",
+                                                     "aten::randint_like.low_dtype",
+                                                     "aten::bernoulli_.float",
+                                                     "aten::bernoulli.p",
+                                                     "aten::exponential_",
+                                                     "aten::native_dropout",
+                                                     "aten::normal_",
+                                                     "aten::randn_like"};
+  bool ordered = memory_order.count(op) != 0;
+  for (int64_t d = 1; d < ndim && ordered; ++d) {
+    if (shape[perm[d - 1]] > 1 && shape[perm[d]] > 1 && stride[perm[d - 1]] == stride[perm[d]])
+      ordered = false;
+  }
+  if (!ordered) {
+    throw Error(op + " on a distributed tensor of shape " + c10::str(c10::IntArrayRef(shape)) +
+                " whose strides " + c10::str(c10::IntArrayRef(stride)) +
+                " are not contiguous: the engine replays one device's draw in memory order only "
+                "for the ops whose CPU kernels it checked; call .contiguous() on it first (NOTE "
+                "[random draws in memory order])");
+  }
+  DrawLayout out{{}, {}, row_major ? piece : piece.permute(perm), order};
+  for (const int64_t d : perm) {
+    out.shape.push_back(shape[d]);
+    out.box.shape.push_back(box.shape[d]);
+    out.box.offset.push_back(box.offset[d]);
+  }
+  if (order == DrawOrder::kNormalFill) out.order = DrawOrder::kSerialNormal;
+  return out;
+}
+
 void draw_box(const std::vector<int64_t>& global_shape, const LocalBox& box, DrawOrder order,
               const at::Generator& generator, const at::Tensor& piece, const RandomFill& fill) {
   TORCH_INTERNAL_ASSERT(piece.sizes().equals(box.shape), "draw_box: a piece of shape ",
@@ -289,7 +335,10 @@ void draw_box(const std::vector<int64_t>& global_shape, const LocalBox& box, Dra
   // Chunks are drawn on the generator's device and copied into the piece: a CUDA mesh's pieces
   // get the CPU generator's values (NOTE [random on a CUDA mesh] in random.h).
   const at::TensorOptions drawn_on = piece.options().device(generator.device());
-  const at::Tensor buffer = at::empty({chunk}, drawn_on);
+  // kSerialNormal: every other element of a buffer twice the chunk, which is not contiguous, so
+  // ATen's normal_ takes its serial path (NOTE [random draws in memory order]).
+  const int64_t step = order == DrawOrder::kSerialNormal ? 2 : 1;
+  const at::Tensor buffer = at::empty({chunk * step}, drawn_on).slice(0, 0, chunk * step, step);
   for (int64_t a = 0; a < end; a += chunk) {
     const int64_t n = std::min(chunk, end - a);
     const at::Tensor part = n == chunk ? buffer : buffer.narrow(0, 0, n);

@@ -91,14 +91,6 @@ at::Generator rank_generator();
 void check_generators_agree(const DeviceMesh& mesh, const at::Generator& generator,
                             const std::string& op);
 
-// NOTE [random draws in row-major order]: the replay draws the global tensor in row-major
-// (logical) order, which is one device's order for a contiguous tensor only: ATen fills a
-// tensor in memory order (a transposed one column by column), and its normal_ takes another
-// path for non-contiguous tensors. So a random op whose output's global strides are not
-// row-major (dims of size 1 aside) raises, naming the op and the strides, instead of returning
-// values one device would not give; .contiguous() first gives one device's values.
-void check_row_major(const std::vector<int64_t>& shape, const std::vector<int64_t>& stride,
-                     const std::string& op);
 // Runs `draw` (plain-tensor ATen calls only) so that an op with no generator argument
 // (rand_like, randn_like, randint_like) draws from rank_generator(): when that is not the process
 // default, the default generator takes its state for the call (under a process-wide lock, as
@@ -113,11 +105,12 @@ void set_random_chunk_elements(int64_t n);
 
 // How an ATen CPU random fill consumes the generator, which decides where a chunk may end.
 enum class DrawOrder {
-  kPerElement,  // one serial pass, a fixed number of draws per element: any boundary
-  kNormalFill,  // ATen's CPU normal_: blocks of 16 and a redrawn tail of 16
-  kWhole,       // unknown: the global tensor in one draw
+  kPerElement,    // one serial pass, a fixed number of draws per element: any boundary
+  kNormalFill,    // ATen's CPU normal_: blocks of 16 and a redrawn tail of 16
+  kWhole,         // unknown: the global tensor in one draw
+  kSerialNormal,  // ATen's CPU normal_ of a non-contiguous tensor: per element, serially
 };
-// The order of the ATen op `op` ("aten::normal_", "aten::rand_like", ...).
+// The order of the ATen op `op` ("aten::normal_", "aten::rand_like", ...) on a contiguous tensor.
 DrawOrder draw_order_of(const std::string& op);
 
 // A chunk's fill for a random op given the fill of a 1-D buffer (see draw_box).
@@ -140,5 +133,28 @@ RandomFill like_fill(const std::string& op, const c10::IValue* args,
 // uniforms from it). At most random_chunk_elements() global elements are drawn at once.
 void draw_box(const std::vector<int64_t>& global_shape, const LocalBox& box, DrawOrder order,
               const at::Generator& generator, const at::Tensor& piece, const RandomFill& fill);
+
+// NOTE [random draws in memory order]: ATen fills a tensor in memory order (TensorIterator
+// walks dims by decreasing stride: a transposed tensor column by column), and its normal_ takes
+// a serial path for a non-contiguous tensor (normal_distribution<double> per element, the second
+// Box-Muller value cached in the generator) instead of the blocks of 16. So the replay of a
+// random op whose output's global strides are not row-major draws the global tensor in memory
+// order: a contiguous tensor of the dims sorted by stride, its box and the piece permuted alike,
+// normal_ and randn_like through that serial path (kSerialNormal: each chunk a strided 1-D
+// buffer, which ATen fills serially; the cache carries over chunks in the generator). Checked
+// against torch 2.11's CPU kernels for uniform_, normal_, bernoulli_, exponential_, random_,
+// rand_like, randn_like, dropout (python/random_ranks_test.py). An op of kWhole order that is
+// not among them, or strides that do not order the dims (two dims of size > 1 with one
+// stride), raises, naming the op and the strides; .contiguous() first gives one device's values.
+// (Before, dropout of a transposed distributed tensor gave other values than one device's.)
+struct DrawLayout {
+  std::vector<int64_t> shape;  // the global shape the replay draws (dims in memory order)
+  LocalBox box;                // this rank's box of it
+  at::Tensor piece;            // the piece, viewed with its dims in that order
+  DrawOrder order;
+};
+DrawLayout draw_layout(const std::vector<int64_t>& shape, const std::vector<int64_t>& stride,
+                       const LocalBox& box, const at::Tensor& piece, DrawOrder order,
+                       const std::string& op);
 
 }  // namespace dtensor

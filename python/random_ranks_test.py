@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import dtensor
-from dtensor import Replicate, distribute_tensor
+from dtensor import Replicate, Shard, distribute_tensor
 from launch_ranks import run_on_ranks
 
 
@@ -68,24 +68,51 @@ def test_processes_seeded_differently_fail_at_the_next_collective(seeds, tmp_pat
     assert out.count("raised") == (0 if seeds == "alike" else 2), out
 
 
-@pytest.mark.parametrize("op", ["dropout", "uniform_", "rand_like"])
-def test_random_op_on_a_non_row_major_tensor_raises(op):
-    """NOTE [random draws in row-major order]: one device fills a transposed tensor in memory
-    order; the engine's replay is row-major, so dropout of a transposed distributed tensor gave
-    other values than one device's, silently. It raises; .contiguous() first gives one device's
-    values."""
-    torch.manual_seed(7)
-    ref = F.dropout(torch.ones(3, 4).t().contiguous(), 0.5)
+_MEMORY_ORDER_OPS = {
+    "uniform_": lambda t: t.uniform_(-1, 2),
+    "normal_": lambda t: t.normal_(0.5, 2.0),
+    "bernoulli_": lambda t: t.bernoulli_(0.3),
+    "exponential_": lambda t: t.exponential_(),
+    "random_": lambda t: t.random_(0, 50),
+    "rand_like": lambda t: torch.rand_like(t),
+    "randn_like": lambda t: torch.randn_like(t),
+    "bernoulli.p": lambda t: torch.bernoulli(t, 0.4),
+    "dropout": lambda t: F.dropout(t.fill_(1.0), 0.5),
+}
+
+
+@pytest.mark.parametrize("chunk", ["1M", "7"])
+@pytest.mark.parametrize("op", sorted(_MEMORY_ORDER_OPS))
+def test_random_op_on_a_non_contiguous_tensor_matches_one_device(op, chunk, monkeypatch):
+    """NOTE [random draws in memory order]: one device fills a transposed tensor in memory order
+    (normal_ by its serial path); the replay draws in that order too. Before, dropout of a
+    transposed distributed tensor gave other values than one device's (then it raised)."""
+    if chunk != "1M":
+        monkeypatch.setenv("DTENSOR_RANDOM_CHUNK", chunk)  # many chunks, odd boundaries
+    f = _MEMORY_ORDER_OPS[op]
+    # (global shape, permutation giving the non-contiguous view, placements on a 2x2 mesh)
+    cases = [((5, 7), (1, 0), [Shard(0), Shard(1)]), ((5, 7), (1, 0), [Replicate(), Shard(0)]),
+             ((3, 4, 6), (2, 0, 1), [Shard(1), Shard(2)]), ((3, 4, 6), (0, 2, 1), [Shard(0), Replicate()]),
+             ((4, 1, 9), (2, 1, 0), [Shard(2), Shard(0)])]
+    refs = []
+    for shape, perm, _ in cases:
+        torch.manual_seed(11)
+        base = torch.zeros([shape[p] for p in perm]).permute(sorted(range(len(perm)), key=lambda d: perm[d]))
+        assert not base.is_contiguous() and list(base.shape) == list(shape)
+        refs.append(f(base))
 
     def fn(rank):
-        mesh = dtensor.init_device_mesh("cpu", (2,))
-        dtensor.manual_seed(7)
-        x = distribute_tensor(torch.ones(3, 4), mesh, [dtensor.Shard(0)]).t()
-        with pytest.raises(RuntimeError, match="row-major"):
-            {"dropout": lambda: F.dropout(x, 0.5), "uniform_": lambda: x.uniform_(),
-             "rand_like": lambda: torch.rand_like(x)}[op]()
-        dtensor.manual_seed(7)
-        return F.dropout(x.contiguous(), 0.5).full_tensor()
+        mesh = dtensor.init_device_mesh("cpu", (2, 2))
+        out = []
+        for shape, perm, placements in cases:
+            inv = sorted(range(len(perm)), key=lambda d: perm[d])
+            x = distribute_tensor(torch.zeros([shape[p] for p in perm]), mesh, placements).permute(inv)
+            assert not x.is_contiguous() and list(x.shape) == list(shape)
+            dtensor.manual_seed(11)
+            out.append(f(x).full_tensor())
+        return out
 
-    for got in dtensor.run_threads(2, fn):
-        torch.testing.assert_close(got, ref)
+    for got in dtensor.run_threads(4, fn):
+        for g, want in zip(got, refs):
+            assert torch.equal(g, want), (op, g, want)
+
