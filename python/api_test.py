@@ -451,7 +451,7 @@ rows = [dist.new_group([0, 1]), dist.new_group([2, 3])]
 dp, tp = columns[rank % 2], rows[rank // 2]
 mesh = DeviceMesh.from_group([dp, tp], "cpu", mesh=layout, mesh_dim_names=("dp", "tp"))
 assert mesh.shape == (2, 2) and mesh.mesh_dim_names == ("dp", "tp")
-assert mesh.get_coordinate() == [rank // 2, rank % 2]
+assert mesh.get_coordinate() == (rank // 2, rank % 2)
 torch.manual_seed(0)
 a, b = torch.randn(8, 6), torch.randn(6, 4)
 da = distribute_tensor(a, mesh, [Shard(0), Shard(1)])

@@ -47,6 +47,14 @@ wrapped ones fall through to torch's own. Removing any of these would change the
   distributed tensor has none of, so ``copy.deepcopy(model)`` and
   ``optimizer.load_state_dict`` (which deep-copies the state) raised on distributed state.
 
+- ``torch.Tensor.__reduce_ex__``: a distributed tensor pickles (``pickle``, ``torch.save``) as its
+  local piece and its spec (mesh, placements, global shape and stride), and unpickles on the same
+  rank of the same job; plain tensors go to torch's own. Reason: torch pickles a tensor through
+  its storage, which a distributed tensor has none of; PyTorch's DTensor pickles. The rebuild
+  function, DeviceMesh and the placement classes are also added to
+  ``torch.serialization.add_safe_globals`` (the documented allowlist), so that ``torch.load``'s
+  default ``weights_only=True`` loads them, as it loads PyTorch's DTensors.
+
 - ``torch.distributed.Backend.DTENSOR``: the backend name "dtensor", registered through
   ``Backend.register_backend`` (PyTorch's API for third-party backends), so that
   ``init_process_group(backend="dtensor")`` runs torch.distributed's collectives on the engine
@@ -86,6 +94,7 @@ from dtensor import _c10d_backend
 from dtensor import _functional_collectives  # noqa: F401
 from dtensor import checkpoint  # noqa: F401
 from dtensor import debug  # noqa: F401
+from dtensor import random  # noqa: F401
 from dtensor import symmetric_memory  # noqa: F401
 from dtensor._api import (
     DTensor,
@@ -100,6 +109,7 @@ from dtensor._api import (
 )
 from dtensor.device_mesh import DeviceMesh, init_device_mesh
 from dtensor.placement_types import Partial, Placement, Replicate, Shard
+from dtensor.random import manual_seed
 
 _c10d_backend.register()  # torch.distributed's backend "dtensor" (NOTE [dtensor c10d backend])
 
@@ -126,13 +136,6 @@ __all__ = [
     "strict_mode",
     "zeros",
 ]
-
-
-def manual_seed(seed):
-    """Seeds this rank's generator for random ops on distributed tensors (needed when ranks are
-    threads; in a process per rank, torch.manual_seed does it)."""
-    _C.seed_process_default(seed)  # torch.manual_seed, never amid another thread rank's draw
-    _C.manual_seed(seed)
 
 
 class _Guard:

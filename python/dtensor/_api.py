@@ -8,12 +8,15 @@ optimizers go straight from torch's bindings into the C++ engine with no Python 
 clear error on a plain tensor.
 """
 
+import inspect
+import warnings
+
 import torch
 
 from dtensor import _C
 from dtensor.device_mesh import DeviceMesh, _current_mesh_or, _ensure_context
-from dtensor.placement_types import (Placement, Replicate, _from_c, _split_strided, _to_c_list,
-                                     _with_strided)
+from dtensor.placement_types import (Partial, Placement, Replicate, Shard, _from_c,
+                                     _split_strided, _StridedShard, _to_c_list, _with_strided)
 
 __all__ = [
     "DTensor",
@@ -219,6 +222,40 @@ def _deepcopy(self, memo):
     return new
 
 
+_plain_reduce_ex = torch.Tensor.__reduce_ex__
+
+
+def _reduce_ex(self, proto):
+    """NOTE [pickling distributed tensors]: as PyTorch's DTensor, a distributed tensor pickles
+    (pickle, torch.save) as its local piece plus its spec: mesh (NOTE [pickling meshes]),
+    placements, global shape and stride, and requires_grad; it unpickles on the same rank of the
+    same job. Plain tensors go to torch's own."""
+    if not _C.is_dtensor(self):
+        return _plain_reduce_ex(self, proto)
+    with torch.no_grad():
+        local = _C.to_local(self, None).detach()
+    return (_rebuild_dtensor, (local, _mesh_of(self), _placements(self), tuple(self.shape),
+                               tuple(self.stride()), self.requires_grad))
+
+
+def _rebuild_dtensor(local, device_mesh, placements, shape, stride, requires_grad):
+    t = DTensor.from_local(local, device_mesh, placements, shape=shape, stride=stride)
+    return _make_leaf(t) if requires_grad else t
+
+
+def _make_leaf(t):
+    """``t`` requiring grad, a leaf as distribute_tensor makes: its gradient keeps its layout,
+    but for Partial, where (as PyTorch's) it comes as autograd made it (Replicate)."""
+    t.requires_grad_()
+    if not any(p.is_partial() for p in _placements(t)):
+        _C.keep_grad_layout(t)
+    return t
+
+
+# torch.load's default (weights_only=True) loads distributed tensors too, as PyTorch's.
+torch.serialization.add_safe_globals([_rebuild_dtensor, DeviceMesh, Shard, _StridedShard,
+                                      Replicate, Partial])
+
 # The package's only global patches of torch; each is listed with its reason in the docstring of
 # dtensor/__init__.py (keep that list in step with these lines).
 torch.nn.Parameter.__new__ = staticmethod(_parameter)
@@ -229,15 +266,19 @@ torch.Tensor.placements = property(_placements)
 torch.Tensor.device_mesh = property(_mesh_of)
 torch.Tensor.__repr__ = _repr
 torch.Tensor.__deepcopy__ = _deepcopy
+torch.Tensor.__reduce_ex__ = _reduce_ex
 
 
 def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_rank=0):
     """Lays ``tensor`` out on ``device_mesh``. ``src_data_rank=None``: every rank passes the same
     data and keeps its piece (no communication); k (0 by default): the data of the rank at mesh
     coordinate (k, ..., k) is scattered to the others. That is PyTorch's meaning: k is a group
-    rank, the source on every mesh dim in turn, so on a 1-D mesh the mesh's k-th rank."""
+    rank, the source on every mesh dim in turn, so on a 1-D mesh the mesh's k-th rank. On a
+    Partial mesh dim each rank gets a share of the value (NOTE [distributing Partial])."""
     device_mesh = _current_mesh_or(device_mesh, "distribute_tensor")
     c_pl = _check_mesh(device_mesh, placements, tensor.dim())
+    if placements is not None and any(isinstance(p, Partial) for p in placements):
+        return _distribute_partial(tensor, device_mesh, list(placements), src_data_rank)
     src = None
     if src_data_rank is not None:
         # A group rank on each mesh dim, not a global rank (on a 2x2 mesh, 1 is coordinate
@@ -253,18 +294,63 @@ def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_ran
     return _C.distribute_tensor(tensor, device_mesh._mesh, c_pl, src)
 
 
+def _distribute_partial(tensor, device_mesh, placements, src_data_rank):
+    """NOTE [distributing Partial]: PyTorch 2.11 distributes a value as Partial by replicating
+    it, then on each Partial mesh dim of n ranks keeps shares that reduce to it: value / n for
+    "sum", the value itself for "avg", "min" and "max"; other reduce ops raise ValueError, and
+    so do mixed reduce ops other than sum with avg. Done here the same way: Replicate on those
+    dims, then the shares are wrapped with from_local."""
+    ops = {p.reduce_op for p in placements if isinstance(p, Partial)}
+    if len(ops) > 1 and ops != {"sum", "avg"}:
+        raise ValueError(f"Mixed Partial reduce types are not supported in the same placement "
+                         f"list. Found reduce ops: {ops}. Please ensure all Partial placements "
+                         f"use the same reduce operation.")
+    unsupported = sorted(ops - {"sum", "avg", "min", "max"})
+    if unsupported:
+        raise ValueError(f"Replicate to Partial({unsupported[0]}) conversion is not supported.")
+    replicated = [Replicate() if isinstance(p, Partial) else p for p in placements]
+    with torch.no_grad():
+        d = distribute_tensor(tensor.detach(), device_mesh, replicated,
+                              src_data_rank=src_data_rank)
+        local = _C.to_local(d, None)
+        for m, p in enumerate(placements):
+            if isinstance(p, Partial) and p.reduce_op == "sum":
+                local = local / device_mesh.size(m)
+    out = DTensor.from_local(local, device_mesh, placements, shape=d.shape, stride=d.stride())
+    return _make_leaf(out) if tensor.requires_grad else out
+
+
+def _hook_fn(fn, what):
+    """PyTorch's check of an input_fn / output_fn: (module, x, mesh), or the deprecated
+    (x, mesh) with a FutureWarning; another arity raises ValueError."""
+    n = len(inspect.signature(fn).parameters)
+    if n == 2:
+        warnings.warn(f"Deprecating {what} that takes two arguments (inputs, device_mesh), please "
+                      f"use {what} that takes in (module, inputs, device_mesh) instead!",
+                      FutureWarning, stacklevel=3)
+        return lambda mod, x, mesh: fn(x, mesh)
+    if n != 3:
+        raise ValueError(f"{what} should take in 3 arguments, but got {n} arguments!")
+    return fn
+
+
 def distribute_module(module, device_mesh=None, partition_fn=None, input_fn=None,
                       output_fn=None):
     """PyTorch's: distributes ``module``'s parameters with ``partition_fn(name, module, mesh)``
     (called on every submodule), then replicates every parameter and buffer still plain
     (broadcast from the mesh's first rank; with no ``partition_fn`` that is all of them), and
-    installs ``input_fn(module, inputs, mesh)`` / ``output_fn(module, outputs, mesh)`` hooks.
-    A module may be distributed once; a second call raises RuntimeError, as PyTorch's."""
+    installs ``input_fn(module, inputs, mesh)`` / ``output_fn(module, outputs, mesh)`` hooks
+    (PyTorch's deprecated ``fn(inputs, mesh)`` works too, with a FutureWarning). A module may be
+    distributed once; a second call raises RuntimeError, as PyTorch's."""
     device_mesh = _current_mesh_or(device_mesh, "distribute_module")
     if getattr(module, "_distribute_module_applied", False):
         raise RuntimeError("distribute_module should only be called once on a module, but it "
                            "has already been called on this module!")
     replicate = [Replicate()] * device_mesh.ndim
+    if input_fn is not None:
+        input_fn = _hook_fn(input_fn, "input_fn")
+    if output_fn is not None:
+        output_fn = _hook_fn(output_fn, "output_fn")
 
     def replicate_rest(mod):
         for key, p in list(mod._parameters.items()):

@@ -2,6 +2,7 @@
 
 import os
 import threading
+import warnings
 
 import torch
 
@@ -82,6 +83,9 @@ class _MeshResources(threading.local):
         # _mesh_resources.get_root_mesh; per thread, so a rank never reaches another rank's (or
         # an earlier job's) mesh objects.
         self.roots = {}
+        # Root C++ mesh -> {flattened dim name: (the root's dim names it merges, its mesh)}, as
+        # PyTorch's root_mesh._flatten_mapping (NOTE [flattened dims]).
+        self.flattened = {}
 
     def get_current_mesh(self):
         if not self.mesh_stack:
@@ -225,26 +229,81 @@ class DeviceMesh:
 
     def __getitem__(self, names):
         """The sub-mesh over the named dim(s) that holds this rank (``mesh["tp"]``,
-        ``mesh["dp", "tp"]``), as PyTorch's DeviceMesh slicing."""
+        ``mesh["dp", "tp"]``), as PyTorch's DeviceMesh slicing; a name made by ``_flatten`` on
+        a slice of this mesh's root reaches the flattened dim (``mesh["dp_tp"]``)."""
         if isinstance(names, str):
             names = (names,)
         if not self.mesh_dim_names:
             raise KeyError("DeviceMesh: this mesh has no dim names; pass mesh_dim_names")
+        root = _root_mesh(self)
+        flat = _mesh_resources.flattened.get(root._mesh, {})
+        c_mesh, merged = self._mesh, []
         for n in names:
-            if n not in self.mesh_dim_names:
+            if n in self.mesh_dim_names:
+                merged.append(n)
+                continue
+            if n not in flat or not set(flat[n][0]) <= set(self.mesh_dim_names):
                 raise KeyError(f"DeviceMesh: no dim named {n!r} in {self.mesh_dim_names}")
-        sub = self._mesh.submesh(list(names), _C.rank())
+            # NOTE [flattened dims]: the flattened dim is made again from this mesh's own dims
+            # (the same ranks as _flatten gave); PyTorch 2.11 warns on this path.
+            warnings.warn("Slicing a flattened dim from root mesh will be deprecated in PT 2.11. "
+                          "Users need to bookkeep the flattened mesh directly. ", stacklevel=2)
+            merged.extend(flat[n][0])
+            c_mesh = c_mesh.flatten(list(flat[n][0]), n)
+        if len(set(merged)) != len(merged):
+            raise RuntimeError(f"Slicing overlapping dim_names {tuple(names)} is not allowed.")
+        sub = c_mesh.submesh(list(names), _C.rank())
         _C.context_register_mesh(sub)
         # The mesh a slice came from, as PyTorch's _mesh_resources.get_root_mesh (FSDP over TP
         # lays its parameters out on the root's (dp, tp) dims).
-        _mesh_resources.roots[sub] = _root_mesh(self)
+        _mesh_resources.roots[sub] = root
         return DeviceMesh._wrap(sub, self.device_type)
+
+    def _flatten(self, mesh_dim_name=None, backend_override=None):
+        """PyTorch's: the 1-D mesh over this mesh's ranks (dims merged major to minor) named
+        ``mesh_dim_name`` (default: the dim names joined by "_"); afterwards the root mesh this
+        one was sliced from reaches it by that name (``root["dp_tp"]``).
+
+        NOTE [flattened dims]: the engine's C++ mesh does the merge (``DeviceMesh.flatten``);
+        the name is kept per thread for the root (``_mesh_resources.flattened``), as PyTorch's
+        root_mesh._flatten_mapping: a name may be made again only over the same dims. Groups are
+        named by their ranks, so the flattened dim shares the communicator of any group over
+        the same ranks and nothing collective happens here."""
+        if not self.mesh_dim_names:
+            raise RuntimeError("Cannot flatten a DeviceMesh without mesh_dim_names!")
+        if backend_override is not None:
+            raise NotImplementedError("DeviceMesh._flatten: backend_override is not supported; the "
+                                      "flattened dim runs on the mesh's own backend")
+        name = mesh_dim_name or "_".join(self.mesh_dim_names)
+        if self.ndim == 1 and name in self.mesh_dim_names:
+            return self
+        root = _root_mesh(self)
+        if name in (root.mesh_dim_names or ()):
+            raise ValueError(f"{name} already exists for submesh of the {root}. The "
+                             f"mesh_dim_names of submesh and flattened mesh are "
+                             f"{root.mesh_dim_names}. Please specify another valid "
+                             f"mesh_dim_name.")
+        flat = _mesh_resources.flattened.setdefault(root._mesh, {})
+        dims = tuple(d for n in self.mesh_dim_names for d in (flat[n][0] if n in flat else (n,)))
+        if name in flat:
+            if flat[name][0] != dims:
+                raise ValueError(f"Flatten mesh with mesh_dim_name {name} has been created "
+                                 f"before, Please specify another valid mesh_dim_name.")
+            return flat[name][1]
+        c_mesh = self._mesh.flatten(list(self.mesh_dim_names), name)
+        _C.context_register_mesh(c_mesh)
+        _mesh_resources.roots[c_mesh] = root
+        flat[name] = (dims, DeviceMesh._wrap(c_mesh, self.device_type))
+        return flat[name][1]
 
     def get_rank(self):
         return _C.rank()
 
     def get_coordinate(self):
-        return self._mesh.coordinate(_C.rank())
+        """This rank's index along every mesh dim, a tuple (None when the rank is not in the
+        mesh), as PyTorch's."""
+        coordinate = self._mesh.coordinate(_C.rank())
+        return None if coordinate is None else tuple(coordinate)
 
     def get_group(self, mesh_dim=None):
         """The ``torch.distributed.ProcessGroup`` of ``mesh_dim`` (an int or a dim name; may be
@@ -295,6 +354,21 @@ class DeviceMesh:
 
     def __eq__(self, other):
         return isinstance(other, DeviceMesh) and self._mesh == other._mesh
+
+    # NOTE [pickling meshes]: as PyTorch's, a mesh pickles its device type, rank layout and dim
+    # names (and the root it was sliced from); unpickling builds it again on the calling rank of
+    # the same job (registering its groups is local: nothing collective). Groups are named by
+    # their ranks, so it finds the groups already registered (a from_group mesh's too).
+    def __getstate__(self):
+        root = _root_mesh(self)
+        return {"device_type": self.device_type, "mesh": self.mesh,
+                "mesh_dim_names": self.mesh_dim_names,
+                "root": None if root._mesh == self._mesh else root}
+
+    def __setstate__(self, state):
+        self.__init__(state["device_type"], state["mesh"], mesh_dim_names=state["mesh_dim_names"])
+        if state.get("root") is not None:
+            _mesh_resources.roots[self._mesh] = state["root"]
 
     def __hash__(self):
         return hash(self._mesh)
