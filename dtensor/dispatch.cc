@@ -460,6 +460,7 @@ void kernel_body(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     return;
   }
   if (entry_of(info) == nullptr) {
+    if (run_in_place_view(info, stack, n, originals)) return;
     run_fallback(op, info, stack, args, n, inputs, originals);
     return;
   }

@@ -310,6 +310,43 @@ void run_in_place_by_copy(const c10::OperatorHandle& op, const OpInfo& info,
   stack->emplace_back(std::move(self));
 }
 
+// NOTE [in-place view ops]: t_, transpose_, unsqueeze_ and squeeze_ (swapdims_ and swapaxes_
+// decompose to transpose_) change self's shape and strides, not its values. With no rule they
+// went by the replicate fallback, which gathered self and left it Replicate (every rank then
+// held the whole tensor). Here the view op (t, transpose.int, unsqueeze, squeeze.*) runs on
+// self and self takes its result, piece and layout: t_ of a Shard(0) matrix is Shard(1), with no
+// communication. (PyTorch's DTensor does so for squeeze_.dim and raises for the others.)
+bool run_in_place_view(const OpInfo& info, torch::jit::Stack* stack, size_t n,
+                       const c10::SmallVector<at::Tensor, 8>& originals) {
+  static const std::map<std::string, std::pair<const char*, const char*>> kViews = {
+      {"aten::t_", {"aten::t", ""}},
+      {"aten::transpose_", {"aten::transpose", "int"}},
+      {"aten::swapdims_", {"aten::transpose", "int"}},
+      {"aten::swapaxes_", {"aten::transpose", "int"}},
+      {"aten::unsqueeze_", {"aten::unsqueeze", ""}},
+      {"aten::squeeze_", {"aten::squeeze", ""}},
+      {"aten::squeeze_.dim", {"aten::squeeze", "dim"}},
+      {"aten::squeeze_.dims", {"aten::squeeze", "dims"}}};
+  const auto it = kViews.find(info.name);
+  if (it == kViews.end() || !originals[0].defined() || !is_dtensor(originals[0])) return false;
+  const auto view = c10::Dispatcher::singleton().findSchema({it->second.first, it->second.second});
+  if (!view) return false;
+  at::Tensor self = originals[0];
+  DTensorImpl* impl = dtensor_impl(self);
+  DTENSOR_CHECK(impl->detached_view_of().empty(), info.name, " on a result of ",
+                impl->detached_view_of(),
+                " that is a view of a gathered copy; redistribute its input first");
+  // Below autograd: the in-place op's own autograd kernel has recorded the call already.
+  at::AutoDispatchBelowADInplaceOrView below;
+  torch::jit::Stack call(stack->end() - static_cast<std::ptrdiff_t>(n), stack->end());
+  view->callBoxed(&call);
+  const at::Tensor result = call.back().toTensor();
+  impl->set(local_of(result, info.name.c_str()), spec_of(result, info.name.c_str()));
+  torch::jit::drop(*stack, n);
+  stack->emplace_back(std::move(self));
+  return true;
+}
+
 }  // namespace dispatch_detail
 
 std::map<std::string, int64_t> fallback_counts() {

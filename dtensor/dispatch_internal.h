@@ -104,4 +104,10 @@ void run_in_place_by_copy(const c10::OperatorHandle& op, const OpInfo& info,
                           torch::jit::Stack* stack, size_t n,
                           const c10::SmallVector<at::Tensor, 8>& originals);
 
+// NOTE [in-place view ops] (dispatch_fallback.cc): t_, transpose_, unsqueeze_, squeeze_ (and
+// what decomposes to them) run as their view op on self, whose layout self then takes; false
+// for other ops.
+bool run_in_place_view(const OpInfo& info, torch::jit::Stack* stack, size_t n,
+                       const c10::SmallVector<at::Tensor, 8>& originals);
+
 }  // namespace dtensor::dispatch_detail

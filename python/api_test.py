@@ -638,3 +638,41 @@ def test_from_local_of_a_transposed_piece_keeps_its_strides(mesh_shape):
         return True
 
     assert all(dtensor.run_threads(n, fn))
+
+
+@pytest.mark.parametrize("op", ["t_", "transpose_", "swapdims_", "unsqueeze_", "squeeze_",
+                                "squeeze_dim"])
+def test_in_place_view_ops_keep_the_sharding(op):
+    """NOTE [in-place view ops]: t_, transpose_, unsqueeze_, squeeze_ change self's layout as
+    their view ops would (t_ of Shard(0) is Shard(1)) with no communication; before, the
+    replicate fallback gathered self and left it Replicate. Values and gradients equal one
+    device's."""
+    fns = {"t_": lambda t: t.t_(), "transpose_": lambda t: t.transpose_(0, 1),
+           "swapdims_": lambda t: t.swapdims_(1, 0), "unsqueeze_": lambda t: t.unsqueeze_(1),
+           "squeeze_": lambda t: t.unsqueeze_(0).squeeze_(), "squeeze_dim": lambda t: t.unsqueeze_(2).squeeze_(2)}
+    f = fns[op]
+    g = torch.randn(6, 4, dtype=torch.float64)
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (2,))
+        for p in [Shard(0), Shard(1)]:
+            x = distribute_tensor(g, mesh, [p])
+            ref = g.clone()
+            with CommDebugMode() as comm:
+                y = f(x)
+            assert y is x and comm.get_total_counts() == 0, (op, p, comm.get_comm_counts())
+            assert x.placements[0].is_shard(), (op, p, x.placements)
+            assert torch.equal(x.full_tensor(), f(ref))
+            # Through autograd, on a non-leaf.
+            w = distribute_tensor(g, mesh, [p]).requires_grad_()
+            h = w * 3
+            f(h)
+            (h * h).sum().backward()
+            wr = g.clone().requires_grad_()
+            hr = wr * 3
+            f(hr)
+            (hr * hr).sum().backward()
+            torch.testing.assert_close(w.grad.full_tensor(), wr.grad)
+        return True
+
+    assert all(dtensor.run_threads(2, fn))
