@@ -60,10 +60,6 @@ EXPECTED_FAILURES = {
         "a sparse CSR input: distributed tensors are strided (Sparse CSR tensors do not have strides)",
     "to_sparse":
         "its result is a sparse tensor: distributed tensors are strided (Cannot access storage of SparseTensorImpl)",
-    "_unsafe_masked_index":
-        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::_unsafe_masked_index as 'self' [5, 5] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
-    "_unsafe_masked_index_put_accumulate":
-        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::_unsafe_masked_index_put_accumulate as 'self' [5, 5] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
     "nn.functional.scaled_dot_product_attention":
         "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::add_.Tensor as 'other' [3, 6] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too; torch 2.x's math attention builds its bias as a plain tensor)",
     "as_strided.partial_views":
@@ -85,10 +81,6 @@ _SIZE_ONE = (
 )
 _AS_STRIDED = (
     "uses aten::as_strided_, refused on distributed tensors (no single storage to address)"
-)
-_OWN_PLAIN = (
-    "the OpInfo's in-place variant writes into a plain tensor it makes itself, mixed with "
-    "distributed ones: refused with an error naming the argument"
 )
 
 INPLACE_EXPECTED_FAILURES = {
@@ -119,7 +111,6 @@ INPLACE_EXPECTED_FAILURES = {
     "square": _SIZE_ONE,
     "index_fill": _SIZE_ONE,
     "index_copy": _SIZE_ONE,
-    "index_put": _OWN_PLAIN,
     "fill": _SIZE_ONE,
     "sigmoid": _SIZE_ONE,
     "digamma": _SIZE_ONE,
