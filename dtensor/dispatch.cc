@@ -288,6 +288,22 @@ const at::Tensor* view_base(const OpInfo& info, size_t j,
   return nullptr;
 }
 
+// NOTE [views of gathered copies]: a view that needed its input redistributed (x[1:3] across
+// the pieces of a Shard(0) x) views a gathered copy, not x. Two things would go silently wrong,
+// and both raise instead: a write into it (or into a view of it, which inherits the mark:
+// x.view(-1)[0].fill_) would not reach x, so the dispatcher refuses it; and after x (or any view
+// sharing x's version counter) is written in place, the copy still holds the old values, so
+// reading it raises (DTensorImpl::ready_local compares x's version with the one at the copy).
+// Before, both returned other values than one device's. detached_base_of: the mark a view
+// inherits from its input, empty when the input is not marked.
+std::string detached_base_of(const OpInfo& info, size_t j,
+                             const c10::SmallVector<at::Tensor, 8>& originals) {
+  const at::Tensor* base = view_base(info, j, originals);
+  if (base == nullptr) return {};
+  const DTensorImpl* impl = dtensor_impl(*base);
+  return impl == nullptr ? std::string() : impl->detached_view_of();
+}
+
 // item(): every rank reads the whole value.
 void run_replicated(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
                     c10::IValue* args, const Input& in) {
@@ -413,17 +429,27 @@ void wrap_returns(const OpInfo& info, const c10::FunctionSchema& schema,
       } else if (r.toTensor().defined()) {
         r = wrap(info.name, r.toTensor(), s.outputs.at(o), view_base(info, j, originals));
         // A view of a redistributed input views the moved copy: writes into it would be lost.
-        if (info.returns_view[j] && s.needs_redistribute())
-          dtensor_impl(r.toTensor())->set_detached_view_of(info.name);
+        if (info.returns_view[j] && s.needs_redistribute()) {
+          dtensor_impl(r.toTensor())
+              ->set_detached_view_of(info.name, *view_base(info, j, originals));
+        } else if (std::string of = detached_base_of(info, j, originals); !of.empty()) {
+          dtensor_impl(r.toTensor())
+              ->set_detached_view_of(std::move(of), *view_base(info, j, originals));
+        }
       }
     } else if (r.isTensorList()) {
       c10::List<at::Tensor> pieces = r.toTensorList();
       c10::List<at::Tensor> wrapped;
       const bool detached = info.returns_view[j] && s.needs_redistribute();
+      const std::string inherited = detached_base_of(info, j, originals);
       for (size_t k = 0; k < pieces.size(); ++k) {
         at::Tensor w =
             wrap(info.name, pieces.get(k), s.outputs.at(next++), view_base(info, j, originals));
-        if (detached) dtensor_impl(w)->set_detached_view_of(info.name);
+        if (detached) {
+          dtensor_impl(w)->set_detached_view_of(info.name, *view_base(info, j, originals));
+        } else if (!inherited.empty()) {
+          dtensor_impl(w)->set_detached_view_of(inherited, *view_base(info, j, originals));
+        }
         wrapped.push_back(std::move(w));
       }
       r = std::move(wrapped);

@@ -81,22 +81,29 @@ std::vector<int> fallback_written_args(const OpInfo& info, const c10::FunctionSc
   return written;
 }
 
-// After the call: a written distributed argument that kept its shape and dtype and was Shard or
-// Replicate takes back its box of the written whole, so it keeps its layout (and its pieces stay
-// shared with any tensor they alias). One that was Partial, or that the op resized (squeeze_,
-// resize_, transpose_), becomes Replicate holding the written whole: the same global values,
-// a new layout.
+// After the call: a written distributed argument that kept its shape and dtype takes back its
+// box of the written whole, so it keeps its layout and its pieces stay shared with any tensor
+// they alias; a Partial one takes its share of the box (the value on the first rank of a
+// Partial(sum) mesh dim and zeros on the others; the value on each of an avg/max/min one).
+// Before, a Partial one became Replicate with new storage, which broke its aliasing: a write
+// into a view of a Partial tensor (p[1:3] = 5) never reached p, and views of a Partial tensor
+// written in place kept the old values, silently. One that the op resized (resize_) becomes
+// Replicate holding the written whole: the same global values, a new layout.
 void write_back_one(const at::Tensor& original, const at::Tensor& whole) {
   DTensorImpl* impl = dtensor_impl(original);
   const DTensorSpec spec = impl->spec();
-  if (spec.has_partial() || whole.sizes().vec() != spec.shape() ||
-      whole.scalar_type() != spec.meta().dtype) {
+  if (whole.sizes().vec() != spec.shape() || whole.scalar_type() != spec.meta().dtype) {
     impl->set(whole, DTensorSpec::replicated(spec.mesh(), meta_of(whole)));
     return;
   }
   const at::Tensor piece = impl->ready_local();
-  if (!piece.is_same(whole))
-    piece.copy_(slice_box(whole, local_box(spec, my_coordinate(spec.mesh()))));
+  if (piece.is_same(whole)) return;
+  const std::vector<int64_t>& coord = my_coordinate(spec.mesh());
+  if (spec.has_partial()) {
+    piece.copy_(local_tensor_for(whole, spec, coord));
+  } else {
+    piece.copy_(slice_box(whole, local_box(spec, coord)));
+  }
 }
 
 void write_back(const std::vector<int>& written, const c10::SmallVector<at::Tensor, 8>& originals,
@@ -190,9 +197,23 @@ void wrap_fallback_returns(const OpInfo& info, size_t returns, const DeviceMesh&
                            bool gathered, const c10::SmallVector<at::Tensor, 8>& originals,
                            torch::jit::Stack* stack) {
   c10::IValue* rets = &(*stack)[stack->size() - returns];
+  // NOTE [views of gathered copies] (dispatch.cc): a view of an input that is itself a view of a
+  // gathered copy inherits its mark.
+  std::string inherited;
+  at::Tensor base;
+  for (const at::Tensor& t : originals) {
+    if (!t.defined()) continue;
+    base = t;
+    if (const DTensorImpl* impl = dtensor_impl(t)) inherited = impl->detached_view_of();
+    break;
+  }
   auto wrap_whole = [&](const at::Tensor& t, size_t j) {
     at::Tensor w = make_dtensor(t, DTensorSpec::replicated(mesh, meta_of(t)));
-    if (info.returns_view[j] && gathered) dtensor_impl(w)->set_detached_view_of(info.name);
+    if (info.returns_view[j] && gathered) {
+      dtensor_impl(w)->set_detached_view_of(info.name, base);
+    } else if (info.returns_view[j] && !inherited.empty()) {
+      dtensor_impl(w)->set_detached_view_of(inherited, base);
+    }
     return w;
   };
   for (size_t j = 0; j < returns; ++j) {

@@ -24,7 +24,7 @@ void DTensorImpl::refresh_metadata() {
   data_type_ = caffe2::TypeMeta::fromScalarType(m.dtype);
 }
 
-const at::Tensor& DTensorImpl::ready_local() const {
+const at::Tensor& DTensorImpl::wait_local() const {
   if (pending_.load(std::memory_order_acquire)) {
     collectives::wait_tensor(local_);
     pending_.store(false, std::memory_order_release);
@@ -32,8 +32,35 @@ const at::Tensor& DTensorImpl::ready_local() const {
   return local_;
 }
 
+const at::Tensor& DTensorImpl::ready_local() const {
+  if (base_version_.has_value()) check_not_stale();
+  return wait_local();
+}
+
+void DTensorImpl::set_detached_view_of(std::string op, const at::Tensor& base) {
+  detached_view_of_ = std::move(op);
+  base_version_.reset();
+  const c10::VariableVersion& v = base.unsafeGetTensorImpl()->version_counter();
+  if (v.enabled()) {  // inference tensors track no version: nothing to check against
+    base_version_ = v;
+    base_version_at_ = v.current_version();
+  }
+}
+
+// NOTE [views of gathered copies] (dispatch.cc)
+void DTensorImpl::check_not_stale() const {
+  if (!base_version_->enabled() || base_version_->current_version() == base_version_at_) return;
+  throw Error("a view made by " + detached_view_of_ + " of a distributed tensor " +
+              spec_.to_string() +
+              " is read after the tensor it views was written in place; the view is a gathered "
+              "copy (its input had to be redistributed first), so it still holds the values "
+              "from before the write, which one device's view would not: take the view again "
+              "after the write, or redistribute the input to the needed layout before taking it "
+              "(NOTE [views of gathered copies])");
+}
+
 void DTensorImpl::set(at::Tensor local, DTensorSpec spec) {
-  ready_local();
+  wait_local();
   local_ = std::move(local);
   spec_ = spec;
   refresh_metadata();
@@ -48,6 +75,8 @@ c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::copy_detached(Version&& version
                                                                bool allow_change) const {
   auto impl = c10::make_intrusive<DTensorImpl>(local_, spec_, pending_.load());
   impl->detached_view_of_ = detached_view_of_;
+  impl->base_version_ = base_version_;
+  impl->base_version_at_ = base_version_at_;
   impl->set_version_counter(std::forward<Version>(version));
   impl->set_allow_tensor_metadata_change(allow_change);
   return impl;
@@ -70,8 +99,10 @@ void DTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& i
         "DTensor: cannot assign a plain tensor's data to a distributed tensor (set .data to a "
         "distributed tensor)");
   }
-  set(other->ready_local(), other->spec_);
+  set(other->wait_local(), other->spec_);
   detached_view_of_ = other->detached_view_of_;
+  base_version_ = other->base_version_;
+  base_version_at_ = other->base_version_at_;
 }
 
 at::Tensor make_dtensor(at::Tensor local, DTensorSpec spec, bool pending) {

@@ -9,6 +9,7 @@
 #include <c10/core/TensorImpl.h>
 
 #include <atomic>
+#include <optional>
 #include <string>
 
 #include "dtensor/dtensor.h"
@@ -41,7 +42,10 @@ class DTensorImpl final : public c10::TensorImpl {
   // that moved the input, or the replicate fallback): the op that made it, else empty. Writing
   // into it would not reach the tensor it views, so the dispatcher refuses writes into it.
   const std::string& detached_view_of() const { return detached_view_of_; }
-  void set_detached_view_of(std::string op) { detached_view_of_ = std::move(op); }
+  // Marks it, `base` being the tensor it views: NOTE [views of gathered copies] (dispatch.cc):
+  // ready_local() then raises once `base` (or any view sharing its version counter) has been
+  // written in place, since the copy holds the values from before the write.
+  void set_detached_view_of(std::string op, const at::Tensor& base);
 
   c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
       const c10::VariableVersion& version_counter,
@@ -56,9 +60,15 @@ class DTensorImpl final : public c10::TensorImpl {
   template <class Version>
   c10::intrusive_ptr<c10::TensorImpl> copy_detached(Version&& version, bool allow_change) const;
 
+  const at::Tensor& wait_local() const;
+  void check_not_stale() const;
+
   at::Tensor local_;
   DTensorSpec spec_;
   std::string detached_view_of_;
+  // The base's version counter and its version when the gathered copy was made (marked only).
+  std::optional<c10::VariableVersion> base_version_;
+  uint32_t base_version_at_ = 0;
   mutable std::atomic<bool> pending_;
 };
 

@@ -63,6 +63,14 @@ at::Tensor masked_embedding(const at::Tensor& weight_piece, const at::Tensor& id
   const LocalBox box = local_box(weight_spec, coordinate);
   const int64_t rows = box.shape[0];
   if (rows == weight_spec.shape()[0]) return at::embedding(weight_piece, idx);
+  // An index outside the global table is an error, as on one device (the masks below would
+  // make its row zeros on every rank: a silent wrong answer). _assert_async raises here on
+  // the CPU and as a device-side assert on CUDA, without a host sync on the hot path.
+  const int64_t num = weight_spec.shape()[0];
+  at::_assert_async(idx.ge(0).logical_and(idx.lt(num)).all(),
+                    "aten::embedding: index out of range in self (an index is outside [0, " +
+                        std::to_string(num) + ") of the row-sharded weight " +
+                        weight_spec.to_string() + ")");
   if (rows == 0) return at::zeros(out_shape, weight_piece.options());
   const int64_t lo = box.offset[0];
   const at::Tensor hit = idx.ge(lo).logical_and(idx.lt(lo + rows));

@@ -1,0 +1,96 @@
+"""Writes and aliasing of distributed tensors against one device (findings of the 2026-11-27
+review): writes into Partial tensors and their views, views of gathered copies (NOTE [views of
+gathered copies] in dtensor/dispatch.cc), and the row-sharded embedding's index check. Each case
+returned other values than one device's, silently, before its fix."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dtensor
+from dtensor import DeviceMesh, DTensor, Partial, Replicate, Shard, distribute_tensor
+
+
+def _on_two(fn):
+    return dtensor.run_threads(2, lambda rank: fn(DeviceMesh("cpu", [0, 1])))
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "max", "min"])
+def test_writes_into_views_of_a_partial_tensor_reach_it(op):
+    """p[1:3] = 5 on a Partial p: the write lands as the value's shares in p's own pieces (it
+    was lost: p became... unchanged); views of a Partial tensor written in place see the write."""
+    def fn(mesh):
+        rank = mesh.get_rank()
+        p = DTensor.from_local(torch.full((4,), 1.0 + rank), mesh, [Partial(op)])
+        want = p.full_tensor().clone()
+        p[1:3] = 5.0
+        want[1:3] = 5.0
+        torch.testing.assert_close(p.full_tensor(), want)
+        assert p.placements == (Partial(op),)
+        q = DTensor.from_local(torch.full((2, 2), 1.0 + rank), mesh, [Partial(op)])
+        t, a = q.t(), q.view_as(q)
+        q.fill_(distribute_tensor(torch.tensor(3.0), mesh, [Replicate()]))
+        torch.testing.assert_close(t.full_tensor(), torch.full((2, 2), 3.0))
+        torch.testing.assert_close(a.full_tensor(), torch.full((2, 2), 3.0))
+        return True
+
+    assert all(_on_two(fn))
+
+
+def test_a_write_through_a_view_of_a_gathered_view_raises():
+    """x.view(-1)[0].fill_ on a Shard(0) x whose view needed a gather: refused like a write into
+    the gathered view itself (it was silently lost)."""
+    def fn(mesh):
+        t = distribute_tensor(torch.arange(21.0).reshape(3, 7), mesh, [Shard(0)])
+        for write in [lambda: t.view(-1)[0].fill_(100.0), lambda: t.reshape(-1)[1:].add_(1),
+                      lambda: t.view(-1)[::3].zero_()]:
+            with pytest.raises(RuntimeError, match="view of a gathered copy"):
+                write()
+        torch.testing.assert_close(t.full_tensor(), torch.arange(21.0).reshape(3, 7))
+        return True
+
+    assert all(_on_two(fn))
+
+
+def test_reading_a_gathered_view_after_its_base_was_written_raises():
+    """v = x[1:3] across the pieces of a Shard(0) x is a gathered copy; after x.add_ it would
+    still hold the old values (one device's view shows the write): reading it raises. A view
+    taken after the write, or one that needed no gather, reads the new values."""
+    def fn(mesh):
+        x = distribute_tensor(torch.arange(4.0), mesh, [Shard(0)])
+        v = x[1:3]
+        same = x.view(2, 2)  # Shard(0) still: no gather, a true view
+        assert same.placements == (Shard(0),)
+        x.add_(10)
+        with pytest.raises(RuntimeError, match="written in place"):
+            v.full_tensor()
+        with pytest.raises(RuntimeError, match="written in place"):
+            v + 1
+        torch.testing.assert_close(x[1:3].full_tensor(), torch.tensor([11.0, 12.0]))
+        torch.testing.assert_close(same.full_tensor(), torch.tensor([[10.0, 11.0], [12.0, 13.0]]))
+        d = distribute_tensor(torch.arange(9.0).reshape(3, 3), mesh, [Shard(0)])
+        g = d.diagonal()
+        torch.testing.assert_close(g.full_tensor(), torch.tensor([0.0, 4.0, 8.0]))
+        d.zero_()
+        with pytest.raises(RuntimeError, match="written in place"):
+            g.full_tensor()
+        return True
+
+    assert all(_on_two(fn))
+
+
+def test_row_sharded_embedding_refuses_an_out_of_range_index():
+    """An index outside the table gave a zero row with a row-sharded weight (one device raises)."""
+    w = torch.randn(7, 5)
+
+    def fn(mesh):
+        dw = distribute_tensor(w, mesh, [Shard(0)])
+        ok = distribute_tensor(torch.tensor([0, 6, 3]), mesh, [Replicate()])
+        torch.testing.assert_close(F.embedding(ok, dw).full_tensor(), w[torch.tensor([0, 6, 3])])
+        for bad in [7, -1, 100]:
+            idx = distribute_tensor(torch.tensor([0, bad]), mesh, [Replicate()])
+            with pytest.raises(RuntimeError, match="index out of range"):
+                F.embedding(idx, dw).full_tensor()
+        return True
+
+    assert all(_on_two(fn))
