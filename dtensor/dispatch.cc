@@ -352,7 +352,20 @@ void prepare_out_args(const OpInfo& info, const c10::FunctionSchema& schema,
                   s.outputs[k].mesh().to_string());
     const at::Tensor piece = local_of(originals[i], "out=");
     const auto want = local_box(s.outputs[k], my_coordinate(s.outputs[k].mesh())).shape;
-    args[i] = piece.sizes().vec() == want ? piece : at::empty({0}, piece.options());
+    if (piece.sizes().vec() == want) {
+      args[i] = piece;
+      continue;
+    }
+    // NOTE [resized out= arguments]: a single out= tensor of another shape or layout is resized
+    // (its piece replaced, as ATen resizes with a warning). With several out= tensors (sort,
+    // cummax, max.dim_max, ...) that crashed the process (a corrupted heap after the call), so
+    // it is refused, naming the argument; pass out= tensors of the result's shape and layout.
+    DTENSOR_CHECK(std::count(info.is_out.begin(), info.is_out.end(), true) == 1, info.name,
+                  ": out= argument '", arg_name, "' is ", spec_of(originals[i]).to_string(),
+                  " but the result is ", s.outputs[k].to_string(),
+                  "; an op with several out= arguments needs each of the result's shape and "
+                  "layout (redistribute it first, or call the op without out=)");
+    args[i] = at::empty({0}, piece.options());
   }
 }
 

@@ -94,3 +94,28 @@ def test_row_sharded_embedding_refuses_an_out_of_range_index():
         return True
 
     assert all(_on_two(fn))
+
+
+@pytest.mark.parametrize("op", ["sort", "cummax"])
+def test_several_out_arguments_of_another_layout_raise(op):
+    """torch.sort(x, out=(values, indices)) with an out= tensor of another layout than the
+    result crashed the process (a corrupted heap); it raises naming the argument (NOTE [resized
+    out= arguments]). Out= tensors of the result's layout work."""
+    x = torch.tensor([3.0, 1.0, 4.0, 1.0])
+    call = {"sort": lambda s, out: torch.sort(s, 0, out=out),
+            "cummax": lambda s, out: torch.cummax(s, 0, out=out)}[op]
+
+    def fn(mesh):
+        src = distribute_tensor(x, mesh, [Replicate()])
+        bad = distribute_tensor(torch.zeros(4), mesh, [Shard(0)])
+        idx = distribute_tensor(torch.zeros(4, dtype=torch.long), mesh, [Replicate()])
+        with pytest.raises(RuntimeError, match="several out= arguments"):
+            call(src, (bad, idx))
+        good = distribute_tensor(torch.zeros(4), mesh, [Replicate()])
+        call(src, (good, idx))
+        want = call(x, (torch.zeros(4), torch.zeros(4, dtype=torch.long)))
+        torch.testing.assert_close(good.full_tensor(), want[0])
+        torch.testing.assert_close(idx.full_tensor(), want[1])
+        return True
+
+    assert all(_on_two(fn))
