@@ -1,5 +1,8 @@
 // The boxed kernel behind every ATen op on distributed tensors: NOTE [DTensor dispatch] in
-// dispatch.h.
+// dispatch.h. (One file past 600 lines on purpose: it is that kernel's pipeline, in call order:
+// reading the inputs, propagation, redistribution, out= arguments, the local call, wrapping the
+// results; the parts that are not on every call live beside it, dispatch_fallback.cc,
+// dispatch_random.cc, dispatch_metadata.cc.)
 
 #include "dtensor/dispatch.h"
 
@@ -294,14 +297,17 @@ const at::Tensor* view_base(const OpInfo& info, size_t j,
 // x.view(-1)[0].fill_) would not reach x, so the dispatcher refuses it; and after x (or any view
 // sharing x's version counter) is written in place, the copy still holds the old values, so
 // reading it raises (DTensorImpl::ready_local compares x's version with the one at the copy).
-// Before, both returned other values than one device's. detached_base_of: the mark a view
-// inherits from its input, empty when the input is not marked.
-std::string detached_base_of(const OpInfo& info, size_t j,
-                             const c10::SmallVector<at::Tensor, 8>& originals) {
+// Before, both returned other values than one device's. mark_gathered_view marks the view `w`
+// (return j): `moved` when this op redistributed its input, else it inherits its input's mark.
+void mark_gathered_view(const at::Tensor& w, const OpInfo& info, size_t j,
+                        const c10::SmallVector<at::Tensor, 8>& originals, bool moved) {
   const at::Tensor* base = view_base(info, j, originals);
-  if (base == nullptr) return {};
-  const DTensorImpl* impl = dtensor_impl(*base);
-  return impl == nullptr ? std::string() : impl->detached_view_of();
+  if (base == nullptr) return;
+  if (moved) {
+    dtensor_impl(w)->set_detached_view_of(info.name, *base);
+  } else if (const DTensorImpl* b = dtensor_impl(*base); b && !b->detached_view_of().empty()) {
+    dtensor_impl(w)->set_detached_view_of(b->detached_view_of(), *base);
+  }
 }
 
 // item(): every rank reads the whole value.
@@ -442,27 +448,15 @@ void wrap_returns(const OpInfo& info, const c10::FunctionSchema& schema,
       } else if (r.toTensor().defined()) {
         r = wrap(info.name, r.toTensor(), s.outputs.at(o), view_base(info, j, originals));
         // A view of a redistributed input views the moved copy: writes into it would be lost.
-        if (info.returns_view[j] && s.needs_redistribute()) {
-          dtensor_impl(r.toTensor())
-              ->set_detached_view_of(info.name, *view_base(info, j, originals));
-        } else if (std::string of = detached_base_of(info, j, originals); !of.empty()) {
-          dtensor_impl(r.toTensor())
-              ->set_detached_view_of(std::move(of), *view_base(info, j, originals));
-        }
+        mark_gathered_view(r.toTensor(), info, j, originals, s.needs_redistribute());
       }
     } else if (r.isTensorList()) {
       c10::List<at::Tensor> pieces = r.toTensorList();
       c10::List<at::Tensor> wrapped;
-      const bool detached = info.returns_view[j] && s.needs_redistribute();
-      const std::string inherited = detached_base_of(info, j, originals);
       for (size_t k = 0; k < pieces.size(); ++k) {
         at::Tensor w =
             wrap(info.name, pieces.get(k), s.outputs.at(next++), view_base(info, j, originals));
-        if (detached) {
-          dtensor_impl(w)->set_detached_view_of(info.name, *view_base(info, j, originals));
-        } else if (!inherited.empty()) {
-          dtensor_impl(w)->set_detached_view_of(inherited, *view_base(info, j, originals));
-        }
+        mark_gathered_view(w, info, j, originals, s.needs_redistribute());
         wrapped.push_back(std::move(w));
       }
       r = std::move(wrapped);

@@ -1,7 +1,8 @@
 """Parity of the dtensor package's API with PyTorch 2.11's torch.distributed.tensor and
 torch.distributed.device_mesh where users meet it: pickling and torch.save of distributed tensors
 and meshes, DeviceMesh.get_coordinate and _flatten, dtensor.random, distribute_module's
-two-argument hooks, distribute_tensor to Partial. Ranks as threads (simulation mode)."""
+two-argument hooks, distribute_tensor to Partial; indexing with distributed index tensors,
+from_local strides, in-place view ops. Ranks as threads (simulation mode)."""
 
 import pickle
 
@@ -19,6 +20,7 @@ from dtensor import (
     distribute_tensor,
     init_device_mesh,
 )
+from dtensor.debug import CommDebugMode
 from dtensor.placement_types import _StridedShard
 
 
@@ -209,3 +211,103 @@ def test_distribute_tensor_to_partial_as_pytorch(src_data_rank):
         return True
 
     assert all(dtensor.run_threads(4, fn))
+
+
+def test_indexing_with_distributed_index_tensors():
+    """x[i], x[:, i], x[mask] and x[i] = v with i a distributed tensor equal one device's (before,
+    the index reached the local kernel still distributed and the call raised naming `self`;
+    NOTE [index tensors] in dtensor/dispatch.cc). A plain index still works (read as replicated)."""
+    g = torch.arange(42.).reshape(7, 6)
+    i = torch.tensor([0, 6, 2, 2, 5])
+    j = torch.tensor([3, 0, 5])
+    mask = g.remainder(3) == 1
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (2,))
+        for xp, ip in [(Shard(0), Replicate()), (Shard(1), Shard(0)), (Replicate(), Shard(0))]:
+            x = distribute_tensor(g, mesh, [xp])
+            di = distribute_tensor(i, mesh, [ip])
+            dj = distribute_tensor(j, mesh, [ip])
+            torch.testing.assert_close(x[di].full_tensor(), g[i])
+            torch.testing.assert_close(x[:, dj].full_tensor(), g[:, j])
+            torch.testing.assert_close(x[di, dj[:1]].full_tensor(), g[i, j[:1]])
+            torch.testing.assert_close(x[i].full_tensor(), g[i])
+            dm = distribute_tensor(mask, mesh, [xp])
+            torch.testing.assert_close(x[dm].full_tensor(), g[mask])
+            y = x.clone()
+            y[di] = distribute_tensor(torch.full((5, 6), -1.0), mesh, [Replicate()])
+            want = g.clone()
+            want[i] = -1.0
+            torch.testing.assert_close(y.full_tensor(), want)
+        return True
+
+    assert all(dtensor.run_threads(2, fn))
+
+
+@pytest.mark.parametrize("mesh_shape", [(2,), (2, 2)])
+def test_from_local_of_a_transposed_piece_keeps_its_strides(mesh_shape):
+    """from_local of a non-contiguous (transposed) piece reports the strides PyTorch's
+    compute_global_tensor_info gives (NOTE [from_local strides]): is_contiguous() is False and
+    reshape copies (before, row-major strides were reported and reshape raised "view size is not
+    compatible")."""
+    n = 1
+    for k in mesh_shape:
+        n *= k
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", mesh_shape)
+        placements = [Shard(0)] + [Shard(1)] * (len(mesh_shape) - 1)
+        piece = torch.arange(12.).reshape(3, 4).add(100 * rank).t()  # (4, 3), strides (1, 4)
+        x = dtensor.DTensor.from_local(piece, mesh, placements)
+        whole = x.full_tensor()
+        assert not x.is_contiguous()
+        assert whole.shape == x.shape
+        # The global strides are those of the whole tensor laid out like the pieces.
+        want_stride = whole.t().contiguous().t().stride()
+        assert x.stride() == want_stride, (x.stride(), want_stride)
+        torch.testing.assert_close(x.reshape(-1).full_tensor(), whole.reshape(-1))
+        torch.testing.assert_close(x.contiguous().full_tensor(), whole)
+        torch.testing.assert_close((x.t() @ x).full_tensor(), whole.t() @ whole)
+        row_major = dtensor.DTensor.from_local(piece.contiguous(), mesh, placements)
+        assert row_major.is_contiguous()
+        return True
+
+    assert all(dtensor.run_threads(n, fn))
+
+
+@pytest.mark.parametrize("op", ["t_", "transpose_", "swapdims_", "unsqueeze_", "squeeze_",
+                                "squeeze_dim"])
+def test_in_place_view_ops_keep_the_sharding(op):
+    """NOTE [in-place view ops]: t_, transpose_, unsqueeze_, squeeze_ change self's layout as
+    their view ops would (t_ of Shard(0) is Shard(1)) with no communication; before, the
+    replicate fallback gathered self and left it Replicate. Values and gradients equal one
+    device's."""
+    fns = {"t_": lambda t: t.t_(), "transpose_": lambda t: t.transpose_(0, 1),
+           "swapdims_": lambda t: t.swapdims_(1, 0), "unsqueeze_": lambda t: t.unsqueeze_(1),
+           "squeeze_": lambda t: t.unsqueeze_(0).squeeze_(), "squeeze_dim": lambda t: t.unsqueeze_(2).squeeze_(2)}
+    f = fns[op]
+    g = torch.randn(6, 4, dtype=torch.float64)
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (2,))
+        for p in [Shard(0), Shard(1)]:
+            x = distribute_tensor(g, mesh, [p])
+            ref = g.clone()
+            with CommDebugMode() as comm:
+                y = f(x)
+            assert y is x and comm.get_total_counts() == 0, (op, p, comm.get_comm_counts())
+            assert x.placements[0].is_shard(), (op, p, x.placements)
+            assert torch.equal(x.full_tensor(), f(ref))
+            # Through autograd, on a non-leaf.
+            w = distribute_tensor(g, mesh, [p]).requires_grad_()
+            h = w * 3
+            f(h)
+            (h * h).sum().backward()
+            wr = g.clone().requires_grad_()
+            hr = wr * 3
+            f(hr)
+            (hr * hr).sum().backward()
+            torch.testing.assert_close(w.grad.full_tensor(), wr.grad)
+        return True
+
+    assert all(dtensor.run_threads(2, fn))
