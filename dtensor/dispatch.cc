@@ -134,6 +134,7 @@ std::unique_ptr<OpInfo> make_info(const c10::OperatorHandle& op) {
   info->entry.store(entry, std::memory_order_release);
   info->args = OpArgs(entry, schema);
   if (entry != nullptr) info->execution = entry->execution;
+  info->per_element = entry == nullptr && info->name.rfind("aten::_foreach_", 0) == 0;
   const auto& args = schema.arguments();
   info->is_out.assign(args.size(), false);
   info->is_scalar.assign(args.size(), false);
@@ -464,9 +465,22 @@ void wrap_returns(const OpInfo& info, const c10::FunctionSchema& schema,
   }
 }
 
+// NOTE [foreach ops per element]
+// The _foreach_* ops (optimizers' foreach=True, the default for CUDA tensors) apply one op to
+// each index of their lists, and indices are independent. They run as ATen's own loop (the
+// CompositeExplicitAutograd kernel every backend but CUDA uses), which calls the single-tensor op
+// per index: a distributed element goes through the engine with its own layout (Shard stays
+// Shard, no communication), a plain one runs as is. Before, the whole op was one call: a plain
+// element beside distributed ones (the LayerNorm a TP plan leaves alone) raised "mixed with
+// distributed tensors", and the replicate fallback gathered every sharded element.
+void run_per_element(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+}
+
 void kernel_body(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const EngineScope engine;  // NOTE [engine activity]
   const OpInfo& info = info_for(op);
+  if (info.per_element) return run_per_element(op, stack);
+  const EngineScope engine;  // NOTE [engine activity]
   const c10::FunctionSchema& schema = op.schema();
   const size_t n = schema.arguments().size();
   c10::IValue* args = &(*stack)[stack->size() - n];

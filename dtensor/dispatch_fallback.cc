@@ -234,6 +234,52 @@ void wrap_fallback_returns(const OpInfo& info, size_t returns, const DeviceMesh&
   }
 }
 
+// NOTE [random on a CUDA mesh] (random.h) for the fallback: an op whose generator is a CPU one
+// (the rank generator) while its tensors live on another device (a CUDA mesh) runs on CPU copies
+// of its arguments, so it draws the CPU generator's values as every random op on such a mesh does;
+// the arguments it writes take the CPU results back and its other returns go to the device.
+// Before, ATen refused the call ("Expected a 'cuda' device type for generator but found 'cpu'":
+// normal, bernoulli, multinomial, rrelu on CUDA in the op_db sweep).
+void call_with_cpu_generator(const c10::OperatorHandle& op, const OpInfo& info,
+                             torch::jit::Stack* stack, size_t n) {
+  c10::IValue* args = &(*stack)[stack->size() - n];
+  std::optional<c10::Device> device;
+  auto to_cpu = [&](const at::Tensor& t) {
+    if (!t.defined() || t.is_cpu()) return t;
+    device = t.device();
+    return t.cpu();
+  };
+  const std::vector<c10::IValue> on_device(args, args + n);
+  std::vector<c10::IValue> on_cpu(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (args[i].isTensor()) {
+      args[i] = to_cpu(args[i].toTensor());
+    } else if (args[i].isTensorList()) {
+      c10::List<at::Tensor> list;
+      for (const at::Tensor& t : args[i].toTensorList()) list.push_back(to_cpu(t));
+      args[i] = std::move(list);
+    }
+    on_cpu[i] = args[i];
+  }
+  op.callBoxed(stack);
+  if (!device) return;
+  for (const int i : info.written) {
+    if (on_device[i].isTensor() && on_device[i].toTensor().defined()) {
+      on_device[i].toTensor().copy_(on_cpu[i].toTensor());
+    }
+  }
+  const size_t returns = op.schema().returns().size();
+  c10::IValue* rets = &(*stack)[stack->size() - returns];
+  for (size_t j = 0; j < returns; ++j) {
+    const int writes = info.return_alias[j];
+    if (writes >= 0 && on_device[writes].isTensor()) {
+      rets[j] = on_device[writes];
+    } else if (rets[j].isTensor() && rets[j].toTensor().defined()) {
+      rets[j] = rets[j].toTensor().to(*device);
+    }
+  }
+}
+
 }  // namespace
 
 // Runs `op` by the replicate fallback (NOTE [replicate fallback]).
@@ -264,6 +310,10 @@ void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
     // this costs nothing where that is the process default (one process per rank).
     if (info.generator_arg < 0) {
       draw_with_rank_generator([&] { op.callBoxed(stack); });
+    } else if (mesh.device_type() != c10::DeviceType::CPU &&
+               args[info.generator_arg].isGenerator() &&
+               args[info.generator_arg].toGenerator().device().is_cpu()) {
+      call_with_cpu_generator(op, info, stack, n);
     } else {
       op.callBoxed(stack);
     }

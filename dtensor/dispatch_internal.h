@@ -32,6 +32,7 @@ struct OpInfo {
   std::vector<int> written;        // the arguments the op writes (in-place self, out=)
   std::vector<bool> returns_view;  // per return: a view of an argument (not written)
   int generator_arg = -1;
+  bool per_element = false;  // an aten::_foreach_* op: NOTE [foreach ops per element]
   // The table entry, looked up on first use when it was missing (register_rule may add it later).
   mutable std::atomic<const sharding::OpEntry*> entry{nullptr};
 };

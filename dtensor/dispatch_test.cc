@@ -171,28 +171,42 @@ TEST(Dispatch, ReplicateFallbackMatchesOneDevice) {
   EXPECT_EQ(counts.at("aten::clamp_min_"), 2);
 }
 
-TEST(Dispatch, FallbackWritesBackEveryElementOfAWrittenTensorList) {
-  // The _foreach_*_ ops (an optimizer with foreach=True) write a list of tensors. Before, the
-  // fallback wrote back only single tensors: the sharded elements kept their old values.
+TEST(Dispatch, ForeachOpsRunPerElementAndTakePlainElements) {
+  // The _foreach_*_ ops (an optimizer with foreach=True) write a list of tensors. First the
+  // replicate fallback wrote back only single tensors (sharded elements kept their old values);
+  // then it gathered every element; and a plain element beside distributed ones (a parameter a
+  // TP plan leaves alone, with SGD's default foreach on CUDA) raised "mixed with distributed
+  // tensors". NOTE [foreach ops per element]: each index runs on its own layout.
   const at::Tensor a = global_for({8, 4}), b = global_for({8, 4}, 1), c = global_for({5}, 2);
+  const at::Tensor p = global_for({3}, 3), q = global_for({3}, 4);
+  reset_fallback_counts();
   run_threads(4, [&](int64_t) {
     const DeviceMesh mesh = api::init_device_mesh({4});
     const at::Tensor da = api::distribute_tensor(a, mesh, {Shard(0)});
     const at::Tensor db = api::distribute_tensor(b, mesh, {Shard(1)});
     const at::Tensor dc = api::distribute_tensor(c, mesh, {Replicate()});
-    std::vector<at::Tensor> list = {da.clone(), dc.clone()};
+    std::vector<at::Tensor> list = {da.clone(), dc.clone(), p.clone()};
     at::_foreach_mul_(list, 0.5);
     expect_same(list[0], a * 0.5);
     expect_same(list[1], c * 0.5);
+    EXPECT_FALSE(api::is_dtensor(list[2]));
+    EXPECT_TRUE(at::allclose(list[2], p * 0.5));
     EXPECT_EQ(api::spec(list[0]).placements()[0], Shard(0));
-    at::_foreach_add_(list, std::vector<at::Tensor>{db, dc}, 2.0);
+    at::_foreach_add_(list, std::vector<at::Tensor>{db, dc, q}, 2.0);
     expect_same(list[0], a * 0.5 + b * 2.0);
     expect_same(list[1], c * 2.5);
-    at::_foreach_addcdiv_(list, std::vector<at::Tensor>{da, dc},
-                          std::vector<at::Tensor>{db.abs() + 1, dc.abs() + 1}, 0.1);
+    EXPECT_TRUE(at::allclose(list[2], p * 0.5 + q * 2.0));
+    at::_foreach_addcdiv_(list, std::vector<at::Tensor>{da, dc, p},
+                          std::vector<at::Tensor>{db.abs() + 1, dc.abs() + 1, q.abs() + 1}, 0.1);
     expect_same(list[0], a * 0.5 + b * 2.0 + 0.1 * a / (b.abs() + 1));
     EXPECT_EQ(api::spec(list[0]).placements()[0], Shard(0));
+    const std::vector<at::Tensor> norms = at::_foreach_norm(list, 2);
+    expect_same(norms[0], (a * 0.5 + b * 2.0 + 0.1 * a / (b.abs() + 1)).norm());
+    EXPECT_FALSE(api::is_dtensor(norms[2]));
   });
+  for (const auto& [op, calls] : fallback_counts()) {
+    EXPECT_EQ(op.rfind("aten::_foreach_", 0), std::string::npos) << op << " ran by the fallback";
+  }
 }
 
 TEST(Dispatch, InPlaceOpsThatCannotKeepSelfRunOutOfPlaceAndCopyBack) {

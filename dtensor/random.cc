@@ -218,9 +218,12 @@ void set_random_chunk_elements(int64_t n) { g_chunk.store(std::max<int64_t>(n, 0
 DrawOrder draw_order_of(const std::string& op) {
   // ATen 1.13's CPU kernels (DistributionTemplates.h, DistributionKernels.cpp): one serial pass.
   // bernoulli_(float) and exponential_ draw through MKL's own stream when ATen has MKL.
+  // cauchy_, log_normal_, geometric_: cpu_serial_kernel as uniform_ (torch 2.11); log_normal_'s
+  // draws per element vary (a cached Box-Muller sample), which the generator carries across chunks.
   static const std::set<std::string> per_element = {
-      "aten::uniform_",  "aten::random_",      "aten::random_.from",          "aten::random_.to",
-      "aten::rand_like", "aten::randint_like", "aten::randint_like.low_dtype"};
+      "aten::uniform_",    "aten::random_",      "aten::random_.from",           "aten::random_.to",
+      "aten::rand_like",   "aten::randint_like", "aten::randint_like.low_dtype", "aten::cauchy_",
+      "aten::log_normal_", "aten::geometric_"};
   static const std::set<std::string> per_element_without_mkl = {
       "aten::bernoulli_.float", "aten::bernoulli.p", "aten::exponential_"};
   if (per_element.count(op) != 0) return DrawOrder::kPerElement;
@@ -286,6 +289,9 @@ DrawLayout draw_layout(const std::vector<int64_t>& shape, const std::vector<int6
                                                      "aten::bernoulli_.float",
                                                      "aten::bernoulli.p",
                                                      "aten::exponential_",
+                                                     "aten::cauchy_",
+                                                     "aten::log_normal_",
+                                                     "aten::geometric_",
                                                      "aten::native_dropout",
                                                      "aten::normal_",
                                                      "aten::randn_like"};

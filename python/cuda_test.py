@@ -69,6 +69,32 @@ def test_factories_put_pieces_on_the_mesh_device(mesh):
         _on_mesh_device(like, "*_like / new_*")
 
 
+@pytest.mark.parametrize("op", ["cauchy_", "log_normal_", "geometric_", "normal", "bernoulli",
+                                "multinomial", "rrelu"])
+def test_random_ops_draw_the_cpu_generators_values(mesh, op):
+    """NOTE [random on a CUDA mesh]: every random op on a CUDA mesh gives the CPU generator's
+    values. Before (the GPU check's op_db sweep), these raised "Expected a 'cuda' device type for
+    generator but found 'cpu'": the fallback handed the CPU rank generator to CUDA kernels, and
+    cauchy_, log_normal_, geometric_ had no table entry."""
+    from dtensor import Replicate, Shard, distribute_tensor
+    fs = {"cauchy_": lambda t: t.cauchy_(), "log_normal_": lambda t: t.log_normal_(),
+          "geometric_": lambda t: t.geometric_(0.3),
+          "normal": lambda t: torch.normal(t, t.abs() + 1),
+          "bernoulli": lambda t: torch.bernoulli(t.abs().clamp(max=1)),
+          "multinomial": lambda t: torch.multinomial(t.abs() + 0.1, 3),
+          "rrelu": lambda t: torch.nn.functional.rrelu(t, training=True)}
+    base = torch.randn(8, 6, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(5)
+    want = fs[op](base.clone()).cuda()
+    for placements in ([Shard(0)], [Replicate()]):
+        import dtensor
+        d = distribute_tensor(base.cuda(), mesh, placements)
+        dtensor.manual_seed(5)
+        got = fs[op](d)
+        _on_mesh_device(got, op)
+        _close(got, want)
+
+
 def test_distribute_tensor_moves_inputs_to_the_mesh_device(mesh):
     from dtensor import Replicate, Shard, distribute_tensor
     a = torch.randn(8, 6, device="cuda")

@@ -114,8 +114,10 @@ void add_random_and_factories(Adder& add) {
   add("aten::bernoulli.p", "random", {}, pointwise(1, Linearity::kShapeOnly), same_shape,
       random_draw);
   // In-place random fills: self keeps its layout (a Partial self is refused).
+  // cauchy_, log_normal_ and geometric_ (DrawOrder::kPerElement, random.cc): before
+  // they ran by the fallback, which on a CUDA mesh handed a CPU generator to CUDA kernels.
   for (const char* op : {"uniform_", "normal_", "bernoulli_.float", "random_", "random_.from",
-                         "random_.to", "exponential_"}) {
+                         "random_.to", "exponential_", "cauchy_", "log_normal_", "geometric_"}) {
     add(std::string("aten::") + op, "random", {}, pointwise(1, lin), same_shape, random_draw);
   }
   for (const char* op : {"new_zeros", "new_ones", "new_empty", "new_full"}) {
