@@ -251,6 +251,43 @@ Inputs collect_inputs(const OpInfo& info, const c10::FunctionSchema& schema, c10
   return inputs;
 }
 
+// NOTE [replicated scalars with plain tensors]
+// An op whose distributed arguments are all replicated one-element tensors, with a plain tensor
+// that is not a scalar among its arguments, and that writes no distributed argument, runs as a
+// plain op on the scalars' local values, with plain results: each rank computes what one device
+// computes for its plain data (a replicated scalar's local value is its global value). This is
+// clip_grad_norm_(foreach=True) over a model a TP plan parallelizes in part: the plain gradients
+// times the clip coefficient, a replicated scalar. Before, it raised "mixed with distributed
+// tensors" (PyTorch's DTensor raises too). No collective runs, so ranks whose plain tensors
+// differ still take no different communication. False when the op is not such a call.
+bool run_with_replicated_scalars(const c10::OperatorHandle& op, const OpInfo& info,
+                                 torch::jit::Stack* stack, c10::IValue* args, size_t n) {
+  bool plain_tensor = false;
+  c10::SmallVector<size_t, 4> scalars;
+  for (size_t i = 0; i < n; ++i) {
+    if (!args[i].isTensor()) {
+      if (args[i].isTensorList() || args[i].isList()) return false;
+      continue;
+    }
+    const at::Tensor& t = args[i].toTensor();
+    if (!t.defined()) continue;
+    if (const DTensorImpl* impl = dtensor_impl(t)) {
+      if (t.numel() != 1 || !impl->spec().is_replicated()) return false;
+      if (std::find(info.written.begin(), info.written.end(), static_cast<int>(i)) !=
+          info.written.end()) {
+        return false;
+      }
+      scalars.push_back(i);
+    } else if (t.dim() > 0 && t.numel() != 1) {
+      plain_tensor = true;
+    }
+  }
+  if (!plain_tensor || scalars.empty()) return false;
+  for (const size_t i : scalars) args[i] = dtensor_impl(args[i].toTensor())->ready_local();
+  op.callBoxed(stack);
+  return true;
+}
+
 // The op's table entry, or null (looked up again while missing: register_rule may add it).
 const sharding::OpEntry* entry_of(const OpInfo& info) {
   const sharding::OpEntry* entry = info.entry.load(std::memory_order_acquire);
@@ -498,6 +535,7 @@ void kernel_body(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                   "so the write would not reach the tensor it views; redistribute that input to "
                   "the needed layout before taking the view, or write out of place");
   }
+  if (!t_replicate_plain && run_with_replicated_scalars(op, info, stack, args, n)) return;
   Inputs inputs = collect_inputs(info, schema, args, n);
   if (program_check_enabled() && inputs[0].spec.mesh().size() > 1) {  // NOTE [program digest]
     record_program_op(inputs[0].spec.mesh(), kOpRan, call_digest(info, args, n));

@@ -576,3 +576,31 @@ def test_foreach_optimizer_with_plain_and_distributed_parameters(optim):
         for g, w in zip(got, want.parameters()):
             torch.testing.assert_close(g, w.detach(), atol=1e-5, rtol=1e-5)
     assert not [op for op in dtensor.debug.fallback_counts() if "_foreach_" in op]
+
+
+def test_clip_grad_norm_foreach_with_plain_and_distributed_gradients():
+    """NOTE [replicated scalars with plain tensors]: clip_grad_norm_(foreach=True) (the default on
+    CUDA) over a model a TP plan parallelizes in part: the total norm and every clipped gradient
+    equal one device's. Before, it raised at _foreach_mul_ ("aten::mul_.Tensor: argument 'self' is
+    a plain tensor [16] mixed with distributed tensors": a plain gradient times the replicated
+    clip coefficient)."""
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
+    x0 = torch.randn(4, 8, 16)
+    want = copy.deepcopy(ref)
+    want(x0).pow(2).mean().backward()
+    want_norm = torch.nn.utils.clip_grad_norm_(want.parameters(), 0.1, foreach=True)
+
+    def fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (2,))
+        model = parallelize_module(copy.deepcopy(ref), mesh,
+                                   {"1": ColwiseParallel(), "3": RowwiseParallel()})
+        model(x0).pow(2).mean().backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1, foreach=True)
+        full = lambda t: t.full_tensor() if isinstance(t, DTensor) else t  # noqa: E731
+        return full(norm), [full(p.grad) for p in model.parameters()]
+
+    for norm, grads in dtensor.run_threads(2, fn):
+        torch.testing.assert_close(norm, want_norm)
+        for g, w in zip(grads, want.parameters()):
+            torch.testing.assert_close(g, w.grad, atol=1e-6, rtol=1e-5)
