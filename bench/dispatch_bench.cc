@@ -14,7 +14,8 @@
 // itself once under callgrind with collection toggled on only inside dispatch_bench_measured
 // (rank 0's timed loop; rank 1 idle) and one dump per loop; instructions per op = total / calls
 // (the loop's std::function calls and the result's destruction count on both sides).
-// --profile N prints callgrind_annotate's top N inclusive functions of the dtensor add hit loop.
+// --profile N prints callgrind_annotate's top N inclusive functions of the dtensor add hit loop
+// (--profile_op view: of another op's).
 // Transformer block forward (examples/tp_model.h; B=4 S=64 D=256 4 heads, hidden 1024, f32,
 // colwise wq wk wv w1 Shard(0), rowwise wo w2 Shard(1), input replicated) against the same
 // local math on each rank's weight pieces with the Megatron all_reduces written by hand. The
@@ -60,6 +61,8 @@ ABSL_FLAG(bool, instructions, std::system("command -v valgrind >/dev/null 2>&1")
           "skips; default: whether valgrind is installed)");
 ABSL_FLAG(int, profile, 0,
           "print callgrind_annotate's top N inclusive functions of the dtensor add hit loop");
+ABSL_FLAG(std::string, profile_op, "add",
+          "the op whose dtensor hit loop --profile annotates (add, mm, sum, view)");
 ABSL_FLAG(std::string, rank1, "busy",
           "busy: rank 1 runs the same loops as rank 0; idle: rank 1 waits");
 ABSL_FLAG(bool, child, false, "internal: the run under callgrind");
@@ -392,14 +395,15 @@ void count_instructions(std::vector<Row>& rows, int profile) {
     if (by_label.count(label + "/dtensor")) r.dt_ir = by_label[label + "/dtensor"].first / n;
     if (by_label.count(label + "/local")) r.local_ir = by_label[label + "/local"].first / n;
   }
-  if (profile > 0 && by_label.count("add/hit/dtensor")) {
+  const std::string op = absl::GetFlag(FLAGS_profile_op), loop = op + "/hit/dtensor";
+  if (profile > 0 && by_label.count(loop)) {
     std::printf(
-        "callgrind_annotate --inclusive=yes, dtensor add hit loop (%lld calls), top %d "
+        "callgrind_annotate --inclusive=yes, dtensor %s hit loop (%lld calls), top %d "
         "functions inside it:\n",
-        static_cast<long long>(kChildHitCalls), profile);
+        op.c_str(), static_cast<long long>(kChildHitCalls), profile);
     // Drops the bench's frames (the loop, its lambdas) and shortens library paths to names.
     const std::string annotate =
-        "callgrind_annotate --inclusive=yes --threshold=100 " + by_label["add/hit/dtensor"].second +
+        "callgrind_annotate --inclusive=yes --threshold=100 " + by_label[loop].second +
         " 2>/dev/null | grep -E '^ *[0-9,]+ ' | grep -v '(100.0%)\\|_Function_handler' | "
         "sed -E 's| \\[/[^]]*/| [|' | head -n " +
         std::to_string(profile);

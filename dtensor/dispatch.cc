@@ -440,8 +440,7 @@ bool run_special(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::
       break;
     }
     case Execution::kViewAsLocal: {
-      const std::vector<int64_t> shape =
-          local_box(s.outputs[0], my_coordinate(s.outputs[0].mesh())).shape;
+      const std::vector<int64_t> shape = my_piece_shape(s.outputs[0]);
       const LocalKernelScope local;
       out = inputs.at(0).local.view(shape);
       break;
@@ -455,7 +454,9 @@ bool run_special(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::
       return false;
   }
   torch::jit::drop(*stack, n);
-  stack->push_back(wrap(info.name, out, s.outputs[0], view_base(info, 0, originals)));
+  at::Tensor w = wrap(info.name, out, s.outputs[0], view_base(info, 0, originals));
+  mark_gathered_view(w, info, 0, originals, s.needs_redistribute());  // as wrap_returns does
+  stack->push_back(std::move(w));
   return true;
 }
 
@@ -562,7 +563,7 @@ void kernel_body(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   redistribute_inputs(info, s, inputs, args);
   prepare_out_args(info, schema, s, originals, args, n);
   if (info.args.needs_local_shapes() && !s.outputs.empty()) {
-    info.args.localize(args, local_box(s.outputs[0], my_coordinate(s.outputs[0].mesh())).shape);
+    info.args.localize(args, my_piece_shape(s.outputs[0]));
   }
   if (run_special(op, info, stack, args, n, inputs, s, originals)) return;
   if (flop_counting()) count_local_flops(info, inputs, args);

@@ -93,8 +93,8 @@ enum class Execution : uint8_t {
   kReplicateFirst,   // item(): every rank reads the whole value (no rule)
   kReshapeByLocal,   // _reshape_alias: a reshape to the local shape (its strides are global)
   kEmptyByLocal,     // new_empty_strided: an empty piece of the local shape
-  kViewAsLocal,      // squeeze: a view of the piece as the output's local shape (a piece may
-                     // have a size-1 dim the global tensor has not)
+  kViewAsLocal,      // view, squeeze: a view of the piece as the output's local shape (a piece
+                     // may have a size-1 dim the global tensor has not)
 };
 
 // How an op's FLOPs follow from its rule's factors (NOTE [compute in the cost model]).

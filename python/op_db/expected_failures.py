@@ -44,8 +44,6 @@ EXPECTED_FAILURES = {
         "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::index_put as 'self' [5, 5] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
     "put":
         "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::put as 'source' [3] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
-    "trace":
-        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::index_fill_.int_Tensor as 'self' [25] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too)",
     "nn.functional.ctc_loss":
         "reads a distributed tensor's data on the host (data_ptr of a DTensor): Cannot access data pointer of Tensor that doesn't have storage",
     "fft.hfft":
