@@ -193,8 +193,14 @@ std::string plain_error(const OpInfo& info, const c10::FunctionSchema& schema, i
 }
 
 // Finds the inputs; plain tensors become Replicate inputs under ReplicatePlainTensorsGuard.
+// A plain tensor that is not a scalar is refused: with `refused`, the first such one is put there
+// (the other inputs are still collected) and the caller decides; without, it raises.
+struct Refused {
+  int arg = -1;
+  at::Tensor tensor;
+};
 Inputs collect_inputs(const OpInfo& info, const c10::FunctionSchema& schema, c10::IValue* args,
-                      size_t n) {
+                      size_t n, Refused* refused = nullptr) {
   Inputs inputs;
   inputs.reserve(n);
   std::vector<std::pair<int, int>> plain;  // (arg, element)
@@ -202,12 +208,15 @@ Inputs collect_inputs(const OpInfo& info, const c10::FunctionSchema& schema, c10
     if (!t.defined()) return;
     if (DTensorImpl* impl = dtensor_impl(t)) {
       inputs.push_back({arg, element, impl->spec(), impl->ready_local()});
-    } else {
-      // 0-dim and one-element plain tensors are replicated scalars, as in PyTorch.
-      if (t.dim() > 0 && t.numel() != 1 && !t_replicate_plain && !plain_ok)
-        throw Error(plain_error(info, schema, arg, t));
-      plain.emplace_back(arg, element);
+      return;
     }
+    // 0-dim and one-element plain tensors are replicated scalars, as in PyTorch.
+    if (t.dim() > 0 && t.numel() != 1 && !t_replicate_plain && !plain_ok) {
+      if (refused == nullptr) throw Error(plain_error(info, schema, arg, t));
+      if (refused->arg < 0) *refused = {arg, t};
+      return;
+    }
+    plain.emplace_back(arg, element);
   };
   for (size_t i = 0; i < n; ++i) {
     if (info.is_out[i]) continue;
@@ -230,6 +239,7 @@ Inputs collect_inputs(const OpInfo& info, const c10::FunctionSchema& schema, c10
       }
     }
   }
+  if (refused != nullptr && refused->arg >= 0) return inputs;  // the caller decides first
   if (inputs.empty()) {
     throw Error(info.name +
                 ": only an out= argument is distributed; its inputs must be "
@@ -249,43 +259,6 @@ Inputs collect_inputs(const OpInfo& info, const c10::FunctionSchema& schema, c10
     });
   }
   return inputs;
-}
-
-// NOTE [replicated scalars with plain tensors]
-// An op whose distributed arguments are all replicated one-element tensors, with a plain tensor
-// that is not a scalar among its arguments, and that writes no distributed argument, runs as a
-// plain op on the scalars' local values, with plain results: each rank computes what one device
-// computes for its plain data (a replicated scalar's local value is its global value). This is
-// clip_grad_norm_(foreach=True) over a model a TP plan parallelizes in part: the plain gradients
-// times the clip coefficient, a replicated scalar. Before, it raised "mixed with distributed
-// tensors" (PyTorch's DTensor raises too). No collective runs, so ranks whose plain tensors
-// differ still take no different communication. False when the op is not such a call.
-bool run_with_replicated_scalars(const c10::OperatorHandle& op, const OpInfo& info,
-                                 torch::jit::Stack* stack, c10::IValue* args, size_t n) {
-  bool plain_tensor = false;
-  c10::SmallVector<size_t, 4> scalars;
-  for (size_t i = 0; i < n; ++i) {
-    if (!args[i].isTensor()) {
-      if (args[i].isTensorList() || args[i].isList()) return false;
-      continue;
-    }
-    const at::Tensor& t = args[i].toTensor();
-    if (!t.defined()) continue;
-    if (const DTensorImpl* impl = dtensor_impl(t)) {
-      if (t.numel() != 1 || !impl->spec().is_replicated()) return false;
-      if (std::find(info.written.begin(), info.written.end(), static_cast<int>(i)) !=
-          info.written.end()) {
-        return false;
-      }
-      scalars.push_back(i);
-    } else if (t.dim() > 0 && t.numel() != 1) {
-      plain_tensor = true;
-    }
-  }
-  if (!plain_tensor || scalars.empty()) return false;
-  for (const size_t i : scalars) args[i] = dtensor_impl(args[i].toTensor())->ready_local();
-  op.callBoxed(stack);
-  return true;
 }
 
 // The op's table entry, or null (looked up again while missing: register_rule may add it).
@@ -503,22 +476,10 @@ void wrap_returns(const OpInfo& info, const c10::FunctionSchema& schema,
   }
 }
 
-// NOTE [foreach ops per element]
-// The _foreach_* ops (optimizers' foreach=True, the default for CUDA tensors) apply one op to
-// each index of their lists, and indices are independent. They run as ATen's own loop (the
-// CompositeExplicitAutograd kernel every backend but CUDA uses), which calls the single-tensor op
-// per index: a distributed element goes through the engine with its own layout (Shard stays
-// Shard, no communication), a plain one runs as is. Before, the whole op was one call: a plain
-// element beside distributed ones (the LayerNorm a TP plan leaves alone) raised "mixed with
-// distributed tensors", and the replicate fallback gathered every sharded element.
-void run_per_element(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
-}
-
 void kernel_body(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const OpInfo& info = info_for(op);
-  if (info.per_element) return run_per_element(op, stack);
-  const EngineScope engine;  // NOTE [engine activity]
+  if (info.per_element) return run_per_element(op, stack);  // NOTE [foreach ops per element]
+  const EngineScope engine;                                 // NOTE [engine activity]
   const c10::FunctionSchema& schema = op.schema();
   const size_t n = schema.arguments().size();
   c10::IValue* args = &(*stack)[stack->size() - n];
@@ -536,8 +497,12 @@ void kernel_body(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                   "so the write would not reach the tensor it views; redistribute that input to "
                   "the needed layout before taking the view, or write out of place");
   }
-  if (!t_replicate_plain && run_with_replicated_scalars(op, info, stack, args, n)) return;
-  Inputs inputs = collect_inputs(info, schema, args, n);
+  Refused refused;
+  Inputs inputs = collect_inputs(info, schema, args, n, &refused);
+  if (refused.arg >= 0) {  // a plain tensor that is not a scalar beside distributed ones
+    if (run_with_replicated_scalars(op, info, stack, args, inputs)) return;
+    throw Error(plain_error(info, schema, refused.arg, refused.tensor));
+  }
   if (program_check_enabled() && inputs[0].spec.mesh().size() > 1) {  // NOTE [program digest]
     record_program_op(inputs[0].spec.mesh(), kOpRan, call_digest(info, args, n));
   }

@@ -1,4 +1,6 @@
-// The replicate fallback of the dispatch kernel: NOTE [replicate fallback] below.
+// The dispatch kernel's ways off the sharded path: the replicate fallback (NOTE [replicate
+// fallback] below), in-place by copy, in-place views, foreach ops per element, replicated scalars
+// with plain tensors.
 
 #include <ATen/ATen.h>
 #include <absl/strings/str_join.h>
@@ -415,6 +417,43 @@ bool run_in_place_view(const OpInfo& info, torch::jit::Stack* stack, size_t n,
   impl->set(local_of(result, info.name.c_str()), spec_of(result, info.name.c_str()));
   torch::jit::drop(*stack, n);
   stack->emplace_back(std::move(self));
+  return true;
+}
+
+// NOTE [foreach ops per element]
+// The _foreach_* ops (optimizers' foreach=True, the default for CUDA tensors) apply one op to
+// each index of their lists, and indices are independent. They run as ATen's own loop (the
+// CompositeExplicitAutograd kernel every backend but CUDA uses), which calls the single-tensor op
+// per index: a distributed element goes through the engine with its own layout (Shard stays
+// Shard, no communication), a plain one runs as is. Before, the whole op was one call: a plain
+// element beside distributed ones (the LayerNorm a TP plan leaves alone) raised "mixed with
+// distributed tensors", and the replicate fallback gathered every sharded element.
+void run_per_element(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+}
+
+// NOTE [replicated scalars with plain tensors]
+// An op whose distributed arguments are all replicated one-element tensors, with a plain tensor
+// that is not a scalar among its arguments, and that writes no distributed argument, runs as a
+// plain op on the scalars' local values, with plain results: each rank computes what one device
+// computes for its plain data (a replicated scalar's local value is its global value). This is
+// clip_grad_norm_(foreach=True) over a model a TP plan parallelizes in part: the plain gradients
+// times the clip coefficient, a replicated scalar. Before, it raised "mixed with distributed
+// tensors" (PyTorch's DTensor raises too). No collective runs, so ranks whose plain tensors
+// differ still take no different communication. The dispatcher asks only when it refused a
+// plain tensor, so ops on distributed tensors alone pay nothing for it.
+bool run_with_replicated_scalars(const c10::OperatorHandle& op, const OpInfo& info,
+                                 torch::jit::Stack* stack, c10::IValue* args,
+                                 const Inputs& inputs) {
+  for (const int i : info.written) {  // out= arguments are not among the inputs
+    if (args[i].isTensor() && is_dtensor(args[i].toTensor())) return false;
+  }
+  if (inputs.empty()) return false;
+  for (const Input& in : inputs) {  // the distributed ones (plain scalars stay as they are)
+    if (in.element >= 0 || in.local.numel() != 1 || !in.spec.is_replicated()) return false;
+  }
+  for (const Input& in : inputs) args[in.arg] = in.local;
+  op.callBoxed(stack);
   return true;
 }
 

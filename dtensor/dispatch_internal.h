@@ -111,4 +111,14 @@ void run_in_place_by_copy(const c10::OperatorHandle& op, const OpInfo& info,
 bool run_in_place_view(const OpInfo& info, torch::jit::Stack* stack, size_t n,
                        const c10::SmallVector<at::Tensor, 8>& originals);
 
+// NOTE [foreach ops per element] (dispatch_fallback.cc): an aten::_foreach_* op runs as ATen's
+// per-index loop, each element through the engine on its own layout.
+void run_per_element(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// NOTE [replicated scalars with plain tensors] (dispatch_fallback.cc): called where a plain
+// tensor that is not a scalar was refused; runs the op as a plain op when every input is a
+// replicated one-element tensor and no distributed argument is written, else false.
+bool run_with_replicated_scalars(const c10::OperatorHandle& op, const OpInfo& info,
+                                 torch::jit::Stack* stack, c10::IValue* args, const Inputs& inputs);
+
 }  // namespace dtensor::dispatch_detail
