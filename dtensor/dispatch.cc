@@ -501,7 +501,11 @@ void kernel_body(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   Inputs inputs = collect_inputs(info, schema, args, n, &refused);
   if (refused.arg >= 0) {  // a plain tensor that is not a scalar beside distributed ones
     if (run_with_replicated_scalars(op, info, stack, args, inputs)) return;
-    throw Error(plain_error(info, schema, refused.arg, refused.tensor));
+    if (!zeros_of_a_backward_formula(info, args, n)) {
+      throw Error(plain_error(info, schema, refused.arg, refused.tensor));
+    }
+    const ReplicatePlainTensorsGuard zeros(true);  // NOTE [zeros of backward formulas]
+    inputs = collect_inputs(info, schema, args, n);
   }
   if (program_check_enabled() && inputs[0].spec.mesh().size() > 1) {  // NOTE [program digest]
     record_program_op(inputs[0].spec.mesh(), kOpRan, call_digest(info, args, n));

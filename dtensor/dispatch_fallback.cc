@@ -1,10 +1,12 @@
 // The dispatch kernel's ways off the sharded path: the replicate fallback (NOTE [replicate
 // fallback] below), in-place by copy, in-place views, foreach ops per element, replicated scalars
-// with plain tensors.
+// with plain tensors, and the zeros of backward formulas.
 
 #include <ATen/ATen.h>
+#include <absl/container/flat_hash_set.h>
 #include <absl/strings/str_join.h>
 #include <absl/synchronization/mutex.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -454,6 +456,42 @@ bool run_with_replicated_scalars(const c10::OperatorHandle& op, const OpInfo& in
   }
   for (const Input& in : inputs) args[in.arg] = in.local;
   op.callBoxed(stack);
+  return true;
+}
+
+// NOTE [zeros of backward formulas]
+// Autograd's formulas for split, split_with_sizes and unbind (FunctionsManual.cpp's
+// split_backward, split_with_sizes_backward, unbind_backward) give an output that received no
+// gradient plain zeros (at::zeros with the input's options: a plain tensor on the mesh's device),
+// then cat or stack them with the distributed gradients of the outputs that were used. So
+// `x, y = a.split(n)` with only x used raised in backward ("a plain tensor mixed with distributed
+// tensors"). Zeros are the same on every rank, so the engine reads them as Replicate, only there:
+// the op is cat or stack, the autograd node being evaluated on this thread is one of those
+// formulas', and every plain tensor in the list is all zeros (checked: a gradient that a hook
+// made plain is not read as replicated; the check reads values, on this rare path only).
+bool zeros_of_a_backward_formula(const OpInfo& info, const c10::IValue* args, size_t n) {
+  if ((info.name != "aten::cat" && info.name != "aten::stack") || n == 0 ||
+      !args[0].isTensorList()) {
+    return false;
+  }
+  const std::shared_ptr<torch::autograd::Node> node = torch::autograd::get_current_node();
+  if (node == nullptr) return false;
+  static const absl::flat_hash_set<std::string> kFormulas = {"SplitBackward0",
+                                                             "SplitWithSizesBackward0",
+                                                             "UnsafeSplitBackward0",
+                                                             "UnsafeSplitWithSizesBackward0",
+                                                             "UnbindBackward0",
+                                                             "SplitBackward0_copy",
+                                                             "SplitWithSizesBackward0_copy",
+                                                             "UnbindBackward0_copy"};
+  if (!kFormulas.contains(node->name())) return false;
+  const c10::List<at::Tensor> list = args[0].toTensorList();
+  for (size_t k = 0; k < list.size(); ++k) {
+    const at::Tensor t = list.get(k);
+    if (!t.defined() || is_dtensor(t)) continue;
+    const LocalKernelScope local;
+    if (t.ne(0).any().item<bool>()) return false;
+  }
   return true;
 }
 

@@ -121,4 +121,9 @@ void run_per_element(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 bool run_with_replicated_scalars(const c10::OperatorHandle& op, const OpInfo& info,
                                  torch::jit::Stack* stack, c10::IValue* args, const Inputs& inputs);
 
+// NOTE [zeros of backward formulas] (dispatch_fallback.cc): true where a refused plain tensor is
+// the zeros that split's or unbind's backward formula put beside distributed gradients in cat or
+// stack; the dispatcher then reads the plain tensors as Replicate.
+bool zeros_of_a_backward_formula(const OpInfo& info, const c10::IValue* args, size_t n);
+
 }  // namespace dtensor::dispatch_detail

@@ -1,7 +1,8 @@
 """FSDP over tensor parallelism (NOTE [FSDP over TP]) against one process, ranks as threads: 2-D
 parameter placements as PyTorch's, parity over AdamW steps with hidden dims 3, 16 and 17, HSDP over
-TP on 8 ranks (3-D), clip_grad_norm_, the size-1 shard refusal, and checkpoints that reshard 2-D ->
-FSDP -> HSDP -> one process. Split from fsdp_test.py (shared helpers in fsdp_testing.py)."""
+TP on 8 ranks (3-D), clip_grad_norm_, the size-1 shard refusal, checkpoints that reshard 2-D ->
+FSDP -> HSDP -> one process, and in-place ops on strided shards. Split from fsdp_test.py (shared
+helpers in fsdp_testing.py)."""
 
 import copy
 
@@ -237,3 +238,36 @@ def _assert_close(got, want):
     assert got.keys() == want.keys()
     for k in want:
         torch.testing.assert_close(got[k], want[k], **TOL, msg=k)
+
+
+@pytest.mark.parametrize("op", ["add_", "mul_", "copy_"])
+def test_in_place_ops_keep_a_strided_self(op):
+    """An in-place op on a tensor split in another order than the mesh's (FSDP over TP's
+    _StridedShard) keeps that order, the other argument moved to it (NOTE [shard order through
+    ops]); with the strided tensor as the other argument, self keeps its plain order. Both equal
+    one device. Before, the order of the default-ordered other argument won (a disagreement gave
+    every input the ascending order) and the write raised an internal assert."""
+    from dtensor.placement_types import _StridedShard
+    torch.manual_seed(0)
+    x, y = torch.randn(9, 4), torch.randn(9, 4)
+    want = getattr(x.clone(), op)(y)
+
+    def fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        strided = [_StridedShard(0, 2), Shard(0)]
+        # The piece of (_StridedShard(0, 2), Shard(0)): "tp" cuts dim 0 first, then "dp".
+        def piece(t):
+            return t.chunk(2)[rank % 2].chunk(2)[rank // 2].clone()
+        for self_strided in (True, False):
+            a = (DTensor.from_local(piece(x), mesh, strided, run_check=False,
+                                    shape=x.shape, stride=x.stride()) if self_strided
+                 else dtensor.distribute_tensor(x, mesh, [Shard(0), Shard(0)]))
+            b = (dtensor.distribute_tensor(y, mesh, [Shard(0), Shard(0)]) if self_strided
+                 else DTensor.from_local(piece(y), mesh, strided, run_check=False,
+                                         shape=y.shape, stride=y.stride()))
+            placements = a.placements
+            out = getattr(a, op)(b)
+            assert out is a and a.placements == placements, (op, self_strided, a.placements)
+            torch.testing.assert_close(a.full_tensor(), want, rtol=0, atol=0)
+
+    dtensor.run_threads(4, fn)

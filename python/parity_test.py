@@ -1,7 +1,8 @@
 """PyTorch parity of the Python face (torch.distributed.tensor, device_mesh, tensor.parallel):
 placement strings and helpers, DTensor's repr, redistribute's forward/backward dtypes,
-PrepareModuleInputOutput, user-written ParallelStyles, exact int fills and the current mesh
-(``with mesh:``). Ranks are threads (simulation mode); results are compared with one device."""
+PrepareModuleInputOutput, user-written ParallelStyles, exact int fills, the current mesh
+(``with mesh:``) and backward through split with unused outputs. Ranks are threads (simulation
+mode); results are compared with one device."""
 
 import copy
 
@@ -462,3 +463,35 @@ def test_get_group_is_a_torch_process_group():
         return True
 
     assert all(dtensor.run_threads(4, fn))
+
+
+@pytest.mark.parametrize("how", ["split", "split_with_sizes", "chunk", "unbind"])
+@pytest.mark.parametrize("placement", [Shard(0), Shard(1), Replicate()])
+def test_backward_through_split_with_unused_outputs(how, placement):
+    """Only some outputs of split / chunk / unbind are used: autograd's formula gives the unused
+    ones plain zeros and cats (stacks) them with the distributed gradients (NOTE [zeros of
+    backward formulas]). The gradient equals one device's and is distributed. Before, backward
+    raised "a plain tensor mixed with distributed tensors" at aten::cat / aten::stack."""
+    torch.manual_seed(0)
+    g = torch.randn(6, 4)
+
+    def forward(t):
+        if how == "split":
+            return t.split(2, dim=1)[0] * 3
+        if how == "split_with_sizes":
+            return t.split([1, 3], dim=1)[1] * 3
+        if how == "chunk":
+            return t.chunk(3, dim=0)[1] * 3
+        return t.unbind(1)[2] * 3
+
+    want = g.clone().requires_grad_()
+    forward(want).sum().backward()
+
+    def fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (2,))
+        a = dtensor.distribute_tensor(g, mesh, [placement]).requires_grad_()
+        forward(a).sum().backward()
+        assert isinstance(a.grad, DTensor)
+        torch.testing.assert_close(a.grad.full_tensor(), want.grad, rtol=0, atol=0)
+
+    dtensor.run_threads(2, fn)

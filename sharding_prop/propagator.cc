@@ -357,16 +357,30 @@ bool admissible(const OpEntry& entry, const Rule& rule, const Candidate& c,
 // moved anyway are moved to that order). Then every input and output dim of that factor is split
 // in that order, so each rank's pieces cover the same indices of the factor, as with the
 // ascending order; any disagreement gives every dim the ascending order (the inputs are
-// redistributed to it). Empty when every input has the default order.
+// redistributed to it), except that a written input (in-place self, Rule::written_inputs) is
+// never moved, so its order wins and the others are moved to it. Empty when every input has the
+// default order.
 std::vector<std::vector<int64_t>> factor_orders(const Rule& rule, const Candidate& c,
-                                                const std::vector<DTensorSpec>& inputs) {
+                                                const std::vector<DTensorSpec>& inputs,
+                                                bool in_place) {
   if (std::all_of(inputs.begin(), inputs.end(),
                   [](const DTensorSpec& s) { return s.has_default_shard_order(); })) {
     return {};
   }
+  const size_t n = std::min(inputs.size(), rule.inputs.size());
+  auto written = [&](size_t i) {
+    return (in_place && i == 0) || (i < rule.written_inputs.size() && rule.written_inputs[i]);
+  };
+  std::vector<size_t> visit;  // the written inputs first: their orders are kept
+  for (size_t i = 0; i < n; ++i) {
+    if (written(i)) visit.push_back(i);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (!written(i)) visit.push_back(i);
+  }
   std::vector<std::vector<int64_t>> order(rule.factors.size());
-  std::vector<bool> conflict(rule.factors.size(), false);
-  for (size_t i = 0; i < inputs.size() && i < rule.inputs.size(); ++i) {
+  std::vector<bool> conflict(rule.factors.size(), false), kept(rule.factors.size(), false);
+  for (size_t i : visit) {
     // A moved input takes whatever order the kept ones agree on (its plan slices accordingly).
     if (c.in[i] != inputs[i].placements()) continue;
     if (static_cast<int64_t>(rule.inputs[i].size()) != inputs[i].ndim()) return {};
@@ -383,8 +397,9 @@ std::vector<std::vector<int64_t>> factor_orders(const Rule& rule, const Candidat
       mine = inputs[i].shard_order(static_cast<int64_t>(d));
       if (order[f].empty()) {
         order[f] = mine;
-      } else if (order[f] != mine) {
-        conflict[f] = true;
+        kept[f] = written(i);
+      } else if (order[f] != mine && !(kept[f] && !written(i))) {
+        conflict[f] = true;  // (an unwritten input that disagrees with a written one is moved)
       }
     }
   }
@@ -425,13 +440,13 @@ ShardOrder order_of(const TensorFactors& dims, const Placements& placements,
 std::shared_ptr<OpSharding> priced(const std::string& op, const Rule& rule, const Candidate& c,
                                    const std::vector<DTensorSpec>& inputs,
                                    const std::vector<TensorMeta>& metas, const OpSharding* best,
-                                   double extra, double flops) {
+                                   double extra, double flops, bool in_place) {
   const DeviceMesh& mesh = inputs[0].mesh();
   auto cand = std::make_shared<OpSharding>();
   cand->op = op;
   cand->cost = extra;
   cand->flops = flops;
-  const auto orders = factor_orders(rule, c, inputs);  // NOTE [shard order through ops]
+  const auto orders = factor_orders(rule, c, inputs, in_place);  // NOTE [shard order through ops]
   for (size_t i = 0; i < inputs.size(); ++i) {
     const ShardOrder order =
         i < rule.inputs.size() ? order_of(rule.inputs[i], c.in[i], orders) : ShardOrder{};
@@ -549,7 +564,8 @@ std::shared_ptr<const OpSharding> compute(const OpEntry& entry,
     // A candidate that needs a collective costs at least one latency: once a cheaper one is
     // known, it cannot win (ties go to the earlier), so its plans are never searched.
     if (best && needs_collective(inputs, c.in) && latency + *extra >= best->cost) continue;
-    auto cand = priced(entry.name, rule, c, inputs, metas, best.get(), *extra, flops);
+    auto cand =
+        priced(entry.name, rule, c, inputs, metas, best.get(), *extra, flops, entry.in_place);
     if (cand && (!best || cand->cost < best->cost)) {
       best = std::move(cand);
       best_layout = std::move(c);
@@ -574,7 +590,8 @@ std::shared_ptr<const OpSharding> compute(const OpEntry& entry,
   DTENSOR_CHECK(best != nullptr, entry.name, " on ", specs_text(inputs),
                 ": no sharding keeps the written inputs' placements; redistribute them first");
   std::vector<TensorMeta> out_metas = output_metas(entry, built, inputs, aten_metas);
-  const auto orders = factor_orders(rule, best_layout, inputs);  // NOTE [shard order through ops]
+  const auto orders =
+      factor_orders(rule, best_layout, inputs, entry.in_place);  // NOTE [shard order through ops]
   for (size_t o = 0; o < rule.outputs.size(); ++o) {
     best->outputs.push_back(
         DTensorSpec::make(inputs[0].mesh(), best_layout.out[o], std::move(out_metas[o]),
