@@ -1,5 +1,6 @@
 #include "collectives/launch_env.h"
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <cstdlib>
@@ -303,6 +304,40 @@ std::shared_ptr<RankContext> init_from_env(const std::string& backend,
   ctx->set_store(store);
   set_process_context(ctx);
   return ctx;
+}
+
+int64_t device_count(c10::DeviceType type) {
+  if (type == c10::DeviceType::CPU) return 1;
+  if (!c10::impl::hasDeviceGuardImpl(type)) return 0;
+  return c10::impl::getDeviceGuardImpl(type)->deviceCount();
+}
+
+std::string default_backend(c10::DeviceType device_type, std::optional<int64_t> devices) {
+  if (const auto b = env("DTENSOR_BACKEND"); b && !b->empty()) return *b;
+  const auto local = env("LOCAL_WORLD_SIZE");
+  const int64_t local_n = local ? env_int("LOCAL_WORLD_SIZE") : 0;
+  const int64_t world = local ? env_int("WORLD_SIZE", local_n) : 0;
+  if (device_type == c10::DeviceType::CUDA) {
+    const int64_t gpus = devices ? *devices : device_count(device_type);
+    const bool shared = local && gpus > 0 && local_n > gpus && world == local_n;
+    return shared ? "cuda_ipc" : "nccl";
+  }
+  if (local && local_n < world) return "c10d";
+  return "shm";
+}
+
+void select_local_device(c10::DeviceType device_type) {
+  if (device_type == c10::DeviceType::CPU) return;
+  const int64_t count = device_count(device_type);
+  if (count == 0) {
+    throw Error(std::string("select_local_device: this process sees no ") +
+                c10::DeviceTypeName(device_type, /*lower_case=*/true) +
+                " device (libtorch without its support, or none on this machine)");
+  }
+  if (!env("LOCAL_RANK") && !env("RANK")) return;  // not launched: the current device stays
+  const int64_t local = env("LOCAL_RANK") ? env_int("LOCAL_RANK") : env_int("RANK");
+  c10::impl::getDeviceGuardImpl(device_type)
+      ->setDevice(c10::Device(device_type, static_cast<c10::DeviceIndex>(local % count)));
 }
 
 }  // namespace dtensor::collectives

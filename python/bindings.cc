@@ -188,4 +188,20 @@ PYBIND11_MODULE(_C, m) {
       py::arg("backend") = "", py::arg("timeout_ms") = 0, py::call_guard<py::gil_scoped_release>(),
       "Rendezvous from torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) through "
       "a TCPStore and install the process's collectives context.");
+  m.def(
+      "default_backend",
+      [](const std::string& device_type, std::optional<int64_t> devices) {
+        return collectives::default_backend(parse_device_type(device_type), devices);
+      },
+      py::arg("device_type") = "cpu", py::arg("devices") = py::none(),
+      "The collectives backend a launched job uses for meshes of this device type (`devices`: "
+      "how many of them this process sees; default: libtorch's count).");
+  m.def(
+      "select_local_device",
+      [](const std::string& device_type) {
+        collectives::select_local_device(parse_device_type(device_type));
+      },
+      py::arg("device_type"),
+      "Makes LOCAL_RANK % device count the current device of this type (PyTorch's "
+      "init_device_mesh).");
 }

@@ -78,8 +78,15 @@ at::Tensor rotate_half(const at::Tensor& x) {
 
 }  // namespace
 
-Llama::Llama(const LlamaConfig& config, std::optional<DeviceMesh> mesh, int64_t max_batch)
-    : config_(config), mesh_(std::move(mesh)), max_batch_(max_batch), used_(max_batch, false) {
+Llama::Llama(const LlamaConfig& config, std::optional<DeviceMesh> mesh, int64_t max_batch,
+             std::optional<c10::Device> device)
+    : config_(config),
+      mesh_(std::move(mesh)),
+      device_(mesh_ ? mesh_->local_device() : device.value_or(c10::Device(at::kCPU))),
+      max_batch_(max_batch),
+      used_(max_batch, false) {
+  DTENSOR_CHECK(!mesh_ || !device || device->type() == device_.type(), "Llama: device ",
+                device->str(), " differs from the mesh's device type ", device_.str());
   DTENSOR_CHECK(config_.dim % config_.heads == 0, "Llama: dim ", config_.dim,
                 " is not a multiple of heads ", config_.heads);
   DTENSOR_CHECK(max_batch_ > 0, "Llama: max_batch must be positive, got ", max_batch_);
@@ -90,7 +97,7 @@ Llama::Llama(const LlamaConfig& config, std::optional<DeviceMesh> mesh, int64_t 
                   "Llama: heads ", config_.heads, ", hidden ", config_.hidden, " and vocab ",
                   config_.vocab, " must divide by the ", n, " ranks");
   }
-  const auto opts = at::TensorOptions().dtype(at::kFloat);
+  const auto opts = at::TensorOptions().dtype(at::kFloat).device(device_);
   const auto placements = llama_placements();
   for (const auto& [key, shape] : llama_shapes(config_)) {
     weights_[key] =
@@ -108,7 +115,7 @@ Llama::Llama(const LlamaConfig& config, std::optional<DeviceMesh> mesh, int64_t 
       at::pow(at::Scalar(config_.rope_theta), at::arange(0, hd, 2, f64) / hd).reciprocal();
   const at::Tensor angles = at::outer(at::arange(config_.max_seq, f64), inv_freq);
   const at::Tensor emb = at::cat({angles, angles}, -1);
-  rope_cos_ = replicated(emb.cos().to(at::kFloat));
+  rope_cos_ = replicated(emb.cos().to(at::kFloat));  // computed on the CPU, then moved
   rope_sin_ = replicated(emb.sin().to(at::kFloat));
 }
 
@@ -138,7 +145,8 @@ at::Tensor Llama::v_cache(int slot) const { return v_cache_.select(1, slot); }
 
 at::Tensor Llama::replicated(const at::Tensor& plain) const {
   // No source rank: every rank holds the same values, nothing is communicated.
-  return mesh_ ? api::distribute_tensor(plain, *mesh_, {Replicate()}) : plain;
+  const at::Tensor here = on_device(plain);
+  return mesh_ ? api::distribute_tensor(here, *mesh_, {Replicate()}) : here;
 }
 
 // NOTE [rotary tables]
@@ -161,7 +169,7 @@ at::Tensor Llama::rope(const at::Tensor& x, const std::vector<int64_t>& position
         const at::Tensor sin = p[2].index_select(0, p[3]).view(shape);
         return p[0] * cos + rotate_half(p[0]) * sin;
       },
-      {x, rope_cos_, rope_sin_, at::tensor(positions, at::kLong)},
+      {x, rope_cos_, rope_sin_, on_device(at::tensor(positions, at::kLong))},
       {{Shard(0)}, {Replicate()}, {Replicate()}, {Replicate()}}, {Shard(0)});
 }
 
@@ -178,7 +186,7 @@ at::Tensor Llama::block_to_logits(const at::Tensor& h, const at::Tensor& ctx) co
   const at::Tensor last = h2.select(1, h2.size(1) - 1);  // [n, D]
   const at::Tensor logits =
       at::linear(rms_norm(last, w.at("norm.weight"), config_.eps), w.at("output.weight"));
-  return (mesh_ ? api::full_tensor(logits) : logits).contiguous();
+  return (mesh_ ? api::full_tensor(logits) : logits).to(at::kCPU).contiguous();
 }
 
 at::Tensor Llama::prefill(const Sequence& seq) {
@@ -262,8 +270,8 @@ at::Tensor Llama::decode(const std::vector<Sequence>& batch) {
   // the lowest free slots), else gathered.
   bool leading = true;
   for (int64_t i = 0; i < n; ++i) leading = leading && slots[i] == i;
-  const at::Tensor mask =
-      at::arange(L, at::kLong).view({1, 1, L}) > at::tensor(positions, at::kLong).view({n, 1, 1});
+  const at::Tensor mask = on_device(at::arange(L, at::kLong).view({1, 1, L}) >
+                                    at::tensor(positions, at::kLong).view({n, 1, 1}));
   // Attention reads and writes only this rank's heads (q, k, v and both caches are sharded on
   // heads), so it runs as one local computation (NOTE [local chains]); its output [n, 1, D] is
   // sharded on D, head-major. Prefill keeps attention as distributed ops.
@@ -284,8 +292,8 @@ at::Tensor Llama::decode(const std::vector<Sequence>& batch) {
         const at::Tensor attn = at::softmax(scores.masked_fill(p[7], -1e9), -1);  // [h, n, 1, L]
         return at::matmul(attn, vals).permute({1, 2, 0, 3}).reshape({n, 1, h * hd});
       },
-      {q, k, v, k_cache_, v_cache_, at::tensor(flat, at::kLong), at::tensor(slots, at::kLong),
-       mask},
+      {q, k, v, k_cache_, v_cache_, on_device(at::tensor(flat, at::kLong)),
+       on_device(at::tensor(slots, at::kLong)), mask},
       {{Shard(0)},
        {Shard(0)},
        {Shard(0)},

@@ -20,6 +20,7 @@
 // every slot, and attention never leaves the rank (heads are independent).
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <map>
@@ -58,9 +59,11 @@ std::map<std::string, Placement> llama_placements();
 class Llama {
  public:
   // `mesh`: a 1-D tensor-parallel mesh over the current world (heads and hidden must divide
-  // evenly by its size), or std::nullopt for one process and plain tensors. Weights start at
-  // zero; load() fills them.
-  Llama(const LlamaConfig& config, std::optional<DeviceMesh> mesh, int64_t max_batch);
+  // evenly by its size), or std::nullopt for one process and plain tensors. The weights, the
+  // cache and every step's tensors live on the mesh's device (NOTE [mesh device]), or without
+  // a mesh on `device` (the CPU by default). Weights start at zero; load() fills them.
+  Llama(const LlamaConfig& config, std::optional<DeviceMesh> mesh, int64_t max_batch,
+        std::optional<c10::Device> device = std::nullopt);
 
   // Loads the weights from a checkpoint directory (every rank of the mesh calls it).
   void load(const std::string& dir);
@@ -72,7 +75,8 @@ class Llama {
   void free_slot(int slot);
 
   // Appends each sequence's new positions to its slot's cache and returns the last position's
-  // logits of each sequence: a plain float [n, vocab] tensor, equal on every rank. All ranks call
+  // logits of each sequence: a plain float [n, vocab] CPU tensor (sampling reads it there: one
+  // device-to-host copy per step on a GPU), equal on every rank. All ranks call
   // it with the same batch. When every sequence brings exactly one token the call is one batched
   // decode (NOTE [batched decode] in llama.cc); otherwise each sequence runs alone.
   at::Tensor forward(const std::vector<Sequence>& batch);
@@ -84,9 +88,14 @@ class Llama {
   const LlamaConfig& config() const { return config_; }
   // Whether the weights are distributed tensors (a mesh was given).
   bool distributed() const { return mesh_.has_value(); }
+  // Where the model's tensors (their local pieces) live.
+  c10::Device device() const { return device_; }
 
  private:
+  // A CPU-built tensor (token ids, positions, masks) on the model's device, replicated when
+  // there is a mesh.
   at::Tensor replicated(const at::Tensor& plain) const;
+  at::Tensor on_device(const at::Tensor& plain) const { return plain.to(device_); }
   at::Tensor rope(const at::Tensor& x, const std::vector<int64_t>& positions, bool per_batch) const;
   at::Tensor block_to_logits(const at::Tensor& h, const at::Tensor& ctx_last) const;
   at::Tensor prefill(const Sequence& seq);
@@ -94,6 +103,7 @@ class Llama {
 
   LlamaConfig config_;
   std::optional<DeviceMesh> mesh_;
+  c10::Device device_;
   int64_t max_batch_;
   std::map<std::string, at::Tensor> weights_;
   at::Tensor k_cache_, v_cache_;    // [heads, max_batch, max_seq, head_dim]

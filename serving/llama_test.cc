@@ -1,6 +1,7 @@
 // The serving model (serving/llama.h) against itself: the KV cache against full recompute, 2 and
 // 4 tensor-parallel ranks (threads) against one process, batched decode against sequences run
-// alone, the cache's shards. The Python parity test is examples/llama_parity_test.py.
+// alone, the cache's shards, and on a GPU (where there is one) against the CPU. The Python parity
+// test is examples/llama_parity_test.py.
 
 #include "serving/llama.h"
 
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "collectives/launch_env.h"
 #include "collectives/rank_context.h"
 #include "dtensor/api.h"
 
@@ -213,6 +215,51 @@ TEST_F(LlamaTest, SlotsAndBadInput) {
   EXPECT_THROW(model.free_slot(a), std::exception);
   EXPECT_THROW(model.forward({{a, {1}, 0}}), std::exception);  // not allocated
   model.free_slot(b);
+}
+
+// The inference server's model on a GPU (./x serve --device cuda; runs in tools/gpu/check.sh's
+// serve stage, skipped where there is no CUDA device): every tensor on the GPU, the logits back
+// on the host, and the same tokens and logits (1e-4) as on the CPU, through the cache and a
+// batched decode.
+TEST_F(LlamaTest, CudaEqualsCpuTokenForToken) {
+  if (collectives::device_count(c10::DeviceType::CUDA) == 0) GTEST_SKIP() << "no CUDA device";
+  Llama cpu = one_process();
+  Llama gpu(LlamaConfig{}, std::nullopt, 4, c10::Device(c10::DeviceType::CUDA, 0));
+  gpu.load(dir_);
+  EXPECT_TRUE(gpu.device().is_cuda());
+  for (const auto& [key, w] : gpu.weights()) EXPECT_TRUE(w.is_cuda()) << key;
+  EXPECT_TRUE(gpu.k_cache(0).is_cuda());
+  for (const Tokens& prompt : {Tokens{1, 2, 3}, Tokens{400, 7, 7, 7, 9}, Tokens{42}}) {
+    EXPECT_EQ(greedy_generate(gpu, prompt, 12), greedy_generate(cpu, prompt, 12));
+  }
+  std::vector<Sequence> prefill, decode;
+  for (int i = 0; i < 3; ++i) {
+    const int slot = cpu.alloc_slot();
+    EXPECT_EQ(gpu.alloc_slot(), slot);
+    prefill.push_back({slot, {5 + i, 6, 7}, 0});
+    decode.push_back({slot, {9 - i}, 3});
+  }
+  for (const auto* batch : {&prefill, &decode}) {
+    const at::Tensor want = cpu.forward(*batch), got = gpu.forward(*batch);
+    EXPECT_TRUE(got.is_cpu());
+    EXPECT_TRUE(at::allclose(got, want, /*rtol=*/1e-4, /*atol=*/1e-4))
+        << (got - want).abs().max().item<float>();
+  }
+}
+
+// A device that is not the mesh's is refused, naming both.
+TEST_F(LlamaTest, DeviceOtherThanTheMeshsIsRefused) {
+  run_threads(1, [&](int64_t) {
+    try {
+      Llama model(LlamaConfig{}, api::init_device_mesh({1}), 2,
+                  c10::Device(c10::DeviceType::CUDA, 0));
+      ADD_FAILURE() << "a CUDA device on a CPU mesh was accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("differs from the mesh's device type cpu"),
+                std::string::npos)
+          << e.what();
+    }
+  });
 }
 
 }  // namespace

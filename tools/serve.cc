@@ -3,8 +3,13 @@
 // ./x serve through tools/launch.py, or by torchrun); rank 0 also serves HTTP. Without the
 // torchrun variables it serves as one process with plain tensors.
 //
+// --device cuda: the weights, the KV cache and every step run on this rank's GPU (LOCAL_RANK %
+// GPUs, as PyTorch's init_device_mesh picks it), the ranks on NCCL, or on cuda_ipc when they
+// outnumber the host's GPUs (collectives::default_backend; $DTENSOR_BACKEND overrides); the
+// logits come back to the host for sampling, one copy per step.
+//
 //   serve --checkpoint DIR [--port 8000] [--host 127.0.0.1] [--max-batch 8] [--max-queue 32]
-//         [--context 256] [--port-file FILE] [--profile]
+//         [--context 256] [--port-file FILE] [--profile] [--device cpu|cuda]
 //         [--vocab 512 --dim 128 --heads 8 --hidden 384]   (the model's sizes; the demo's by
 //         default)
 //
@@ -24,6 +29,7 @@
 
 #include "absl/flags/flag.h"
 #include "collectives/launch_env.h"
+#include "device_mesh/device_mesh.h"
 #include "dtensor/api.h"
 #include "serving/http_server.h"
 #include "serving/llama.h"
@@ -39,6 +45,7 @@ ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once se
 ABSL_FLAG(int64_t, max_batch, 8, "requests decoded together (KV cache slots)");
 ABSL_FLAG(int64_t, max_queue, 32, "requests waiting for a slot; more get 429");
 ABSL_FLAG(int64_t, context, 256, "context length: prompt plus generated tokens");
+ABSL_FLAG(std::string, device, "cpu", "where the model runs: cpu or cuda");
 ABSL_FLAG(bool, profile, false,
           "time each decode step's local kernels and collectives (/metrics; NOTE [step profile])");
 
@@ -62,8 +69,23 @@ int main(int argc, char** argv) {
   }
   ::signal(SIGPIPE, SIG_IGN);
   at::set_num_threads(1);
+  const std::string device_flag = absl::GetFlag(FLAGS_device);
+  if (device_flag != "cpu" && device_flag != "cuda") {
+    std::fprintf(stderr, "serve: --device must be cpu or cuda, got '%s'\n", device_flag.c_str());
+    return 2;
+  }
+  const c10::DeviceType device_type =
+      device_flag == "cuda" ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
   std::shared_ptr<collectives::RankContext> ctx;
-  if (collectives::launch_env_from_environ()) ctx = api::init_from_env();
+  try {
+    collectives::select_local_device(device_type);  // before any communicator is made
+    if (collectives::launch_env_from_environ()) {
+      ctx = api::init_from_env(collectives::default_backend(device_type));
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "serve: --device %s: %s\n", device_flag.c_str(), e.what());
+    return 2;
+  }
   const int64_t world = ctx ? ctx->world_size() : 1, rank = ctx ? ctx->rank() : 0;
   if (rank == 0) {
     ::signal(SIGTERM, on_signal);
@@ -74,9 +96,11 @@ int main(int argc, char** argv) {
 
   const LlamaConfig config = tools::llama_config_from_flags(absl::GetFlag(FLAGS_context));
   std::optional<DeviceMesh> mesh;
-  if (world > 1) mesh = api::init_device_mesh({world});
+  if (world > 1) mesh = api::init_device_mesh({world}, {}, device_type);
   const int64_t max_batch = absl::GetFlag(FLAGS_max_batch);
-  Llama model(config, mesh, max_batch);
+  // Without a mesh: the current device of that type (select_local_device's choice).
+  Llama model(config, mesh, max_batch,
+              mesh ? std::nullopt : std::optional<c10::Device>(mesh_device(device_type)));
   model.load(checkpoint);
   ByteTokenizer tokenizer(config.vocab);
   Metrics metrics;
@@ -114,9 +138,9 @@ int main(int argc, char** argv) {
       std::ofstream(port_file + ".tmp") << http->port() << "\n";
       std::rename((port_file + ".tmp").c_str(), port_file.c_str());
     }
-    std::printf("serving %s on http://%s:%d/v1/completions (%lld ranks, max batch %lld)\n",
+    std::printf("serving %s on http://%s:%d/v1/completions (%lld ranks, max batch %lld, %s)\n",
                 checkpoint.c_str(), hopts.host.c_str(), http->port(), static_cast<long long>(world),
-                static_cast<long long>(max_batch));
+                static_cast<long long>(max_batch), model.device().str().c_str());
     std::fflush(stdout);
     watcher = std::thread([&] {
       while (!done) {

@@ -16,18 +16,12 @@ def default_backend(device_type="cpu"):
     ``nccl``, or ``cuda_ipc`` when this host's ranks outnumber its GPUs (LOCAL_WORLD_SIZE >
     device count: ranks share a GPU, which NCCL refuses; NOTE [cuda_ipc backend]); ``c10d``
     (Gloo) when the ranks span hosts (WORLD_SIZE > LOCAL_WORLD_SIZE), and ``shm`` (shared
-    memory) for CPU ranks on one host."""
-    if os.environ.get("DTENSOR_BACKEND"):
-        return os.environ["DTENSOR_BACKEND"]
-    local = os.environ.get("LOCAL_WORLD_SIZE")
+    memory) for CPU ranks on one host. The choice is C++'s (collectives/launch_env.h), which
+    the server (tools/serve.cc) makes too, given torch.cuda's device count."""
     if device_type == "cuda":
-        shared = (local is not None and torch.cuda.is_available()
-                  and int(local) > torch.cuda.device_count()
-                  and int(os.environ.get("WORLD_SIZE", local)) == int(local))
-        return "cuda_ipc" if shared else "nccl"
-    if local is not None and int(local) < int(os.environ.get("WORLD_SIZE", local)):
-        return "c10d"
-    return "shm"
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return _C.default_backend(device_type, gpus)
+    return _C.default_backend(device_type)
 
 
 # The device types this engine runs meshes on (CPU collectives: threads, shm, Gloo; CUDA: NCCL,
@@ -45,14 +39,11 @@ def _check_device_type(device_type):
 def _select_cuda_device(device_type):
     """PyTorch's init_device_mesh on CUDA: the calling process's current device becomes
     ``LOCAL_RANK % device_count`` (``RANK % device_count`` without LOCAL_RANK), before any
-    communicator is made on it. NOTE [mesh device]: the C++ mesh's local tensors live on the
-    current device."""
+    communicator is made on it (C++'s select_local_device). NOTE [mesh device]: the C++ mesh's
+    local tensors live on the current device."""
     if device_type != "cuda" or not torch.cuda.is_available():
         return
-    count = torch.cuda.device_count()
-    local = os.environ.get("LOCAL_RANK", os.environ.get("RANK"))
-    if local is not None and count > 0:
-        torch.cuda.set_device(int(local) % count)
+    _C.select_local_device(device_type)
 
 
 def _ensure_context(device_type="cpu"):

@@ -27,8 +27,9 @@
 # Tests: nccl_link_test (world size 1: NCCL refuses two ranks on one GPU),
 # symmetric_memory_cuda_test (2 processes sharing the GPU) and cuda_ipc_test (every collective on
 # 2 and 3 processes sharing the GPU, NOTE [cuda_ipc backend]); after the 1-rank TP demo, the demo
-# on 2 and 4 ranks sharing the GPU (cuda_ipc) and tools/gpu/ipc_bandwidth.py (its bus bandwidth
-# against a device copy). Logs go to the build folder, and
+# on 2 and 4 ranks sharing the GPU (cuda_ipc), the inference server's model on the GPU (stage
+# serve: serving/llama_test and tools/llama_generate, 1 and 2 processes, tokens against the CPU's)
+# and tools/gpu/ipc_bandwidth.py (its bus bandwidth against a device copy). Logs go to the build folder, and
 # all of them as one file to $OUT when that is set (the device run's folder that comes back).
 # Ends with one summary line per stage; exits non-zero when something failed to build or a test
 # failed. SKIP_ENGINE=1 stops after the collectives' tests.
@@ -49,7 +50,7 @@ NCCL_BACKEND_SRC=${NCCL_BACKEND_SRC:-collectives/nccl_backend.cc}
 TESTS=("$@")
 [ ${#TESTS[@]} -gt 0 ] || TESTS=(nccl_link_test symmetric_memory_cuda_test cuda_ipc_test)
 # STAGES: which stages run (all by default), e.g. STAGES=tp,bench for a short rerun.
-STAGES=${STAGES:-tests,probe,cuda_test,op_db,tp,tp_shared,ipc_bench,bench}
+STAGES=${STAGES:-tests,probe,cuda_test,op_db,tp,tp_shared,serve,ipc_bench,bench}
 stage() { [[ ",$STAGES," == *",$1,"* ]]; }
 stage tests || TESTS=()
 rm -rf "$LOGS"
@@ -117,6 +118,9 @@ CXXFLAGS+=" -isystem $PYINC${PYBIND:+ -isystem $PYBIND}"
 export CXXFLAGS BUILD LOGS ROOT
 SRCS=("${LIB_SRCS[@]}" "${GTEST_SRCS[@]}")
 [ "${SKIP_ENGINE:-}" = 1 ] || SRCS+=("${ENGINE_SRCS[@]}" "${EXT_SRCS[@]}")
+# The serving model and its programs (stage serve).
+SERVE_SRCS=(serving/llama.cc tools/llama_flags.cc serving/llama_test.cc tools/llama_generate.cc)
+[ "${SKIP_ENGINE:-}" != 1 ] && stage serve && SRCS+=("${SERVE_SRCS[@]}")
 for t in "${TESTS[@]}"; do SRCS+=("collectives/$t.cc"); done
 t0=$(date +%s)
 printf '%s\n' "${SRCS[@]}" | xargs -P "$JOBS" -I{} bash -c 'compile "$@"' _ {}
@@ -236,6 +240,57 @@ if [ "${SKIP_ENGINE:-}" != 1 ]; then
           "$LOGS/tp_demo_cuda_$n.log" || echo "did not finish (exit $rc)")")
         [ $rc -eq 0 ] || engine=1
       done
+    fi
+    # The inference server's model on CUDA (serving/llama.h, what ./x serve --device cuda runs;
+    # the C++ API with no Python): serving's tests (llama_test, its CUDA case against the CPU),
+    # then llama_generate's greedy tokens on the GPU, in one process and in 2 processes sharing
+    # it (cuda_ipc), each equal to the CPU's, from the TP demo's checkpoint (the tp stage's, else
+    # saved here by a 1-step CPU run).
+    if stage serve; then
+      SERVE_OBJS=()
+      for s in "${ENGINE_SRCS[@]}" serving/llama.cc tools/llama_flags.cc; do
+        SERVE_OBJS+=("$(obj_of "$s")")
+      done
+      NOGTEST=("${LIBOBJS[@]/*gtest*/}")
+      LINK_TAIL=($TORCH_LIBS "$DEPS"/lib/libabsl_*.so.* "$NCCL_SO" "$CUDART_SO"
+        /lib/x86_64-linux-gnu/libz.so.1
+        -Wl,-rpath,"$DEPS/lib:$(dirname "$NCCL_SO"):$(dirname "$CUDART_SO")"
+        -Wl,--disable-new-dtags -lrt -ldl -pthread)
+      if g++ -o "$BUILD/llama_test" "${LIBOBJS[@]}" "${SERVE_OBJS[@]}" \
+            "$(obj_of serving/llama_test.cc)" "${LINK_TAIL[@]}" >"$LOGS/link-llama_test.log" 2>&1 \
+          && g++ -o "$BUILD/llama_generate" ${NOGTEST[@]} "${SERVE_OBJS[@]}" \
+            "$(obj_of tools/llama_generate.cc)" "${LINK_TAIL[@]}" \
+            >"$LOGS/link-llama_generate.log" 2>&1; then
+        timeout 300 "$BUILD/llama_test" --gtest_color=no >"$LOGS/llama_test.log" 2>&1
+        rc=$?
+        grep -E '^\[ +(OK|FAILED|SKIPPED) +\]' "$LOGS/llama_test.log" | head -20
+        summary+=("serving model tests: $(grep -E '^\[ +(PASSED|FAILED|SKIPPED) +\]' \
+          "$LOGS/llama_test.log" | paste -sd' ' -) (exit $rc)")
+        [ $rc -eq 0 ] || engine=1
+        ckpt=$BUILD/llama_ckpt
+        if [ ! -f "$ckpt/model.safetensors.index.json" ]; then
+          ckpt=$BUILD/llama_ckpt_cpu
+          PYTHONPATH=$PYPKG RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 \
+            MASTER_PORT=29533 timeout 120 $PY examples/llama_train.py --steps 1 --save "$ckpt" \
+            >"$LOGS/serve_ckpt.log" 2>&1
+        fi
+        gen=("$BUILD/llama_generate" --checkpoint "$ckpt" --prompt 1,2,3,4,5 --max_new_tokens 16)
+        tokens() { grep -o '{"tokens".*}' | head -1; }
+        want=$(timeout 120 "${gen[@]}" --device cpu 2>>"$LOGS/llama_generate.log" | tokens)
+        one=$(timeout 120 "${gen[@]}" --device cuda 2>>"$LOGS/llama_generate.log" | tokens)
+        two=$(timeout 180 $PY tools/launch.py -n 2 -- "${gen[@]}" --device cuda \
+          2>>"$LOGS/llama_generate.log" | tokens)
+        echo "llama_generate: cpu $want; cuda $one; cuda, 2 processes $two"
+        if [ -n "$want" ] && [ "$one" = "$want" ] && [ "$two" = "$want" ]; then
+          summary+=("serving model on cuda: tokens equal the CPU's (1 process, 2 sharing the GPU)")
+        else
+          summary+=("serving model on cuda: tokens DIFFER or missing (cpu '$want', cuda '$one', 2 processes '$two'; log llama_generate.log)")
+          engine=1
+        fi
+      else
+        echo "FAILED to link llama_test or llama_generate"; tail -20 "$LOGS"/link-llama_*.log
+        summary+=("serving model: FAILED to link"); engine=1
+      fi
     fi
     # cuda_ipc's bus bandwidth on 2 ranks sharing the GPU against a device copy (64 MiB).
     if stage ipc_bench; then
