@@ -235,12 +235,13 @@ at::Tensor full(const std::vector<int64_t>& size, const at::Scalar& value, const
 }
 
 // NOTE [DTensor random] (random.h): the global tensor is drawn chunk by chunk, the box kept (ATen's
-// rand and randn are empty(size).uniform_(0, 1) and empty(size).normal_(0, 1)).
+// rand and randn are empty(size).uniform_(0, 1) and empty(size).normal_(0, 1)); on a CUDA mesh in
+// one draw on the GPU (NOTE [random on a CUDA mesh]).
 at::Tensor rand(const std::vector<int64_t>& size, const DeviceMesh& mesh,
                 const Placements& placements, at::TensorOptions options) {
   return factory(size, mesh, placements, options, "rand",
                  [](const DTensorSpec& s, const LocalBox& b, const at::TensorOptions& o) {
-                   const at::Generator g = rank_generator();
+                   const at::Generator g = rank_generator(o.device());
                    check_generators_agree(s.mesh(), g, "rand");
                    at::Tensor piece = at::empty(b.shape, o);
                    draw_box(s.shape(), b, DrawOrder::kPerElement, g, piece,
@@ -253,7 +254,7 @@ at::Tensor randn(const std::vector<int64_t>& size, const DeviceMesh& mesh,
                  const Placements& placements, at::TensorOptions options) {
   return factory(size, mesh, placements, options, "randn",
                  [](const DTensorSpec& s, const LocalBox& b, const at::TensorOptions& o) {
-                   const at::Generator g = rank_generator();
+                   const at::Generator g = rank_generator(o.device());
                    check_generators_agree(s.mesh(), g, "randn");
                    at::Tensor piece = at::empty(b.shape, o);
                    draw_box(s.shape(), b, DrawOrder::kNormalFill, g, piece,

@@ -238,12 +238,12 @@ void wrap_fallback_returns(const OpInfo& info, size_t returns, const DeviceMesh&
   }
 }
 
-// NOTE [random on a CUDA mesh] (random.h) for the fallback: an op whose generator is a CPU one
-// (the rank generator) while its tensors live on another device (a CUDA mesh) runs on CPU copies
-// of its arguments, so it draws the CPU generator's values as every random op on such a mesh does;
-// the arguments it writes take the CPU results back and its other returns go to the device.
-// Before, ATen refused the call ("Expected a 'cuda' device type for generator but found 'cpu'":
-// normal, bernoulli, multinomial, rrelu on CUDA in the op_db sweep).
+// NOTE [random on a CUDA mesh] (random.h) for the fallback: an op given a CPU generator while its
+// tensors live on another device (a CUDA mesh) runs on CPU copies of its arguments, so it draws
+// the CPU generator's values; the arguments it writes take the CPU results back and its other
+// returns go to the device. Before, ATen refused the call ("Expected a 'cuda' device type for
+// generator but found 'cpu'": normal, bernoulli, multinomial, rrelu on CUDA in the op_db sweep,
+// when the fallback gave them the CPU rank generator; it now gives them the GPU's).
 void call_with_cpu_generator(const c10::OperatorHandle& op, const OpInfo& info,
                              torch::jit::Stack* stack, size_t n) {
   c10::IValue* args = &(*stack)[stack->size() - n];
@@ -301,10 +301,11 @@ void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   c10::SmallVector<c10::IValue, 8> written_whole(n);
   for (const int i : written) written_whole[i] = args[i];
   for (const WrittenList& w : written_lists) written_whole[w.arg] = args[w.arg];
-  if (info.generator_arg >= 0 && args[info.generator_arg].isNone()) {
-    args[info.generator_arg] = rank_generator();
-  }
   const DeviceMesh mesh = inputs.at(0).spec.mesh();
+  if (info.generator_arg >= 0 && args[info.generator_arg].isNone()) {
+    // The whole tensors are on the mesh's device: its generator (NOTE [random on a CUDA mesh]).
+    args[info.generator_arg] = rank_generator(mesh.local_device());
+  }
   {
     const LocalKernelScope local;  // NOTE [engine activity]
     // Any op may draw inside (a composite's dropout: _scaled_dot_product_attention_forward

@@ -30,7 +30,7 @@ void run_random(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::S
   const at::Tensor piece = in_place                          ? local
                            : local.sizes().equals(box.shape) ? at::empty_like(local, options)
                                                              : at::empty(box.shape, options);
-  at::Generator gen = rank_generator();
+  at::Generator gen = rank_generator(piece.device());  // NOTE [random on a CUDA mesh]
   if (info.generator_arg >= 0) {
     if (args[info.generator_arg].isNone()) {
       args[info.generator_arg] = gen;
@@ -40,7 +40,8 @@ void run_random(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::S
   }
   check_generators_agree(out.mesh(), gen, info.name);  // NOTE [rank generators agree]
   RandomFill fill = like_fill(info.name, args, gen);   // rand_like & co.: from the rank generator
-  const bool own_generator = info.generator_arg >= 0 || fill != nullptr;
+  // A device generator is the op's own default already; the CPU default is lent the rank's.
+  const bool own_generator = info.generator_arg >= 0 || fill != nullptr || !gen.device().is_cpu();
   const size_t n = op.schema().arguments().size();
   std::vector<c10::IValue> call(args, args + n);
   torch::jit::drop(*stack, n);
@@ -68,8 +69,21 @@ void run_random(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::S
   stack->push_back(in_place ? self : make_dtensor(piece, out));
 }
 
+// Whether a tensor of `shape` with `stride` is contiguous as ATen sees it (size-1 dims' strides
+// do not count).
+bool contiguous_layout(const std::vector<int64_t>& shape, const std::vector<int64_t>& stride) {
+  int64_t expected = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    if (shape[d] == 1) continue;
+    if (stride.at(d) != expected) return false;
+    expected *= shape[d];
+  }
+  return true;
+}
+
 // native_dropout as the CPU kernel computes it, with the mask drawn for the global tensor (in
-// chunks, as bernoulli_).
+// chunks, as bernoulli_); on a CUDA mesh as the CUDA kernel computes it (NOTE [random on a CUDA
+// mesh]).
 void run_dropout(const c10::IValue* args, torch::jit::Stack* stack, size_t n,
                  const at::Tensor& input, const sharding::OpSharding& s) {
   const double p = args[1].toDouble();
@@ -77,10 +91,30 @@ void run_dropout(const c10::IValue* args, torch::jit::Stack* stack, size_t n,
   const DTensorSpec& out = s.outputs.at(0);
   const DTensorSpec& mask_spec = s.outputs.at(1);
   at::Tensor result, mask;
-  if (train) {
+  const LocalBox box = train ? local_box(out, my_coordinate(out.mesh())) : LocalBox{};
+  if (train && !input.device().is_cpu() && contiguous_layout(out.shape(), out.meta().stride)) {
+    // CUDA's fused dropout kernel draws its mask in its own order: the mask of one device's call
+    // is that of native_dropout on ones of the global size (the mask depends on the element
+    // count and the generator only), and the output is input * mask * scale, as the kernel's.
+    const at::Generator gen = rank_generator(input.device());
+    check_generators_agree(out.mesh(), gen, "aten::native_dropout");
+    const LocalKernelScope local;  // NOTE [engine activity]
+    int64_t numel = 1;
+    for (const int64_t d : out.shape()) numel *= d;
+    at::Tensor whole = std::get<1>(at::native_dropout(at::ones({numel}, input.options()), p, true))
+                           .view(out.shape());
+    for (size_t d = 0; d < box.shape.size(); ++d) {
+      whole = whole.narrow(static_cast<int64_t>(d), box.offset[d], box.shape[d]);
+    }
+    mask = at::empty_like(input, input.options().dtype(at::kBool));
+    mask.copy_(whole);
+    const double p1m = 1. - p;
+    result = input.mul(mask).mul_(p1m == 0 ? 0. : 1. / p1m);
+  } else if (train) {
     const double p1m = 1. - p;
     const double scale = p1m == 0 ? 0. : 1. / p1m;
-    const LocalBox box = local_box(out, my_coordinate(out.mesh()));
+    // The CPU generator (a CUDA mesh's non-contiguous global tensor too: NOTE [random on a CUDA
+    // mesh]).
     const at::Generator gen = rank_generator();
     check_generators_agree(out.mesh(), gen, "aten::native_dropout");
     const LocalKernelScope local;  // NOTE [engine activity]

@@ -41,6 +41,11 @@ at::Generator rank_generator() {
   return t_generator ? *t_generator : at::detail::getDefaultCPUGenerator();
 }
 
+at::Generator rank_generator(const c10::Device& device) {
+  if (device.is_cpu()) return rank_generator();
+  return at::globalContext().defaultGenerator(device);  // NOTE [random on a CUDA mesh]
+}
+
 // NOTE [rank generators agree]
 void check_generators_agree(const DeviceMesh& mesh, const at::Generator& generator,
                             const std::string& op) {
@@ -324,6 +329,9 @@ void draw_box(const std::vector<int64_t>& global_shape, const LocalBox& box, Dra
   int64_t numel = 1;
   for (const int64_t s : global_shape) numel *= s;
   if (numel == 0) return;  // ATen draws nothing for an empty tensor
+  // A counter-based generator (CUDA's Philox) reproduces one device only in one draw of the
+  // whole (NOTE [random on a CUDA mesh]).
+  if (!generator.device().is_cpu()) order = DrawOrder::kWhole;
   // A 0-dim tensor is one element of a 1-D one.
   BoxCopier box_copier = global_shape.empty()
                              ? BoxCopier({1}, {0}, {1}, piece.unsqueeze(0))
@@ -338,8 +346,8 @@ void draw_box(const std::vector<int64_t>& global_shape, const LocalBox& box, Dra
     end -= numel % kNormalBlock;
   }
   chunk = std::min(chunk, end);
-  // Chunks are drawn on the generator's device and copied into the piece: a CUDA mesh's pieces
-  // get the CPU generator's values (NOTE [random on a CUDA mesh] in random.h).
+  // Chunks are drawn on the generator's device and copied into the piece (a CPU generator on a
+  // CUDA mesh: NOTE [random on a CUDA mesh] in random.h).
   const at::TensorOptions drawn_on = piece.options().device(generator.device());
   // kSerialNormal: every other element of a buffer twice the chunk, which is not contiguous, so
   // ATen's normal_ takes its serial path (NOTE [random draws in memory order]).

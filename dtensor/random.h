@@ -39,11 +39,19 @@
 // Ops without a sharding rule that draw (multinomial, rrelu, poisson, ...) run by the replicate
 // fallback, which computes them whole on every rank anyway (NOTE [replicate fallback]).
 //
-// NOTE [random on a CUDA mesh]: the generator stays the CPU one (rank_generator), so a random op or
-// factory on a CUDA mesh (NOTE [mesh device]) draws each chunk on the CPU and copies the part in
-// its box to the GPU: the values one CPU device gives for the same seed, equal on every rank and
-// for every layout, not those of torch's CUDA (Philox) generator. An op given a CUDA generator
-// draws its chunks on that GPU instead.
+// NOTE [random on a CUDA mesh]: a random op or factory on a CUDA mesh (NOTE [mesh device]) draws
+// from that GPU's default (Philox) generator, rank_generator(device), and gives the values one
+// CUDA device gives for the same seed and generator state: torch's CUDA kernels draw a tensor's
+// elements by linear index with a grid that depends on the element count only, so a draw in
+// pieces would not reproduce them, and there is no offset to jump to per piece. Every rank
+// therefore draws the whole global tensor on its GPU in one call (DrawOrder kWhole, whatever the
+// op's CPU order) and keeps its box, and every rank's generator advances as one device's does.
+// The price is a transient buffer of the global tensor per rank and op, on the GPU (no host
+// copy); PyTorch's OffsetBasedRNGTracker draws only the piece, with values that differ from one
+// device's. Dropout (CUDA's fused kernel draws its own way) takes its mask from native_dropout on
+// ones of the global size; a global tensor that is not contiguous draws its dropout mask from
+// the CPU generator instead (see run_dropout). An op given a CPU generator on a CUDA mesh draws
+// on the CPU and copies its box to the GPU (the CPU generator's values).
 //
 // Ranks that are threads of one process (the threads backend) cannot share the process's
 // default generator, so the generator is per thread: manual_seed() below seeds the calling
@@ -75,6 +83,9 @@ void manual_seed(uint64_t seed);
 void seed_process_default(uint64_t seed);
 // That generator: the thread's after manual_seed, else the process default CPU generator.
 at::Generator rank_generator();
+// The generator random ops on tensors of `device` draw from: rank_generator() for the CPU, the
+// device's default generator otherwise (NOTE [random on a CUDA mesh]).
+at::Generator rank_generator(const c10::Device& device);
 
 // NOTE [rank generators agree]
 // A random op on a distributed tensor gives one device's values (and equal replicas) only when

@@ -60,39 +60,48 @@ def test_factories_put_pieces_on_the_mesh_device(mesh):
     _on_mesh_device(full, "dtensor.full")
     _close(full, torch.full((8, 4), 2.5, device="cuda"))
     _close(dtensor.ones(8, 4, device_mesh=mesh), torch.ones(8, 4, device="cuda"))
-    # NOTE [random on a CUDA mesh]: the CPU generator's values, on the GPU.
-    dtensor.manual_seed(3)
-    r = dtensor.rand(8, 4, device_mesh=mesh, placements=[Shard(0)])
-    _close(r, torch.rand(8, 4, generator=torch.Generator().manual_seed(3)).cuda())
+    # NOTE [random on a CUDA mesh]: one CUDA device's values for the same seed.
+    for factory in (torch.rand, torch.randn):
+        dtensor.manual_seed(3)
+        r = getattr(dtensor, factory.__name__)(8, 4, device_mesh=mesh, placements=[Shard(0)])
+        torch.manual_seed(3)
+        _close(r, factory(8, 4, device="cuda"), atol=0)
     for like in (torch.zeros_like(full), torch.ones_like(full), full.new_zeros(3),
                  full.new_ones((2, 2)), torch.rand_like(full)):
         _on_mesh_device(like, "*_like / new_*")
 
 
 @pytest.mark.parametrize("op", ["cauchy_", "log_normal_", "geometric_", "normal", "bernoulli",
-                                "multinomial", "rrelu"])
-def test_random_ops_draw_the_cpu_generators_values(mesh, op):
-    """NOTE [random on a CUDA mesh]: every random op on a CUDA mesh gives the CPU generator's
-    values. Before (the GPU check's op_db sweep), these raised "Expected a 'cuda' device type for
-    generator but found 'cpu'": the fallback handed the CPU rank generator to CUDA kernels, and
-    cauchy_, log_normal_, geometric_ had no table entry."""
+                                "multinomial", "rrelu", "uniform_", "normal_", "rand_like",
+                                "randn_like", "dropout"])
+def test_random_ops_equal_one_cuda_devices(mesh, op):
+    """NOTE [random on a CUDA mesh]: every random op on a CUDA mesh gives one CUDA device's values
+    for the same seed (the GPU's Philox generator, the global tensor drawn in one call), and the
+    generator advances as one device's (the next draw agrees too). Before, a CUDA mesh gave the
+    CPU generator's values (drawn on the host and copied); before that, the fallback's ops raised
+    "Expected a 'cuda' device type for generator but found 'cpu'"."""
+    import dtensor
     from dtensor import Replicate, Shard, distribute_tensor
     fs = {"cauchy_": lambda t: t.cauchy_(), "log_normal_": lambda t: t.log_normal_(),
           "geometric_": lambda t: t.geometric_(0.3),
           "normal": lambda t: torch.normal(t, t.abs() + 1),
           "bernoulli": lambda t: torch.bernoulli(t.abs().clamp(max=1)),
           "multinomial": lambda t: torch.multinomial(t.abs() + 0.1, 3),
-          "rrelu": lambda t: torch.nn.functional.rrelu(t, training=True)}
-    base = torch.randn(8, 6, generator=torch.Generator().manual_seed(0))
+          "rrelu": lambda t: torch.nn.functional.rrelu(t, training=True),
+          "uniform_": lambda t: t.uniform_(-2, 3), "normal_": lambda t: t.normal_(1, 2),
+          "rand_like": torch.rand_like, "randn_like": torch.randn_like,
+          "dropout": lambda t: torch.nn.functional.dropout(t, 0.4, training=True)}
+    base = torch.randn(8, 6, generator=torch.Generator().manual_seed(0)).cuda()
     torch.manual_seed(5)
-    want = fs[op](base.clone()).cuda()
+    want = fs[op](base.clone())
+    after = torch.rand(3, device="cuda")
     for placements in ([Shard(0)], [Replicate()]):
-        import dtensor
-        d = distribute_tensor(base.cuda(), mesh, placements)
+        d = distribute_tensor(base, mesh, placements)
         dtensor.manual_seed(5)
         got = fs[op](d)
         _on_mesh_device(got, op)
-        _close(got, want)
+        _close(got, want, atol=0)
+        _close(torch.rand(3, device="cuda"), after, atol=0)
 
 
 def test_distribute_tensor_moves_inputs_to_the_mesh_device(mesh):

@@ -9,7 +9,8 @@ Python demo model saved, and driven by a real HTTP client (http.client):
 - bad requests get a 4xx with OpenAI's JSON error body and never reach the ranks (no model step
   is counted); a full queue gets 429;
 - a rank killed mid-request turns the pending request into a 503 error and /health red within
-  the collective timeout; SIGTERM drains the in-flight request and every process exits 0.
+  the collective timeout; SIGTERM drains the in-flight request and every process exits 0;
+- --device: cpu serves as the default does; cuda without a GPU stops at start, naming it.
 """
 
 import http.client
@@ -340,3 +341,25 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(checkpoint, tmp_path):
         assert server.proc.wait(timeout=60) == 0, "\n".join(server.lines)
     finally:
         server.kill()
+
+
+def test_device_flag(checkpoint, tmp_path):
+    """--device cpu serves the Python model's tokens, as the default does; --device cuda where
+    this process sees no GPU stops at start with exit 2, naming the device, before any rank
+    serves; a device that is neither is refused. On a GPU the CUDA model is checked by
+    tools/gpu/check.sh (stage serve)."""
+    ckpt, model = checkpoint
+    server = Server(2, ckpt, tmp_path, "--device", "cpu")
+    try:
+        assert greedy(server, PROMPTS[2]) == llama_model.greedy_generate(model, PROMPTS[2], 12)
+        assert server.terminate() == 0, "\n".join(server.lines)
+    finally:
+        server.kill()
+    if not torch.cuda.is_available():
+        out = subprocess.run([SERVE, "--checkpoint", ckpt, "--device", "cuda"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2, out.stderr
+        assert "--device cuda" in out.stderr and "no cuda device" in out.stderr, out.stderr
+    out = subprocess.run([SERVE, "--checkpoint", ckpt, "--device", "tpu"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--device must be cpu or cuda" in out.stderr, out.stderr

@@ -252,7 +252,9 @@ if [ "${SKIP_ENGINE:-}" != 1 ]; then
         SERVE_OBJS+=("$(obj_of "$s")")
       done
       NOGTEST=("${LIBOBJS[@]/*gtest*/}")
-      LINK_TAIL=($TORCH_LIBS "$DEPS"/lib/libabsl_*.so.* "$NCCL_SO" "$CUDART_SO"
+      # libstdc++ before libtorch: pip's libtorch.so exports a partial std::filesystem whose
+      # remove_all jumps to 0 (llama_test's teardown crashed here, resolving it there).
+      LINK_TAIL=(-lstdc++ $TORCH_LIBS "$DEPS"/lib/libabsl_*.so.* "$NCCL_SO" "$CUDART_SO"
         /lib/x86_64-linux-gnu/libz.so.1
         -Wl,-rpath,"$DEPS/lib:$(dirname "$NCCL_SO"):$(dirname "$CUDART_SO")"
         -Wl,--disable-new-dtags -lrt -ldl -pthread)
@@ -264,8 +266,9 @@ if [ "${SKIP_ENGINE:-}" != 1 ]; then
         timeout 300 "$BUILD/llama_test" --gtest_color=no >"$LOGS/llama_test.log" 2>&1
         rc=$?
         grep -E '^\[ +(OK|FAILED|SKIPPED) +\]' "$LOGS/llama_test.log" | head -20
-        summary+=("serving model tests: $(grep -E '^\[ +(PASSED|FAILED|SKIPPED) +\]' \
-          "$LOGS/llama_test.log" | paste -sd' ' -) (exit $rc)")
+        summary+=("serving model tests: $(grep -E '^\[ +(PASSED|FAILED|SKIPPED) +\] [0-9]+ test' \
+          "$LOGS/llama_test.log" | sed -E 's/^\[ +([A-Z]+) +\] ([0-9]+) tests?.*/\2 \1/' \
+          | paste -sd, -) (exit $rc)")
         [ $rc -eq 0 ] || engine=1
         ckpt=$BUILD/llama_ckpt
         if [ ! -f "$ckpt/model.safetensors.index.json" ]; then
