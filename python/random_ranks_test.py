@@ -119,3 +119,21 @@ def test_random_op_on_a_non_contiguous_tensor_matches_one_device(op, chunk, monk
         for g, want in zip(got, refs):
             assert torch.equal(g, want), (op, g, want)
 
+
+def test_the_gpu_checks_random_script_on_cpu_ranks():
+    """tools/gpu/random_ranks.py (the GPU check's stage random: 2 processes on one GPU) on 2 CPU
+    processes (shm): rand, randn, uniform_, normal_, bernoulli_, rand_like, randn_like and
+    dropout on uneven shapes, Shard on either dim and Replicate, equal one device's draw bit for
+    bit, the generator ending where one device's does. Here so the script cannot rot between
+    GPU runs."""
+    import os
+    import subprocess
+    import sys
+    script = os.path.join(os.path.dirname(os.environ["LAUNCH_PY"]), "gpu", "random_ranks.py")
+    env = dict(os.environ, PYTHONSAFEPATH="1",
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    out = subprocess.run([sys.executable, os.environ["LAUNCH_PY"], "-n", "2", "--",
+                          sys.executable, script, "cpu"], env=env, capture_output=True,
+                         text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "72 of 72 cases equal one device's" in out.stdout, out.stdout

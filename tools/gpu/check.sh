@@ -27,7 +27,8 @@
 # Tests: nccl_link_test (world size 1: NCCL refuses two ranks on one GPU),
 # symmetric_memory_cuda_test (2 processes sharing the GPU) and cuda_ipc_test (every collective on
 # 2 and 3 processes sharing the GPU, NOTE [cuda_ipc backend]); after the 1-rank TP demo, the demo
-# on 2 and 4 ranks sharing the GPU (cuda_ipc), the inference server's model on the GPU (stage
+# on 2 and 4 ranks sharing the GPU (cuda_ipc), random ops on 2 processes against one device's
+# draw (stage random, tools/gpu/random_ranks.py), the inference server's model on the GPU (stage
 # serve: serving/llama_test and tools/llama_generate, 1 and 2 processes, tokens against the CPU's)
 # and tools/gpu/ipc_bandwidth.py (its bus bandwidth against a device copy). Logs go to the build folder, and
 # all of them as one file to $OUT when that is set (the device run's folder that comes back).
@@ -50,7 +51,7 @@ NCCL_BACKEND_SRC=${NCCL_BACKEND_SRC:-collectives/nccl_backend.cc}
 TESTS=("$@")
 [ ${#TESTS[@]} -gt 0 ] || TESTS=(nccl_link_test symmetric_memory_cuda_test cuda_ipc_test)
 # STAGES: which stages run (all by default), e.g. STAGES=tp,bench for a short rerun.
-STAGES=${STAGES:-tests,probe,cuda_test,op_db,tp,tp_shared,serve,ipc_bench,bench}
+STAGES=${STAGES:-tests,probe,cuda_test,op_db,tp,tp_shared,random,serve,ipc_bench,bench}
 stage() { [[ ",$STAGES," == *",$1,"* ]]; }
 stage tests || TESTS=()
 rm -rf "$LOGS"
@@ -240,6 +241,16 @@ if [ "${SKIP_ENGINE:-}" != 1 ]; then
           "$LOGS/tp_demo_cuda_$n.log" || echo "did not finish (exit $rc)")")
         [ $rc -eq 0 ] || engine=1
       done
+    fi
+    # Random ops across 2 processes sharing the GPU against one device's draw, bit for bit, with
+    # the generator ending where one device's does (NOTE [random on a CUDA mesh]).
+    if stage random; then
+      PYTHONPATH=$PYPKG timeout 180 $PY tools/launch.py -n 2 -- $PY tools/gpu/random_ranks.py cuda \
+        >"$LOGS/random_ranks.log" 2>&1
+      rc=$?
+      grep -E 'MISMATCH|random ops on' "$LOGS/random_ranks.log" | head -12
+      summary+=("$(grep -o 'random ops on.*' "$LOGS/random_ranks.log" || echo "random ops on 2 cuda ranks: did not finish") (exit $rc)")
+      [ $rc -eq 0 ] || engine=1
     fi
     # The inference server's model on CUDA (serving/llama.h, what ./x serve --device cuda runs;
     # the C++ API with no Python): serving's tests (llama_test, its CUDA case against the CPU),
