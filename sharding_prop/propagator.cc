@@ -1,6 +1,7 @@
 // NOTE [sharding rules as factors] in rule.h: the propagator's candidate search, the part of
 // propagation that runs on a cache miss (propagation_cache.cc holds the cache and the public
-// entry points).
+// entry points). (Past 600 lines on purpose: one search in call order, enumerating candidates,
+// admitting them, ordering shards, pricing; its helpers share the file's Candidate type.)
 
 #include "sharding_prop/propagator.h"
 
