@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorGeometry.h>
 
 #include <vector>
 
@@ -69,18 +70,6 @@ void run_random(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::S
   stack->push_back(in_place ? self : make_dtensor(piece, out));
 }
 
-// Whether a tensor of `shape` with `stride` is contiguous as ATen sees it (size-1 dims' strides
-// do not count).
-bool contiguous_layout(const std::vector<int64_t>& shape, const std::vector<int64_t>& stride) {
-  int64_t expected = 1;
-  for (size_t d = shape.size(); d-- > 0;) {
-    if (shape[d] == 1) continue;
-    if (stride.at(d) != expected) return false;
-    expected *= shape[d];
-  }
-  return true;
-}
-
 // native_dropout as the CPU kernel computes it, with the mask drawn for the global tensor (in
 // chunks, as bernoulli_); on a CUDA mesh as the CUDA kernel computes it (NOTE [random on a CUDA
 // mesh]).
@@ -92,7 +81,8 @@ void run_dropout(const c10::IValue* args, torch::jit::Stack* stack, size_t n,
   const DTensorSpec& mask_spec = s.outputs.at(1);
   at::Tensor result, mask;
   const LocalBox box = train ? local_box(out, my_coordinate(out.mesh())) : LocalBox{};
-  if (train && !input.device().is_cpu() && contiguous_layout(out.shape(), out.meta().stride)) {
+  if (train && !input.device().is_cpu() &&
+      at::geometry_is_contiguous(out.shape(), out.meta().stride)) {
     // CUDA's fused dropout kernel draws its mask in its own order: the mask of one device's call
     // is that of native_dropout on ones of the global size (the mask depends on the element
     // count and the generator only), and the output is input * mask * scale, as the kernel's.

@@ -2,6 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
+#include <ATen/TensorGeometry.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/ops/empty.h>
@@ -276,14 +277,7 @@ DrawLayout draw_layout(const std::vector<int64_t>& shape, const std::vector<int6
     last = perm[d];
   }
   // A contiguous tensor as ATen sees it (is_contiguous: size-1 dims' strides do not count).
-  bool contiguous = true;
-  int64_t expected = 1;
-  for (int64_t d = ndim; d-- > 0;) {
-    if (shape[d] == 1) continue;
-    if (stride.at(d) != expected) contiguous = false;
-    expected *= shape[d];
-  }
-  if (contiguous || numel <= 1) return {shape, box, piece, order};
+  if (at::geometry_is_contiguous(shape, stride) || numel <= 1) return {shape, box, piece, order};
   static const std::set<std::string> memory_order = {"aten::uniform_",
                                                      "aten::random_",
                                                      "aten::random_.from",
