@@ -469,7 +469,10 @@ bool run_with_replicated_scalars(const c10::OperatorHandle& op, const OpInfo& in
 // tensors"). Zeros are the same on every rank, so the engine reads them as Replicate, only there:
 // the op is cat or stack, the autograd node being evaluated on this thread is one of those
 // formulas', and every plain tensor in the list is all zeros (checked: a gradient that a hook
-// made plain is not read as replicated; the check reads values, on this rare path only).
+// made plain is not read as replicated; the check reads values, on this rare path only). Every
+// rank runs the same backward graph, so the formula's zeros pass on every rank alike; a rank
+// whose hook-made plain gradient is not zero raises, naming the op, and ranks that went on fail
+// at their next collective (its timeout bounds the wait).
 bool zeros_of_a_backward_formula(const OpInfo& info, const c10::IValue* args, size_t n) {
   if ((info.name != "aten::cat" && info.name != "aten::stack") || n == 0 ||
       !args[0].isTensorList()) {
