@@ -336,8 +336,11 @@ void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
 // the cost of the out-of-place op plus one redistribute. The propagation decides it from global
 // metadata, so every rank takes this path. Before, such calls raised "no sharding keeps self's
 // placements". That error stays for an op whose out-of-place overload takes other arguments
-// (pow_.Scalar), and for a self copy_ cannot write into: a Partial one (a redistribute never makes
-// a Partial), or one sharding a dim of size 1 or 0.
+// (pow_.Scalar), and for a self copy_ cannot write into: one sharding a dim of size 1 or 0. A
+// Partial self takes the result by partition (copy_ moves data: the holder rank of each Partial
+// mesh dim gets the value, the others the reduction's identity), so masked_fill_, fill_ or
+// clamp_ of a Partial tensor give one device's values (the backward of vector_norm on a Partial
+// tensor masks one in place; it raised before).
 void run_in_place_by_copy(const c10::OperatorHandle& op, const OpInfo& info,
                           torch::jit::Stack* stack, size_t n,
                           const c10::SmallVector<at::Tensor, 8>& originals) {
@@ -349,14 +352,37 @@ void run_in_place_by_copy(const c10::OperatorHandle& op, const OpInfo& info,
     base.pop_back();
     functional = c10::Dispatcher::singleton().findSchema({base, schema.overload_name()});
   }
-  // copy_ can write into self's own pieces only when self is not Partial (a redistribute never
-  // makes a Partial) and shards no dim of size 1 or 0 (rules give such dims no factor).
+  // copy_ can write into self's own pieces only when self shards no dim of size 1 or 0 (rules
+  // give such dims no factor).
   bool copy_keeps_self = originals[0].defined() && is_dtensor(originals[0]);
   if (copy_keeps_self) {
     const DTensorSpec& self = spec_of(originals[0]);
-    copy_keeps_self = !self.has_partial();
     for (const Placement& p : self.placements()) {
       if (p.is_shard() && self.shape()[p.dim()] <= 1) copy_keeps_self = false;
+    }
+  }
+  // A Partial self takes a Replicate or Partial source by copy_'s rule; a sharded source is
+  // gathered first (the planner makes a Partial only from a Replicate, by partition).
+  const bool partial_self = copy_keeps_self && spec_of(originals[0]).has_partial();
+  auto for_partial_self = [&](const at::Tensor& t) {
+    if (!partial_self || !t.defined() || !is_dtensor(t)) return t;
+    const DTensorSpec& spec = spec_of(t);
+    if (spec.is_replicated() || spec.has_partial()) return t;
+    const DTensorSpec r = DTensorSpec::replicated(spec.mesh(), spec.meta());
+    collectives::CommCause cause(info.name.c_str());
+    return make_dtensor(redistribute_local(local_of(t), spec, r), r);
+  };
+  if (base == "aten::copy_" && partial_self && n >= 2 &&
+      (*stack)[stack->size() - n + 1].isTensor()) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    const at::Tensor src = (*stack)[stack->size() - n + 1].toTensor();
+    const at::Tensor gathered = for_partial_self(src);
+    if (!gathered.is_same(src)) {
+      at::Tensor self = originals[0];
+      self.copy_(gathered);
+      torch::jit::drop(*stack, n);
+      stack->emplace_back(std::move(self));
+      return;
     }
   }
   bool same_arguments = copy_keeps_self && functional.has_value() &&
@@ -381,7 +407,7 @@ void run_in_place_by_copy(const c10::OperatorHandle& op, const OpInfo& info,
   torch::jit::Stack call(stack->end() - static_cast<std::ptrdiff_t>(n), stack->end());
   functional->callBoxed(&call);
   at::Tensor self = originals[0];
-  self.copy_(call.back().toTensor());
+  self.copy_(for_partial_self(call.back().toTensor()));
   torch::jit::drop(*stack, n);
   stack->emplace_back(std::move(self));
 }

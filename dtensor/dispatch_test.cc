@@ -95,10 +95,14 @@ TEST(Dispatch, InPlaceOutAndViews) {
     at::Tensor o3 = api::zeros({8, 4}, mesh, {Shard(1)}, at::kDouble);
     at::round_out(o3, db, 1);
     expect_same(o3, at::round(b, 1));
-    // An in-place op that would have to move self is refused, naming self: exp of a Partial
-    // value is not the sum of the shares' exps.
+    // An in-place op no rule lets keep a Partial self (exp of a Partial value is not the sum of
+    // the shares' exps) runs out of place on the reduced value and is copied back by partition
+    // (NOTE [in-place by copy]): one device's values, self still Partial.
     at::Tensor dp = api::from_local(at::ones({8, 4}, at::kDouble), mesh, {Partial()});
-    expect_error([&] { dp.exp_(); }, "self");
+    at::Tensor de = api::from_local(at::ones({8, 4}, at::kDouble), mesh, {Partial()});
+    de.exp_();
+    EXPECT_EQ(api::spec(de).placements(), Placements{Partial()});
+    expect_same(de, at::exp(at::full({8, 4}, 2.0, at::kDouble)));
     // Moving the other operand instead is fine: R *= P all-reduces the P.
     at::Tensor dr = api::distribute_tensor(a, mesh, {Replicate()});
     dr.mul_(dp);
@@ -224,10 +228,12 @@ TEST(Dispatch, InPlaceOpsThatCannotKeepSelfRunOutOfPlaceAndCopyBack) {
     expect_same(tri, at::tril(a, 1));
     expect_same(view, at::tril(a, 1));  // the write reached self's own pieces
     EXPECT_EQ(api::spec(tri).placements()[0], Shard(1));
-    // A Partial self cannot take a copy (a redistribute never makes a Partial): the error names
-    // the op the caller called.
+    // A Partial self takes the copy by partition: one device's values, self still Partial (it
+    // raised before, naming the op).
     const at::Tensor partial = api::from_local(b / 4, mesh, {Partial()});
-    expect_error([&] { partial.exp_(); }, "aten::exp_ (in-place) on [P(sum)]");
+    partial.exp_();
+    EXPECT_EQ(api::spec(partial).placements()[0], Partial());
+    expect_same(partial, at::exp(b));  // four shares of b / 4
   });
 }
 

@@ -119,3 +119,47 @@ def test_several_out_arguments_of_another_layout_raise(op):
         return True
 
     assert all(_on_two(fn))
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "max", "min"])
+def test_in_place_ops_on_a_partial_tensor(op):
+    """In-place ops whose rule cannot keep a Partial self (masked_fill_, fill_, clamp_, copy_ from
+    a Replicate or a Partial source) run as their out-of-place op and copy the result into self
+    by partition (NOTE [in-place by copy]): one device's values, self stays Partial. They raised
+    "no sharding keeps self's placements" before; so did the backward of vector_norm on a Partial
+    tensor (it masks a Partial gradient in place)."""
+    def fn(mesh):
+        rank = mesh.get_rank()
+
+        def partial():
+            return DTensor.from_local(torch.tensor([1.0, -2.0, 3.0, -4.0]) * (rank + 1), mesh,
+                                      [Partial(op)])
+        plain_mask = torch.tensor([True, False, True, False])
+        mask = distribute_tensor(plain_mask, mesh, [Replicate()])
+        cases = {  # (the op on the distributed tensor, the op on one device)
+            "masked_fill_": (lambda t: t.masked_fill_(mask, 0.5),
+                             lambda t: t.masked_fill_(plain_mask, 0.5)),
+            "fill_": (lambda t: t.fill_(2.5),) * 2,
+            "clamp_": (lambda t: t.clamp_(min=0),) * 2,
+            "copy_ from Replicate": (
+                lambda t: t.copy_(distribute_tensor(torch.arange(4.0), mesh, [Replicate()])),
+                lambda t: t.copy_(torch.arange(4.0))),
+            "copy_ from Partial": (lambda t: t.copy_(partial() * 2),
+                                   lambda t: t.copy_(partial().full_tensor() * 2)),
+        }
+        for name, (f, one_device) in cases.items():
+            p = partial()
+            want = one_device(p.full_tensor().clone())
+            assert f(p) is p, name
+            assert p.placements == (Partial(op),), (name, p.placements)
+            torch.testing.assert_close(p.full_tensor(), want, msg=name)
+        if op == "sum":
+            local = torch.tensor([1.0, -2.0, 3.0, -4.0]) * (rank + 1)
+            p = DTensor.from_local(local.requires_grad_(), mesh, [Partial()])
+            torch.linalg.vector_norm(p).full_tensor().backward()
+            one = (torch.tensor([1.0, -2.0, 3.0, -4.0]) * 3).requires_grad_()
+            torch.linalg.vector_norm(one).backward()
+            torch.testing.assert_close(local.grad, one.grad)  # each share's gradient is the sum's
+        return True
+
+    assert all(_on_two(fn))

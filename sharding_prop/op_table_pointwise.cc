@@ -46,7 +46,9 @@ void add_unary_pointwise(Adder& add) {
   add.moves_data();
   add("aten::alias", "pointwise", {}, pointwise(1, Linearity::kMove));
   add.moves_data();
-  add("aten::copy_", "pointwise", {}, pointwise(2, lin));
+  // copy_ moves data: a Partial source into a Partial self stays Partial (each rank copies its
+  // share), and a Replicate source reaches a Partial self by partition (NOTE [in-place by copy]).
+  add("aten::copy_", "pointwise", {}, pointwise(2, Linearity::kMove));
   add.moves_data();
   add("aten::_to_copy", "pointwise", {int_arg("dtype", -1)}, cast_rule);
   add.moves_data();

@@ -128,7 +128,14 @@ std::vector<Choice> choices_for(const Rule& rule, const std::vector<DTensorSpec>
     const bool shift_op = first.is_partial() && (first.reduce_op() == ReduceOp::kAvg ||
                                                  first.reduce_op() == ReduceOp::kMax ||
                                                  first.reduce_op() == ReduceOp::kMin);
-    if (all_same && first.is_partial() &&
+    // Data movement (copy_, cat) of the first input's Partial with Replicate inputs: those are
+    // partitioned into it (the holder keeps the value, the others the identity), no reduction.
+    const bool partition_others =
+        rule.linearity == Linearity::kMove && first.is_partial() &&
+        std::all_of(inputs.begin(), inputs.end(), [&](const DTensorSpec& s) {
+          return s.placement(m) == first || s.placement(m).is_replicate();
+        });
+    if ((all_same || partition_others) && first.is_partial() &&
         (rule.linearity == Linearity::kMove ||
          (rule.linearity == Linearity::kAdditive && additive_op) ||
          (rule.linearity == Linearity::kShift && shift_op))) {
