@@ -84,8 +84,9 @@ void run_dropout(const c10::IValue* args, torch::jit::Stack* stack, size_t n,
   if (train && !input.device().is_cpu() &&
       at::geometry_is_contiguous(out.shape(), out.meta().stride)) {
     // CUDA's fused dropout kernel draws its mask in its own order: the mask of one device's call
-    // is that of native_dropout on ones of the global size (the mask depends on the element
-    // count and the generator only), and the output is input * mask * scale, as the kernel's.
+    // is that of native_dropout on ones of the global size (the mask depends on the generator,
+    // the element count, the dtype and the alignment, which picks the kernel's vector width: a
+    // fresh buffer is aligned as a fresh input is; an input viewed at an odd offset may not be).
     const at::Generator gen = rank_generator(input.device());
     check_generators_agree(out.mesh(), gen, "aten::native_dropout");
     const LocalKernelScope local;  // NOTE [engine activity]
@@ -98,8 +99,14 @@ void run_dropout(const c10::IValue* args, torch::jit::Stack* stack, size_t n,
     }
     mask = at::empty_like(input, input.options().dtype(at::kBool));
     mask.copy_(whole);
+    // As the kernel: src * mask * (1 / keep probability), the inverse computed in its
+    // accumulation type (float below double) from the keep probability in that type, and zeros
+    // for p == 1 (ATen's Dropout.cu).
     const double p1m = 1. - p;
-    result = input.mul(mask).mul_(p1m == 0 ? 0. : 1. / p1m);
+    const double scale = input.scalar_type() == at::kDouble
+                             ? 1. / p1m
+                             : static_cast<double>(1.0f / static_cast<float>(p1m));
+    result = p1m == 0 ? at::zeros_like(input) : input.mul(mask).mul_(scale);
   } else if (train) {
     const double p1m = 1. - p;
     const double scale = p1m == 0 ? 0. : 1. / p1m;
