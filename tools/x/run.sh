@@ -27,8 +27,9 @@ x_help pythonpath '  pythonpath [--opt]
                   PYTHONSAFEPATH=1` line that makes `import dtensor` work anywhere, e.g. under
                   python3 -m torch.distributed.run --nproc_per_node N script.py
                   (use: eval "$(./x pythonpath)")'
-x_help serve '  serve [-n N] [--checkpoint DIR] [--port P]
-                  the tensor-parallel inference server (OpenAI /v1/completions) on N ranks'
+x_help serve '  serve [-n N] [--checkpoint DIR] [--port P] [--device cuda]
+                  the tensor-parallel inference server (OpenAI /v1/completions) on N ranks
+                  (on GPUs with --device cuda)'
 x_help launch '  launch -n N [--backend B] -- CMD ARGS...
                   start N local ranks of CMD with torchrun'\''s variables and a launch token,
                   output prefixed by rank; removes the job'\''s shared memory when it ends'
