@@ -169,14 +169,6 @@ FULL_EXPECTED_FAILURES = {
         "ATen's meta run of the op (NOTE [output metadata from ATen]) reads a value (_local_scalar_dense) for this sample, which meta tensors cannot give",
     'nn.functional.layer_norm':
         "ATen's meta run of the op (NOTE [output metadata from ATen]) reads a value (_local_scalar_dense) for this sample, which meta tensors cannot give",
-    'index_reduce.mean':
-        "an in-place masked_fill_ inside the op writes a Partial(sum) self with a sharded mask: no sharding keeps self's placements",
-    'index_reduce.prod':
-        "an in-place masked_fill_ inside the op writes a Partial(sum) self with a sharded mask: no sharding keeps self's placements",
-    'index_reduce.amin':
-        "an in-place masked_fill_ inside the op writes a Partial(sum) self with a sharded mask: no sharding keeps self's placements",
-    'index_reduce.amax':
-        "an in-place masked_fill_ inside the op writes a Partial(sum) self with a sharded mask: no sharding keeps self's placements",
     'fft.hfft2':
         "a lazily conjugated local piece reaches view_as_real inside the op: the distributed tensor does not carry its local piece's conjugate bit, so the composite does not resolve it first (NOTE [lazy conjugate and negative views])",
     'fft.hfftn':

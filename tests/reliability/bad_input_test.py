@@ -58,20 +58,23 @@ def test_partial_with_scalars_equals_one_device(case, reduce_op):
 
 
 @pytest.mark.parametrize("case", ["add_", "sub_", "mul_ then add_"])
-def test_in_place_scalar_on_partial_is_a_clear_error(case):
+def test_in_place_scalar_on_partial_adds_it_once(case):
+    """x.add_(1) on a Partial(sum) x must not add 1 on every rank (the sum would grow by the
+    world size). It was a clear error; since in-place ops copy their result into a Partial self by
+    partition (NOTE [in-place by copy]) it gives one device's result and x stays Partial."""
+    ops = {"add_": lambda t: t.add_(1), "sub_": lambda t: t.sub_(1),
+           "mul_ then add_": lambda t: t.mul_(2).add_(1)}
+    want = ops[case](torch.full((3,), float(WORLD)))
+
     def fn(rank):
         mesh = init_device_mesh("cpu", (WORLD,))
         x = DTensor.from_local(torch.ones(3), mesh, [Partial()])
-        with pytest.raises(RuntimeError, match=r"aten::(add|sub)_.*P\(sum\)"):
-            if case == "add_":
-                x.add_(1)
-            elif case == "sub_":
-                x.sub_(1)
-            else:
-                x.mul_(2).add_(1)
-        return True
+        assert ops[case](x) is x
+        assert x.placements == (Partial(),)
+        return x.full_tensor()
 
-    assert all(on_ranks(fn))
+    for got in on_ranks(fn):
+        torch.testing.assert_close(got, want)
 
 
 # ---- from_local(run_check=True) ----
