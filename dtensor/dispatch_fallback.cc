@@ -372,42 +372,37 @@ void run_in_place_by_copy(const c10::OperatorHandle& op, const OpInfo& info,
     collectives::CommCause cause(info.name.c_str());
     return make_dtensor(redistribute_local(local_of(t), spec, r), r);
   };
-  if (base == "aten::copy_" && partial_self && n >= 2 &&
-      (*stack)[stack->size() - n + 1].isTensor()) {
-    at::AutoDispatchBelowADInplaceOrView below;
-    const at::Tensor src = (*stack)[stack->size() - n + 1].toTensor();
-    const at::Tensor gathered = for_partial_self(src);
-    if (!gathered.is_same(src)) {
-      at::Tensor self = originals[0];
-      self.copy_(gathered);
-      torch::jit::drop(*stack, n);
-      stack->emplace_back(std::move(self));
-      return;
-    }
-  }
   bool same_arguments = copy_keeps_self && functional.has_value() &&
                         functional->schema().arguments().size() == n &&
                         functional->schema().returns().size() == 1;
   for (size_t i = 0; same_arguments && i < n; ++i) {
     same_arguments = *functional->schema().arguments()[i].type() == *schema.arguments()[i].type();
   }
-  if (!same_arguments) {
-    std::vector<DTensorSpec> specs;
-    for (const at::Tensor& t : originals) {
-      if (t.defined() && is_dtensor(t)) specs.push_back(spec_of(t));
-    }
+  // Below autograd: the in-place op's own autograd kernel has recorded the call already.
+  at::AutoDispatchBelowADInplaceOrView below;
+  // What self takes: the out-of-place op's result, or for copy_ itself (here when its own rule
+  // found no layout) its source when gathering it makes one.
+  at::Tensor value;
+  if (same_arguments) {
+    torch::jit::Stack call(stack->end() - static_cast<std::ptrdiff_t>(n), stack->end());
+    functional->callBoxed(&call);
+    value = for_partial_self(call.back().toTensor());
+  } else if (base == "aten::copy_" && n >= 2 && (*stack)[stack->size() - n + 1].isTensor()) {
+    const at::Tensor src = (*stack)[stack->size() - n + 1].toTensor();
+    const at::Tensor gathered = for_partial_self(src);
+    if (!gathered.is_same(src)) value = gathered;
+  }
+  if (!value.defined()) {
     std::vector<std::string> texts;
-    for (const DTensorSpec& sp : specs) texts.push_back(sp.to_string());
+    for (const at::Tensor& t : originals) {
+      if (t.defined() && is_dtensor(t)) texts.push_back(spec_of(t).to_string());
+    }
     throw Error(info.name + " (in-place) on " + absl::StrJoin(texts, ", ") +
                 ": no sharding keeps self's placements; redistribute self first or use the "
                 "out-of-place op");
   }
-  // Below autograd: the in-place op's own autograd kernel has recorded the call already.
-  at::AutoDispatchBelowADInplaceOrView below;
-  torch::jit::Stack call(stack->end() - static_cast<std::ptrdiff_t>(n), stack->end());
-  functional->callBoxed(&call);
   at::Tensor self = originals[0];
-  self.copy_(for_partial_self(call.back().toTensor()));
+  self.copy_(value);
   torch::jit::drop(*stack, n);
   stack->emplace_back(std::move(self));
 }

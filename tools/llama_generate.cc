@@ -23,7 +23,6 @@
 #include "collectives/functional.h"
 #include "collectives/launch_env.h"
 #include "collectives/rank_context.h"
-#include "device_mesh/device_mesh.h"
 #include "dtensor/api.h"
 #include "dtensor/engine_activity.h"
 #include "serving/llama.h"
@@ -37,7 +36,6 @@ ABSL_FLAG(int64_t, max_new_tokens, 16, "tokens to generate");
 ABSL_FLAG(int64_t, ranks, 1, "tensor-parallel ranks as threads (1: one process, plain tensors)");
 ABSL_FLAG(int64_t, max_seq, 256, "KV cache length per slot");
 ABSL_FLAG(int64_t, batch, 1, "copies of the prompt generated together (batched decode)");
-ABSL_FLAG(std::string, device, "cpu", "where the model runs: cpu or cuda (--ranks 1 or launched)");
 ABSL_FLAG(bool, timing, false, "print prefill and per-token decode times (rank 0) on stderr");
 
 namespace {
@@ -128,39 +126,21 @@ int main(int argc, char** argv) {
       std::cerr << "llama_generate: --batch must be at least 1\n";
       return 2;
     }
-    const std::string device_flag = absl::GetFlag(FLAGS_device);
-    if (device_flag != "cpu" && device_flag != "cuda") {
-      std::cerr << "llama_generate: --device must be cpu or cuda\n";
-      return 2;
-    }
-    const c10::DeviceType device_type =
-        device_flag == "cuda" ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
-    dtensor::collectives::select_local_device(device_type);
+    const c10::DeviceType device_type = dtensor::tools::device_type_from_flags();
     const bool launched = dtensor::collectives::launch_env_from_environ().has_value();
     if (device_type != c10::DeviceType::CPU && ranks > 1 && !launched) {
-      std::cerr << "llama_generate: --device " << device_flag
+      std::cerr << "llama_generate: --device " << absl::GetFlag(FLAGS_device)
                 << " runs ranks as launched processes (./x launch -n N), not --ranks\n";
       return 2;
     }
     std::vector<int64_t> tokens;
     bool print = true;
-    if (launched) {
-      const auto ctx =
-          dtensor::api::init_from_env(dtensor::collectives::default_backend(device_type));
-      std::optional<dtensor::DeviceMesh> mesh;
-      if (ctx->world_size() > 1) {
-        mesh = dtensor::api::init_device_mesh({ctx->world_size()}, {}, device_type);
-      }
-      serving::Llama model(
-          config, mesh, batch,
-          mesh ? std::nullopt : std::optional<c10::Device>(dtensor::mesh_device(device_type)));
+    const dtensor::tools::LaunchedRanks joined = dtensor::tools::join_launched_ranks(device_type);
+    if (launched || ranks == 1) {  // the launched ranks, or one process with plain tensors
+      serving::Llama model(config, joined.mesh, batch, joined.device);
       model.load(dir);
-      print = ctx->rank() == 0;
+      print = joined.rank() == 0;
       tokens = generate(model, prompt, max_new, batch, timing && print);
-    } else if (ranks == 1) {
-      serving::Llama model(config, std::nullopt, batch, dtensor::mesh_device(device_type));
-      model.load(dir);
-      tokens = generate(model, prompt, max_new, batch, timing);
     } else {
       // Ranks are threads: one intra-op thread each, so they do not compete for the cores.
       at::set_num_threads(1);

@@ -29,7 +29,6 @@
 
 #include "absl/flags/flag.h"
 #include "collectives/launch_env.h"
-#include "device_mesh/device_mesh.h"
 #include "dtensor/api.h"
 #include "serving/http_server.h"
 #include "serving/llama.h"
@@ -45,7 +44,6 @@ ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once se
 ABSL_FLAG(int64_t, max_batch, 8, "requests decoded together (KV cache slots)");
 ABSL_FLAG(int64_t, max_queue, 32, "requests waiting for a slot; more get 429");
 ABSL_FLAG(int64_t, context, 256, "context length: prompt plus generated tokens");
-ABSL_FLAG(std::string, device, "cpu", "where the model runs: cpu or cuda");
 ABSL_FLAG(bool, profile, false,
           "time each decode step's local kernels and collectives (/metrics; NOTE [step profile])");
 
@@ -69,24 +67,14 @@ int main(int argc, char** argv) {
   }
   ::signal(SIGPIPE, SIG_IGN);
   at::set_num_threads(1);
-  const std::string device_flag = absl::GetFlag(FLAGS_device);
-  if (device_flag != "cpu" && device_flag != "cuda") {
-    std::fprintf(stderr, "serve: --device must be cpu or cuda, got '%s'\n", device_flag.c_str());
-    return 2;
-  }
-  const c10::DeviceType device_type =
-      device_flag == "cuda" ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
-  std::shared_ptr<collectives::RankContext> ctx;
+  tools::LaunchedRanks ranks;
   try {
-    collectives::select_local_device(device_type);  // before any communicator is made
-    if (collectives::launch_env_from_environ()) {
-      ctx = api::init_from_env(collectives::default_backend(device_type));
-    }
+    ranks = tools::join_launched_ranks(tools::device_type_from_flags());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "serve: --device %s: %s\n", device_flag.c_str(), e.what());
+    std::fprintf(stderr, "serve: --device %s: %s\n", absl::GetFlag(FLAGS_device).c_str(), e.what());
     return 2;
   }
-  const int64_t world = ctx ? ctx->world_size() : 1, rank = ctx ? ctx->rank() : 0;
+  const int64_t world = ranks.world(), rank = ranks.rank();
   if (rank == 0) {
     ::signal(SIGTERM, on_signal);
     ::signal(SIGINT, on_signal);
@@ -95,12 +83,8 @@ int main(int argc, char** argv) {
   }
 
   const LlamaConfig config = tools::llama_config_from_flags(absl::GetFlag(FLAGS_context));
-  std::optional<DeviceMesh> mesh;
-  if (world > 1) mesh = api::init_device_mesh({world}, {}, device_type);
   const int64_t max_batch = absl::GetFlag(FLAGS_max_batch);
-  // Without a mesh: the current device of that type (select_local_device's choice).
-  Llama model(config, mesh, max_batch,
-              mesh ? std::nullopt : std::optional<c10::Device>(mesh_device(device_type)));
+  Llama model(config, ranks.mesh, max_batch, ranks.device);
   model.load(checkpoint);
   ByteTokenizer tokenizer(config.vocab);
   Metrics metrics;
