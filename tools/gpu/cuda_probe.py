@@ -178,8 +178,9 @@ def main():
             on_cuda(t, name)
         dtensor.manual_seed(3)
         r = dtensor.rand(8, 4, device_mesh=mesh, placements=[Shard(0)])
-        close(r, torch.rand(8, 4, generator=torch.Generator().manual_seed(3)).to(dev),
-              "rand (the CPU generator's values)")
+        # NOTE [random on a CUDA mesh]: one CUDA device's values (the GPU's generator).
+        torch.manual_seed(3)
+        close(r, torch.rand(8, 4, device=dev), "rand (one CUDA device's values)")
 
     @check("replicate fallback (histc) on the mesh's device")
     def _():
