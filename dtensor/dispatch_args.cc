@@ -62,6 +62,8 @@ void OpArgs::layout(const c10::IValue* args, sharding::LayoutArgs& out) const {
       out.text = v.toStringRef();
     } else if (r.arg->kind == ArgKind::kPresent) {
       out.ints.push_back(v.isTensor() && v.toTensor().defined() ? 1 : 0);
+    } else if (r.arg->kind == ArgKind::kDevice) {  // the mesh's, for a distributed tensor
+      out.ints.push_back(static_cast<int64_t>(v.toTensor().device().type()));
     } else if (r.arg->kind == ArgKind::kCount) {
       out.ints.push_back(static_cast<int64_t>(ivalue_ints(v).size()));
     } else if (v.isNone() && r.arg->if_none) {

@@ -3,8 +3,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/TensorGeometry.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "dtensor/dispatch_internal.h"
@@ -14,6 +14,27 @@
 #include "layout/shard_layout.h"
 
 namespace dtensor::dispatch_detail {
+namespace {
+
+// ATen's is_non_overlapping_and_dense for a global shape and stride: the dims of size > 1,
+// ordered by stride, tile memory without gaps (an empty tensor is dense).
+bool non_overlapping_and_dense(const std::vector<int64_t>& shape,
+                               const std::vector<int64_t>& stride) {
+  std::vector<size_t> dims;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 0) return true;
+    if (shape[d] > 1) dims.push_back(d);
+  }
+  std::sort(dims.begin(), dims.end(), [&](size_t a, size_t b) { return stride[a] < stride[b]; });
+  int64_t want = 1;
+  for (const size_t d : dims) {
+    if (stride[d] != want) return false;
+    want *= shape[d];
+  }
+  return true;
+}
+
+}  // namespace
 
 // Runs a random op for the global tensor chunk by chunk and keeps this rank's box (NOTE [DTensor
 // random]): each chunk is the op called on a 1-D buffer standing in for the global tensor, or for
@@ -81,19 +102,28 @@ void run_dropout(const c10::IValue* args, torch::jit::Stack* stack, size_t n,
   const DTensorSpec& mask_spec = s.outputs.at(1);
   at::Tensor result, mask;
   const LocalBox box = train ? local_box(out, my_coordinate(out.mesh())) : LocalBox{};
-  if (train && !input.device().is_cpu() &&
-      at::geometry_is_contiguous(out.shape(), out.meta().stride)) {
+  if (train && !input.device().is_cpu()) {
     // CUDA's fused dropout kernel draws its mask in its own order: the mask of one device's call
     // is that of native_dropout on ones of the global size (the mask depends on the generator,
     // the element count, the dtype and the alignment, which picks the kernel's vector width: a
     // fresh buffer is aligned as a fresh input is; an input viewed at an odd offset may not be).
+    // The kernel's vector path (a dense tensor of an even element count) reads the data as a
+    // flat array, so its mask is in memory order: the global stride maps it back. Its scalar
+    // path (odd counts, and tensors with gaps, which a strided buffer stands in for) draws by
+    // the elements' logical index (ATen's Dropout.cu).
     const at::Generator gen = rank_generator(input.device());
     check_generators_agree(out.mesh(), gen, "aten::native_dropout");
     const LocalKernelScope local;  // NOTE [engine activity]
+    const std::vector<int64_t>& shape = out.shape();
+    const std::vector<int64_t>& stride = out.meta().stride;
     int64_t numel = 1;
-    for (const int64_t d : out.shape()) numel *= d;
-    at::Tensor whole = std::get<1>(at::native_dropout(at::ones({numel}, input.options()), p, true))
-                           .view(out.shape());
+    for (const int64_t d : shape) numel *= d;
+    const bool dense = non_overlapping_and_dense(shape, stride);
+    at::Tensor ones = at::ones({dense ? numel : 2 * numel}, input.options());
+    if (!dense) ones = ones.slice(0, 0, 2 * numel, 2);
+    const at::Tensor flat = std::get<1>(at::native_dropout(ones, p, true));
+    const bool memory_order = dense && numel % 2 == 0;
+    at::Tensor whole = memory_order ? flat.as_strided(shape, stride) : flat.reshape(shape);
     for (size_t d = 0; d < box.shape.size(); ++d) {
       whole = whole.narrow(static_cast<int64_t>(d), box.offset[d], box.shape[d]);
     }
@@ -110,8 +140,6 @@ void run_dropout(const c10::IValue* args, torch::jit::Stack* stack, size_t n,
   } else if (train) {
     const double p1m = 1. - p;
     const double scale = p1m == 0 ? 0. : 1. / p1m;
-    // The CPU generator (a CUDA mesh's non-contiguous global tensor too: NOTE [random on a CUDA
-    // mesh]).
     const at::Generator gen = rank_generator();
     check_generators_agree(out.mesh(), gen, "aten::native_dropout");
     const LocalKernelScope local;  // NOTE [engine activity]

@@ -49,8 +49,8 @@
 // The price is a transient buffer of the global tensor per rank and op, on the GPU (no host
 // copy); PyTorch's OffsetBasedRNGTracker draws only the piece, with values that differ from one
 // device's. Dropout (CUDA's fused kernel draws its own way) takes its mask from native_dropout on
-// ones of the global size; a global tensor that is not contiguous draws its dropout mask from
-// the CPU generator instead (see run_dropout). An op given a CPU generator on a CUDA mesh draws
+// ones of the global size, read in the kernel's order for the global tensor's strides (see
+// run_dropout). An op given a CPU generator on a CUDA mesh draws
 // on the CPU and copies its box to the GPU (the CPU generator's values).
 //
 // Ranks that are threads of one process (the threads backend) cannot share the process's

@@ -73,7 +73,8 @@ def test_factories_put_pieces_on_the_mesh_device(mesh):
 
 @pytest.mark.parametrize("op", ["cauchy_", "log_normal_", "geometric_", "normal", "bernoulli",
                                 "multinomial", "rrelu", "uniform_", "normal_", "rand_like",
-                                "randn_like", "dropout"])
+                                "randn_like", "dropout", "dropout_transposed", "dropout_strided",
+                                "dropout_odd"])
 def test_random_ops_equal_one_cuda_devices(mesh, op):
     """NOTE [random on a CUDA mesh]: every random op on a CUDA mesh gives one CUDA device's values
     for the same seed (the GPU's Philox generator, the global tensor drawn in one call), and the
@@ -90,7 +91,12 @@ def test_random_ops_equal_one_cuda_devices(mesh, op):
           "rrelu": lambda t: torch.nn.functional.rrelu(t, training=True),
           "uniform_": lambda t: t.uniform_(-2, 3), "normal_": lambda t: t.normal_(1, 2),
           "rand_like": torch.rand_like, "randn_like": torch.randn_like,
-          "dropout": lambda t: torch.nn.functional.dropout(t, 0.4, training=True)}
+          "dropout": lambda t: torch.nn.functional.dropout(t, 0.4, training=True),
+          # CUDA's kernel draws a dense tensor in memory order, others by logical index:
+          "dropout_transposed": lambda t: torch.nn.functional.dropout(t.t(), 0.4, training=True),
+          "dropout_strided": lambda t: torch.nn.functional.dropout(t[:, ::2], 0.4, training=True),
+          "dropout_odd": lambda t: torch.nn.functional.dropout(t.t()[:5, :3].contiguous().t(),
+                                                               0.4, training=True)}
     base = torch.randn(8, 6, generator=torch.Generator().manual_seed(0)).cuda()
     torch.manual_seed(5)
     want = fs[op](base.clone())

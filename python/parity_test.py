@@ -1,8 +1,8 @@
 """PyTorch parity of the Python face (torch.distributed.tensor, device_mesh, tensor.parallel):
 placement strings and helpers, DTensor's repr, redistribute's forward/backward dtypes,
 PrepareModuleInputOutput, user-written ParallelStyles, exact int fills, the current mesh
-(``with mesh:``) and backward through split with unused outputs. Ranks are threads (simulation
-mode); results are compared with one device."""
+(``with mesh:``), backward through split with unused outputs, logsigmoid and eval batch norm
+on shards. Ranks are threads (simulation mode); results are compared with one device."""
 
 import copy
 
@@ -495,3 +495,55 @@ def test_backward_through_split_with_unused_outputs(how, placement):
         torch.testing.assert_close(a.grad.full_tensor(), want.grad, rtol=0, atol=0)
 
     dtensor.run_threads(2, fn)
+
+
+@pytest.mark.parametrize("placement", [Shard(0), Shard(1), Replicate()])
+def test_logsigmoid_runs_sharded(placement):
+    """logsigmoid's kernels have rules (log_sigmoid_forward's buffer is elementwise on the CPU and
+    empty on CUDA, which its backward never reads): forward and backward keep the placement and
+    equal one device's, with nothing gathered. Before, log_sigmoid_forward ran by the replicate
+    fallback, and on a CUDA mesh its backward raised "shapes [20] and [20] and [0] do not
+    broadcast"."""
+    torch.manual_seed(0)
+    x = torch.randn(6, 4)
+    want = x.clone().requires_grad_()
+    nn.functional.logsigmoid(want).mul(torch.arange(4.0)).sum().backward()
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (2,))
+        a = distribute_tensor(x, mesh, [placement]).requires_grad_()
+        out = nn.functional.logsigmoid(a)
+        assert out.placements == (placement,)
+        out.mul(distribute_tensor(torch.arange(4.0), mesh, [Replicate()])).sum().backward()
+        torch.testing.assert_close(out.full_tensor(), nn.functional.logsigmoid(x))
+        torch.testing.assert_close(a.grad.full_tensor(), want.grad)
+        assert a.grad.placements == (placement,)
+
+    dtensor.debug.reset_fallback_counts()
+    dtensor.run_threads(2, fn)
+    assert not [op for op in dtensor.debug.fallback_counts() if "log_sigmoid" in op]
+
+
+@pytest.mark.parametrize("placement", [Shard(0), Shard(1), Shard(2)])
+def test_eval_batch_norm_keeps_the_sharding(placement):
+    """Batch norm in eval on a sharded input runs on the pieces: its empty saved statistics (the
+    CPU kernel's; CUDA's are [C]) are whole, and the output keeps the input's placement, equal to
+    one device's. Before, no layout fit the empty statistics and every eval call ran by the
+    replicate fallback (five all_gathers)."""
+    torch.manual_seed(0)
+    x, w, b = torch.randn(4, 6, 4), torch.randn(6), torch.randn(6)
+    rm, rv = torch.randn(6), torch.rand(6) + 0.5
+    want = nn.functional.batch_norm(x, rm, rv, w, b, training=False)
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (2,))
+        stats = [Shard(0)] if placement == Shard(1) else [Replicate()]
+        s = lambda t: distribute_tensor(t, mesh, stats)  # noqa: E731
+        out = nn.functional.batch_norm(distribute_tensor(x, mesh, [placement]), s(rm), s(rv),
+                                       s(w), s(b), training=False)
+        assert out.placements == (placement,)
+        torch.testing.assert_close(out.full_tensor(), want)
+
+    dtensor.debug.reset_fallback_counts()
+    dtensor.run_threads(2, fn)
+    assert not dtensor.debug.fallback_counts()

@@ -123,9 +123,9 @@ def test_random_op_on_a_non_contiguous_tensor_matches_one_device(op, chunk, monk
 def test_the_gpu_checks_random_script_on_cpu_ranks():
     """tools/gpu/random_ranks.py (the GPU check's stage random: 2 processes on one GPU) on 2 CPU
     processes (shm): rand, randn, uniform_, normal_, bernoulli_, rand_like, randn_like and
-    dropout on uneven shapes, Shard on either dim and Replicate, equal one device's draw bit for
-    bit, the generator ending where one device's does. Here so the script cannot rot between
-    GPU runs."""
+    dropout (of transposed and strided tensors too) on uneven shapes, Shard on either dim and
+    Replicate, equal one device's draw bit for bit, the generator ending where one device's does.
+    Here so the script cannot rot between GPU runs."""
     import os
     import subprocess
     import sys
@@ -136,4 +136,4 @@ def test_the_gpu_checks_random_script_on_cpu_ranks():
                           sys.executable, script, "cpu"], env=env, capture_output=True,
                          text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "72 of 72 cases equal one device's" in out.stdout, out.stdout
+    assert "90 of 90 cases equal one device's" in out.stdout, out.stdout

@@ -7,6 +7,7 @@
 #include "sharding_prop/op_builders.h"
 
 #include <ATen/ceil_div.h>
+#include <c10/core/DeviceType.h>
 
 #include <algorithm>
 #include <stdexcept>
@@ -50,6 +51,30 @@ RuleBuilder pointwise(size_t n, Linearity lin, std::vector<bool> linear_inputs, 
     return BuiltRule{pointwise_rule(shapes_of(m), lin, linear_inputs),
                      {to_bool ? c10::kBool : promoted(m)}};
   };
+}
+
+// log_sigmoid_forward(self) -> (output, buffer): ints: self's device type. The CPU kernel's
+// buffer is elementwise too; CUDA's is empty (its backward recomputes instead), so its output
+// metadata is the rule's (no ATen meta kernel knows the device).
+BuiltRule log_sigmoid_forward_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "log_sigmoid_forward");
+  Rule r = pointwise_rule(shapes_of(m), Linearity::kNone);
+  const bool cuda = arg(a, 0, "log_sigmoid_forward", "device") ==
+                    static_cast<int64_t>(c10::DeviceType::CUDA);
+  r.outputs.push_back(cuda ? TensorFactors{r.add_dim(0, FactorKind::kReplicate)} : r.outputs[0]);
+  r.metadata_from_rule = true;
+  return {std::move(r), {m[0].dtype, m[0].dtype}};
+}
+
+// log_sigmoid_backward(grad_output, self, buffer): elementwise; a CUDA forward's empty buffer
+// (never read) stays whole.
+BuiltRule log_sigmoid_backward_of(const Metas& m, const LayoutArgs&) {
+  need_inputs(m, 3, 3, "log_sigmoid_backward");
+  const bool empty_buffer = m[2].shape == std::vector<int64_t>{0} && m[1].numel() != 0;
+  Rule r = pointwise_rule(empty_buffer ? Shapes{m[0].shape, m[1].shape} : shapes_of(m),
+                          Linearity::kNone);
+  if (empty_buffer) r.inputs.push_back({r.add_dim(0, FactorKind::kReplicate)});
+  return {std::move(r), {promoted(m)}};
 }
 
 // polar(abs, angle) / complex(real, imag): elementwise, complex results (neither has a C++ meta

@@ -110,6 +110,8 @@ RuleBuilder search_of(bool bucketize);
 BuiltRule addmv_of(const Metas& m, const LayoutArgs& a);
 BuiltRule addbmm_of(const Metas& m, const LayoutArgs&);
 BuiltRule addr_of(const Metas& m, const LayoutArgs&);
+BuiltRule log_sigmoid_forward_of(const Metas& m, const LayoutArgs& a);
+BuiltRule log_sigmoid_backward_of(const Metas& m, const LayoutArgs&);
 BuiltRule to_complex_of(const Metas& m, const LayoutArgs&);
 
 }  // namespace dtensor::sharding::builders

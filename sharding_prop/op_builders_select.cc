@@ -3,6 +3,8 @@
 // that tile or rearrange (repeat, diag, diag_embed, unfold, rot90, unbind, pixel_shuffle), batch
 // norm and batched linear algebra (op_builders.cc has the shared helpers).
 
+#include <c10/core/DeviceType.h>
+
 #include <algorithm>
 #include <cstdlib>
 
@@ -316,13 +318,14 @@ RuleBuilder pixel_shuffle_of(bool shuffle) {
 }
 
 // native_batch_norm(input, weight?, bias?, running_mean?, running_var?, training, ...): ints:
-// training, then whether weight, bias, running_mean, running_var are given. The channel dim (1)
-// passes with the per-channel tensors; the running statistics keep their placements (written in
-// training). In training the statistics span the other dims, which stay whole; in eval every dim
-// passes. Outputs: the result, and save_mean/save_invstd ([C] in training, empty in eval).
+// training, then whether weight, bias, running_mean, running_var are given, then the input's
+// device type. The channel dim (1) passes with the per-channel tensors; the running statistics
+// keep their placements (written in training). In training the statistics span the other dims,
+// which stay whole; in eval every dim passes. Outputs: the result, and save_mean/save_invstd:
+// [C] in training; in eval empty on the CPU, but [C] (unwritten) from CUDA's kernel.
 BuiltRule batch_norm_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 1, 5, "native_batch_norm");
-  if (m[0].ndim() < 2 || a.ints.size() != 5) {
+  if (m[0].ndim() < 2 || a.ints.size() != 6) {
     throw Error("native_batch_norm: expects an input of at least 2 dims");
   }
   const bool training = a.ints[0] != 0;
@@ -347,8 +350,9 @@ BuiltRule batch_norm_of(const Metas& m, const LayoutArgs& a) {
   const size_t stats_from = 1 + static_cast<size_t>(a.ints[1] + a.ints[2]);
   // Kept in eval too (the kernel reads them only): the schema cannot say when it writes.
   for (size_t i = 1; i < m.size(); ++i) r.written_inputs.push_back(i >= stats_from);
+  const bool stats_of_c = training || a.ints[5] == static_cast<int64_t>(c10::DeviceType::CUDA);
   const TensorFactors saved =
-      training ? TensorFactors{c} : TensorFactors{r.add_dim(0, FactorKind::kReplicate)};
+      stats_of_c ? TensorFactors{c} : TensorFactors{r.add_dim(0, FactorKind::kReplicate)};
   r.outputs = {in, saved, saved};
   r.metadata_from_rule = !training;
   const c10::ScalarType stat =

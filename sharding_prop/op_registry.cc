@@ -357,6 +357,7 @@ LayoutArg ints_arg(std::string name) { return {std::move(name), LayoutArg::Kind:
 LayoutArg count_arg(std::string name) { return {std::move(name), LayoutArg::Kind::kCount, {}}; }
 LayoutArg text_arg(std::string name) { return {std::move(name), LayoutArg::Kind::kText, {}}; }
 LayoutArg present_arg(std::string name) { return {std::move(name), LayoutArg::Kind::kPresent, {}}; }
+LayoutArg device_arg(std::string name) { return {std::move(name), LayoutArg::Kind::kDevice, {}}; }
 LocalShapeArg local_shape(std::string name, LocalShapeArg::Kind kind) {
   return {kind, std::move(name)};
 }
@@ -371,6 +372,8 @@ std::string LayoutArg::to_string() const {
       return "\"" + name + "\"";
     case Kind::kPresent:
       return name + "?";
+    case Kind::kDevice:
+      return "device(" + name + ")";
     case Kind::kInt:
       break;
   }

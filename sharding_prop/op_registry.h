@@ -41,6 +41,8 @@ struct LayoutArg {
     kCount,    // the length of a list (layer_norm's normalized_shape)
     kText,     // a string (einsum's equation): LayoutArgs::text
     kPresent,  // 1 when the tensor argument is given, 0 when it is None (which inputs are which)
+    kDevice,   // a tensor argument's device type (c10::DeviceType's number): for the few kernels
+               // whose outputs differ by device (CUDA's batch norm keeps [C] statistics in eval)
   };
   std::string name;
   Kind kind = Kind::kInt;
@@ -53,6 +55,7 @@ LayoutArg ints_arg(std::string name);
 LayoutArg count_arg(std::string name);
 LayoutArg text_arg(std::string name);
 LayoutArg present_arg(std::string name);
+LayoutArg device_arg(std::string name);
 
 // The values of an op's layout arguments in one call, in the entry's order (never runtime scalar
 // values): part of the propagation cache key.

@@ -32,7 +32,7 @@ void add_losses(Adder& add) {
 void add_batch_norm(Adder& add) {
   add("aten::native_batch_norm", "norm",
       {int_arg("training"), present_arg("weight"), present_arg("bias"), present_arg("running_mean"),
-       present_arg("running_var")},
+       present_arg("running_var"), device_arg("input")},
       batch_norm_of);
   add("aten::native_batch_norm_backward", "norm", {int_arg("train")}, batch_norm_backward_of);
 }

@@ -163,9 +163,11 @@ void add_elementwise(Adder& add) {
   for (const char* op :
        {"elu_backward", "hardshrink_backward", "hardsigmoid_backward", "hardswish_backward",
         "hardtanh_backward", "leaky_relu_backward", "logit_backward", "softplus_backward",
-        "softshrink_backward", "mish_backward", "log_sigmoid_backward"}) {
+        "softshrink_backward", "mish_backward"}) {
     add(std::string("aten::") + op, "pointwise", {}, pointwise(3, lin));
   }
+  add("aten::log_sigmoid_forward", "pointwise", {device_arg("self")}, log_sigmoid_forward_of);
+  add("aten::log_sigmoid_backward", "pointwise", {}, log_sigmoid_backward_of);
   // clang-format on
 }
 

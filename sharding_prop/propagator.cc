@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <functional>
+#include <numeric>
 #include <optional>
 #include <stdexcept>
 #include <unordered_map>
@@ -53,6 +55,10 @@ int64_t dim_of(const TensorFactors& t, int f) {
   return -1;
 }
 
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+}
+
 std::optional<Choice> shard_choice(const Rule& rule, int f) {
   const Factor& factor = rule.factors[f];
   Choice c;
@@ -80,6 +86,8 @@ std::optional<Choice> shard_choice(const Rule& rule, int f) {
       c.out.push_back(Partial(factor.reduce));
     } else if (summed) {
       c.out.push_back(Partial());
+    } else if (numel_of(rule.output_shape(o)) == 0) {
+      c.out.push_back(Replicate());  // an empty output (eval batch norm's statistics) is whole
     } else {
       return std::nullopt;  // a pass factor missing from an output cannot be sharded
     }

@@ -312,6 +312,36 @@ TEST(PropagatorTest, CostModelFollowsTheMeshDevice) {
   EXPECT_GT(gather_cuda->cost, gather_cpu->cost);
 }
 
+// native_batch_norm in eval: the CPU kernel returns empty saved statistics, CUDA's kernel [C]
+// (unwritten). The rule reads the input's device (a layout argument): before, a CUDA mesh's call
+// raised "this rank's local result has shape [C] but the propagated output ... Float[0]".
+TEST(PropagatorTest, BatchNormEvalStatisticsFollowTheDevice) {
+  const auto x = spec({2}, "S(1)", {4, 6, 3});
+  const auto c = spec({2}, "S(0)", {6});
+  auto saved = [&](c10::DeviceType device, int64_t training) {
+    const LayoutArgs args{{training, 1, 1, 1, 1, static_cast<int64_t>(device)}};
+    const auto s = propagate("aten::native_batch_norm", {x, c, c, c, c}, args);
+    if (s->outputs.size() != 3u) {
+      ADD_FAILURE() << s->to_string();
+      return int64_t{-2};
+    }
+    return s->outputs[1].shape().empty() ? int64_t{-1} : s->outputs[1].shape()[0];
+  };
+  EXPECT_EQ(saved(c10::DeviceType::CPU, 0), 0);
+  EXPECT_EQ(saved(c10::DeviceType::CUDA, 0), 6);
+  EXPECT_EQ(saved(c10::DeviceType::CPU, 1), 6);
+  EXPECT_EQ(saved(c10::DeviceType::CUDA, 1), 6);
+  // [C] statistics follow the channel dim's sharding, as the local kernel's do; empty ones are
+  // whole, and the input keeps its sharding (before, the CPU's eval call found no layout and ran
+  // by the replicate fallback, gathering every input).
+  const LayoutArgs cpu_eval{{0, 1, 1, 1, 1, static_cast<int64_t>(c10::DeviceType::CPU)}};
+  EXPECT_EQ(placements_of(propagate("aten::native_batch_norm", {x, c, c, c, c}, cpu_eval)->outputs),
+            "[S(1)];[R];[R]");
+  const LayoutArgs cuda_eval{{0, 1, 1, 1, 1, static_cast<int64_t>(c10::DeviceType::CUDA)}};
+  EXPECT_EQ(placements_of(propagate("aten::native_batch_norm", {x, c, c, c, c}, cuda_eval)->outputs),
+            "[S(1)];[S(0)];[S(0)]");
+}
+
 // Among candidates of equal communication, the one computing less per rank wins; the FLOPs are
 // those of the largest piece (uneven: ceil).
 TEST(PropagatorTest, ComputeIsPricedOnTheLargestPiece) {

@@ -41,9 +41,14 @@ support float32 on CUDA with samples made on "cuda", on a 1-rank NCCL mesh of th
 calling thread on that mesh, and modes that need more ranks (the 2-D ones) are skipped, so the
 1-D modes' Shard(d) holds the whole tensor. What it checks is the engine on CUDA tensors: the
 sharding rules and the fallback on them, every local piece on one device's device, values against
-the same op on plain CUDA tensors. Random ops draw from the CPU generator on a CUDA mesh (NOTE
-[random on a CUDA mesh]), not CUDA's Philox, so for an OpInfo whose reference drew random numbers
-only metadata is compared there. Without a GPU it says "no GPU" and exits 0 (0 OpInfos).
+the same op on plain CUDA tensors. Random ops are compared by value too: on a CUDA mesh they
+draw from the GPU's generator as one device does (NOTE [random on a CUDA mesh]). The sweep turns on
+torch's deterministic algorithms (warn_only) on CUDA, in the reference and the engine alike: some
+CUDA kernels accumulate with atomics, and some leave parts of their outputs unwritten (the
+efficient attention's key gradient for keys past cu_seqlens_k), where one device's value is
+whatever the allocator held; with the flag ATen fills fresh memory with NaN, which compares equal,
+and those kernels pick their deterministic variants. Without a GPU it says "no GPU" and exits 0
+(0 OpInfos).
 
 NOTE [sweep with processes]: `--ranks-as processes` makes every rank its own process, on a mesh
 of WORLD_SIZE ranks built on the launcher's backend (shm between CPU processes; cuda_ipc for
@@ -82,6 +87,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 os.environ.setdefault("DTENSOR_COLLECTIVE_TIMEOUT_MS", "20000")
 
@@ -147,7 +153,6 @@ _wrapper_set_seed = _cmi.wrapper_set_seed
 def _rank_wrapper_set_seed(op, *args, **kwargs):
     """op_db's wrapper_set_seed also saves and restores the default generator's state
     (freeze_rng_state), which rank threads share: on a rank thread, only the seed."""
-    _drew[0] = True
     if threading.current_thread() is threading.main_thread():
         return _wrapper_set_seed(op, *args, **kwargs)
     torch.manual_seed(42)
@@ -159,7 +164,6 @@ for _mod in list(sys.modules.values()):  # newer torch also binds it in opinfo/d
     if (getattr(_mod, "__name__", "").startswith("torch.testing._internal.opinfo")
             and getattr(_mod, "wrapper_set_seed", None) is _wrapper_set_seed):
         _mod.wrapper_set_seed = _rank_wrapper_set_seed
-_drew = [False]  # whether a random op ran (wrapper_set_seed) since reset: NOTE [sweep on CUDA]
 RTOL, ATOL = 1e-4, 1e-4
 # NOTE [sweep tolerance]: a sharded reduction sums in another order than one device (partial sums,
 # then the all-reduce), so an element that is a small difference of large terms differs by a few
@@ -254,6 +258,7 @@ def use_cuda():
         return False
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    _deterministic_cuda()
     _Target.mesh = init_device_mesh("cuda", (1,))
     _Target.device = "cuda"
     WORLD = 1  # the 1-D modes' mesh
@@ -267,6 +272,8 @@ def use_processes(device):
     global WORLD
     if device == "cuda" and not torch.cuda.is_available():
         return False
+    if device == "cuda":
+        _deterministic_cuda()
     WORLD = int(os.environ["WORLD_SIZE"])
     _Target.device = device
     _Target.processes = True
@@ -298,17 +305,13 @@ def _mode_mesh(mode):
     return _Target.mesh if _Target.mesh is not None else init_device_mesh("cpu", mode.mesh_shape)
 
 
-def _reference(seed, run):
-    """run() on one device, which seeds torch with `seed` first: (its result, whether it drew
-    random numbers on the GPU, where the engine's draws differ by design: NOTE [sweep on CUDA]).
-    Never True on the CPU."""
-    if _Target.device != "cuda":
-        return run(), False
-    _drew[0] = False
-    torch.manual_seed(seed)
-    state = torch.cuda.get_rng_state()
-    out = run()
-    return out, _drew[0] or not torch.equal(state, torch.cuda.get_rng_state())
+def _deterministic_cuda():
+    """NOTE [sweep on CUDA]: deterministic kernels, and fresh memory filled with NaN, for the
+    reference and the engine alike (before any cuBLAS handle exists)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    warnings.filterwarnings("ignore", message=".*does not have a deterministic implementation")
 
 
 class Failure(Exception):
@@ -759,8 +762,7 @@ class Outcome:
 
 
 def _inplace_expected(fn, sample):
-    """The in-place variant's written self on one device, or None when one device refuses it;
-    and whether it drew random numbers on the GPU (_reference)."""
+    """The in-place variant's written self on one device, or None when one device refuses it."""
     inp, args, kwargs = _clone_args(sample)
 
     def run():
@@ -768,10 +770,10 @@ def _inplace_expected(fn, sample):
         fn(inp, *args, **kwargs)
 
     try:
-        _, drew = _reference(SEED, run)
+        run()
     except Exception:  # noqa: BLE001
-        return None, False
-    return inp, drew
+        return None
+    return inp
 
 
 def run_inplace_mode(fn, sample, mode, want_self, compare_values):
@@ -801,13 +803,12 @@ def _sweep_inplace(fn, sample_list, compare_values):
     for si, sample in enumerate(sample_list):
         if not any(_is_tensor(t) for t in tree_flatten(sample.input)[0]):
             continue
-        want_self, drew = _inplace_expected(fn, sample)
+        want_self = _inplace_expected(fn, sample)
         if want_self is None:
             continue
-        values = compare_values and not drew
         for mode in _runnable(modes_for(sample, si == 0)):
             if out.attempt(f"in-place sample {si} mode {mode.name}",
-                           lambda: run_inplace_mode(fn, sample, mode, want_self, values)):
+                           lambda: run_inplace_mode(fn, sample, mode, want_self, compare_values)):
                 return out.result()
     return out.result()
 
@@ -906,11 +907,9 @@ def _sweep_one(op, samples, full=False, seed=SEED, deadline=None):
                        tree_flatten((sample.input, sample.args, sample.kwargs))[0]):
                 continue  # a factory call: nothing to distribute
             try:
-                (want, want_grads), drew = _reference(_op_seed[0],
-                                                  lambda: _expected(op, sample, backward))
+                want, want_grads = _expected(op, sample, backward)
             except Exception:  # noqa: BLE001  (one device refuses this sample too)
                 continue
-            values = compare_values and not drew
             modes = full_modes_for(sample) if full else modes_for(sample, si == 0)
             for mode in _runnable(modes):
                 if deadline is not None and _agreed(
@@ -920,7 +919,7 @@ def _sweep_one(op, samples, full=False, seed=SEED, deadline=None):
                     return kind, (detail + " " if detail else "") + (
                         f"(stopped at the time budget in {where}sample {si})")
                 if out.attempt(f"{where}sample {si} mode {mode.name}",
-                               lambda: run_mode(op, sample, mode, want, want_grads, values)):
+                               lambda: run_mode(op, sample, mode, want, want_grads, compare_values)):
                     return out.result()
     finally:
         _op_seed[0] = SEED

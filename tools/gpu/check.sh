@@ -196,12 +196,16 @@ if [ "${SKIP_ENGINE:-}" != 1 ]; then
       :
     elif PYTHONPATH=$DEPS/python $PY -c 'import torch.testing._internal.common_methods_invocations' \
         >/dev/null 2>&1; then
-      # Two runs, ~100 s of OpInfos each (the stage stays within ~4 min): the 1-rank NCCL mesh
-      # of this process, then 2 processes sharing the GPU on cuda_ipc, the modes of a 2-rank
-      # mesh (NOTE [sweep with processes]: the sweep starts its own launcher and prints rank
-      # 0's lines unprefixed). Each must have 0 wrong, 0 hang, a summary, exit 0, no CUDA failure.
+      # Three runs (the stage stays within ~4.5 min): ~100 s of OpInfos on the 1-rank NCCL mesh
+      # of this process, then ~100 s on 2 processes sharing the GPU on cuda_ipc, the modes of a
+      # 2-rank mesh (NOTE [sweep with processes]: the sweep starts its own launcher and prints
+      # rank 0's lines unprefixed), then every sample (--full) of the OpInfos a full CUDA sweep
+      # failed on once, with that sweep's seed (2026-11-28: an efficient attention gradient read
+      # from uninitialized memory, errors in batch norm and logsigmoid, and dropout, whose CUDA
+      # draws changed). Each must have 0 wrong, 0 hang, a summary, exit 0, no CUDA failure.
       for run in "1-rank:op_db_cuda:" \
-          "2 processes (cuda_ipc):op_db_cuda_2proc:--ranks-as processes --world 2"; do
+          "2 processes (cuda_ipc):op_db_cuda_2proc:--ranks-as processes --world 2" \
+          "1-rank, every sample of 6 OpInfos:op_db_cuda_full:--full --seed 768618223 --ops torch.ops.aten._efficient_attention_forward,native_batch_norm,nn.functional.batch_norm,nn.functional.logsigmoid,nn.functional.multilabel_soft_margin_loss,nn.functional.dropout"; do
         IFS=: read -r what log flags <<<"$run"
         PYTHONPATH=$PYPKG:$DEPS/python timeout 180 $PY python/op_db/sweep.py --device cuda $flags \
           --time-budget 100 >"$LOGS/$log.log" 2>&1

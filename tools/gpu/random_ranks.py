@@ -28,7 +28,11 @@ def main():
     ops = {"uniform_": lambda t: t.uniform_(-1, 2), "normal_": lambda t: t.normal_(0.5, 2),
            "bernoulli_": lambda t: t.bernoulli_(0.3), "rand_like": torch.rand_like,
            "randn_like": torch.randn_like,
-           "dropout": lambda t: F.dropout(t, 0.25, training=True)}
+           "dropout": lambda t: F.dropout(t, 0.25, training=True),
+           # a transposed (dense) and a strided (gapped) global tensor: CUDA's kernel draws the
+           # first in memory order when its element count is even, else by logical index
+           "dropout_t": lambda t: F.dropout(t.t(), 0.25, training=True),
+           "dropout_strided": lambda t: F.dropout(t[:, ::2], 0.25, training=True)}
     cases = bad = 0
     for shape in ((7, 5), (8, 6), (3, 11)):
         base = torch.arange(shape[0] * shape[1], dtype=torch.float32).view(shape).to(on) / 7 + 1
