@@ -87,11 +87,11 @@ const std::vector<int64_t>& my_piece_shape(const DTensorSpec& spec) {
 // the spec's piece: a disagreement is a wrong rule, raised, never cast or relabelled.
 // `view_base`: the argument the result views, if it is a view (NOTE [views in inference mode]).
 at::Tensor wrap(const std::string& op, at::Tensor local, const DTensorSpec& spec,
-                const at::Tensor* view_base) {
+                const at::Tensor* view_base, const std::vector<int64_t>* piece) {
   TORCH_INTERNAL_ASSERT(local.scalar_type() == spec.meta().dtype, op, ": the local result is ",
                         local.scalar_type(), " but the propagated output ", spec.to_string(),
                         " says ", spec.meta().dtype, " (a wrong sharding rule; please report)");
-  const std::vector<int64_t>& want = my_piece_shape(spec);
+  const std::vector<int64_t>& want = piece != nullptr ? *piece : my_piece_shape(spec);
   TORCH_INTERNAL_ASSERT(local.sizes().equals(want), op, ": this rank's local result has shape ",
                         local.sizes(), " but the propagated output ", spec.to_string(),
                         " gives its piece the shape ", c10::IntArrayRef(want),
@@ -170,6 +170,10 @@ std::unique_ptr<OpInfo> make_info(const c10::OperatorHandle& op) {
 // Per-operator information, interned by schema for the process (an interning table, not a cache:
 // NOTE [caches]; one entry per operator ever called), with a per-thread front map that takes no
 // lock.
+}  // namespace
+
+namespace dispatch_detail {
+
 const OpInfo& info_for(const c10::OperatorHandle& op) {
   thread_local absl::flat_hash_map<const void*, const OpInfo*> local_cache;
   const void* key = &op.schema();
@@ -183,6 +187,10 @@ const OpInfo& info_for(const c10::OperatorHandle& op) {
   local_cache.emplace(key, slot.get());
   return *slot;
 }
+
+}  // namespace dispatch_detail
+
+namespace {
 
 std::string plain_error(const OpInfo& info, const c10::FunctionSchema& schema, int arg,
                         const at::Tensor& t) {
@@ -261,6 +269,10 @@ Inputs collect_inputs(const OpInfo& info, const c10::FunctionSchema& schema, c10
   return inputs;
 }
 
+}  // namespace
+
+namespace dispatch_detail {
+
 // The op's table entry, or null (looked up again while missing: register_rule may add it).
 const sharding::OpEntry* entry_of(const OpInfo& info) {
   const sharding::OpEntry* entry = info.entry.load(std::memory_order_acquire);
@@ -290,6 +302,10 @@ std::shared_ptr<const sharding::OpSharding> propagate_inputs(const c10::Operator
   const sharding::OutputMetas metas = run_meta;  // refers to run_meta: it must outlive the call
   return sharding::propagate(*entry, specs, layout, options, &metas);
 }
+
+}  // namespace dispatch_detail
+
+namespace {
 
 // The argument a view return aliases: the op's first tensor argument (self), or null when the
 // return `j` is not a view.
@@ -547,6 +563,10 @@ struct KernelCall {
   torch::jit::Stack* stack;
 };
 
+}  // namespace
+
+namespace dispatch_detail {
+
 // NOTE [caller locks and thread ranks]: see dispatch.h.
 void kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const CallerLockRelease release = g_release_caller_locks.load(std::memory_order_relaxed);
@@ -560,7 +580,7 @@ void kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       &call);
 }
 
-}  // namespace
+}  // namespace dispatch_detail
 
 StrictModeGuard::StrictModeGuard(bool enabled) : previous_(t_strict) { t_strict = enabled; }
 StrictModeGuard::~StrictModeGuard() { t_strict = previous_; }
@@ -580,7 +600,7 @@ void ensure_dispatch_installed() {
   static std::once_flag once;
   std::call_once(once, [] {
     auto* fallback = new torch::Library(torch::Library::IMPL, "_", kDTensorKey, __FILE__, __LINE__);
-    fallback->fallback(torch::CppFunction::makeFromBoxedFunction<&kernel>());
+    fallback->fallback(torch::CppFunction::makeFromBoxedFunction<&dispatch_detail::kernel>());
     // Ops with no autograd kernel (custom ops of torch.library or TORCH_LIBRARY) pass through the
     // autograd key to the kernel above, as ATen's backend fallback does for AutogradCPU (torch
     // 1.13 has none for AutogradPrivateUse1: such ops raised "Could not run ... with arguments
@@ -589,9 +609,14 @@ void ensure_dispatch_installed() {
         torch::Library::IMPL, "_", c10::DispatchKey::AutogradPrivateUse1, __FILE__, __LINE__);
     no_autograd->fallback(torch::CppFunction::makeFallthrough());
     auto* lib = new torch::Library(torch::Library::IMPL, "aten", kDTensorKey, __FILE__, __LINE__);
+    register_fast_kernels(*lib);  // NOTE [unboxed fast path]
+    const std::vector<std::string>& fast = fast_op_names();
+    auto is_fast = [&](const std::string& op) {
+      return std::find(fast.begin(), fast.end(), op) != fast.end();
+    };
     auto& d = c10::Dispatcher::singleton();
     for (const c10::OperatorName& name : d.getAllOpNames()) {
-      if (name.name.rfind("aten::", 0) != 0) continue;
+      if (name.name.rfind("aten::", 0) != 0 || is_fast(op_name(name))) continue;
       const auto handle = d.findOp(name);
       if (!handle) continue;
       if (handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
@@ -608,7 +633,9 @@ void ensure_dispatch_installed() {
                                         c10::DispatchKey::AutogradPrivateUse1, __FILE__, __LINE__);
     for (const sharding::OpEntry* e : sharding::all_ops()) {
       if (!e->run_composite) continue;
-      lib->impl(e->name.c_str(), torch::CppFunction::makeFromBoxedFunction<&kernel>());
+      if (!is_fast(e->name)) {
+        lib->impl(e->name.c_str(), torch::CppFunction::makeFromBoxedFunction<&kernel>());
+      }
       autograd->impl(e->name.c_str(), torch::CppFunction::makeFallthrough());
     }
   });

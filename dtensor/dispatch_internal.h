@@ -6,8 +6,10 @@
 #include <ATen/core/stack.h>
 #include <absl/container/inlined_vector.h>
 #include <c10/util/SmallVector.h>
+#include <torch/library.h>
 
 #include <atomic>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -50,6 +52,23 @@ using Inputs = absl::InlinedVector<Input, 4>;
 // This rank's coordinate on `mesh` (an error naming "DTensor op" when it is not in the mesh).
 const std::vector<int64_t>& my_coordinate(const DeviceMesh& mesh);
 
+// The operator's OpInfo (made once, then a per-thread lookup).
+const OpInfo& info_for(const c10::OperatorHandle& op);
+// Its table entry, or null.
+const sharding::OpEntry* entry_of(const OpInfo& info);
+// The propagator's answer for these inputs and arguments.
+std::shared_ptr<const sharding::OpSharding> propagate_inputs(const c10::OperatorHandle& op,
+                                                             const OpInfo& info,
+                                                             const Inputs& inputs,
+                                                             const c10::IValue* args, size_t n);
+// The boxed kernel of distributed tensors (every op; the hot ops' unboxed kernels call it when
+// their fast path does not apply: NOTE [unboxed fast path]).
+void kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// Registers the unboxed kernels of the hot ops (dispatch_fast.cc) at the distributed tensors'
+// key; `fast_op_names` lists them, for the boxed registrations to skip.
+void register_fast_kernels(torch::Library& lib);
+const std::vector<std::string>& fast_op_names();
+
 // A local tensor's metadata: shape, dtype, strides.
 TensorMeta meta_of(const at::Tensor& t);
 
@@ -84,8 +103,9 @@ void run_local_kernel(const c10::OperatorHandle& op, const OpInfo& info,
 // A local result as a distributed tensor of the propagated spec; raises when its dtype or shape
 // is not the spec's piece. `view_base`: the argument the result views, if it is a view (NOTE
 // [views in inference mode]).
+// `piece`: my_piece_shape(spec) when the caller has it.
 at::Tensor wrap(const std::string& op, at::Tensor local, const DTensorSpec& spec,
-                const at::Tensor* view_base = nullptr);
+                const at::Tensor* view_base = nullptr, const std::vector<int64_t>* piece = nullptr);
 
 // Random ops and dropout on distributed tensors (dispatch_random.cc; NOTE [DTensor random]).
 void run_random(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,

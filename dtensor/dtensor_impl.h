@@ -34,6 +34,10 @@ class DTensorImpl final : public c10::TensorImpl {
   const at::Tensor& local() const { return local_; }
   // The piece, after waiting for its collective if it was pending.
   const at::Tensor& ready_local() const;
+  // Whether local() is ready as it is: not pending, and no view of a gathered copy to check.
+  bool plainly_ready() const {
+    return !base_version_.has_value() && !pending_.load(std::memory_order_acquire);
+  }
   const DTensorSpec& spec() const { return spec_; }
   // Replaces the piece and the spec (out= and in-place ops); sizes and strides follow the spec.
   void set(at::Tensor local, DTensorSpec spec);

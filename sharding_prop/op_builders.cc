@@ -59,8 +59,8 @@ RuleBuilder pointwise(size_t n, Linearity lin, std::vector<bool> linear_inputs, 
 BuiltRule log_sigmoid_forward_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 1, 1, "log_sigmoid_forward");
   Rule r = pointwise_rule(shapes_of(m), Linearity::kNone);
-  const bool cuda = arg(a, 0, "log_sigmoid_forward", "device") ==
-                    static_cast<int64_t>(c10::DeviceType::CUDA);
+  const bool cuda =
+      arg(a, 0, "log_sigmoid_forward", "device") == static_cast<int64_t>(c10::DeviceType::CUDA);
   r.outputs.push_back(cuda ? TensorFactors{r.add_dim(0, FactorKind::kReplicate)} : r.outputs[0]);
   r.metadata_from_rule = true;
   return {std::move(r), {m[0].dtype, m[0].dtype}};

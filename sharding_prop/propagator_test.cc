@@ -338,8 +338,9 @@ TEST(PropagatorTest, BatchNormEvalStatisticsFollowTheDevice) {
   EXPECT_EQ(placements_of(propagate("aten::native_batch_norm", {x, c, c, c, c}, cpu_eval)->outputs),
             "[S(1)];[R];[R]");
   const LayoutArgs cuda_eval{{0, 1, 1, 1, 1, static_cast<int64_t>(c10::DeviceType::CUDA)}};
-  EXPECT_EQ(placements_of(propagate("aten::native_batch_norm", {x, c, c, c, c}, cuda_eval)->outputs),
-            "[S(1)];[S(0)];[S(0)]");
+  EXPECT_EQ(
+      placements_of(propagate("aten::native_batch_norm", {x, c, c, c, c}, cuda_eval)->outputs),
+      "[S(1)];[S(0)];[S(0)]");
 }
 
 // Among candidates of equal communication, the one computing less per rank wins; the FLOPs are
