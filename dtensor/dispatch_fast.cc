@@ -11,11 +11,12 @@
 // tensors, no Python object), asks the propagator (its cache, as the boxed kernel does), and when
 // the answer is "the op on the pieces, nothing moved" (no redistribute, no special execution,
 // one output, no written argument) runs the local op and wraps its result exactly as the boxed
-// kernel would. Anything else (a plain tensor argument, a pending piece, a redistribute, an
-// error, the FLOP counter) takes the boxed kernel, with the distributed tensors boxed, so the
-// two paths cannot differ in what they compute or raise; the program digest of a call is the
-// same on both (a piece and its distributed tensor fold alike), so ranks that take different
-// paths still agree.
+// kernel would; plain scalars (x + 1) are Replicate inputs there as in the boxed kernel. Anything
+// else (a plain tensor that is not a scalar, a pending piece, a view of a gathered copy, an input
+// that moves, an error, the FLOP counter) takes the boxed kernel, with the distributed tensors
+// boxed, so the two paths cannot differ in what they compute or raise; the program digest of a
+// call is the same on both (a piece and its distributed tensor fold alike), so ranks that take
+// different paths still agree.
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/add_ops.h>
@@ -40,6 +41,7 @@
 #include <ATen/ops/view_ops.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -63,7 +65,14 @@ struct FastCall {
 
   void push(const at::Tensor& t) {
     DTensorImpl* impl = t.defined() ? dtensor_impl(t) : nullptr;
-    if (impl == nullptr || !impl->plainly_ready()) {
+    if (impl == nullptr && t.defined() && (t.dim() == 0 || t.numel() == 1)) {
+      // A plain scalar (x + 1 wraps the 1 as a tensor): replicated, as collect_inputs reads it.
+      plain.push_back(static_cast<int>(stack.size()));
+      stack.emplace_back(t);
+      return;
+    }
+    // A view of a gathered copy passes its mark on (mark_gathered_view): the boxed kernel's.
+    if (impl == nullptr || !impl->plainly_ready() || !impl->detached_view_of().empty()) {
       ok = false;
       return;
     }
@@ -71,6 +80,20 @@ struct FastCall {
     inputs.push_back({static_cast<int>(stack.size()), -1, impl->spec(), impl->local()});
     stack.emplace_back(impl->local());
   }
+  // The plain scalars become Replicate inputs on the distributed ones' mesh, in argument order.
+  void add_plain_inputs() {
+    if (plain.empty() || inputs.empty()) return;
+    const DeviceMesh& mesh = inputs[0].spec.mesh();
+    for (const int arg : plain) {
+      const at::Tensor& t = stack[arg].toTensor();
+      inputs.push_back(
+          {arg, -1,
+           DTensorSpec::replicated(mesh, TensorMeta::make(t.sizes().vec(), t.scalar_type())), t});
+    }
+    std::sort(inputs.begin(), inputs.end(),
+              [](const Input& a, const Input& b) { return a.arg < b.arg; });
+  }
+  std::vector<int> plain;  // arguments that are plain scalars
   void push(const std::optional<at::Tensor>& t) {
     if (t.has_value() && t->defined()) return push(*t);
     stack.emplace_back();
@@ -84,6 +107,7 @@ struct FastCall {
 // The fast path of one call; false when the boxed kernel must run it (nothing was done).
 bool run_fast(const c10::OperatorHandle& op, FastCall& call, at::Tensor& out) {
   if (!call.ok || call.inputs.empty() || flop_counting()) return false;
+  call.add_plain_inputs();
   const OpInfo& info = info_for(op);
   if (info.per_element || !info.written.empty() || entry_of(info) == nullptr ||
       (info.execution != sharding::Execution::kPieces &&
@@ -100,8 +124,9 @@ bool run_fast(const c10::OperatorHandle& op, FastCall& call, at::Tensor& out) {
     return false;  // the boxed kernel raises it, with its context
   }
   const sharding::OpSharding& s = *sharding;
-  if (s.run_replicated || s.in_place_by_copy || s.outputs.size() != 1 || s.needs_redistribute()) {
-    return false;
+  if (s.run_replicated || s.in_place_by_copy || s.outputs.size() != 1) return false;
+  for (size_t k = 0; k < call.inputs.size(); ++k) {  // nothing moves, not even by a no-op plan
+    if (s.input_targets[k] != call.inputs[k].spec) return false;
   }
   const DeviceMesh& mesh = call.inputs[0].spec.mesh();
   if (program_check_enabled() && mesh.size() > 1) {  // NOTE [program digest]

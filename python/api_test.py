@@ -604,6 +604,8 @@ def test_hot_ops_fast_path_equals_the_boxed_kernel(placement):
         "view_flat": lambda a, b, m: a.view(24), "t": lambda a, b, m: a.t(),
         "transpose": lambda a, b, m: a.transpose(0, 1), "permute": lambda a, b, m: a.permute(1, 0),
         "unsqueeze": lambda a, b, m: a.unsqueeze(1),
+        "add_scalar": lambda a, b, m: a + 1, "mul_scalar": lambda a, b, m: a * 0.5,
+        "div_scalar_tensor": lambda a, b, m: a / torch.tensor(4.0),
     }
 
     def fn(rank):

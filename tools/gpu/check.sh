@@ -13,10 +13,11 @@
 # runs tools/gpu/cuda_probe.py: the distributed tensor's user paths on a 1-rank NCCL mesh of CUDA
 # tensors, each checked against plain CUDA tensors, and per-call costs against PyTorch's DTensor;
 # then python/cuda_test.py (pytest) when the device's python has pytest; then the op_db sweep on
-# CUDA tensors (python/op_db/sweep.py --device cuda --time-budget 100, NOTE [sweep on CUDA]: each
+# CUDA tensors (python/op_db/sweep.py --device cuda --time-budget 85, NOTE [sweep on CUDA]: each
 # OpInfo's samples made on the GPU, on a 1-rank mesh of the process, against plain CUDA tensors;
 # log op_db_cuda.log), and again on 2 processes sharing the GPU on cuda_ipc (--ranks-as
-# processes --world 2, NOTE [sweep with processes]; log op_db_cuda_2proc.log), when the device's
+# processes --world 2, NOTE [sweep with processes]; log op_db_cuda_2proc.log), then every sample
+# of the OpInfos a full CUDA sweep failed on once (log op_db_cuda_full.log), when the device's
 # python can import torch's op database
 # (torch.testing._internal.common_methods_invocations; its `expecttest` import is met by PyPI's
 # expecttest that carry_deps.sh puts in .gpu/python): its counts and the "wrong" and "hang"
@@ -196,8 +197,8 @@ if [ "${SKIP_ENGINE:-}" != 1 ]; then
       :
     elif PYTHONPATH=$DEPS/python $PY -c 'import torch.testing._internal.common_methods_invocations' \
         >/dev/null 2>&1; then
-      # Three runs (the stage stays within ~4.5 min): ~100 s of OpInfos on the 1-rank NCCL mesh
-      # of this process, then ~100 s on 2 processes sharing the GPU on cuda_ipc, the modes of a
+      # Three runs (the stage stays within ~4.5 min): ~85 s of OpInfos on the 1-rank NCCL mesh
+      # of this process, then ~85 s on 2 processes sharing the GPU on cuda_ipc, the modes of a
       # 2-rank mesh (NOTE [sweep with processes]: the sweep starts its own launcher and prints
       # rank 0's lines unprefixed), then every sample (--full) of the OpInfos a full CUDA sweep
       # failed on once, with that sweep's seed (2026-11-28: an efficient attention gradient read
@@ -208,7 +209,7 @@ if [ "${SKIP_ENGINE:-}" != 1 ]; then
           "1-rank, every sample of 6 OpInfos:op_db_cuda_full:--full --seed 768618223 --ops torch.ops.aten._efficient_attention_forward,native_batch_norm,nn.functional.batch_norm,nn.functional.logsigmoid,nn.functional.multilabel_soft_margin_loss,nn.functional.dropout"; do
         IFS=: read -r what log flags <<<"$run"
         PYTHONPATH=$PYPKG:$DEPS/python timeout 180 $PY python/op_db/sweep.py --device cuda $flags \
-          --time-budget 100 >"$LOGS/$log.log" 2>&1
+          --time-budget 85 >"$LOGS/$log.log" 2>&1
         rc=$?
         grep -E '^(wrong|hang) |^summary:' "$LOGS/$log.log" | head -20
         wrong=$(grep -c '^wrong ' "$LOGS/$log.log")
