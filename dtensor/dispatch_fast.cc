@@ -61,6 +61,7 @@ struct FastCall {
   torch::jit::Stack stack;
   Inputs inputs;
   const at::Tensor* first = nullptr;  // the first distributed argument (a view's base)
+  std::vector<int> plain;             // arguments that are plain scalars
   bool ok = true;
 
   void push(const at::Tensor& t) {
@@ -93,7 +94,6 @@ struct FastCall {
     std::sort(inputs.begin(), inputs.end(),
               [](const Input& a, const Input& b) { return a.arg < b.arg; });
   }
-  std::vector<int> plain;  // arguments that are plain scalars
   void push(const std::optional<at::Tensor>& t) {
     if (t.has_value() && t->defined()) return push(*t);
     stack.emplace_back();
@@ -105,10 +105,9 @@ struct FastCall {
 };
 
 // The fast path of one call; false when the boxed kernel must run it (nothing was done).
-bool run_fast(const c10::OperatorHandle& op, FastCall& call, at::Tensor& out) {
+bool run_fast(const c10::OperatorHandle& op, const OpInfo& info, FastCall& call, at::Tensor& out) {
   if (!call.ok || call.inputs.empty() || flop_counting()) return false;
   call.add_plain_inputs();
-  const OpInfo& info = info_for(op);
   if (info.per_element || !info.written.empty() || entry_of(info) == nullptr ||
       (info.execution != sharding::Execution::kPieces &&
        info.execution != sharding::Execution::kViewAsLocal)) {
@@ -155,12 +154,13 @@ struct FastKernel<Op, at::Tensor(Args...)> {
   static at::Tensor call(c10::DispatchKeySet, Args... args) {
     static const c10::OperatorHandle op =
         c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+    static const OpInfo& info = info_for(op);  // one per operator, shared by every thread
     {
       FastCall fast;
       fast.stack.reserve(sizeof...(Args));
       (fast.push(args), ...);
       at::Tensor out;
-      if (run_fast(op, fast, out)) return out;
+      if (run_fast(op, info, fast, out)) return out;
     }
     torch::jit::Stack stack;
     stack.reserve(sizeof...(Args));
