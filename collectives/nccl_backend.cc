@@ -18,6 +18,7 @@
 // what comes after on torch's stream sees the output.
 
 #include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <cuda_runtime_api.h>
@@ -106,6 +107,7 @@ class NcclCommunicator : public Communicator {
     check(ncclCommInitRank(&comm_, static_cast<int>(size()), id, static_cast<int>(rank())),
           "ncclCommInitRank");
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cuda(cudaGetDevice(&device_), "cudaGetDevice");  // the communicator's device
   }
 
   ~NcclCommunicator() override {
@@ -116,8 +118,8 @@ class NcclCommunicator : public Communicator {
   void run(CollectiveCall& call) override {
     const auto start = Clock::now();
     if (call.kind != CollectiveKind::kBarrier && !call.input.is_cuda()) {
-      throw Error("nccl backend: " + std::string(collective_name(call.kind)) + " on group '" +
-                  group().name + "' needs CUDA tensors, got " + call.input.device().str());
+      run_through_device(call);
+      return;
     }
     // On the issuing thread's stream (async calls run on the group's worker thread).
     c10::OptionalStreamGuard on_issue_stream;
@@ -136,6 +138,27 @@ class NcclCommunicator : public Communicator {
       throw CollectiveError(std::string("nccl backend: ") + what + " on group '" + group().name +
                             "': " + ncclGetErrorString(r));
     }
+  }
+
+  // NOTE [nccl and CPU tensors]: NCCL reads device memory only, and a job has one backend; a
+  // collective on CPU tensors (a CPU mesh's in a job on nccl: FSDP's offloaded parameters and
+  // gradients, CPUOffloadPolicy, whose clip_grad_norm_ all-reduces their norms) runs on copies
+  // on the communicator's device, and its output is copied back. PyTorch's nccl process group
+  // refuses CPU tensors instead (its users add a "cpu:gloo" backend). The copies run on the
+  // current stream of the communicator's device, which run() orders the collective after; the
+  // copy back follows run()'s wait for the communicator's stream.
+  void run_through_device(CollectiveCall& call) {
+    const c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device_));
+    const c10::DeviceGuard on_device(device);
+    CollectiveCall staged = call;
+    staged.input = call.input.to(device);
+    if (call.output.defined()) {
+      staged.output = at::empty(call.output.sizes(), call.output.options().device(device));
+    }
+    staged.stream.reset();
+    run(staged);
+    if (call.output.defined()) call.output.copy_(staged.output);
+    call.seq = staged.seq;
   }
 
   // Buffers queued on torch's current stream before the collective: all_gather's padded copy,
@@ -260,6 +283,7 @@ class NcclCommunicator : public Communicator {
 
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  int device_ = 0;
   at::Tensor padded_;
   at::Tensor token_;
 };

@@ -164,6 +164,31 @@ TEST(NcclLinkTest, EveryCollectiveOnOneGpu) {
 #endif
 }
 
+// NOTE [nccl and CPU tensors]: CPU tensors run through copies on the communicator's device and
+// come back on the CPU (before, the backend refused them: a CPU mesh's collectives failed in a
+// job on nccl, e.g. clip_grad_norm_ over FSDP's CPU-offloaded gradients).
+TEST(NcclLinkTest, CpuTensorsRunThroughTheDevice) {
+#ifdef DTENSOR_WITH_CUDA
+  if (!usable_gpu()) GTEST_SKIP() << "no usable GPU here";
+  join_nccl_world();
+  namespace c = dtensor::collectives;
+  const at::Tensor x = at::randn({6, 4});
+  for (const at::Tensor& y :
+       {c::all_reduce(x, dtensor::ReduceOp::kSum, "world"),
+        c::reduce_scatter_tensor(x, dtensor::ReduceOp::kSum, 0, "world"),
+        c::all_gather_uneven(x, 0, {6}, "world"), c::all_to_all_single(x, {}, {}, "world"),
+        c::broadcast(x, 0, "world")}) {
+    EXPECT_FALSE(y.is_cuda());
+    EXPECT_TRUE(at::equal(y, x));
+  }
+  const at::Tensor w = c::wait_tensor(c::all_reduce(x, dtensor::ReduceOp::kMax, "world", true));
+  EXPECT_FALSE(w.is_cuda());
+  EXPECT_TRUE(at::equal(w, x));
+#else
+  GTEST_SKIP() << "built without --config=cuda";
+#endif
+}
+
 // The dtensor_c10d operators' CUDA kernels (collectives/torch_ops.cc) through the dispatcher,
 // async until waited, and their autograd: all_gather's backward is a reduce_scatter.
 TEST(NcclLinkTest, TorchOpsOnCudaTensors) {

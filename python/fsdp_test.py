@@ -16,7 +16,8 @@ from torch import nn
 import dtensor
 from dtensor import DTensor, Replicate, Shard
 from dtensor.debug import CommDebugMode
-from dtensor.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from dtensor.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy,
+                          fully_shard)
 from launch_ranks import run_on_ranks
 from fsdp_testing import (TOL, MLP, _base_model, _batches, _check_layout, _check_params, _counts,
                           _groups, _local, _loss, _reference, _shard, _train_like_one_process,
@@ -512,11 +513,13 @@ class SizeOneParams(nn.Module):
         return self.out(self.head(torch.relu(self.l1(x) + self.token)) * self.scale)
 
 
+@pytest.mark.parametrize("offload", [None, CPUOffloadPolicy(pin_memory=False)])
 @pytest.mark.parametrize("shape", [(2,), (3,), (2, 2)])
-def test_size_one_dims_train_like_one_process(shape):
+def test_size_one_dims_train_like_one_process(shape, offload):
     """Dim 0 of size 1 shards on the first larger dim; parameters with no dim larger than 1 stay
     whole (Replicate) with their gradient averaged; 10 AdamW steps equal one process (FSDP on 2
-    and 3 ranks, HSDP on (2, 2))."""
+    and 3 ranks, HSDP on (2, 2)). With CPUOffloadPolicy the pieces are cut as on a CUDA mesh
+    (NOTE [CPU offload]), where a CPU mesh is its own CPU twin."""
     world = shape[0] * (shape[1] if len(shape) > 1 else 1)
     hsdp = (Replicate(),) if len(shape) > 1 else ()
     torch.manual_seed(0)
@@ -531,9 +534,8 @@ def test_size_one_dims_train_like_one_process(shape):
     def rank_fn(rank):
         mesh = dtensor.init_device_mesh("cpu", shape)
         model = copy.deepcopy(base)
-        fully_shard(model.l1, mesh=mesh)
-        fully_shard(model.head, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+        for m in (model.l1, model.head, model):
+            fully_shard(m, mesh=mesh, offload_policy=offload or OffloadPolicy())
         _check_layout(model, base, want)
         _train_like_one_process(model, batches, rank, reference)
 

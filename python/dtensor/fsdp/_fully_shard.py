@@ -66,8 +66,6 @@ Not implemented yet:
   stream order]), so they are ordered with compute instead of overlapping it. On CPU meshes the
   asynchronous collectives (prefetched all-gathers, reduce-scatters in flight) run on the
   group's worker thread beside compute.
-* ``CPUOffloadPolicy``: accepted on a CPU mesh, where the sharded parameters and gradients are on
-  the CPU already (nothing to move); on a CUDA mesh it raises NotImplementedError.
 * A Shard on a dim of size 1 that ``shard_placement_fn`` asks for (the engine's rules never
   shard one; refused with the parameter's shape; by default such parameters shard another dim or
   stay whole: NOTE [size-1 dims under FSDP] in ``_param_group.py``), ``reshard_after_forward`` as
@@ -77,6 +75,11 @@ Not implemented yet:
 
 Decisions where PyTorch is silent or its mechanism is CUDA-specific:
 
+* ``CPUOffloadPolicy`` (NOTE [CPU offload] in ``_param_group.py``): on a CUDA mesh the sharded
+  parameters and gradients are on the CPU (pinned when ``pin_memory``), on the mesh's CPU twin
+  rather than on the CUDA mesh with CPU local tensors as PyTorch's; the all-gather copies each
+  piece in from the CPU and the reduced gradient pieces are copied back. On a CPU mesh the
+  sharded state is on the CPU already (nothing moves).
 * Reductions are sums followed by a division by the factor (PyTorch may use ReduceOp.AVG or
   NCCL's PreMulSum); in float32 the results equal one process's mean to rounding.
 * The unsharded parameter keeps one storage object for its lifetime: freed with
@@ -358,9 +361,8 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
     if reshard_after_forward is not None and not isinstance(reshard_after_forward, bool):
         raise NotImplementedError("fully_shard: reshard_after_forward must be a bool or None "
                                   "(an int, resharding to a smaller mesh, is not supported yet)")
-    if isinstance(offload_policy, CPUOffloadPolicy) and mesh.device_type != "cpu":
-        raise NotImplementedError("fully_shard: CPUOffloadPolicy on a non-CPU mesh is not "
-                                  "supported yet")
+    # NOTE [CPU offload] in _param_group.py (on a CPU mesh nothing moves).
+    offload = offload_policy if isinstance(offload_policy, CPUOffloadPolicy) else None
     ignored = set(ignored_params or ())
     uses, order = {}, []
     for m in _managed_modules(module):
@@ -379,7 +381,7 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
         if not isinstance(placement, Shard):
             raise ValueError(f"fully_shard: shard_placement_fn must return Shard(d) or None, "
                              f"got {placement}")
-        fsdp_params.append(FSDPParam(p, uses[p], mesh, placement.dim, explicit))
+        fsdp_params.append(FSDPParam(p, uses[p], mesh, placement.dim, explicit, offload))
     group = None
     if fsdp_params:
         group = FSDPParamGroup(fsdp_params, mesh,

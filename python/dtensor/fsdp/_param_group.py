@@ -14,7 +14,7 @@ from torch import nn
 from dtensor import _C
 from dtensor import _functional_collectives as funcol
 from dtensor._api import DTensor, distribute_tensor
-from dtensor.device_mesh import _root_mesh
+from dtensor.device_mesh import DeviceMesh, _root_mesh
 from dtensor.placement_types import Replicate, Shard, _StridedShard
 
 
@@ -67,6 +67,11 @@ def _fsdp_tp_mesh(mesh, tp_mesh, what):
     return root[names]
 
 
+def _cpu_twin(mesh):
+    """``mesh``'s ranks and dim names on the CPU (NOTE [CPU offload])."""
+    return DeviceMesh._wrap(mesh._mesh.with_device_type("cpu"), "cpu")
+
+
 def _set_param(module, name, param):
     """Registers ``param`` as ``module.<name>`` without nn.Module.__setattr__'s checks (a plain
     unsharded parameter replaces a distributed one and back), as PyTorch's unsafe_setattr_param."""
@@ -79,7 +84,7 @@ class FSDPParam:
     tensor of the full shape, registered for compute; its storage is freed when resharded and
     refilled by the next all-gather, so autograd's saved references to it stay valid)."""
 
-    def __init__(self, param, uses, mesh, shard_dim, explicit=False):
+    def __init__(self, param, uses, mesh, shard_dim, explicit=False, offload=None):
         # uses: [(module, attribute name)] where this parameter is registered (shared ones twice).
         # NOTE [size-1 dims under FSDP]: the engine's rules never shard a dim of size 1 (its
         # factors skip them), where PyTorch puts all of it on rank 0 and empty pieces elsewhere.
@@ -91,6 +96,15 @@ class FSDPParam:
         # the full gradient in every row), whatever shard_placement_fn says. A Shard(d) on a
         # size-1 dim that shard_placement_fn asks for explicitly is refused otherwise (below).
         self.uses = uses
+        # NOTE [CPU offload]: a CPUOffloadPolicy on a CUDA mesh keeps the sharded parameters
+        # and their gradients on the CPU, as PyTorch's FSDP2: the optimizer steps there, the
+        # all-gather's copy-in moves each piece to the device, and the reduced gradient pieces
+        # are copied back. Where PyTorch places them on the CUDA mesh with CPU local tensors,
+        # here they live on that mesh's CPU twin (the same ranks and dim names on the CPU),
+        # since a mesh's device type decides where its local tensors live (NOTE [mesh device]).
+        # Their collectives (clip_grad_norm_'s norms) run on the job's backend: shm for CPU
+        # tensors under cuda_ipc, through the device under nccl (NOTE [nccl and CPU tensors]).
+        self.offload = offload  # a CPUOffloadPolicy or None
         self.replicated = not any(s > 1 for s in param.shape)  # 0-dim included
         if not self.replicated:
             shard_dim %= param.dim()
@@ -128,11 +142,11 @@ class FSDPParam:
             first = (_StridedShard(self.shard_dim, tp_split) if tp_split > 1
                      else Shard(self.shard_dim))
             self.placements = fsdp_placements[:-1] + (first,) + self.tp_placements
-            self.mesh = mesh_nd
+            self.mesh = _cpu_twin(mesh_nd) if offload is not None else mesh_nd
             param = _C.to_local(param, None)  # FSDP shards the TP piece from here on
         else:
             self.placements = fsdp_placements
-            self.mesh = mesh
+            self.mesh = _cpu_twin(mesh) if offload is not None else mesh
         self.orig_size = param.shape  # the TP piece's shape under FSDP over TP
         # The flat-buffer arithmetic is the C++ runtime's (NOTE [FSDP flat buffers] in
         # fsdp/flat_params.h).
@@ -142,13 +156,20 @@ class FSDPParam:
         dim_size = 1 if self.replicated else param.shape[self.shard_dim]
         # No communication: every rank keeps its own piece of its own copy (PyTorch's rule; the
         # ranks must hold the same values, e.g. the same seed or a loaded checkpoint).
-        if self.tp_mesh is None:
+        if self.tp_mesh is None and offload is None:
             sharded = distribute_tensor(param.detach(), mesh, list(self.placements),
                                         src_data_rank=None)
         else:
-            piece = param.detach().narrow(self.shard_dim, min(self.shard_rank * self.chunk,
-                                                               dim_size), self.local_slices)
-            sharded = DTensor.from_local(piece.contiguous(), self.mesh, list(self.placements),
+            piece = param.detach()
+            if not self.replicated:
+                piece = piece.narrow(self.shard_dim, min(self.shard_rank * self.chunk, dim_size),
+                                     self.local_slices)
+            piece = piece.contiguous()
+            if offload is not None:
+                piece = piece.to("cpu")
+                if offload.pin_memory and torch.cuda.is_available():
+                    piece = piece.pin_memory()
+            sharded = DTensor.from_local(piece, self.mesh, list(self.placements),
                                          shape=self.global_size,
                                          stride=self._global_stride())
         self.sharded_param = nn.Parameter(sharded, requires_grad=param.requires_grad)
@@ -291,7 +312,9 @@ class FSDPParam:
         """Sets (or accumulates into) the sharded parameter's gradient from this rank's reduced
         ``piece`` (its local shape); the gradient keeps the parameter's dtype and placements.
         ``piece`` is a view of this reduce's own result (never the shared scratch): it may stay."""
-        local = piece.to(self.orig_dtype)
+        # Offloaded (NOTE [CPU offload]): the piece moves to the CPU, where the parameter is.
+        local = piece.to(device=_C.to_local(self.sharded_param, None).device,
+                         dtype=self.orig_dtype)
         grad = DTensor.from_local(local, self.mesh, list(self.placements),
                                   shape=self.global_size, stride=self._global_stride())
         p = self.sharded_param
