@@ -164,9 +164,9 @@ TEST(NcclLinkTest, EveryCollectiveOnOneGpu) {
 #endif
 }
 
-// NOTE [nccl and CPU tensors]: CPU tensors run through copies on the communicator's device and
-// come back on the CPU (before, the backend refused them: a CPU mesh's collectives failed in a
-// job on nccl, e.g. clip_grad_norm_ over FSDP's CPU-offloaded gradients).
+// CPU tensors run through copies on the communicator's device and come back on the CPU (NOTE
+// [nccl and CPU tensors]); before, the backend refused them: a CPU mesh's collectives failed in
+// a job on nccl, e.g. clip_grad_norm_ over FSDP's CPU-offloaded gradients.
 TEST(NcclLinkTest, CpuTensorsRunThroughTheDevice) {
 #ifdef DTENSOR_WITH_CUDA
   if (!usable_gpu()) GTEST_SKIP() << "no usable GPU here";

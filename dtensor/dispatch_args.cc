@@ -18,20 +18,29 @@ int arg_index(const c10::FunctionSchema& schema, const std::string& name, const 
 
 }  // namespace
 
-std::vector<int64_t> ivalue_ints(const c10::IValue& v) {
-  if (v.isNone()) return {};
-  if (v.isInt()) return {v.toInt()};
-  if (v.isSymInt()) return {v.toSymInt().expect_int()};
-  if (v.isBool()) return {v.toBool() ? 1 : 0};
-  if (v.isIntList()) return v.toIntVector();
+void append_ivalue_ints(const c10::IValue& v, std::vector<int64_t>& out) {
+  if (v.isNone()) return;
+  if (v.isInt()) return out.push_back(v.toInt());
+  if (v.isSymInt()) return out.push_back(v.toSymInt().expect_int());
+  if (v.isBool()) return out.push_back(v.toBool() ? 1 : 0);
+  if (v.isIntList()) {
+    const c10::List<int64_t> list = v.toIntList();
+    out.insert(out.end(), list.begin(), list.end());
+    return;
+  }
   if (v.isList()) {
-    std::vector<int64_t> out;
     for (const c10::IValue& e : v.toListRef()) {
       out.push_back(e.isSymInt() ? e.toSymInt().expect_int() : e.toInt());
     }
-    return out;
+    return;
   }
   throw Error("dispatch_args: expected an int or int list argument, got " + v.tagKind());
+}
+
+std::vector<int64_t> ivalue_ints(const c10::IValue& v) {
+  std::vector<int64_t> out;
+  append_ivalue_ints(v, out);
+  return out;
 }
 
 OpArgs::OpArgs(const sharding::OpEntry* entry, const c10::FunctionSchema& schema) {
@@ -71,8 +80,7 @@ void OpArgs::layout(const c10::IValue* args, sharding::LayoutArgs& out) const {
     } else if (v.isScalar() && !v.isInt() && !v.isBool() && !v.isSymInt()) {
       throw Error("dispatch_args: non-integer layout argument");
     } else {
-      const std::vector<int64_t> ints = ivalue_ints(v);
-      out.ints.insert(out.ints.end(), ints.begin(), ints.end());
+      append_ivalue_ints(v, out.ints);  // no temporary: this runs on every call
     }
   }
 }

@@ -43,5 +43,7 @@ class OpArgs {
 
 // Reads a list or int IValue as int64s (SymInt lists decay to int lists in 1.13).
 std::vector<int64_t> ivalue_ints(const c10::IValue& v);
+// The same, appended to `out`.
+void append_ivalue_ints(const c10::IValue& v, std::vector<int64_t>& out);
 
 }  // namespace dtensor
