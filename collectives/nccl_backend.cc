@@ -118,6 +118,10 @@ class NcclCommunicator : public Communicator {
   void run(CollectiveCall& call) override {
     const auto start = Clock::now();
     if (call.kind != CollectiveKind::kBarrier && !call.input.is_cuda()) {
+      if (!call.input.defined()) {
+        throw Error("nccl backend: " + std::string(collective_name(call.kind)) + " on group '" +
+                    group().name + "' has no input tensor");
+      }
       run_through_device(call);
       return;
     }
