@@ -65,6 +65,21 @@ at::Tensor element_of(const c10::IValue& v, int element) {
   return v.toListRef()[element].toTensor();
 }
 
+void add_replicated_inputs(Inputs& inputs, const std::vector<std::pair<int, int>>& plain,
+                           const c10::IValue* args) {
+  if (plain.empty() || inputs.empty()) return;
+  const DeviceMesh& mesh = inputs[0].spec.mesh();
+  for (const auto& [arg, element] : plain) {
+    const at::Tensor t = element_of(args[arg], element);
+    const DTensorSpec spec =
+        DTensorSpec::replicated(mesh, TensorMeta::make(t.sizes().vec(), t.scalar_type()));
+    inputs.push_back({arg, element, spec, t});
+  }
+  std::sort(inputs.begin(), inputs.end(), [](const Input& a, const Input& b) {
+    return std::make_pair(a.arg, a.element) < std::make_pair(b.arg, b.element);
+  });
+}
+
 // This rank's piece shape of `spec`, memoized per thread (specs are interned: equal specs are one
 // object, so a slot holds a spec and this rank's coordinate).
 const std::vector<int64_t>& my_piece_shape(const DTensorSpec& spec) {
@@ -218,8 +233,7 @@ Inputs collect_inputs(const OpInfo& info, const c10::FunctionSchema& schema, c10
       inputs.push_back({arg, element, impl->spec(), impl->ready_local()});
       return;
     }
-    // 0-dim and one-element plain tensors are replicated scalars, as in PyTorch.
-    if (t.dim() > 0 && t.numel() != 1 && !t_replicate_plain && !plain_ok) {
+    if (!is_plain_scalar(t) && !t_replicate_plain && !plain_ok) {
       if (refused == nullptr) throw Error(plain_error(info, schema, arg, t));
       if (refused->arg < 0) *refused = {arg, t};
       return;
@@ -253,19 +267,7 @@ Inputs collect_inputs(const OpInfo& info, const c10::FunctionSchema& schema, c10
                 ": only an out= argument is distributed; its inputs must be "
                 "distributed tensors too");
   }
-  if (!plain.empty()) {
-    const DeviceMesh& mesh = inputs[0].spec.mesh();
-    for (const auto& [arg, element] : plain) {
-      const at::Tensor t = element_of(args[arg], element);
-      const DTensorSpec spec =
-          DTensorSpec::replicated(mesh, TensorMeta::make(t.sizes().vec(), t.scalar_type()));
-      inputs.push_back({arg, element, spec, t});
-    }
-    // Rules read their inputs in argument order.
-    std::sort(inputs.begin(), inputs.end(), [](const Input& a, const Input& b) {
-      return std::make_pair(a.arg, a.element) < std::make_pair(b.arg, b.element);
-    });
-  }
+  add_replicated_inputs(inputs, plain, args);
   return inputs;
 }
 

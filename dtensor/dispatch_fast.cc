@@ -41,7 +41,6 @@
 #include <ATen/ops/view_ops.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -60,15 +59,15 @@ namespace {
 struct FastCall {
   torch::jit::Stack stack;
   Inputs inputs;
-  const at::Tensor* first = nullptr;  // the first distributed argument (a view's base)
-  std::vector<int> plain;             // arguments that are plain scalars
+  const at::Tensor* first = nullptr;       // the first distributed argument (a view's base)
+  std::vector<std::pair<int, int>> plain;  // plain scalars: (argument, -1)
   bool ok = true;
 
   void push(const at::Tensor& t) {
     DTensorImpl* impl = t.defined() ? dtensor_impl(t) : nullptr;
-    if (impl == nullptr && t.defined() && (t.dim() == 0 || t.numel() == 1)) {
+    if (impl == nullptr && t.defined() && is_plain_scalar(t)) {
       // A plain scalar (x + 1 wraps the 1 as a tensor): replicated, as collect_inputs reads it.
-      plain.push_back(static_cast<int>(stack.size()));
+      plain.emplace_back(static_cast<int>(stack.size()), -1);
       stack.emplace_back(t);
       return;
     }
@@ -80,19 +79,6 @@ struct FastCall {
     if (first == nullptr) first = &t;
     inputs.push_back({static_cast<int>(stack.size()), -1, impl->spec(), impl->local()});
     stack.emplace_back(impl->local());
-  }
-  // The plain scalars become Replicate inputs on the distributed ones' mesh, in argument order.
-  void add_plain_inputs() {
-    if (plain.empty() || inputs.empty()) return;
-    const DeviceMesh& mesh = inputs[0].spec.mesh();
-    for (const int arg : plain) {
-      const at::Tensor& t = stack[arg].toTensor();
-      inputs.push_back(
-          {arg, -1,
-           DTensorSpec::replicated(mesh, TensorMeta::make(t.sizes().vec(), t.scalar_type())), t});
-    }
-    std::sort(inputs.begin(), inputs.end(),
-              [](const Input& a, const Input& b) { return a.arg < b.arg; });
   }
   void push(const std::optional<at::Tensor>& t) {
     if (t.has_value() && t->defined()) return push(*t);
@@ -107,12 +93,12 @@ struct FastCall {
 // The fast path of one call; false when the boxed kernel must run it (nothing was done).
 bool run_fast(const c10::OperatorHandle& op, const OpInfo& info, FastCall& call, at::Tensor& out) {
   if (!call.ok || call.inputs.empty() || flop_counting()) return false;
-  call.add_plain_inputs();
   if (info.per_element || !info.written.empty() || entry_of(info) == nullptr ||
       (info.execution != sharding::Execution::kPieces &&
        info.execution != sharding::Execution::kViewAsLocal)) {
     return false;
   }
+  add_replicated_inputs(call.inputs, call.plain, call.stack.data());
   const EngineScope engine;  // NOTE [engine activity]
   c10::IValue* args = call.stack.data();
   const size_t n = call.stack.size();

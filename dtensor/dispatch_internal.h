@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dtensor/dispatch_args.h"
@@ -78,6 +79,13 @@ void put(c10::IValue* args, const Input& in, const at::Tensor& local);
 
 // The tensor at `element` of argument `v` (v itself when element < 0; NOTE [index tensors]).
 at::Tensor element_of(const c10::IValue& v, int element);
+
+// 0-dim and one-element plain tensors are replicated scalars, as in PyTorch.
+inline bool is_plain_scalar(const at::Tensor& t) { return t.dim() == 0 || t.numel() == 1; }
+// Adds the plain tensors at `plain` ((argument, element) of `args`) as Replicate inputs on the
+// distributed inputs' mesh, then puts every input in argument order (rules read them so).
+void add_replicated_inputs(Inputs& inputs, const std::vector<std::pair<int, int>>& plain,
+                           const c10::IValue* args);
 
 // NOTE [output metadata from ATen] (propagator.h), the dispatcher's side (dispatch_metadata.cc):
 // the call's non-tensor arguments encoded for the cache key, and the outputs' metadata from the

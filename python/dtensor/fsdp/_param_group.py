@@ -313,7 +313,7 @@ class FSDPParam:
         ``piece`` (its local shape); the gradient keeps the parameter's dtype and placements.
         ``piece`` is a view of this reduce's own result (never the shared scratch): it may stay."""
         # Offloaded (NOTE [CPU offload]): the piece moves to the CPU, where the parameter is.
-        local = piece.to(device=_C.to_local(self.sharded_param, None).device,
+        local = piece.to(device="cpu" if self.offload is not None else piece.device,
                          dtype=self.orig_dtype)
         grad = DTensor.from_local(local, self.mesh, list(self.placements),
                                   shape=self.global_size, stride=self._global_stride())
