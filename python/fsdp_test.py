@@ -516,18 +516,19 @@ class SizeOneParams(nn.Module):
 @pytest.mark.parametrize("offload", [None, CPUOffloadPolicy(pin_memory=False)])
 @pytest.mark.parametrize("shape", [(2,), (3,), (2, 2)])
 def test_size_one_dims_train_like_one_process(shape, offload):
-    """Dim 0 of size 1 shards on the first larger dim; parameters with no dim larger than 1 stay
-    whole (Replicate) with their gradient averaged; 10 AdamW steps equal one process (FSDP on 2
-    and 3 ranks, HSDP on (2, 2)). With CPUOffloadPolicy the pieces are cut as on a CUDA mesh
-    (NOTE [CPU offload]), where a CPU mesh is its own CPU twin."""
+    """As PyTorch's FSDP2, a dim 0 of size 1 is Shard(0) too (rank 0 holds it, the others empty
+    pieces: NOTE [size-1 dims under FSDP]); a 0-dim parameter stays whole (Replicate) with its
+    gradient averaged; 10 AdamW steps equal one process (FSDP on 2 and 3 ranks, HSDP on (2, 2)),
+    and the optimizer's in-place steps keep every placement. With CPUOffloadPolicy the pieces are
+    cut as on a CUDA mesh (NOTE [CPU offload]), where a CPU mesh is its own CPU twin."""
     world = shape[0] * (shape[1] if len(shape) > 1 else 1)
     hsdp = (Replicate(),) if len(shape) > 1 else ()
     torch.manual_seed(0)
     base = SizeOneParams()
     batches = _batches(world, 10)
     reference = _reference(base, batches, world)
-    want = {"l1.weight": (Shard(0),), "l1.bias": (Shard(0),), "token": (Shard(1),),
-            "scale": (Replicate(),), "head.weight": (Shard(1),), "head.bias": (Replicate(),),
+    want = {"l1.weight": (Shard(0),), "l1.bias": (Shard(0),), "token": (Shard(0),),
+            "scale": (Replicate(),), "head.weight": (Shard(0),), "head.bias": (Shard(0),),
             "out.weight": (Shard(0),), "out.bias": (Shard(0),)}
     want = {n: hsdp + p for n, p in want.items()}
 
@@ -538,6 +539,8 @@ def test_size_one_dims_train_like_one_process(shape, offload):
             fully_shard(m, mesh=mesh, offload_policy=offload or OffloadPolicy())
         _check_layout(model, base, want)
         _train_like_one_process(model, batches, rank, reference)
+        for n, p in model.named_parameters():  # AdamW's in-place steps kept them
+            assert p.placements == want[n], (n, p.placements)
 
     dtensor.run_threads(world, rank_fn)
 

@@ -1,6 +1,6 @@
 """FSDP over tensor parallelism (NOTE [FSDP over TP]) against one process, ranks as threads: 2-D
 parameter placements as PyTorch's, parity over AdamW steps with hidden dims 3, 16 and 17, HSDP over
-TP on 8 ranks (3-D), clip_grad_norm_, the size-1 shard refusal, checkpoints that reshard 2-D ->
+TP on 8 ranks (3-D), clip_grad_norm_, size-1 shard dims, checkpoints that reshard 2-D ->
 FSDP -> HSDP -> one process, and in-place ops on strided shards. Split from fsdp_test.py (shared
 helpers in fsdp_testing.py)."""
 
@@ -124,18 +124,25 @@ def test_hsdp_over_tp_parity():
     dtensor.run_threads(rep * shard * tp, rank_fn)
 
 
-def test_size_one_shard_dim_is_refused_clearly():
-    """A (1, 7) weight placed Shard(0) over 2 ranks by an explicit shard_placement_fn: the
-    engine's rules never shard a size-1 dim, so rather than pieces of another layout (a silently
-    wrong all-gather), fully_shard raises naming the shape; by default it shards dim 1 (NOTE
-    [size-1 dims under FSDP]; fsdp_test.py trains such parameters)."""
+def test_size_one_shard_dims_are_placed_as_pytorch():
+    """A (1, 7) weight and a (1,) bias are placed Shard(0) as PyTorch's FSDP2 places them (rank 0
+    holds them, the other rank empty pieces: NOTE [size-1 dims under FSDP]), by default and by an
+    explicit shard_placement_fn, whose Shard(1) is kept too; full_tensor() is exact. Before, the
+    engine's rules never kept a Shard on a size-1 dim, so fully_shard refused the explicit
+    Shard(0) and placed the default on dim 1 (fsdp_test.py trains such parameters)."""
+    torch.manual_seed(0)
+    base = nn.Linear(7, 1)
+
     def rank_fn(rank):
         mesh = dtensor.init_device_mesh("cpu", (2,))
-        with pytest.raises(NotImplementedError, match=r"shape \(1, 7\).*shard_placement_fn"):
-            fully_shard(nn.Linear(7, 1, bias=False), mesh=mesh,
-                        shard_placement_fn=lambda p: Shard(0))
-        m = fully_shard(nn.Linear(7, 1), mesh=mesh)
-        assert m.weight.placements == (Shard(1),) and m.bias.placements == (Replicate(),)
+        for fn, weight in ((None, Shard(0)), (lambda p: Shard(0), Shard(0)),
+                           (lambda p: Shard(p.dim() - 1), Shard(1))):
+            m = fully_shard(copy.deepcopy(base), mesh=mesh, shard_placement_fn=fn)
+            assert m.weight.placements == (weight,) and m.bias.placements == (Shard(0),)
+            rows = (1, 7) if rank == 0 else (0, 7)
+            assert m.weight.to_local().shape == (rows if weight == Shard(0) else (1, 4 - rank))
+            for n, p in m.named_parameters():
+                assert torch.equal(p.full_tensor(), getattr(base, n).detach()), n
 
     dtensor.run_threads(2, rank_fn)
 

@@ -547,3 +547,40 @@ def test_eval_batch_norm_keeps_the_sharding(placement):
     dtensor.debug.reset_fallback_counts()
     dtensor.run_threads(2, fn)
     assert not dtensor.debug.fallback_counts()
+
+
+_SIZE_ONE_OPS = [  # (name, fn(x, r) -> tensor, the placement PyTorch's DTensor keeps)
+    ("detach", lambda x, r: x.detach(), Shard(0)),
+    ("clone", lambda x, r: x.clone(), Shard(0)),
+    ("relu", lambda x, r: torch.relu(x), Shard(0)),
+    ("mul", lambda x, r: x * 2 + r, Shard(0)),
+    ("mul_", lambda x, r: x.clone().mul_(3), Shard(0)),
+    ("add_", lambda x, r: x.clone().add_(r, alpha=0.5), Shard(0)),
+    ("exp_", lambda x, r: x.clone().exp_(), Shard(0)),
+    ("t", lambda x, r: x.t(), Shard(1)),
+    ("mm", lambda x, r: x @ r.t(), Shard(0)),
+    ("sum", lambda x, r: x.sum(0), Partial()),
+]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("name,op,keeps", _SIZE_ONE_OPS, ids=[n for n, _, _ in _SIZE_ONE_OPS])
+def test_shard_on_a_size_one_dim_is_kept_through_ops(name, op, keeps, world):
+    """distribute_tensor(x [1, 8], [Shard(0)]) puts the row on rank 0 and empty pieces elsewhere;
+    ops keep that placement as PyTorch's DTensor does (NOTE [size-1 factors]), equal to one
+    device's. Before, the rules gave a size-1 dim no factor: detach and the pointwise ops moved
+    it to Shard(1) (an all_to_all) and in-place ops raised "no sharding keeps self's
+    placements"."""
+    torch.manual_seed(0)
+    x, r = torch.randn(1, 8), torch.randn(1, 8)
+    want = op(x, r)
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (world,))
+        dx = distribute_tensor(x, mesh, [Shard(0)])
+        assert dx.to_local().shape == ((1, 8) if rank == 0 else (0, 8))
+        out = op(dx, distribute_tensor(r, mesh, [Replicate()]))
+        assert out.placements == (keeps,), out.placements
+        torch.testing.assert_close(out.full_tensor(), want)
+
+    dtensor.run_threads(world, fn)

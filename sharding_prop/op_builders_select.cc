@@ -288,7 +288,9 @@ BuiltRule unbind_of(const Metas& m, const LayoutArgs& a) {
 }
 
 // pixel_shuffle (shuffle) / pixel_unshuffle(self, factor): ints: factor. The last three dims
-// (channels, height, width) stay whole; the batch dims pass.
+// (channels, height, width) stay whole; the batch dims pass, evenly: ATen returns an empty input
+// unshuffled (pixel_unshuffle of [0, 1, 6, 6] by 3 is [0, 1, 6, 6]), so no piece may be empty
+// (found by the op_db sweep once a size-1 batch dim kept its Shard: NOTE [size-1 factors]).
 RuleBuilder pixel_shuffle_of(bool shuffle) {
   return [=](const Metas& m, const LayoutArgs& a) {
     const char* op = shuffle ? "pixel_shuffle" : "pixel_unshuffle";
@@ -306,6 +308,7 @@ RuleBuilder pixel_shuffle_of(bool shuffle) {
     Rule r;
     TensorFactors in, out;
     for (size_t k = 0; k < b; ++k) in.push_back(r.add_dim(s[k]));
+    mark_even(r, in);
     out = in;
     for (size_t k = 0; k < 3; ++k) {
       in.push_back(r.add_dim(s[b + k], FactorKind::kReplicate));

@@ -103,7 +103,8 @@ std::vector<Choice> choices_for(const Rule& rule, const std::vector<DTensorSpec>
   // Shardings that follow an input cost it nothing. An input that must change anyway (a Partial
   // the op cannot keep, or a Shard of a dim the op cannot shard) may move to any sharding more
   // cheaply than to Replicate (reduce_scatter, all_to_all), so then every factor is a choice.
-  std::set<int> factors;
+  // A size-1 factor is a choice only when an input is sharded on it (NOTE [size-1 factors]).
+  std::set<int> factors, followed;
   bool any_partial = false, must_move = false, any_shard = false, keep_inputs = false;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Placement p = inputs[i].placement(m);
@@ -115,6 +116,7 @@ std::vector<Choice> choices_for(const Rule& rule, const std::vector<DTensorSpec>
       must_move = true;
     } else {
       factors.insert(dim[0]);
+      followed.insert(dim[0]);
     }
   }
   if (any_partial || must_move) {
@@ -122,7 +124,8 @@ std::vector<Choice> choices_for(const Rule& rule, const std::vector<DTensorSpec>
   }
   std::vector<Choice> out;
   for (int f : factors) {
-    if (rule.factors[f].kind == FactorKind::kReplicate || rule.factors[f].size <= 1) continue;
+    if (rule.factors[f].kind == FactorKind::kReplicate) continue;
+    if (rule.factors[f].size <= 1 && followed.count(f) == 0) continue;
     if (auto c = shard_choice(rule, f)) out.push_back(std::move(*c));
   }
   if (any_partial) {

@@ -294,16 +294,16 @@ Rule matmul_rule(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
   for (int64_t s : batch) bo.push_back(rule.add_dim(s));
   TensorFactors ta = aligned_factors(ba, batch, bo), tb = aligned_factors(bb, batch, bo), out = bo;
   if (a.size() >= 2) {
-    const int m = a[a.size() - 2] == 1 ? -1 : rule.add_factor(a[a.size() - 2]);
-    ta.push_back(m < 0 ? DimFactors{} : DimFactors{m});
-    out.push_back(m < 0 ? DimFactors{} : DimFactors{m});
+    const DimFactors m = rule.add_dim(a[a.size() - 2]);
+    ta.push_back(m);
+    out.push_back(m);
   }
   ta.push_back({k});
   tb.push_back({k});
   if (b.size() >= 2) {
-    const int n = b.back() == 1 ? -1 : rule.add_factor(b.back());
-    tb.push_back(n < 0 ? DimFactors{} : DimFactors{n});
-    out.push_back(n < 0 ? DimFactors{} : DimFactors{n});
+    const DimFactors n = rule.add_dim(b.back());
+    tb.push_back(n);
+    out.push_back(n);
   }
   rule.inputs = {ta, tb};
   rule.outputs = {out};

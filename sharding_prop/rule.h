@@ -2,8 +2,8 @@
 // NOTE [sharding rules as factors]
 // A Rule says how an operator's tensor dims relate, in the einsum-like form of Shardy's factor
 // propagation: every dim of every input and output is made of factors (usually one; a reshape
-// that merges or splits dims makes a dim of several, major first; a size-1 or broadcast dim of
-// none). A factor has a size and a kind:
+// that merges or splits dims makes a dim of several, major first; a dim broadcast into a larger
+// one, or a size-1 dim a reshape adds or drops, of none). A factor has a size and a kind:
 //   pass      appears in the inputs that carry it and in the output: shard it everywhere alike;
 //   contract  appears in inputs but not in the output (mm's k, a reduction's dim): sharding it
 //             leaves the output Partial(reduce op);
@@ -13,8 +13,18 @@
 // several factors can be sharded only through its major factor, and only evenly (its chunks are
 // then chunks of the major factor).
 //
-// Text form: inputs and output as letters, one per factor, a merged dim in parentheses, a size-1
-// dim as "1", then the factors that are not pass: "mk,kn->mn | k:sum", "bsd->bsd | d:replicate",
+// NOTE [size-1 factors]
+// A size-1 dim has a factor of size 1 (Rule::add_dim). The propagator never shards one on its
+// own (a piece of one element on one rank, empty pieces elsewhere, gains nothing), but an input
+// that is already Shard on it (distribute_tensor(torch.ones(1, 8), mesh, [Shard(0)]), FSDP's
+// Shard(0) of a [1, n] parameter) keeps it: the op runs on its pieces (the one row and the empty
+// ones) and its output is Shard there, as PyTorch keeps such placements. Before, a size-1 dim had
+// no factor, so `detach` moved such a tensor to another dim and an in-place op raised. Reductions
+// over it follow the usual rules: sum leaves Partial(sum), and avg, max and min refuse an uneven
+// piece (contractions_even), so the input moves.
+//
+// Text form: inputs and output as letters, one per factor, a merged dim in parentheses, a dim
+// with no factor as "1", then the factors that are not pass: "mk,kn->mn | k:sum", "bsd->bsd | d:replicate",
 // "(ab)c->abc". parse_rule() reads it back for custom ops: "mk,kn->mn" (letters absent from the
 // output contract with sum).
 
@@ -41,7 +51,7 @@ struct Factor {
   bool even_only = false;
 };
 
-// The factors of one tensor dim, major first; empty for a size-1 (broadcast or new) dim.
+// The factors of one tensor dim, major first; empty for a broadcast dim or one a reshape adds.
 using DimFactors = std::vector<int>;
 using TensorFactors = std::vector<DimFactors>;
 
@@ -87,10 +97,10 @@ struct Rule {
   std::string to_string() const;
   int add_factor(int64_t size, FactorKind kind = FactorKind::kPass,
                  ReduceOp reduce = ReduceOp::kSum);
-  // One tensor dim's factors: none for a size-1 dim (it broadcasts and never shards), else one
-  // new factor.
+  // One tensor dim's factor, new. A size-1 dim has one too (NOTE [size-1 factors]): an input
+  // already sharded there keeps its Shard through the op, as in PyTorch.
   DimFactors add_dim(int64_t size, FactorKind kind = FactorKind::kPass) {
-    return size == 1 ? DimFactors{} : DimFactors{add_factor(size, kind)};
+    return DimFactors{add_factor(size, kind)};
   }
   // The shape of output `i`: each dim the product of its factors' sizes (1 when it has none).
   std::vector<int64_t> output_shape(size_t i) const;

@@ -71,54 +71,25 @@ EXPECTED_FAILURES = {
 
 # In-place variants (sweep.sweep_inplace_one): the written self must hold one device's values.
 # Same rules: wrong answers and hangs are never listed; the list may only shrink.
-_SIZE_ONE = (
-    "a dim of size 1 (or of an empty tensor) is sharded: the rules give size-1 dims no "
-    "factor, so no layout keeps self's Shard there, and copy_ (how an in-place op that cannot "
-    "keep self writes its out-of-place result: NOTE [in-place by copy]) cannot either; the "
-    "engine raises, naming the remedy (redistribute self first, or the out-of-place op)"
+_INDEXED_DIM = (
+    "self is Shard on the dim the op indexes (a size-1 dim, sharded by the sample's S0 mode): "
+    "that dim must be whole for the indices to address it, and an in-place op cannot move self "
+    "(NOTE [in-place by copy]); the engine raises, naming the remedy (redistribute self first, "
+    "or the out-of-place op)"
 )
 _AS_STRIDED = (
     "uses aten::as_strided_, refused on distributed tensors (no single storage to address)"
 )
 
 INPLACE_EXPECTED_FAILURES = {
-    "acos": _SIZE_ONE,
-    "acosh": _SIZE_ONE,
-    "cos": _SIZE_ONE,
-    "cosh": _SIZE_ONE,
-    "exp": _SIZE_ONE,
-    "log": _SIZE_ONE,
-    "log10": _SIZE_ONE,
-    "log2": _SIZE_ONE,
-    "logical_not": _SIZE_ONE,
     "as_strided": _AS_STRIDED,
-    "nn.functional.elu": _SIZE_ONE,
-    "nn.functional.celu": _SIZE_ONE,
-    "nn.functional.selu": _SIZE_ONE,
-    "nn.functional.silu": _SIZE_ONE,
-    "nn.functional.hardsigmoid": _SIZE_ONE,
-    "nn.functional.mish": _SIZE_ONE,
-    "round.decimals_0": _SIZE_ONE,
-    "round.decimals_3": _SIZE_ONE,
-    "round.decimals_neg_3": _SIZE_ONE,
-    "sinc": _SIZE_ONE,
-    "exp2": _SIZE_ONE,
-    "nan_to_num": _SIZE_ONE,
-    "reciprocal": _SIZE_ONE,
-    "rsqrt": _SIZE_ONE,
-    "square": _SIZE_ONE,
-    "index_fill": _SIZE_ONE,
-    "index_copy": _SIZE_ONE,
-    "fill": _SIZE_ONE,
-    "sigmoid": _SIZE_ONE,
-    "digamma": _SIZE_ONE,
-    "erfc": _SIZE_ONE,
-    "lgamma": _SIZE_ONE,
+    "index_fill": _INDEXED_DIM,
+    "index_copy": _INDEXED_DIM,
     "as_strided.partial_views": _AS_STRIDED,
-    "index_reduce.mean": _SIZE_ONE,
-    "index_reduce.prod": _SIZE_ONE,
-    "index_reduce.amin": _SIZE_ONE,
-    "index_reduce.amax": _SIZE_ONE,
+    "index_reduce.mean": _INDEXED_DIM,
+    "index_reduce.prod": _INDEXED_DIM,
+    "index_reduce.amin": _INDEXED_DIM,
+    "index_reduce.amax": _INDEXED_DIM,
 }
 
 

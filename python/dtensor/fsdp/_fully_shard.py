@@ -66,12 +66,9 @@ Not implemented yet:
   stream order]), so they are ordered with compute instead of overlapping it. On CPU meshes the
   asynchronous collectives (prefetched all-gathers, reduce-scatters in flight) run on the
   group's worker thread beside compute.
-* A Shard on a dim of size 1 that ``shard_placement_fn`` asks for (the engine's rules never
-  shard one; refused with the parameter's shape; by default such parameters shard another dim or
-  stay whole: NOTE [size-1 dims under FSDP] in ``_param_group.py``), ``reshard_after_forward`` as
-  an int (reshard to a smaller mesh), activation checkpointing's recompute forward, all-gather
-  extensions (``fsdp_pre_all_gather``), custom all-gather / reduce-scatter comms,
-  ``set_requires_all_reduce``, ``fully_shard`` on a list of modules.
+* ``reshard_after_forward`` as an int (reshard to a smaller mesh), activation checkpointing's
+  recompute forward, all-gather extensions (``fsdp_pre_all_gather``), custom all-gather /
+  reduce-scatter comms, ``set_requires_all_reduce``, ``fully_shard`` on a list of modules.
 
 Decisions where PyTorch is silent or its mechanism is CUDA-specific:
 
@@ -376,12 +373,11 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
     fsdp_params = []
     for p in order:
         placement = shard_placement_fn(p) if shard_placement_fn is not None else None
-        explicit = placement is not None
         placement = placement if placement is not None else Shard(0)
         if not isinstance(placement, Shard):
             raise ValueError(f"fully_shard: shard_placement_fn must return Shard(d) or None, "
                              f"got {placement}")
-        fsdp_params.append(FSDPParam(p, uses[p], mesh, placement.dim, explicit, offload))
+        fsdp_params.append(FSDPParam(p, uses[p], mesh, placement.dim, offload))
     group = None
     if fsdp_params:
         group = FSDPParamGroup(fsdp_params, mesh,

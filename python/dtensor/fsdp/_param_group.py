@@ -84,17 +84,17 @@ class FSDPParam:
     tensor of the full shape, registered for compute; its storage is freed when resharded and
     refilled by the next all-gather, so autograd's saved references to it stay valid)."""
 
-    def __init__(self, param, uses, mesh, shard_dim, explicit=False, offload=None):
+    def __init__(self, param, uses, mesh, shard_dim, offload=None):
         # uses: [(module, attribute name)] where this parameter is registered (shared ones twice).
-        # NOTE [size-1 dims under FSDP]: the engine's rules never shard a dim of size 1 (its
-        # factors skip them), where PyTorch puts all of it on rank 0 and empty pieces elsewhere.
-        # So a parameter whose default shard dim 0 has size 1 (ViT's cls_token (1, 1, d) and
-        # pos_embed (1, n, d)) is sharded on its first dim larger than 1 instead, and one with no
-        # such dim (a (1,) bias of Linear(d, 1), a 0-dim temperature) is kept whole on every rank
-        # (placed Replicate: it joins the group's all-gather as every rank's full copy and its
-        # gradient is averaged over the ranks by the group's reduce-scatter, each rank sending
-        # the full gradient in every row), whatever shard_placement_fn says. A Shard(d) on a
-        # size-1 dim that shard_placement_fn asks for explicitly is refused otherwise (below).
+        # NOTE [size-1 dims under FSDP]: as PyTorch's FSDP2, a parameter is placed Shard(0) (or
+        # shard_placement_fn's dim) with torch.chunk's pieces even when that dim has size 1
+        # (ViT's cls_token (1, 1, d), a (1,) bias of Linear(d, 1)): rank 0 holds all of it and
+        # the others empty pieces. The engine's rules keep such a Shard through ops (NOTE
+        # [size-1 factors] in sharding_prop/rule.h), so the optimizer steps it in place. A 0-dim
+        # parameter (a temperature) has no dim to shard: it is kept whole on every rank (placed
+        # Replicate: it joins the group's all-gather as every rank's full copy and its gradient
+        # is averaged over the ranks by the group's reduce-scatter, each rank sending the full
+        # gradient), where PyTorch cannot chunk it.
         self.uses = uses
         # NOTE [CPU offload]: a CPUOffloadPolicy on a CUDA mesh keeps the sharded parameters
         # and their gradients on the CPU, as PyTorch's FSDP2: the optimizer steps there, the
@@ -105,11 +105,9 @@ class FSDPParam:
         # Their collectives (clip_grad_norm_'s norms) run on the job's backend: shm for CPU
         # tensors under cuda_ipc, through the device under nccl (NOTE [nccl and CPU tensors]).
         self.offload = offload  # a CPUOffloadPolicy or None
-        self.replicated = not any(s > 1 for s in param.shape)  # 0-dim included
+        self.replicated = param.dim() == 0
         if not self.replicated:
             shard_dim %= param.dim()
-            if param.shape[shard_dim] == 1 and not explicit:
-                shard_dim = next(d for d, s in enumerate(param.shape) if s > 1)
         self.shard_dim = 0 if self.replicated else shard_dim
         self.shard_size = mesh.size(mesh.ndim - 1)
         self.shard_rank = mesh.get_local_rank(mesh.ndim - 1)
@@ -129,7 +127,7 @@ class FSDPParam:
         if isinstance(param, DTensor):
             if self.replicated:
                 raise NotImplementedError(f"fully_shard: a tensor-parallel parameter of shape "
-                                          f"{tuple(param.shape)} has no dim larger than 1")
+                                          f"{tuple(param.shape)} has no dim")
             if any(p.is_partial() for p in param.placements):
                 raise ValueError(f"fully_shard: a parameter placed {param.placements} (Partial)")
             self.tp_mesh, self.tp_placements = param.device_mesh, tuple(param.placements)
@@ -174,12 +172,12 @@ class FSDPParam:
                                          stride=self._global_stride())
         self.sharded_param = nn.Parameter(sharded, requires_grad=param.requires_grad)
         if tuple(self.sharded_param.placements) != tuple(self.placements):
-            # nn.Parameter detaches, and the engine's detach moves a Shard on a size-1 dim
-            # (which its rules never shard) to another dim: FSDP's pieces would be wrong.
-            raise NotImplementedError(
-                f"fully_shard: a parameter of shape {tuple(self.global_size)} cannot be placed "
-                f"{self.placements} on {self.mesh} (its dim {self.shard_dim} has size "
-                f"{dim_size}); shard another dim with shard_placement_fn")
+            # nn.Parameter detaches: were detach to move the pieces (it kept no Shard of a
+            # size-1 dim before NOTE [size-1 factors]), FSDP's flat buffers would be wrong.
+            raise RuntimeError(
+                f"fully_shard: a parameter of shape {tuple(self.global_size)} placed "
+                f"{self.placements} on {self.mesh} became {self.sharded_param.placements} "
+                f"when made an nn.Parameter")
         self.unsharded_param = None
         self._unsharded_data = None  # between unsharded_dst and finish_unshard at first unshard
         self.accumulated_grad = None  # unsharded gradient kept while gradient sync is off
