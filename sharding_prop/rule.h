@@ -24,9 +24,9 @@
 // piece (contractions_even), so the input moves.
 //
 // Text form: inputs and output as letters, one per factor, a merged dim in parentheses, a dim
-// with no factor as "1", then the factors that are not pass: "mk,kn->mn | k:sum", "bsd->bsd | d:replicate",
-// "(ab)c->abc". parse_rule() reads it back for custom ops: "mk,kn->mn" (letters absent from the
-// output contract with sum).
+// with no factor as "1", then the factors that are not pass: "mk,kn->mn | k:sum",
+// "bsd->bsd | d:replicate", "(ab)c->abc". parse_rule() reads it back for custom ops: "mk,kn->mn"
+// (letters absent from the output contract with sum).
 
 #include <c10/core/ScalarType.h>
 
