@@ -99,18 +99,25 @@ const std::vector<int64_t>& my_piece_shape(const DTensorSpec& spec) {
 }
 
 // A local result becomes a distributed tensor of the propagated spec. Its dtype and shape must be
-// the spec's piece: a disagreement is a wrong rule, raised, never cast or relabelled.
-// `view_base`: the argument the result views, if it is a view (NOTE [views in inference mode]).
+// the spec's piece: a disagreement is a wrong rule, raised, never cast or relabelled. It may show
+// on some ranks only (an empty piece's shape), so it is a local failure as well (NOTE [local op
+// failures]): the peers' next collective on the mesh fails at once instead of waiting for this
+// rank. `view_base`: the argument the result views, if it is a view (NOTE [views in inference
+// mode]).
 at::Tensor wrap(const std::string& op, at::Tensor local, const DTensorSpec& spec,
                 const at::Tensor* view_base, const std::vector<int64_t>* piece) {
-  TORCH_INTERNAL_ASSERT(local.scalar_type() == spec.meta().dtype, op, ": the local result is ",
-                        local.scalar_type(), " but the propagated output ", spec.to_string(),
-                        " says ", spec.meta().dtype, " (a wrong sharding rule; please report)");
   const std::vector<int64_t>& want = piece != nullptr ? *piece : my_piece_shape(spec);
-  TORCH_INTERNAL_ASSERT(local.sizes().equals(want), op, ": this rank's local result has shape ",
-                        local.sizes(), " but the propagated output ", spec.to_string(),
-                        " gives its piece the shape ", c10::IntArrayRef(want),
-                        " (a wrong sharding rule; please report)");
+  const bool dtype_ok = local.scalar_type() == spec.meta().dtype;
+  if (C10_UNLIKELY(!dtype_ok || !local.sizes().equals(want))) {
+    if (program_check_enabled()) record_program_op(spec.mesh(), kLocalFailure, fnv1a(op));
+    TORCH_INTERNAL_ASSERT(dtype_ok, op, ": the local result is ", local.scalar_type(),
+                          " but the propagated output ", spec.to_string(), " says ",
+                          spec.meta().dtype, " (a wrong sharding rule; please report)");
+    TORCH_INTERNAL_ASSERT(false, op, ": this rank's local result has shape ", local.sizes(),
+                          " but the propagated output ", spec.to_string(),
+                          " gives its piece the shape ", c10::IntArrayRef(want),
+                          " (a wrong sharding rule; please report)");
+  }
   if (view_base != nullptr) return make_dtensor_view(std::move(local), spec, *view_base);
   return make_dtensor(std::move(local), spec);
 }

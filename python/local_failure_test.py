@@ -82,6 +82,52 @@ def test_a_caught_local_failure_fails_the_next_collective_on_every_rank():
         assert "program" in result, result
 
 
+_LIB = torch.library.Library("dtensor_local_failure", "DEF")
+_LIB.define("quirk(Tensor x) -> Tensor")
+# Like ATen's pixel_unshuffle before its rule shard evenly: an empty input comes back in another
+# shape, so only the rank with the empty piece sees a result that does not fit its layout.
+_LIB.impl("quirk", lambda x: x.new_empty(0, 1) if x.numel() == 0 else x.clone(), "CPU")
+_LIB.impl("quirk", lambda x: torch.empty_like(x), "Meta")
+
+
+def test_a_local_result_of_the_wrong_shape_fails_the_next_collective_on_every_rank():
+    """A wrong rule that shows on one rank only (its local result does not fit the propagated
+    piece) raises there, and is a local failure (NOTE [local op failures]): the peers' next
+    collective fails at once, naming the program, instead of waiting out the timeout for it.
+    Before, the check raised without a mark and the peers waited (the op_db sweep's
+    pixel_unshuffle hang)."""
+    from dtensor.experimental import register_sharding
+    quirk = torch.ops.dtensor_local_failure.quirk
+
+    @register_sharding(quirk)
+    def strategies(x):
+        return [([Replicate()], [Replicate()])] + [([Shard(d)], [Shard(d)]) for d in range(x.ndim)]
+
+    outcomes = [None] * 4
+
+    def body(rank):
+        mesh = init_device_mesh("cpu", (4,))
+        d = distribute_tensor(torch.ones(3, 4), mesh, [Shard(0)])  # rank 3's piece is empty
+        try:
+            quirk(d)
+            local = "ran"
+        except RuntimeError as e:
+            local = "raised" if "local result has shape" in str(e) else str(e)
+        try:
+            d.redistribute(mesh, [Replicate()]).full_tensor()
+            outcomes[rank] = (local, "gathered")
+        except RuntimeError as e:
+            outcomes[rank] = (local, str(e))
+
+    start = time.monotonic()
+    dtensor.run_threads(4, body)
+    assert time.monotonic() - start < 10
+    assert [o[0] for o in outcomes] == ["ran", "ran", "ran", "raised"], outcomes
+    for rank, (_, result) in enumerate(outcomes):
+        assert result != "gathered", f"rank {rank} gathered after rank 3's op failed: {outcomes}"
+        assert "program" in result, result
+
+
 def test_a_failure_every_rank_sees_is_raised_on_every_rank():
     # linalg.cholesky of a batch sharded by matrices, one not positive-definite: the info check
     # gathers the whole info (_linalg_check_errors), so every rank raises, as one device does.
