@@ -24,7 +24,9 @@ namespace {
 //   digest (NOTE [program digest]): its peers ran the op, so the next collective on the mesh
 //   fails on every rank ("ranks disagree: program ..."), promptly, never pairing this rank's
 //   later calls with the peers' pending ones. A rank thread that leaves with the error marks its
-//   groups (RankContext::leave), so peers already waiting fail at once as well.
+//   groups (RankContext::leave), so peers already waiting fail at once as well. A local result
+//   that does not fit its propagated piece (a wrong rule that shows on some ranks only, as an
+//   empty piece's shape) is folded in the same way before wrap() raises.
 // python/local_failure_test.py covers both (and an op with no outputs, which always re-raises).
 
 // The empty pieces of every output on this rank, or nothing when a piece is not empty (or the op
