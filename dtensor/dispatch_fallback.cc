@@ -336,7 +336,8 @@ void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
 // the cost of the out-of-place op plus one redistribute. The propagation decides it from global
 // metadata, so every rank takes this path. Before, such calls raised "no sharding keeps self's
 // placements". That error stays for an op whose out-of-place overload takes other arguments
-// (pow_.Scalar), and for a self copy_ cannot write into: one sharding a dim of size 1 or 0. A
+// (pow_.Scalar). (Until NOTE [size-1 factors] it stayed too for a self sharding a dim of size 1
+// or 0, which copy_'s rule could not keep: cumsum_(0) of a [1, 8] Shard(0) raised.) A
 // Partial self takes the result by partition (copy_ moves data: the holder rank of each Partial
 // mesh dim gets the value, the others the reduction's identity), so masked_fill_, fill_ or
 // clamp_ of a Partial tensor give one device's values (the backward of vector_norm on a Partial
@@ -352,15 +353,9 @@ void run_in_place_by_copy(const c10::OperatorHandle& op, const OpInfo& info,
     base.pop_back();
     functional = c10::Dispatcher::singleton().findSchema({base, schema.overload_name()});
   }
-  // copy_ can write into self's own pieces only when self shards no dim of size 1 or 0 (rules
-  // give such dims no factor).
-  bool copy_keeps_self = originals[0].defined() && is_dtensor(originals[0]);
-  if (copy_keeps_self) {
-    const DTensorSpec& self = spec_of(originals[0]);
-    for (const Placement& p : self.placements()) {
-      if (p.is_shard() && self.shape()[p.dim()] <= 1) copy_keeps_self = false;
-    }
-  }
+  // copy_ writes into self's own pieces whatever they shard, a dim of size 1 or 0 included
+  // (NOTE [size-1 factors]: its rule keeps an input's Shard there).
+  const bool copy_keeps_self = originals[0].defined() && is_dtensor(originals[0]);
   // A Partial self takes a Replicate or Partial source by copy_'s rule; a sharded source is
   // gathered first (the planner makes a Partial only from a Replicate, by partition).
   const bool partial_self = copy_keeps_self && spec_of(originals[0]).has_partial();

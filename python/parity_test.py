@@ -557,6 +557,10 @@ _SIZE_ONE_OPS = [  # (name, fn(x, r) -> tensor, the placement PyTorch's DTensor 
     ("mul_", lambda x, r: x.clone().mul_(3), Shard(0)),
     ("add_", lambda x, r: x.clone().add_(r, alpha=0.5), Shard(0)),
     ("exp_", lambda x, r: x.clone().exp_(), Shard(0)),
+    # In-place ops that need the sharded dim whole: run out of place, copied back into self's
+    # pieces (NOTE [in-place by copy]); they raised before.
+    ("cumsum_", lambda x, r: x.clone().cumsum_(0), Shard(0)),
+    ("index_fill_", lambda x, r: x.clone().index_fill_(0, torch.tensor(0), 2.0), Shard(0)),
     ("t", lambda x, r: x.t(), Shard(1)),
     ("mm", lambda x, r: x @ r.t(), Shard(0)),
     ("sum", lambda x, r: x.sum(0), Partial()),

@@ -71,25 +71,13 @@ EXPECTED_FAILURES = {
 
 # In-place variants (sweep.sweep_inplace_one): the written self must hold one device's values.
 # Same rules: wrong answers and hangs are never listed; the list may only shrink.
-_INDEXED_DIM = (
-    "self is Shard on the dim the op indexes (a size-1 dim, sharded by the sample's S0 mode): "
-    "that dim must be whole for the indices to address it, and an in-place op cannot move self "
-    "(NOTE [in-place by copy]); the engine raises, naming the remedy (redistribute self first, "
-    "or the out-of-place op)"
-)
 _AS_STRIDED = (
     "uses aten::as_strided_, refused on distributed tensors (no single storage to address)"
 )
 
 INPLACE_EXPECTED_FAILURES = {
     "as_strided": _AS_STRIDED,
-    "index_fill": _INDEXED_DIM,
-    "index_copy": _INDEXED_DIM,
     "as_strided.partial_views": _AS_STRIDED,
-    "index_reduce.mean": _INDEXED_DIM,
-    "index_reduce.prod": _INDEXED_DIM,
-    "index_reduce.amin": _INDEXED_DIM,
-    "index_reduce.amax": _INDEXED_DIM,
 }
 
 
