@@ -84,6 +84,9 @@ Decisions where PyTorch is silent or its mechanism is CUDA-specific:
   ``torch.autograd._unsafe_preserve_version_counter``, PyTorch's own mechanism, so tensors saved
   for backward in an earlier forward see the refilled data.
 * ``mesh=None``: the current mesh (``with mesh:``), else a 1-D CPU mesh over the world.
+* A 0-dim parameter (a temperature), which PyTorch cannot chunk, stays whole on every rank,
+  placed ``Replicate()``, its gradient averaged; a dim of size 1 is ``Shard`` as in PyTorch (rank 0
+  holds it: NOTE [size-1 dims under FSDP] in ``_param_group.py``).
 * A group whose parameters have several dtypes (or compute / reduce dtypes) works: one
   all-gather and one reduce-scatter per dtype (NOTE [mixed dtypes in a group]); PyTorch refuses
   such a group (pytorch/pytorch#156784).
