@@ -243,10 +243,8 @@ Rule slice_rule(const std::vector<int64_t>& shape, int64_t dim, int64_t start, i
     return p;
   }());
   if (size == n) return rule;  // the whole dim: nothing changes
-  const int in_f = rule.add_factor(n, FactorKind::kReplicate);
-  const int out_f = rule.add_factor(size, FactorKind::kReplicate);
-  rule.inputs[0][d] = n == 1 ? DimFactors{} : DimFactors{in_f};
-  rule.outputs[0][d] = size == 1 ? DimFactors{} : DimFactors{out_f};
+  rule.inputs[0][d] = rule.add_dim(n, FactorKind::kReplicate);
+  rule.outputs[0][d] = rule.add_dim(size, FactorKind::kReplicate);
   return rule;
 }
 
