@@ -2,11 +2,13 @@
 backward per step, each against one process (or PyTorch's documented FSDP2 behaviour): a module
 run twice before one backward, two separately sharded models in one backward (on shm processes,
 whose reduce-scatter scratch every root shares), parameter dtypes changed after fully_shard,
-load_state_dict(assign=True), and post-accumulate-grad hooks on the sharded parameters (the
-optimizer-in-backward pattern). Each case failed before its fix (a review found them)."""
+load_state_dict(assign=True), post-accumulate-grad hooks on the sharded parameters (the
+optimizer-in-backward pattern), and activation checkpointing in its four forms. Each case failed before its fix (a review found them)."""
 
 import copy
+import functools
 
+import pytest
 import torch
 from torch import nn
 
@@ -81,6 +83,7 @@ def test_module_run_twice_before_one_backward_matches_one_process():
 
 _TWO_ROOTS_WORKER = r'''
 import copy
+import pytest
 import torch
 from torch import nn
 import dtensor
@@ -203,5 +206,135 @@ def test_post_accumulate_grad_hooks_see_the_sharded_gradients():
         assert sorted(seen) == sorted(n for n, _ in model.named_parameters()), seen.keys()
         for (n, _), q in zip(model.named_parameters(), ref.parameters()):
             torch.testing.assert_close(seen[n], q.grad, **TOL, msg=n)
+
+    dtensor.run_threads(2, rank_fn)
+
+
+# ---- activation checkpointing (NOTE [activation checkpointing] in _fully_shard.py) -----------
+
+class _Block(nn.Module):
+    """A residual block; (6, 15) and (15, 6) weights are uneven over 2 and 4 ranks."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(6, 15)
+        self.b = nn.Linear(15, 6)
+
+    def forward(self, x):
+        return x + self.b(torch.relu(self.a(x)))
+
+
+class _Blocks(nn.Module):
+    """Three blocks between an input and an output layer; ``ac`` says how each block's
+    activations are recomputed in backward instead of saved."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(7, 6)
+        self.blocks = nn.ModuleList([_Block() for _ in range(3)])
+        self.out = nn.Linear(6, 2)
+        self.ac = None
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        x = self.inp(x)
+        for block in self.blocks:
+            if self.ac in ("non-reentrant", "non-reentrant, no early stop"):
+                x = checkpoint(block, x, use_reentrant=False)
+            elif self.ac == "reentrant":
+                x = checkpoint(block, x, use_reentrant=True)
+            else:
+                x = block(x)
+        return self.out(x)
+
+
+@pytest.mark.parametrize("reshard_after_forward", [True, None])
+@pytest.mark.parametrize("ac", ["checkpoint_wrapper", "non-reentrant",
+                                "non-reentrant, no early stop", "reentrant"])
+def test_activation_checkpointing_trains_like_one_process_with_the_same_collectives(
+        ac, reshard_after_forward):
+    """fully_shard on each block and the root, each block's forward recomputed in backward:
+    checkpoint_wrapper under fully_shard (torchtitan's order: the recompute runs inside the FSDP
+    module, no FSDP hook sees it), or torch.utils.checkpoint around the FSDP block (its hooks run
+    again in backward). Every step's loss, gradients and parameters equal one process's over 4
+    AdamW steps, and a step makes the collectives of one without checkpointing: one all-gather
+    per group forward, one per resharded group backward, one reduce-scatter per group. Before
+    the fix, a recomputed forward that ran to its end (early stop off) resharded the block its
+    backward was about to use ("setStorage ... out of bounds for storage of size 0"), and a
+    reentrant recompute resharded it and all-gathered it again (9 backward all-gathers for 4)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.utils.checkpoint import set_checkpoint_early_stop
+
+    from dtensor.debug import CommDebugMode
+    from fsdp_testing import _batches, _counts, _loss, _reference, _train_like_one_process
+
+    world = 2
+    torch.manual_seed(0)
+    base = _Blocks()
+    if ac == "checkpoint_wrapper":
+        for i, block in enumerate(base.blocks):
+            base.blocks[i] = checkpoint_wrapper(block)
+    batches = _batches(world, 4)
+    reference = _reference(base, batches, world)
+    groups = 4
+    bwd_gathers = groups if reshard_after_forward else groups - 1  # None: the root keeps its own
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (world,))
+        model = copy.deepcopy(base)
+        if ac != "checkpoint_wrapper":
+            model.ac = ac
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        with set_checkpoint_early_stop(ac != "non-reentrant, no early stop"):
+            x, y = batches[0][0]
+            with CommDebugMode() as fwd:
+                loss = _loss(model(_local(x, rank)), _local(y, rank))
+            with CommDebugMode() as bwd:
+                loss.backward()
+            assert _counts(fwd) == {"all_gather_into_tensor": groups}
+            assert _counts(bwd) == {"all_gather_into_tensor": bwd_gathers,
+                                    "reduce_scatter_tensor": groups}
+            model.zero_grad()
+            _train_like_one_process(model, batches, rank, reference)
+
+    dtensor.run_threads(world, rank_fn)
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_activation_checkpointing_of_a_module_run_twice_matches_one_process(use_reentrant):
+    """The block of Twice runs twice, each call checkpointed (early stop off, so the recompute
+    runs its post-forward too). With reentrant checkpointing the first call's recompute comes
+    after the second call's post-backward: following the module's state alone (PyTorch's rule)
+    it skipped its own post-backward, leaving that call's gradients unreduced and the
+    parameters unsharded ("full_tensor: expected a distributed tensor")."""
+    from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+
+    class Checkpointed(Twice):
+        use_reentrant = False
+
+        def forward(self, x):
+            run = functools.partial(checkpoint, self.block, use_reentrant=self.use_reentrant)
+            return self.head(run(torch.tanh(run(self.first(x)))))
+
+    torch.manual_seed(0)
+    base = Checkpointed()
+    x = torch.randn(8, 5)
+    ref = copy.deepcopy(base)
+    (ref(x).pow(2).mean() + ref(2 * x).pow(2).mean()).backward()
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (2,))
+        model = copy.deepcopy(base)
+        fully_shard(model.block, mesh=mesh)
+        fully_shard(model.head, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        model.use_reentrant = use_reentrant
+        xs = _local(x, rank)
+        with set_checkpoint_early_stop(False):
+            (model(xs).pow(2).mean() + model(2 * xs).pow(2).mean()).backward()
+        _grads_equal(model, ref)
 
     dtensor.run_threads(2, rank_fn)

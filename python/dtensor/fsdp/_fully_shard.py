@@ -44,6 +44,11 @@ What is implemented (PyTorch's names and meanings):
   its gradients from every use are reduced and summed. Hooks registered with
   ``register_post_accumulate_grad_hook`` on sharded parameters run once their reduced gradient
   is set (optimizer in backward), as PyTorch's.
+* Activation checkpointing (NOTE [activation checkpointing]): ``checkpoint_wrapper`` under
+  ``fully_shard`` (torchtitan's order) and ``torch.utils.checkpoint`` around an FSDP module,
+  non-reentrant (early stop on or off) or reentrant, train as without it and make the same
+  collectives: a recomputed forward uses the parameters its pre-backward unsharded, and a
+  forward run inside backward does not reshard before its own backward.
 * FSDP over TP (NOTE [FSDP over TP] in ``_param_group.py``): parameters that
   ``parallelize_module`` distributed on the "tp" dims of a mesh are sharded again on its "dp"
   dims; sharded parameters live on the (dp, tp) mesh with PyTorch's placements.
@@ -66,8 +71,7 @@ Not implemented yet:
   stream order]), so they are ordered with compute instead of overlapping it. On CPU meshes the
   asynchronous collectives (prefetched all-gathers, reduce-scatters in flight) run on the
   group's worker thread beside compute.
-* ``reshard_after_forward`` as an int (reshard to a smaller mesh), activation checkpointing's
-  recompute forward, all-gather extensions (``fsdp_pre_all_gather``), custom all-gather /
+* ``reshard_after_forward`` as an int (reshard to a smaller mesh), all-gather extensions (``fsdp_pre_all_gather``), custom all-gather /
   reduce-scatter comms, ``set_requires_all_reduce``, ``fully_shard`` on a list of modules.
 
 Decisions where PyTorch is silent or its mechanism is CUDA-specific:
@@ -216,6 +220,11 @@ class FSDPState:
             self.group.reshard_after_forward = False
 
     def _pre_forward(self, module, args, kwargs):
+        if self._recomputing():
+            if not self.group.is_unsharded:  # resharded by hand since its pre-backward
+                self.group.unshard()
+                self.group.wait_for_unshard()
+            return args, kwargs
         self.lazy_init()
         if self.is_root and torch.is_grad_enabled():
             self.ctx.post_forward_order.clear()
@@ -239,6 +248,21 @@ class FSDPState:
                 target.group.unshard(async_op=True)
         return args, kwargs
 
+    def _recomputing(self):
+        """NOTE [activation checkpointing]: is this forward one that non-reentrant
+        torch.utils.checkpoint recomputes in this module's backward (the FSDP module inside the
+        checkpointed function)? Then its pre-backward unsharded the parameters and its
+        post-backward, registered by the original forward, will reduce and reshard: the
+        recompute only computes, as PyTorch's. The group's state decides, not only the module's:
+        a reentrant checkpoint's recompute of a module already used once in this backward finds
+        the group after that use's post-backward, and its original forward ran under no_grad,
+        so it must register its own post-backward (PyTorch's state check skips it, and that use's
+        gradients would stay unreduced). Checkpointing the module's inside (checkpoint_wrapper
+        under fully_shard, as torchtitan does) recomputes without FSDP's hooks at all; a
+        reentrant recompute runs as a forward inside backward (_post_forward)."""
+        return (self.group is not None and self.training_state == TrainingState.PRE_BACKWARD
+                and self.group.training_state == TrainingState.PRE_BACKWARD)
+
     def _register_post_backward(self, args, kwargs):
         if not torch.is_grad_enabled():
             return args, kwargs
@@ -252,11 +276,17 @@ class FSDPState:
         return tree_unflatten(flat, spec)
 
     def _post_forward(self, module, inputs, output):
+        if self._recomputing():
+            return output
+        # A forward run inside backward (reentrant checkpointing recomputes the module there
+        # after a forward under no_grad): its backward follows at once, so the parameters stay
+        # unsharded until post-backward, and it is no use of the forward's prefetch order.
+        in_backward = torch._C._current_graph_task_id() != -1
         if self.group is not None:
-            if self.group.reshard_after_forward:
+            if self.group.reshard_after_forward and not in_backward:
                 self.group.reshard()
             self.group.training_state = TrainingState.IDLE
-            if torch.is_grad_enabled():
+            if torch.is_grad_enabled() and not in_backward:
                 self.post_forward_indices.append(len(self.ctx.post_forward_order))
                 self.ctx.post_forward_order.append(self)
         if torch.is_grad_enabled():
