@@ -95,6 +95,93 @@ def test_hsdp_parity():
     dtensor.run_threads(4, rank_fn)
 
 
+def test_hsdp_accumulation_without_all_reduce():
+    """set_requires_all_reduce(False) on the first micro-batches of each step (NOTE [HSDP
+    accumulation without all-reduce]): every backward reduce-scatters over the shard dim, only
+    the last all-reduces across replicas and sets the gradients, which equal one process's on
+    the whole batch; then AdamW steps as one process. In the second step the last micro-batch
+    turns the all-reduce back on with set_requires_gradient_sync(True), as PyTorch's."""
+    micro = 3
+    base = _base_model()
+    batches = _batches(4, 2, micro)
+    ref_losses, ref_grads, ref_final = _reference(base, batches, 4)
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+        model = _shard(copy.deepcopy(base), mesh)
+        groups = len(_groups(model))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for step, micro_batches in enumerate(batches):
+            for i, (x, y) in enumerate(micro_batches):
+                last = i == micro - 1
+                if i == 0:
+                    model.set_requires_all_reduce(False)
+                elif last and step == 0:
+                    model.set_requires_all_reduce(True)
+                elif last:
+                    model.set_requires_gradient_sync(True)  # turns the all-reduce on too
+                with CommDebugMode() as comm:
+                    loss = _loss(model(_local(x, rank)), _local(y, rank))
+                    (loss / micro).backward()
+                torch.testing.assert_close(loss.item(), ref_losses[step][i][rank], **TOL)
+                want = {"all_gather_into_tensor": 2 * groups - 1,
+                        "reduce_scatter_tensor": groups}
+                if last:
+                    want["all_reduce"] = groups
+                assert _counts(comm) == want
+                for n, p in model.named_parameters():
+                    assert (p.grad is not None) == last, n
+            for n, p in model.named_parameters():
+                assert p.grad.placements == (Replicate(), Shard(0))
+                torch.testing.assert_close(p.grad.full_tensor(), ref_grads[step][n], **TOL)
+            opt.step()
+            opt.zero_grad()
+        _check_params(model, ref_final)
+
+    dtensor.run_threads(4, rank_fn)
+
+
+def test_hsdp_partial_sums_of_parameters_unused_in_the_last_micro_batch_are_all_reduced():
+    """A micro-batch without all-reduce uses head ``a``, the next (with it) head ``b``: the root
+    group's reduce-scatter buckets differ ((a's, shared) and (b's)), and a's partial sum, which
+    has no reduce-scatter in the last backward, is all-reduced then too: every gradient equals
+    one process's."""
+
+    class TwoHeads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Linear(7, 15)
+            self.a = nn.Linear(15, 2)
+            self.b = nn.Linear(15, 2)
+
+        def forward(self, x, head):
+            return getattr(self, head)(torch.relu(self.body(x)))
+
+    torch.manual_seed(0)
+    base = TwoHeads()
+    (x, y), = _batches(4, 1)[0]
+    ref = copy.deepcopy(base)
+    for head in ("a", "b"):
+        _loss(ref(x, head), y).backward()
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+        model = copy.deepcopy(base)
+        fully_shard(model.body, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        model.set_requires_all_reduce(False)
+        _loss(model(_local(x, rank), "a"), _local(y, rank)).backward()
+        model.set_requires_all_reduce(True)
+        with CommDebugMode() as comm:
+            _loss(model(_local(x, rank), "b"), _local(y, rank)).backward()
+        # body's group and the root's b bucket, then the root's partial sum of a.
+        assert _counts(comm)["all_reduce"] == 3
+        for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad.full_tensor(), q.grad, **TOL, msg=n)
+
+    dtensor.run_threads(4, rank_fn)
+
+
 @pytest.mark.parametrize("reshard_after_forward", [True, False])
 def test_gradient_accumulation(reshard_after_forward):
     """No gradient sync on the first micro-batches (no reduce-scatter), sync on the last."""

@@ -488,6 +488,16 @@ class FSDPModule:
         for s in self._fsdp_states(recurse):
             if s.group is not None:
                 s.group.reduce_grads = requires_gradient_sync
+                s.group.all_reduce_grads = requires_gradient_sync  # as PyTorch's
+
+    def set_requires_all_reduce(self, requires_all_reduce, *, recurse=True):
+        """HSDP: False reduce-scatters each backward's gradients over the shard dim but defers
+        the all-reduce across replicas (and the sharded gradients) to a backward with it on
+        (NOTE [HSDP accumulation without all-reduce] in _param_group.py). No effect on a 1-D
+        mesh."""
+        for s in self._fsdp_states(recurse):
+            if s.group is not None:
+                s.group.all_reduce_grads = requires_all_reduce
 
     def set_reshard_after_forward(self, reshard_after_forward, recurse=True):
         if not isinstance(reshard_after_forward, bool):

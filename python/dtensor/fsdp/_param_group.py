@@ -348,6 +348,10 @@ class FSDPParamGroup:
         self.reshard_after_backward = True
         self.pending_reduces = []  # the root's list, set at lazy init (finish_reduces)
         self.reduce_grads = True  # set_requires_gradient_sync
+        self.all_reduce_grads = True  # set_requires_all_reduce (HSDP)
+        # NOTE [HSDP accumulation without all-reduce]: per bucket (_layout's key), the summed
+        # reduce-scatter outputs not yet all-reduced across replicas: (layout, params, tensor).
+        self._partial_reduces = {}
         self.gradient_divide_factor = None  # None: the data-parallel size
         self.mp_policy = mp_policy
         self.sharded_state = ShardedState.SHARDED
@@ -525,7 +529,8 @@ class FSDPParamGroup:
         finish_reduces(self.pending_reduces)  # they share the reduce-scatter scratch
         group = funcol._group_name(self._shard_group)
         with torch.no_grad(), self._purpose():
-            for bucket in self._by_dtype(with_grad, lambda pg: pg[1].dtype):
+            buckets = self._by_dtype(with_grad, lambda pg: pg[1].dtype)
+            for bucket in buckets:
                 if self._symmetric():
                     # The scratch is shared by every root too (two models in one backward): the
                     # reduces in flight that read it, another root's included, finish first.
@@ -538,14 +543,34 @@ class FSDPParamGroup:
                 flat = self._flat(size * layout.per_rank_numel, bucket[0][1].dtype, True)
                 out = _C.fsdp_reduce_scatter(layout, [g for _, g in bucket], flat, group, True)
                 self.pending_reduces.append((self, layout, params, out))
+            if self._replicate_group is not None and self.all_reduce_grads:
+                # Partial sums of parameters without a gradient in this backward are all-reduced
+                # now too (in the dict's order, equal on every rank).
+                now = {tuple(id(p) for p, _ in b) for b in buckets}
+                for key, (layout, params, _) in self._partial_reduces.items():
+                    if key not in now:
+                        self.pending_reduces.append((self, layout, params, None))
 
     def _finish_reduce(self, layout, params, out):
         """The rest of one reduce: the all-reduce (sum) over the replicate dim for HSDP, the
         division by the divide factor, and the sharded gradients."""
         factor = self.gradient_divide_factor
         with torch.no_grad(), self._purpose():
-            out = funcol.wait_tensor(out)
+            out = None if out is None else funcol.wait_tensor(out)
             if self._replicate_group is not None:
+                # NOTE [HSDP accumulation without all-reduce]: set_requires_all_reduce(False), as
+                # PyTorch's: the reduce-scatter over the shard dim runs every backward; its
+                # output is summed here, and the all-reduce across replicas, the division and
+                # the sharded gradients wait for a backward with all-reduce (gradient
+                # accumulation that sends 1/shard of the bytes). ``out`` is None for a bucket
+                # with a partial sum only. The choice is the user's, equal on every rank.
+                key = tuple(id(p) for p in params)
+                partial = self._partial_reduces.pop(key, None)
+                if partial is not None:
+                    out = partial[2] if out is None else out + partial[2]
+                if not self.all_reduce_grads:
+                    self._partial_reduces[key] = (layout, params, out)
+                    return
                 out = funcol.wait_tensor(funcol.all_reduce(out, "sum", self._replicate_group))
             out = out / (self.mesh.size() if factor is None else factor)
             for p, piece in zip(params, layout.pieces_of(out, params[0].shard_rank)):
