@@ -17,7 +17,7 @@ import dtensor
 from dtensor import DTensor, Replicate, Shard
 from dtensor.debug import CommDebugMode
 from dtensor.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy,
-                          fully_shard)
+                          fully_shard, register_fsdp_forward_method)
 from launch_ranks import run_on_ranks
 from fsdp_testing import (TOL, MLP, _base_model, _batches, _check_layout, _check_params, _counts,
                           _groups, _local, _loss, _reference, _shard, _train_like_one_process,
@@ -580,6 +580,123 @@ def test_implicit_backward_prefetch_issues_the_next_groups_all_gather_early():
             dtensor.run_threads(world, lambda rank: rank_fn(rank, prefetch))
     finally:
         FSDPParamGroup.unshard, FSDPParamGroup._reduce = unshard, reduce
+
+
+class _Titan(nn.Module):
+    """torchtitan's shape: an input layer, two blocks, then a norm and an output layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(7, 6)
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(6, 15), nn.ReLU(), nn.Linear(15, 6))
+                                     for _ in range(2)])
+        self.norm = nn.LayerNorm(6)
+        self.output = nn.Linear(6, 2)
+
+    def forward(self, x):
+        x = self.inp(x)
+        for block in self.blocks:
+            x = x + block(x)
+        return self.output(self.norm(x))
+
+
+def test_fully_shard_on_a_list_makes_one_group_of_its_modules():
+    """fully_shard([model.norm, model.output]) as torchtitan calls it (NOTE [fully_shard on a
+    list]): one group for both (one all-gather before norm, one reduce-scatter after norm's
+    backward), both classes FSDP*, the list returned; 4 AdamW steps equal one process's with
+    the collectives of 4 groups. A list cannot be the root, and a ModuleList (no forward) is
+    refused naming it."""
+    world = 2
+    torch.manual_seed(0)
+    base = _Titan()
+    batches = _batches(world, 4)
+    reference = _reference(base, batches, world)
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (world,))
+        model = copy.deepcopy(base)
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        pair = [model.norm, model.output]
+        assert fully_shard(pair, mesh=mesh) is pair
+        assert type(model.norm).__name__ == "FSDPLayerNorm"
+        assert type(model.output).__name__ == "FSDPLinear"
+        assert model.norm._fsdp_state() is model.output._fsdp_state()
+        fully_shard(model, mesh=mesh)
+        groups = 4  # two blocks, the pair, the root (inp)
+        (x, y), = batches[0]
+        with CommDebugMode() as fwd:
+            loss = _loss(model(_local(x, rank)), _local(y, rank))
+        with CommDebugMode() as bwd:
+            loss.backward()
+        assert _counts(fwd) == {"all_gather_into_tensor": groups}
+        assert _counts(bwd) == {"all_gather_into_tensor": groups - 1,  # the root keeps its own
+                                "reduce_scatter_tensor": groups}
+        model.zero_grad()
+        _train_like_one_process(model, batches, rank, reference)
+        with pytest.raises(ValueError, match="ModuleList"):
+            fully_shard(model.blocks, mesh=mesh)
+
+    dtensor.run_threads(world, rank_fn)
+
+    def list_as_root(rank):
+        mesh = dtensor.init_device_mesh("cpu", (world,))
+        a, b = nn.Linear(4, 4), nn.Linear(4, 4)
+        fully_shard([a, b], mesh=mesh)
+        with pytest.raises(RuntimeError, match="root must be one module"):
+            a(torch.randn(2, 4))
+
+    dtensor.run_threads(world, list_as_root)
+
+
+def test_register_fsdp_forward_method_unshards_around_the_method():
+    """A method other than forward that uses the parameters (``score``), called by the root's
+    forward: registered with register_fsdp_forward_method it runs between FSDP's pre- and
+    post-forward (one all-gather, parameters unsharded), and the gradients equal one process's.
+    Unregistered it sees the sharded parameters and raises; on a plain module it is a no-op."""
+
+    class Head(nn.Linear):
+        def score(self, h):
+            return h @ self.weight.t() + self.bias
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Linear(7, 15)
+            self.head = Head(15, 3)
+
+        def forward(self, x):
+            return self.head.score(torch.relu(self.body(x)))
+
+    world = 2
+    torch.manual_seed(0)
+    base = Model()
+    (x, y), = _batches(world, 1)[0]
+    y = torch.randn(world * 4, 3)
+    ref = copy.deepcopy(base)
+    _loss(ref(x), y).backward()
+    register_fsdp_forward_method(nn.Linear(2, 2), "forward")  # not an FSDPModule: no-op
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (world,))
+        unregistered = copy.deepcopy(base)
+        fully_shard(unregistered.head, mesh=mesh)
+        fully_shard(unregistered, mesh=mesh)
+        with pytest.raises(RuntimeError, match="plain tensor"):
+            unregistered(_local(x, rank))
+        model = copy.deepcopy(base)
+        fully_shard(model.head, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        register_fsdp_forward_method(model.head, "score")
+        with pytest.raises(ValueError, match="does not have a method"):
+            register_fsdp_forward_method(model.head, "generate")
+        with CommDebugMode() as comm:
+            _loss(model(_local(x, rank)), _local(y, rank)).backward()
+        assert _counts(comm) == {"all_gather_into_tensor": 3, "reduce_scatter_tensor": 2}
+        for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad.full_tensor(), q.grad, **TOL, msg=n)
+
+    dtensor.run_threads(world, rank_fn)
 
 
 # ---- size-1 dims (NOTE [size-1 dims under FSDP]) ----------------------------------------------

@@ -7,7 +7,8 @@ is implemented and what is not yet.
 """
 
 from dtensor.fsdp._api import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
-from dtensor.fsdp._fully_shard import FSDPModule, UnshardHandle, fully_shard
+from dtensor.fsdp._fully_shard import (FSDPModule, UnshardHandle, fully_shard,
+                                       register_fsdp_forward_method)
 
 __all__ = [
     "CPUOffloadPolicy",
@@ -16,4 +17,5 @@ __all__ = [
     "OffloadPolicy",
     "UnshardHandle",
     "fully_shard",
+    "register_fsdp_forward_method",
 ]

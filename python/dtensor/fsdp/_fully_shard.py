@@ -113,7 +113,7 @@ from dtensor.fsdp._api import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPol
 from dtensor.fsdp._param_group import FSDPParam, FSDPParamGroup, TrainingState, finish_reduces
 from dtensor.placement_types import Shard
 
-__all__ = ["FSDPModule", "UnshardHandle", "fully_shard"]
+__all__ = ["FSDPModule", "UnshardHandle", "fully_shard", "register_fsdp_forward_method"]
 
 _STATE_ATTR = "_dtensor_fsdp_state"
 
@@ -166,8 +166,8 @@ def _to_device(device, x):
 class FSDPState:
     """The hooks of one ``fully_shard`` call: forward pre/post, pre-backward, root callback."""
 
-    def __init__(self, module, group, mp_policy, auto_reshard_after_forward, device):
-        self.module = module
+    def __init__(self, modules, group, mp_policy, auto_reshard_after_forward, device):
+        self.modules = modules  # one, or the list fully_shard was given
         self.device = device  # the mesh's device for this rank (NOTE [mesh device])
         self.group = group
         self.mp_policy = mp_policy
@@ -178,14 +178,37 @@ class FSDPState:
         self.forward_prefetch = []
         self.backward_prefetch = None  # None: implicit (NOTE [implicit backward prefetch])
         self.post_forward_indices = []  # where this state stands in ctx.post_forward_order
-        module.register_forward_pre_hook(self._pre_forward, prepend=True, with_kwargs=True)
-        module.register_forward_hook(self._post_forward, prepend=False)
+        # NOTE [fully_shard on a list]: several modules share one group and one state, as
+        # PyTorch's: the pre-forward runs before the first of them to run forward, the
+        # post-forward after the last (a module of the list that does not run leaves the
+        # post-forward out until the root's next forward or the end of backward starts over).
+        self.to_run = set()
+        if len(modules) == 1:
+            modules[0].register_forward_pre_hook(self._pre_forward, prepend=True,
+                                                 with_kwargs=True)
+            modules[0].register_forward_hook(self._post_forward, prepend=False)
+        else:
+            for m in modules:
+                m.register_forward_pre_hook(self._group_pre_forward, prepend=True,
+                                            with_kwargs=True)
+                m.register_forward_hook(functools.partial(self._group_post_forward, m),
+                                        prepend=False)
         if group is not None:
             modules = {m for p in group.fsdp_params for m, _ in p.uses}
             for m in modules:
                 m.register_state_dict_pre_hook(lambda *a, **k: self._to_sharded())
                 m._register_load_state_dict_pre_hook(lambda *a, **k: self._to_sharded())
                 m.register_load_state_dict_post_hook(lambda *a: self._reset_sharded_params())
+
+    def _group_pre_forward(self, module, args, kwargs):
+        if self.to_run:
+            return None  # another module of the list started the group's forward
+        self.to_run.update(self.modules)
+        return self._pre_forward(module, args, kwargs)
+
+    def _group_post_forward(self, module, _, inputs, output):
+        self.to_run.discard(module)
+        return None if self.to_run else self._post_forward(module, inputs, output)
 
     def _reset_sharded_params(self):
         """After load_state_dict: the parameters it registered (assign=True) are FSDP's."""
@@ -199,21 +222,31 @@ class FSDPState:
         """Makes the first state to run forward the root of every state in its subtree."""
         if self.is_root is not None:
             return
+        if len(self.modules) > 1:
+            raise RuntimeError(f"fully_shard: the root must be one module; the list "
+                               f"{[type(m).__name__ for m in self.modules]} ran forward first "
+                               f"(call fully_shard on the module that holds them)")
         self.is_root = True
-        for name, m in self.module.named_modules():
+        names = {}  # state -> its modules' names in the root's tree
+        for name, m in self.modules[0].named_modules():
             state = _state_of(m)
             if state is None:
                 continue
-            if m is not self.module:
-                if state.is_root is not None:
-                    raise RuntimeError(f"fully_shard: {name} ran forward before the root; FSDP "
-                                       f"requires running forward through the root module first")
-                state.is_root = False
-            state.ctx = self.ctx
-            self.ctx.all_states.append(state)
+            if state not in names:
+                names[state] = []
+                if state is not self:
+                    if state.is_root is not None:
+                        raise RuntimeError(f"fully_shard: {name} ran forward before the root; "
+                                           f"FSDP requires running forward through the root "
+                                           f"module first")
+                    state.is_root = False
+                state.ctx = self.ctx
+                self.ctx.all_states.append(state)
+            names[state].append(name or "the root")
+        for state, state_names in names.items():
             if state.group is not None:
                 # Its name in the root's tree names its collectives (NOTE [collective purpose]).
-                state.group.name = name or "the root"
+                state.group.name = ", ".join(state_names)
                 state.group.pending_reduces = self.ctx.pending_reduces
                 state.group.lazy_init()
         if self.group is not None and self.auto_reshard_after_forward:
@@ -230,6 +263,9 @@ class FSDPState:
             self.ctx.post_forward_order.clear()
             for state in self.ctx.all_states:
                 state.post_forward_indices.clear()
+        if self.is_root:
+            for state in self.ctx.all_states:
+                state.to_run.clear()  # a list whose modules did not all run last time
         self.training_state = TrainingState.FORWARD
         if self.is_root and self.device.type != "cpu":
             # As PyTorch's root pre-forward: plain tensor inputs move to the mesh's device.
@@ -344,6 +380,7 @@ class FSDPState:
                 if self.ctx.is_last_backward:
                     group.finalize_backward()
             state.training_state = TrainingState.IDLE
+            state.to_run.clear()
         finish_reduces(self.ctx.pending_reduces)
         self.ctx.callback_queued = False
 
@@ -375,15 +412,23 @@ def _managed_modules(module):
 def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placement_fn=None,
                 mp_policy=MixedPrecisionPolicy(), offload_policy=OffloadPolicy(),
                 ignored_params=None):
-    """Shards ``module``'s parameters (those not managed by an inner ``fully_shard``) across
-    ``mesh`` and installs the hooks of NOTE [fully_shard]; returns ``module``, whose class now
-    also derives from ``FSDPModule``."""
-    if isinstance(module, (list, tuple, nn.ModuleList, nn.ModuleDict)):
-        raise NotImplementedError("fully_shard: pass one module (a list of modules, and "
-                                  "ModuleList/ModuleDict, which have no forward, are not "
-                                  "supported yet)")
-    if _state_of(module) is not None:
-        raise RuntimeError("fully_shard has already been applied to this module")
+    """Shards the parameters of ``module`` (one module, or a list of modules that then share one
+    group: NOTE [fully_shard on a list]) not managed by an inner ``fully_shard`` across ``mesh``
+    and installs the hooks of NOTE [fully_shard]; returns ``module``, whose class (each
+    module's) now also derives from ``FSDPModule``."""
+    modules = list(module) if isinstance(module, (list, tuple)) else [module]
+    for m in modules:
+        if isinstance(m, (nn.ModuleList, nn.ModuleDict)):
+            raise ValueError(f"fully_shard does not support containers that do not implement "
+                             f"forward ({type(m).__name__}): pass its modules, or a list of "
+                             f"them to group them")
+        if not isinstance(m, nn.Module):
+            raise ValueError(f"fully_shard: expects a module or a list of modules, got "
+                             f"{type(m).__name__}")
+        if _state_of(m) is not None:
+            raise RuntimeError("fully_shard has already been applied to this module")
+    if not modules or len(set(map(id, modules))) != len(modules):
+        raise ValueError("fully_shard: expects a non-empty list of distinct modules")
     mesh = mesh if mesh is not None else _default_mesh()
     if not isinstance(mesh, DeviceMesh) or mesh.ndim not in (1, 2):
         raise ValueError(f"fully_shard: expects a 1-D mesh (FSDP) or a 2-D mesh (HSDP), got "
@@ -394,8 +439,10 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
     # NOTE [CPU offload] in _param_group.py (on a CPU mesh nothing moves).
     offload = offload_policy if isinstance(offload_policy, CPUOffloadPolicy) else None
     ignored = set(ignored_params or ())
-    uses, order = {}, []
-    for m in _managed_modules(module):
+    uses, order, managed = {}, [], []
+    for root in modules:
+        managed += [m for m in _managed_modules(root) if m not in managed]
+    for m in managed:
         for name, p in m.named_parameters(recurse=False):
             if p in ignored:
                 continue
@@ -416,12 +463,13 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
         group = FSDPParamGroup(fsdp_params, mesh,
                                True if reshard_after_forward is None else reshard_after_forward,
                                mp_policy)
-        group.name = type(module).__name__  # until the root names it (lazy_init)
-    state = FSDPState(module, group, mp_policy, reshard_after_forward is None,
-                       torch.device(mesh._mesh.local_device()))
-    module.__dict__[_STATE_ATTR] = state
-    cls = module.__class__
-    module.__class__ = _fsdp_class(cls)
+        # Until the root names it (lazy_init).
+        group.name = ", ".join(type(m).__name__ for m in modules)
+    state = FSDPState(modules, group, mp_policy, reshard_after_forward is None,
+                      torch.device(mesh._mesh.local_device()))
+    for m in modules:
+        m.__dict__[_STATE_ATTR] = state
+        m.__class__ = _fsdp_class(m.__class__)
     return module
 
 
@@ -457,8 +505,10 @@ class FSDPModule:
         return _state_of(self)
 
     def _fsdp_states(self, recurse):
+        """The states of this module (and its submodules), each once (a list shares one)."""
         modules = self.modules() if recurse else [self]
-        return [s for s in (_state_of(m) for m in modules) if s is not None]
+        states = [s for s in (_state_of(m) for m in modules) if s is not None]
+        return list({id(s): s for s in states}.values())
 
     def reshard(self):
         """Frees the unsharded parameters and registers the sharded ones (not recursive)."""
@@ -531,6 +581,25 @@ class FSDPModule:
     def __deepcopy__(self, memo):
         raise AssertionError("FSDP does not support deepcopy. Please use state dict for "
                              "serialization.")
+
+
+def register_fsdp_forward_method(module, method_name):
+    """Makes ``module.<method_name>`` run FSDP's pre-forward and post-forward around it, as
+    ``forward`` does (a ``generate`` or ``encode`` that uses the parameters without calling
+    forward), as PyTorch's; a no-op for a module that is not an FSDPModule."""
+    if not isinstance(module, FSDPModule):
+        return
+    if not hasattr(module, method_name):
+        raise ValueError(f"{type(module)} does not have a method {method_name}")
+    orig = getattr(module, method_name)
+
+    @functools.wraps(orig)
+    def wrapped(self, *args, **kwargs):
+        state = _state_of(self)
+        args, kwargs = state._pre_forward(self, args, kwargs)
+        return state._post_forward(self, args, orig(*args, **kwargs))
+
+    setattr(module, method_name, wrapped.__get__(module, type(module)))
 
 
 def _checked_state(module):
