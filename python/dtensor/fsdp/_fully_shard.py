@@ -10,7 +10,10 @@ What is implemented (PyTorch's names and meanings):
   ``ignored_params``). They become ``nn.Parameter(distributed tensor)`` placed ``Shard(0)`` (or
   ``shard_placement_fn``'s ``Shard(d)``) on a 1-D mesh and ``(Replicate(), Shard(0))`` on a 2-D
   mesh (HSDP: shard on the last mesh dim, replicate on the first), with torch.chunk's uneven and
-  empty pieces. The module's class becomes ``FSDP<Class>`` (FSDPModule first in the MRO).
+  empty pieces. The module's class becomes ``FSDP<Class>`` (FSDPModule first in the MRO). A
+  list of modules makes one group of them all (torchtitan's ``[norm, output]``; NOTE
+  [fully_shard on a list]); ``register_fsdp_forward_method`` runs FSDP's forward hooks around
+  another method (``generate``).
 * Forward pre-hook: one all-gather per group (``_param_group.py``'s flat buffer, in
   ``param_dtype``) fills plain unsharded ``nn.Parameter``s of the full shape, registered on the
   modules for compute; the forward runs on plain tensors (no per-op distributed dispatch).
@@ -26,7 +29,9 @@ What is implemented (PyTorch's names and meanings):
   all-gathered again at once for backward); an explicit True/False holds for the root too.
 * ``FSDPModule``: ``unshard(async_op)`` (a handle with ``wait()``), ``reshard()``,
   ``set_requires_gradient_sync`` (unsharded gradients accumulate, in the reduce dtype, until a
-  backward with sync reduces them together), ``set_reshard_after_forward``,
+  backward with sync reduces them together), ``set_requires_all_reduce`` (HSDP: reduce-scatter
+  each backward, all-reduce across replicas later; NOTE [HSDP accumulation without
+  all-reduce]), ``set_reshard_after_forward``,
   ``set_reshard_after_backward``, ``set_gradient_divide_factor`` (this module's group only, as
   PyTorch), ``set_is_last_backward``, ``set_modules_to_forward_prefetch`` /
   ``set_modules_to_backward_prefetch`` (explicit prefetch: the targets' all-gathers are issued
@@ -71,8 +76,10 @@ Not implemented yet:
   stream order]), so they are ordered with compute instead of overlapping it. On CPU meshes the
   asynchronous collectives (prefetched all-gathers, reduce-scatters in flight) run on the
   group's worker thread beside compute.
-* ``reshard_after_forward`` as an int (reshard to a smaller mesh), all-gather extensions (``fsdp_pre_all_gather``), custom all-gather /
-  reduce-scatter comms, ``set_requires_all_reduce``, ``fully_shard`` on a list of modules.
+* ``reshard_after_forward`` as an int (reshard to a smaller mesh), all-gather extensions
+  (``fsdp_pre_all_gather``), custom all-gather / reduce-scatter comms and ``set_all_reduce_hook``,
+  ``set_unshard_in_backward``, ``share_comm_ctx``; ``set_post_optim_event`` belongs to the
+  CUDA streams above.
 
 Decisions where PyTorch is silent or its mechanism is CUDA-specific:
 

@@ -349,8 +349,8 @@ class FSDPParamGroup:
         self.pending_reduces = []  # the root's list, set at lazy init (finish_reduces)
         self.reduce_grads = True  # set_requires_gradient_sync
         self.all_reduce_grads = True  # set_requires_all_reduce (HSDP)
-        # NOTE [HSDP accumulation without all-reduce]: per bucket (_layout's key), the summed
-        # reduce-scatter outputs not yet all-reduced across replicas: (layout, params, tensor).
+        # Per bucket (_layout's key), the summed reduce-scatter outputs not yet all-reduced
+        # across replicas: (layout, params, tensor) (NOTE [HSDP accumulation without all-reduce]).
         self._partial_reduces = {}
         self.gradient_divide_factor = None  # None: the data-parallel size
         self.mp_policy = mp_policy
