@@ -1,10 +1,11 @@
-"""Shared by the FSDP tests (fsdp_test.py, fsdp_tp_test.py): the models, batches and the
-one-process reference every expected value comes from."""
+"""Shared by the FSDP tests (fsdp_test.py, fsdp_tp_test.py, fsdp_user_paths_test.py): the models,
+batches and the one-process reference every expected value comes from."""
 
 import copy
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from dtensor import DTensor
 from dtensor.fsdp import FSDPModule, fully_shard
@@ -24,6 +25,42 @@ class MLP(nn.Module):
 
     def forward(self, x):
         return self.l3(torch.relu(self.l2(torch.relu(self.l1(x)))))
+
+
+class Block(nn.Module):
+    """A residual block; (6, 15) and (15, 6) weights are uneven over 2 and 4 ranks."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(6, 15)
+        self.b = nn.Linear(15, 6)
+
+    def forward(self, x):
+        return x + self.b(torch.relu(self.a(x)))
+
+
+class Blocks(nn.Module):
+    """Three residual blocks between an input and an output layer (torchtitan's shape, for the
+    activation checkpointing and torch.compile tests); ``ac`` says how each block's activations
+    are recomputed in backward instead of saved (None: saved)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(7, 6)
+        self.blocks = nn.ModuleList([Block() for _ in range(3)])
+        self.out = nn.Linear(6, 2)
+        self.ac = None
+
+    def forward(self, x):
+        x = self.inp(x)
+        for block in self.blocks:
+            if self.ac in ("non-reentrant", "non-reentrant, no early stop"):
+                x = checkpoint(block, x, use_reentrant=False)
+            elif self.ac == "reentrant":
+                x = checkpoint(block, x, use_reentrant=True)
+            else:
+                x = block(x)
+        return self.out(x)
 
 
 def _base_model(seed=0):

@@ -3,7 +3,8 @@ backward per step, each against one process (or PyTorch's documented FSDP2 behav
 run twice before one backward, two separately sharded models in one backward (on shm processes,
 whose reduce-scatter scratch every root shares), parameter dtypes changed after fully_shard,
 load_state_dict(assign=True), post-accumulate-grad hooks on the sharded parameters (the
-optimizer-in-backward pattern), and activation checkpointing in its four forms. Each case failed before its fix (a review found them)."""
+optimizer-in-backward pattern), activation checkpointing in its four forms, and compiled blocks
+(eager, aot_eager and inductor, on shm processes). Each case failed before its fix (a review found them)."""
 
 import copy
 import functools
@@ -14,7 +15,7 @@ from torch import nn
 
 import dtensor
 from dtensor.fsdp import fully_shard
-from fsdp_testing import TOL, _local
+from fsdp_testing import TOL, Blocks, _local
 from launch_ranks import run_on_ranks
 
 
@@ -212,43 +213,6 @@ def test_post_accumulate_grad_hooks_see_the_sharded_gradients():
 
 # ---- activation checkpointing (NOTE [activation checkpointing] in _fully_shard.py) -----------
 
-class _Block(nn.Module):
-    """A residual block; (6, 15) and (15, 6) weights are uneven over 2 and 4 ranks."""
-
-    def __init__(self):
-        super().__init__()
-        self.a = nn.Linear(6, 15)
-        self.b = nn.Linear(15, 6)
-
-    def forward(self, x):
-        return x + self.b(torch.relu(self.a(x)))
-
-
-class _Blocks(nn.Module):
-    """Three blocks between an input and an output layer; ``ac`` says how each block's
-    activations are recomputed in backward instead of saved."""
-
-    def __init__(self):
-        super().__init__()
-        self.inp = nn.Linear(7, 6)
-        self.blocks = nn.ModuleList([_Block() for _ in range(3)])
-        self.out = nn.Linear(6, 2)
-        self.ac = None
-
-    def forward(self, x):
-        from torch.utils.checkpoint import checkpoint
-
-        x = self.inp(x)
-        for block in self.blocks:
-            if self.ac in ("non-reentrant", "non-reentrant, no early stop"):
-                x = checkpoint(block, x, use_reentrant=False)
-            elif self.ac == "reentrant":
-                x = checkpoint(block, x, use_reentrant=True)
-            else:
-                x = block(x)
-        return self.out(x)
-
-
 @pytest.mark.parametrize("reshard_after_forward", [True, None])
 @pytest.mark.parametrize("ac", ["checkpoint_wrapper", "non-reentrant",
                                 "non-reentrant, no early stop", "reentrant"])
@@ -271,7 +235,7 @@ def test_activation_checkpointing_trains_like_one_process_with_the_same_collecti
 
     world = 2
     torch.manual_seed(0)
-    base = _Blocks()
+    base = Blocks()
     if ac == "checkpoint_wrapper":
         for i, block in enumerate(base.blocks):
             base.blocks[i] = checkpoint_wrapper(block)
@@ -338,3 +302,40 @@ def test_activation_checkpointing_of_a_module_run_twice_matches_one_process(use_
         _grads_equal(model, ref)
 
     dtensor.run_threads(2, rank_fn)
+
+
+# ---- torch.compile (NOTE [FSDP hooks under torch.compile] in _fully_shard.py) ------------------
+
+_COMPILE_WORKER = r'''
+import copy
+import os
+import torch
+import dtensor
+from dtensor.fsdp import fully_shard
+from fsdp_testing import Blocks, _batches, _reference, _train_like_one_process
+
+backend = os.environ["COMPILE_BACKEND"]
+torch.manual_seed(0)
+base = Blocks()
+batches = _batches(2, 3)
+reference = _reference(base, batches, 2)
+mesh = dtensor.init_device_mesh("cpu", (2,))
+model = copy.deepcopy(base)
+for block in model.blocks:
+    block.compile(backend=backend)
+    fully_shard(block, mesh=mesh)
+fully_shard(model, mesh=mesh)
+model.compile(backend=backend)
+_train_like_one_process(model, batches, mesh.get_rank(), reference)
+print("ok")
+'''
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_processes_compiled_blocks_train_like_one_process(backend, tmp_path):
+    """Each block compiled (``block.compile()``, torchtitan's per-block compile) and fully
+    sharded, then the whole model compiled too, on 2 shm processes: FSDP's hooks run eagerly
+    around the compiled forwards, and 3 AdamW steps equal one process's. Dynamo used to trace
+    into the hooks and fail ("Cannot access storage of DTensorImpl"). Processes, as users run
+    it: Dynamo does not compile on two threads of one process at once."""
+    run_on_ranks(_COMPILE_WORKER, 2, tmp_path, COMPILE_BACKEND=backend)

@@ -54,6 +54,9 @@ What is implemented (PyTorch's names and meanings):
   non-reentrant (early stop on or off) or reentrant, train as without it and make the same
   collectives: a recomputed forward uses the parameters its pre-backward unsharded, and a
   forward run inside backward does not reshard before its own backward.
+* ``torch.compile`` of FSDP modules (``block.compile()`` per block, as torchtitan, and of the
+  whole model): FSDP's hooks run eagerly around the compiled forwards (NOTE [FSDP hooks under
+  torch.compile]), as PyTorch's by default.
 * FSDP over TP (NOTE [FSDP over TP] in ``_param_group.py``): parameters that
   ``parallelize_module`` distributed on the "tp" dims of a mesh are sharded again on its "dp"
   dims; sharded parameters live on the (dp, tp) mesh with PyTorch's placements.
@@ -170,6 +173,23 @@ def _to_device(device, x):
     return x
 
 
+def _eager(hook):
+    """NOTE [FSDP hooks under torch.compile]: ``module.compile()`` (or torch.compile of a module
+    that holds FSDP modules) traces the module's call with its hooks. FSDP's hooks communicate
+    and swap the registered parameters, so they run eagerly, as PyTorch's FSDP2 runs its own by
+    default (``torch._dynamo.config.skip_fsdp_hooks``): Dynamo breaks the graph around them and
+    compiles the forward on the unsharded plain parameters between. Outside compilation the hook
+    is called directly (no Dynamo import, no wrapper cost)."""
+
+    @functools.wraps(hook)
+    def run(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            return torch._dynamo.disable(hook, recursive=True)(*args, **kwargs)
+        return hook(*args, **kwargs)
+
+    return run
+
+
 class FSDPState:
     """The hooks of one ``fully_shard`` call: forward pre/post, pre-backward, root callback."""
 
@@ -191,15 +211,15 @@ class FSDPState:
         # post-forward out until the root's next forward or the end of backward starts over).
         self.to_run = set()
         if len(modules) == 1:
-            modules[0].register_forward_pre_hook(self._pre_forward, prepend=True,
+            modules[0].register_forward_pre_hook(_eager(self._pre_forward), prepend=True,
                                                  with_kwargs=True)
-            modules[0].register_forward_hook(self._post_forward, prepend=False)
+            modules[0].register_forward_hook(_eager(self._post_forward), prepend=False)
         else:
             for m in modules:
-                m.register_forward_pre_hook(self._group_pre_forward, prepend=True,
+                m.register_forward_pre_hook(_eager(self._group_pre_forward), prepend=True,
                                             with_kwargs=True)
-                m.register_forward_hook(functools.partial(self._group_post_forward, m),
-                                        prepend=False)
+                m.register_forward_hook(
+                    _eager(functools.partial(self._group_post_forward, m)), prepend=False)
         if group is not None:
             modules = {m for p in group.fsdp_params for m, _ in p.uses}
             for m in modules:
