@@ -32,7 +32,7 @@ void check_flat(const at::Tensor& flat, int64_t numel, const char* what) {
   }
 }
 
-// A full-shape tensor of parameter `p` (`what`: "the unsharded parameter", "a gradient").
+// A full-shape tensor of parameter `p` (`what`: "the unsharded parameter", "a full-shape tensor").
 void check_full_shape(const at::Tensor& t, const FlatParam& p, const char* where,
                       const char* what) {
   if (t.sizes() != c10::IntArrayRef(p.shape)) {
@@ -123,25 +123,34 @@ void FlatParams::copy_out(const at::Tensor& gathered, const std::vector<at::Tens
 
 void FlatParams::copy_reduce_scatter_input(const std::vector<at::Tensor>& grads,
                                            const at::Tensor& flat) const {
-  check_count(grads, params_.size(), "reduce-scatter copy-in");
-  check_flat(flat, shard_size_ * per_rank_, "reduce-scatter copy-in");
-  const at::Tensor rows = flat.view({shard_size_, per_rank_});
+  copy_rows(grads, flat, 0, shard_size_, "reduce-scatter copy-in");
+}
+
+void FlatParams::copy_rows(const std::vector<at::Tensor>& fulls, const at::Tensor& flat,
+                           int64_t first_row, int64_t rows, const char* what) const {
+  check_count(fulls, params_.size(), what);
+  if (first_row < 0 || rows < 0 || first_row + rows > shard_size_) {
+    fail("fsdp ", what, ": rows [", first_row, ", ", first_row + rows, ") out of ", shard_size_);
+  }
+  check_flat(flat, rows * per_rank_, what);
+  const at::Tensor out = flat.view({rows, per_rank_});
   for (size_t i = 0; i < params_.size(); ++i) {
     const FlatParam& p = params_[i];
-    const at::Tensor& grad = grads[i];
-    check_full_shape(grad, p, "reduce-scatter copy-in", "a gradient");
-    const at::Tensor block = rows.narrow(1, offset_[i], padded_[i]);
-    if (p.replicated) {  // the whole gradient in every row: each rank gets the sum
-      block.copy_(grad.reshape({1, -1}));
+    const at::Tensor& full = fulls[i];
+    check_full_shape(full, p, what, "a full-shape tensor");
+    const at::Tensor block = out.narrow(1, offset_[i], padded_[i]);
+    if (p.replicated) {  // the whole tensor in every row (each rank gets the sum)
+      block.copy_(full.reshape({1, -1}));
       continue;
     }
     std::vector<int64_t> pieces_shape = rows_first(p, chunk_[i]);
-    pieces_shape.insert(pieces_shape.begin(), shard_size_);
+    pieces_shape.insert(pieces_shape.begin(), rows);
     const at::Tensor pieces = block.view(pieces_shape);  // block is contiguous per row
-    const at::Tensor g = grad.movedim(p.shard_dim, 0);
-    for (int64_t r = 0; r < shard_size_; ++r) {
+    const at::Tensor g = full.movedim(p.shard_dim, 0);
+    for (int64_t j = 0; j < rows; ++j) {
+      const int64_t r = first_row + j;
       const int64_t k = local_slices(i, r);
-      at::Tensor row = pieces[r];
+      at::Tensor row = pieces[j];
       if (k > 0) row.narrow(0, 0, k).copy_(g.narrow(0, r * chunk_[i], k));
       if (k < chunk_[i]) row.narrow(0, k, chunk_[i] - k).zero_();
     }

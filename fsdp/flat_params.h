@@ -64,6 +64,12 @@ class FlatParams {
   // holds rank r's padded pieces (every row the whole gradient for a replicated parameter).
   void copy_reduce_scatter_input(const std::vector<at::Tensor>& grads,
                                  const at::Tensor& flat) const;
+  // Rows [first_row, first_row + rows) of that layout, from full-shape tensors, into `flat`
+  // (rows * per_rank_numel elements): all rows are the reduce-scatter input; some rows of the
+  // unsharded parameters are the piece a group resharded to a smaller group keeps after
+  // forward (NOTE [reshard after forward to a smaller group] in python/dtensor/fsdp).
+  void copy_rows(const std::vector<at::Tensor>& fulls, const at::Tensor& flat, int64_t first_row,
+                 int64_t rows, const char* what) const;
   // This rank's gradient pieces from its reduced row `reduced` (per_rank_numel elements): views
   // of it in each parameter's sharded local shape (contiguous copies when the shard dim is not
   // 0), for group rank `shard_rank`.

@@ -1,7 +1,8 @@
 // FSDP's flat buffers (NOTE [FSDP flat buffers]) against torch.chunk's pieces and one device:
 // copy-in then copy-out rebuilds every parameter, the reduce-scatter input gives each rank the
-// sum of its pieces, uneven and empty pieces, shard dims other than 0, replicated parameters,
-// mixed dtypes; then the all-gather and reduce-scatter on ranks as threads.
+// sum of its pieces, a block of rows (the post-forward piece) equals the gathered buffer's, uneven
+// and empty pieces, shard dims other than 0, replicated parameters, mixed dtypes; then the
+// all-gather and reduce-scatter on ranks as threads.
 
 #include "fsdp/flat_params.h"
 
@@ -113,6 +114,40 @@ TEST(FlatParamsTest, ReduceScatterInputGivesEachRankItsPieces) {
     }
     // Every element written: pieces, and zeros for the padding (a sum over ranks adds nothing).
     EXPECT_EQ(flat.eq(-7.0).sum().item<int64_t>(), 0) << "unwritten padding over " << shards;
+  }
+}
+
+// The post-forward piece of a group resharded to k ranks: every block of rows equals those rows
+// of the gathered buffer that the ranks' copy-ins make, so the k pieces rebuild it.
+TEST(FlatParamsTest, CopyRowsGivesTheGatheredBuffersRows) {
+  const int64_t shards = 4;
+  const FlatParams layout = layout_of(shards);
+  const std::vector<at::Tensor> full = full_params(5);
+  std::vector<at::Tensor> gathered;
+  for (int64_t r = 0; r < shards; ++r) {
+    std::vector<at::Tensor> pieces;
+    for (size_t i = 0; i < kCases.size(); ++i) {
+      pieces.push_back(piece_of(full[i], kCases[i], shards, r));
+    }
+    gathered.push_back(at::empty({layout.per_rank_numel()}));
+    layout.copy_in(pieces, gathered.back());
+  }
+  const at::Tensor all = at::cat(gathered);
+  for (int64_t rows : {1, 2, 4}) {
+    for (int64_t first = 0; first + rows <= shards; first += rows) {
+      at::Tensor piece = at::full({rows * layout.per_rank_numel()}, -7.0);
+      layout.copy_rows(full, piece, first, rows, "test");
+      EXPECT_TRUE(at::equal(
+          piece, all.narrow(0, first * layout.per_rank_numel(), rows * layout.per_rank_numel())))
+          << "rows " << first << "+" << rows;
+    }
+  }
+  try {
+    at::Tensor piece = at::empty({2 * layout.per_rank_numel()});
+    layout.copy_rows(full, piece, 3, 2, "test");
+    ADD_FAILURE() << "rows past the group accepted";
+  } catch (const dtensor::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rows [3, 5) out of 4"), std::string::npos) << e.what();
   }
 }
 

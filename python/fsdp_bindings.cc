@@ -2,6 +2,7 @@
 // python/dtensor/fsdp/_param_group.py. Every call that copies or communicates releases the GIL.
 
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/grad_mode.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
@@ -40,7 +41,15 @@ void bind_fsdp(py::module& m) {
           },
           py::arg("gathered"), py::arg("dsts"), Release())
       .def("pieces_of", &FlatParams::pieces_of, py::arg("reduced"), py::arg("shard_rank"),
-           Release());
+           Release())
+      .def(
+          "copy_rows",
+          [](const FlatParams& layout, const std::vector<at::Tensor>& fulls, const at::Tensor& flat,
+             int64_t first_row, int64_t rows) {
+            at::NoGradGuard no_grad;
+            layout.copy_rows(fulls, flat, first_row, rows, "post-forward copy-in");
+          },
+          py::arg("fulls"), py::arg("flat"), py::arg("first_row"), py::arg("rows"), Release());
   m.def("fsdp_all_gather", &all_gather, py::arg("layout"), py::arg("pieces"), py::arg("flat"),
         py::arg("group"), py::arg("async_op"), Release());
   m.def("fsdp_reduce_scatter", &reduce_scatter, py::arg("layout"), py::arg("grads"),

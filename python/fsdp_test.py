@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import dtensor
-from dtensor import DTensor, Replicate, Shard
+from dtensor import DTensor, Replicate, Shard, _C
 from dtensor.debug import CommDebugMode
 from dtensor.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy,
                           fully_shard, register_fsdp_forward_method)
@@ -93,6 +93,55 @@ def test_hsdp_parity():
         _check_params(model, ref_final)
 
     dtensor.run_threads(4, rank_fn)
+
+
+def test_reshard_after_forward_to_a_smaller_group():
+    """reshard_after_forward=2 on 4 ranks (NOTE [reshard after forward to a smaller group]):
+    after forward each group keeps half of its gathered buffer (not all of it, not a quarter),
+    backward all-gathers every group again, over 2 ranks, and 10 AdamW steps equal one
+    process's. An int that does not divide 4 is refused, 1 means False (no backward
+    all-gather) and 4 means True."""
+    world = 4
+    base = _base_model()
+    batches = _batches(world, 10)
+    reference = _reference(base, batches, world)
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (world,))
+        for bad in (3, 0, 8):
+            with pytest.raises(ValueError, match="factor of 4"):
+                fully_shard(nn.Linear(2, 2), mesh=mesh, reshard_after_forward=bad)
+        for k, bwd_gathers in ((1, 0), (4, 3)):
+            model = _shard(copy.deepcopy(base), mesh, reshard_after_forward=k)
+            (x, y), = batches[0]
+            loss = _loss(model(_local(x, rank)), _local(y, rank))
+            with CommDebugMode() as bwd:
+                loss.backward()
+            assert _counts(bwd).get("all_gather_into_tensor", 0) == bwd_gathers, k
+        model = _shard(copy.deepcopy(base), mesh, reshard_after_forward=2)
+        groups = _groups(model)
+        (x, y), = batches[0]
+        with CommDebugMode() as fwd:
+            loss = _loss(model(_local(x, rank)), _local(y, rank))
+        for m in groups:
+            group = m._fsdp_state().group
+            # Half of the flat buffer that the forward all-gather filled: S / k rows of it.
+            per_rank = sum(group._layout(ps).per_rank_numel for ps, _ in
+                           group._post_forward_pieces)
+            assert sum(piece.numel() for _, piece in group._post_forward_pieces) == 2 * per_rank
+            for p in m.parameters(recurse=False):
+                assert isinstance(p, DTensor)  # the sharded parameters are registered
+            # The backward all-gather's group: this rank's block of 2 (ranks 0-1 or 2-3).
+            assert _C.group_size(group._post_forward_group) == 2
+        with CommDebugMode() as bwd:
+            loss.backward()
+        assert _counts(fwd) == {"all_gather_into_tensor": len(groups)}
+        assert _counts(bwd) == {"all_gather_into_tensor": len(groups),
+                                "reduce_scatter_tensor": len(groups)}
+        model.zero_grad()
+        _train_like_one_process(model, batches, rank, reference)
+
+    dtensor.run_threads(world, rank_fn)
 
 
 def test_hsdp_accumulation_without_all_reduce():

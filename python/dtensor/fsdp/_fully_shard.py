@@ -24,6 +24,9 @@ What is implemented (PyTorch's names and meanings):
   unsharded gradients, plus one all-reduce (sum) over the replicate dim for HSDP, divided by the
   data-parallel size (``set_gradient_divide_factor`` overrides), gives ``param.grad``: a
   distributed tensor in the parameter's placements and dtype, accumulated into an existing one.
+* ``reshard_after_forward=k`` (an int dividing the shard group's size): after forward each rank
+  keeps 1/k of the group's parameters and backward all-gathers over k ranks (NOTE [reshard after
+  forward to a smaller group] in ``_param_group.py``); 1 is False and the group's size True.
 * Root: the first FSDP module to run forward. ``reshard_after_forward=None`` (the default) is
   True for non-root groups and False for the root, as PyTorch (the root's parameters would be
   all-gathered again at once for backward); an explicit True/False holds for the root too.
@@ -79,10 +82,9 @@ Not implemented yet:
   stream order]), so they are ordered with compute instead of overlapping it. On CPU meshes the
   asynchronous collectives (prefetched all-gathers, reduce-scatters in flight) run on the
   group's worker thread beside compute.
-* ``reshard_after_forward`` as an int (reshard to a smaller mesh), all-gather extensions
-  (``fsdp_pre_all_gather``), custom all-gather / reduce-scatter comms and ``set_all_reduce_hook``,
-  ``set_unshard_in_backward``, ``share_comm_ctx``; ``set_post_optim_event`` belongs to the
-  CUDA streams above.
+* All-gather extensions (``fsdp_pre_all_gather``), custom all-gather / reduce-scatter comms and
+  ``set_all_reduce_hook``, ``set_unshard_in_backward``, ``share_comm_ctx``;
+  ``set_post_optim_event`` belongs to the CUDA streams above.
 
 Decisions where PyTorch is silent or its mechanism is CUDA-specific:
 
@@ -110,6 +112,7 @@ Decisions where PyTorch is silent or its mechanism is CUDA-specific:
 """
 
 import functools
+import warnings
 
 import torch
 from torch import nn
@@ -460,9 +463,8 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
     if not isinstance(mesh, DeviceMesh) or mesh.ndim not in (1, 2):
         raise ValueError(f"fully_shard: expects a 1-D mesh (FSDP) or a 2-D mesh (HSDP), got "
                          f"{mesh}")
-    if reshard_after_forward is not None and not isinstance(reshard_after_forward, bool):
-        raise NotImplementedError("fully_shard: reshard_after_forward must be a bool or None "
-                                  "(an int, resharding to a smaller mesh, is not supported yet)")
+    reshard_after_forward = _post_forward_setting(reshard_after_forward,
+                                                  mesh.size(mesh.ndim - 1))
     # NOTE [CPU offload] in _param_group.py (on a CPU mesh nothing moves).
     offload = offload_policy if isinstance(offload_policy, CPUOffloadPolicy) else None
     ignored = set(ignored_params or ())
@@ -477,6 +479,11 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
                 uses[p] = []
                 order.append(p)
             uses[p].append((m, name))
+    if not isinstance(reshard_after_forward, (bool, type(None))) and any(
+            isinstance(p, DTensor) for p in order):
+        raise NotImplementedError("fully_shard: reshard_after_forward as an int with "
+                                  "parameters already distributed (FSDP over TP) is not "
+                                  "supported (PyTorch's FSDP2 refuses it too)")
     fsdp_params = []
     for p in order:
         placement = shard_placement_fn(p) if shard_placement_fn is not None else None
@@ -498,6 +505,25 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
         m.__dict__[_STATE_ATTR] = state
         m.__class__ = _fsdp_class(m.__class__)
     return module
+
+
+def _post_forward_setting(value, shard_size):
+    """``reshard_after_forward`` as PyTorch's reads it: None or a bool as given; an int k must
+    divide the shard group's size S, and reshards to k ranks after forward (NOTE [reshard after
+    forward to a smaller group] in _param_group.py), 1 meaning False and S meaning True."""
+    if value is None or isinstance(value, bool):
+        return value
+    if not isinstance(value, int):
+        raise ValueError(f"reshard_after_forward should be a bool or an int representing the "
+                         f"group size to reshard to, not {value!r}")
+    if value < 1 or value > shard_size or shard_size % value != 0:
+        raise ValueError(f"If passing reshard_after_forward as an int, it should be a factor "
+                         f"of {shard_size}, not {value}")
+    if value == 1:
+        warnings.warn("reshard_after_forward=1 (int) means resharding parameters to world "
+                      "size 1, instead of reshard_after_forward=True (bool)", stacklevel=3)
+        return False
+    return True if value == shard_size else value
 
 
 @functools.lru_cache(maxsize=None)

@@ -30,6 +30,7 @@ _GATHER_POOL = {}
 
 class ShardedState(enum.Enum):
     SHARDED = "sharded"
+    SHARDED_POST_FORWARD = "sharded post forward"  # NOTE [reshard after forward to a smaller group]
     UNSHARDED = "unsharded"
 
 
@@ -357,6 +358,10 @@ class FSDPParamGroup:
         self.sharded_state = ShardedState.SHARDED
         self.training_state = TrainingState.IDLE
         self._pending = None  # issued, not yet copied-out all-gathers: [(params, tensor)]
+        # Between forward and backward with reshard_after_forward=k: per bucket (params, piece)
+        # (NOTE [reshard after forward to a smaller group]); the k-rank group's name.
+        self._post_forward_pieces = None
+        self._post_forward_group = None
         self._layouts = {}  # the C++ runtime's flat layouts per bucket (_layout)
         # The module's name under the root (set at the root's lazy init; its class before).
         self.name = None
@@ -445,7 +450,7 @@ class FSDPParamGroup:
 
     def _release(self, buf):
         """Returns an all-gather input to the pool once its all-gather was waited for."""
-        if self._symmetric():
+        if buf is not None and self._symmetric():
             _GATHER_POOL.setdefault(self._symmetric_key(buf.dtype), []).append(buf)
 
     def _layout(self, params):
@@ -462,6 +467,9 @@ class FSDPParamGroup:
         """Issues the group's all-gathers, one per compute dtype (no-op when unsharded or
         already issued): copy-in and all-gather in one C++ call (NOTE [FSDP runtime in C++])."""
         if self.is_unsharded or self._pending is not None:
+            return
+        if self._post_forward_pieces is not None:
+            self._pending = self._unshard_post_forward(async_op)
             return
         pending = []
         group = funcol._group_name(self._shard_group)
@@ -496,12 +504,64 @@ class FSDPParamGroup:
         self.sharded_state = ShardedState.UNSHARDED
 
     def reshard(self):
-        """Registers the sharded parameters and frees the unsharded ones (no communication)."""
+        """Registers the sharded parameters and frees the unsharded ones (no communication).
+        After forward with reshard_after_forward=k, keeps the piece for the backward
+        all-gather over k ranks (NOTE [reshard after forward to a smaller group])."""
         if self._pending is not None:  # an unshard that nobody waited for
             self._wait_pending()
+        post_forward = (self.training_state == TrainingState.FORWARD and self.is_unsharded
+                        and self.post_forward_size() is not None)
+        self._post_forward_pieces = self._post_forward_copy() if post_forward else None
         for p in self.fsdp_params:
             p.to_sharded()
-        self.sharded_state = ShardedState.SHARDED
+        self.sharded_state = (ShardedState.SHARDED_POST_FORWARD if post_forward
+                              else ShardedState.SHARDED)
+
+    def post_forward_size(self):
+        """k when reshard_after_forward is an int k (a divisor of the shard group's size,
+        checked by fully_shard), else None."""
+        k = self.reshard_after_forward
+        return None if isinstance(k, bool) else k
+
+    def _post_forward_copy(self):
+        """NOTE [reshard after forward to a smaller group]: reshard_after_forward=k, as
+        PyTorch's: after forward each rank keeps 1/k of the group's gathered flat buffer
+        instead of 1/S, so backward all-gathers over k ranks (a node's, say) instead of S. The
+        k-rank groups are the mesh's ranks in blocks of k (PyTorch's ``mesh.view(-1, k)``);
+        member j of a block keeps rows [j * S/k, (j + 1) * S/k) of the gathered layout (row r is
+        shard rank r's padded pieces), copied from the unsharded parameters (NOTE [FSDP flat
+        buffers]), so the block's all-gather rebuilds the whole buffer, which the copy-out
+        reads as after the forward all-gather. The registered parameters are the sharded ones
+        meanwhile (PyTorch registers ones on the k-rank mesh); the choice depends on the mesh
+        and k only, equal on every rank."""
+        k = self.post_forward_size()
+        size = self.mesh.size(self.mesh.ndim - 1)
+        if self._post_forward_group is None:
+            blocks = self.mesh.mesh.flatten().view(-1, k).tolist()
+            self._post_forward_group = funcol._group_name(blocks)
+        j = self.fsdp_params[0].shard_rank % k
+        rows = size // k
+        pieces = []
+        with torch.no_grad():
+            for params in self._by_dtype(self.fsdp_params, lambda p: p.compute_dtype):
+                layout = self._layout(params)
+                full = [p.unsharded_param for p in params]
+                piece = torch.empty(rows * layout.per_rank_numel, dtype=full[0].dtype,
+                                    device=full[0].device)
+                layout.copy_rows(full, piece, j * rows, rows)
+                pieces.append((params, piece))
+        return pieces
+
+    def _unshard_post_forward(self, async_op):
+        """The backward all-gather over the k-rank block from the kept pieces."""
+        pending = []
+        with torch.no_grad(), self._purpose():
+            for params, piece in self._post_forward_pieces:
+                out = funcol.all_gather_into_tensor(piece, 0, self._post_forward_group,
+                                                    async_op=async_op)
+                pending.append((self._layout(params), params, out, None))
+        self._post_forward_pieces = None
+        return pending
 
     def post_backward(self):
         """After the group's backward: reduce the unsharded gradients into the sharded ones (or
