@@ -631,6 +631,76 @@ def test_implicit_backward_prefetch_issues_the_next_groups_all_gather_early():
         FSDPParamGroup.unshard, FSDPParamGroup._reduce = unshard, reduce
 
 
+def test_unshard_in_backward_false_skips_the_backward_all_gather():
+    """set_unshard_in_backward(False) on an embedding's group, whose backward does not read its
+    weight: backward all-gathers no group (the root keeps its parameters), the embedding's
+    gradient is reduce-scattered as usual and every gradient equals one process's."""
+
+    class Embed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(11, 6)
+            self.out = nn.Linear(6, 2)
+
+        def forward(self, ids):
+            return self.out(torch.tanh(self.emb(ids)))
+
+    world = 2
+    torch.manual_seed(0)
+    base = Embed()
+    ids = torch.randint(0, 11, (world * 4,))
+    y = torch.randn(world * 4, 2)
+    ref = copy.deepcopy(base)
+    _loss(ref(ids), y).backward()
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (world,))
+        model = copy.deepcopy(base)
+        fully_shard(model.emb, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        model.emb.set_unshard_in_backward(False)
+        loss = _loss(model(_local(ids, rank)), _local(y, rank))
+        with CommDebugMode() as bwd:
+            loss.backward()
+        assert _counts(bwd) == {"reduce_scatter_tensor": 2}
+        for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad.full_tensor(), q.grad, **TOL, msg=n)
+
+    dtensor.run_threads(world, rank_fn)
+
+
+def test_all_reduce_hook_makes_a_custom_hsdp():
+    """set_all_reduce_hook with PyTorch's use: FSDP over each pair of ranks of a (2, 2) mesh,
+    the hook all-reduces each reduced gradient buffer across the pairs ("rep") and the divide
+    factor is the 4 data-parallel ranks: gradients and 3 AdamW steps equal one process's on
+    the 4 ranks' batch, as HSDP's. The hook sees sums (the division comes after it)."""
+    world = 4
+    base = _base_model()
+    batches = _batches(world, 3)
+    reference = _reference(base, batches, world)
+
+    def rank_fn(rank):
+        from dtensor import _functional_collectives as funcol
+
+        mesh = dtensor.init_device_mesh("cpu", (2, 2), mesh_dim_names=("rep", "shard"))
+        model = _shard(copy.deepcopy(base), mesh["shard"])
+        seen = []
+
+        def across_pairs(out):
+            seen.append(out.numel())
+            out.copy_(funcol.wait_tensor(funcol.all_reduce(out, "sum", (mesh, 0))))
+
+        for m in _groups(model):
+            m.set_all_reduce_hook(across_pairs)
+            m.set_gradient_divide_factor(world)
+        with pytest.raises(NotImplementedError, match="stream"):
+            model.set_all_reduce_hook(across_pairs, stream=object())
+        _train_like_one_process(model, batches, rank, reference)
+        assert len(seen) == 3 * len(_groups(model))  # once per group and step
+
+    dtensor.run_threads(world, rank_fn)
+
+
 class _Titan(nn.Module):
     """torchtitan's shape: an input layer, two blocks, then a norm and an output layer."""
 

@@ -36,7 +36,8 @@ What is implemented (PyTorch's names and meanings):
   each backward, all-reduce across replicas later; NOTE [HSDP accumulation without
   all-reduce]), ``set_reshard_after_forward``,
   ``set_reshard_after_backward``, ``set_gradient_divide_factor`` (this module's group only, as
-  PyTorch), ``set_is_last_backward``, ``set_modules_to_forward_prefetch`` /
+  PyTorch), ``set_unshard_in_backward``, ``set_all_reduce_hook`` (runs on the reduced sums,
+  before the division), ``set_is_last_backward``, ``set_modules_to_forward_prefetch`` /
   ``set_modules_to_backward_prefetch`` (explicit prefetch: the targets' all-gathers are issued
   asynchronously after this module's own unshard and copied out at their pre-forward /
   pre-backward). Without an explicit backward list, PyTorch's implicit backward prefetch: the
@@ -82,9 +83,9 @@ Not implemented yet:
   stream order]), so they are ordered with compute instead of overlapping it. On CPU meshes the
   asynchronous collectives (prefetched all-gathers, reduce-scatters in flight) run on the
   group's worker thread beside compute.
-* All-gather extensions (``fsdp_pre_all_gather``), custom all-gather / reduce-scatter comms and
-  ``set_all_reduce_hook``, ``set_unshard_in_backward``, ``share_comm_ctx``;
-  ``set_post_optim_event`` belongs to the CUDA streams above.
+* All-gather extensions (``fsdp_pre_all_gather``), custom all-gather / reduce-scatter comms,
+  ``share_comm_ctx``; ``set_post_optim_event`` and ``set_all_reduce_hook``'s ``stream`` belong to
+  the CUDA streams above.
 
 Decisions where PyTorch is silent or its mechanism is CUDA-specific:
 
@@ -377,10 +378,11 @@ class FSDPState:
             if self.group.training_state == TrainingState.PRE_BACKWARD:
                 return grad
             self.group.training_state = TrainingState.PRE_BACKWARD
-            self.group.unshard()
-            self.group.wait_for_unshard()
+            if self.group.unshard_in_backward:
+                self.group.unshard()
+                self.group.wait_for_unshard()
         for target in self._backward_prefetch_targets():
-            if target.group is not None:
+            if target.group is not None and target.group.unshard_in_backward:
                 target.group.unshard(async_op=True)
         return grad
 
@@ -622,6 +624,42 @@ class FSDPModule:
         group = self._fsdp_state().group
         if group is not None:
             group.gradient_divide_factor = factor
+
+    def set_reduce_scatter_divide_factor(self, factor):
+        """PyTorch's former name of set_gradient_divide_factor (deprecated there too)."""
+        warnings.warn("set_reduce_scatter_divide_factor is deprecated: use "
+                      "set_gradient_divide_factor", FutureWarning, stacklevel=2)
+        self.set_gradient_divide_factor(factor)
+
+    def set_force_sum_reduction_for_comms(self, enable):
+        """Accepted for PyTorch's API: the engine's reductions are always sums followed by one
+        division (NOTE [fully_shard]'s decisions), which is what True asks for."""
+        group = self._fsdp_state().group
+        if group is not None:
+            group.force_sum_reduction_for_comms = enable
+
+    def set_unshard_in_backward(self, unshard_in_backward):
+        """False: this module's parameters are not all-gathered for backward (nor prefetched),
+        for modules whose backward does not read them (an embedding), as PyTorch's; their
+        gradients are reduce-scattered as usual."""
+        group = self._fsdp_state().group
+        if group is not None:
+            group.unshard_in_backward = unshard_in_backward
+
+    def set_all_reduce_hook(self, hook, *, stream=None):
+        """``hook(output)`` runs on each reduced gradient buffer of this module's group (the
+        reduce-scatter's output, after HSDP's all-reduce across replicas), before the division
+        and before the sharded gradients are set; changes in place carry into them (a custom
+        all-reduce across replicas over another group, as PyTorch's). The buffer holds sums: the
+        engine divides after the hook (PyTorch's may have averaged already, depending on the
+        backend's ReduceOp). ``stream`` (CUDA) is not supported: the engine's collectives run on
+        the current stream."""
+        if stream is not None:
+            raise NotImplementedError("set_all_reduce_hook: stream is not supported (FSDP's "
+                                      "collectives run on the current CUDA stream)")
+        group = self._fsdp_state().group
+        if group is not None:
+            group.all_reduce_hook = hook
 
     def set_modules_to_forward_prefetch(self, modules):
         """After this module's pre-forward unshard, issue these modules' all-gathers."""

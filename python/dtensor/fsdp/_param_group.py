@@ -350,6 +350,9 @@ class FSDPParamGroup:
         self.pending_reduces = []  # the root's list, set at lazy init (finish_reduces)
         self.reduce_grads = True  # set_requires_gradient_sync
         self.all_reduce_grads = True  # set_requires_all_reduce (HSDP)
+        self.unshard_in_backward = True  # set_unshard_in_backward
+        self.all_reduce_hook = None  # set_all_reduce_hook
+        self.force_sum_reduction_for_comms = False  # accepted; reductions are always sums
         # Per bucket (_layout's key), the summed reduce-scatter outputs not yet all-reduced
         # across replicas: (layout, params, tensor) (NOTE [HSDP accumulation without all-reduce]).
         self._partial_reduces = {}
@@ -632,6 +635,8 @@ class FSDPParamGroup:
                     self._partial_reduces[key] = (layout, params, out)
                     return
                 out = funcol.wait_tensor(funcol.all_reduce(out, "sum", self._replicate_group))
+            if self.all_reduce_hook is not None:
+                self.all_reduce_hook(out)
             out = out / (self.mesh.size() if factor is None else factor)
             for p, piece in zip(params, layout.pieces_of(out, params[0].shard_rank)):
                 p.add_sharded_grad(piece)
