@@ -7,7 +7,7 @@
 // c = ceil(size(d) / S) slices along d (torch.chunk's: the last pieces may be smaller or empty);
 // each rank pads its piece to c slices, so every rank contributes the same number of elements,
 // c * numel / size(d), per parameter (a replicated parameter, NOTE [size-1 dims under FSDP] in
-// python/dtensor/fsdp/_param_group.py, contributes all of it). A group's all-gather input is the
+// python/dtensor/fsdp/_fsdp_param.py, contributes all of it). A group's all-gather input is the
 // concatenation of this rank's padded pieces (one copy per element, no torch.cat of padded
 // pieces); its output, seen as (S, per_rank), holds rank r's pieces in row r, from which each
 // parameter is rebuilt by one copy per rank's piece into the unsharded parameter's own storage.

@@ -211,7 +211,7 @@ def test_post_accumulate_grad_hooks_see_the_sharded_gradients():
     dtensor.run_threads(2, rank_fn)
 
 
-# ---- activation checkpointing (NOTE [activation checkpointing] in _fully_shard.py) -----------
+# ---- activation checkpointing (NOTE [activation checkpointing] in _fsdp_state.py) -------------
 
 @pytest.mark.parametrize("reshard_after_forward", [True, None])
 @pytest.mark.parametrize("ac", ["checkpoint_wrapper", "non-reentrant",
@@ -304,7 +304,7 @@ def test_activation_checkpointing_of_a_module_run_twice_matches_one_process(use_
     dtensor.run_threads(2, rank_fn)
 
 
-# ---- torch.compile (NOTE [FSDP hooks under torch.compile] in _fully_shard.py) ------------------
+# ---- torch.compile (NOTE [FSDP hooks under torch.compile] in _fsdp_state.py) -------------------
 
 _COMPILE_WORKER = r'''
 import copy

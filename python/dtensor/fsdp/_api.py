@@ -34,7 +34,7 @@ class OffloadPolicy:
 @dataclass
 class CPUOffloadPolicy(OffloadPolicy):
     """Sharded parameters and gradients live on the CPU; the optimizer steps there.
-    ``pin_memory``: pin them (on a CUDA mesh; NOTE [CPU offload] in ``_param_group.py``).
+    ``pin_memory``: pin them (on a CUDA mesh; NOTE [CPU offload] in ``_fsdp_param.py``).
     On a CPU mesh the sharded state is on the CPU already."""
 
     pin_memory: bool = True
