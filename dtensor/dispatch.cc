@@ -157,6 +157,7 @@ std::unique_ptr<OpInfo> make_info(const c10::OperatorHandle& op) {
   info->args = OpArgs(entry, schema);
   if (entry != nullptr) info->execution = entry->execution;
   info->per_element = entry == nullptr && info->name.rfind("aten::_foreach_", 0) == 0;
+  info->amp_unscale = info->name == "aten::_amp_foreach_non_finite_check_and_unscale_";
   const auto& args = schema.arguments();
   info->is_out.assign(args.size(), false);
   info->is_scalar.assign(args.size(), false);
@@ -503,8 +504,9 @@ void wrap_returns(const OpInfo& info, const c10::FunctionSchema& schema,
 
 void kernel_body(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const OpInfo& info = info_for(op);
-  if (info.per_element) return run_per_element(op, stack);  // NOTE [foreach ops per element]
-  const EngineScope engine;                                 // NOTE [engine activity]
+  if (info.per_element) return run_per_element(op, stack);    // NOTE [foreach ops per element]
+  const EngineScope engine;                                   // NOTE [engine activity]
+  if (info.amp_unscale) return run_amp_unscale(info, stack);  // NOTE [amp unscale]
   const c10::FunctionSchema& schema = op.schema();
   const size_t n = schema.arguments().size();
   c10::IValue* args = &(*stack)[stack->size() - n];

@@ -1,6 +1,6 @@
 // The dispatch kernel's ways off the sharded path: the replicate fallback (NOTE [replicate
 // fallback] below), in-place by copy, in-place views, foreach ops per element, replicated scalars
-// with plain tensors, and the zeros of backward formulas.
+// with plain tensors, the zeros of backward formulas, and GradScaler's unscale.
 
 #include <ATen/ATen.h>
 #include <absl/container/flat_hash_set.h>
@@ -513,6 +513,56 @@ bool zeros_of_a_backward_formula(const OpInfo& info, const c10::IValue* args, si
     if (t.ne(0).any().item<bool>()) return false;
   }
   return true;
+}
+
+// NOTE [amp unscale]
+// aten::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale) is
+// GradScaler.unscale_ (torch.amp) on distributed gradients, as PyTorch's DTensor runs it (its
+// found_inf_reduce_handler): each rank unscales its own pieces in place, an elementwise product by
+// one positive factor that keeps every placement's meaning (a Partial share included), and flags a
+// non-finite value among them; the flag is then reduced with max over every mesh the distributed
+// gradients live on, in the list's order (equal on every rank), so every rank skips or takes the
+// optimizer step alike: a non-finite piece or share makes the whole gradient non-finite. Plain
+// elements (a part of the model no plan distributes) are unscaled as on one device. Before, the
+// replicate fallback gathered every gradient to every rank on every step.
+void run_amp_unscale(const OpInfo& info, torch::jit::Stack* stack) {
+  c10::IValue* args = &(*stack)[stack->size() - 3];
+  const std::vector<at::Tensor> grads = args[0].toTensorVector();
+  const auto plain = [&](const at::Tensor& t, const char* what) {
+    if (!is_dtensor(t)) return t;
+    const DTensorSpec& spec = spec_of(t, what);
+    DTENSOR_CHECK(spec.is_replicated(), info.name, ": ", what, " must be plain or Replicate, got ",
+                  spec.to_string());
+    return local_of(t, what);
+  };
+  at::Tensor found = plain(args[1].toTensor(), "found_inf");
+  const at::Tensor inv_scale = plain(args[2].toTensor(), "inv_scale");
+  std::vector<at::Tensor> locals;
+  std::vector<DeviceMesh> meshes;
+  for (const at::Tensor& g : grads) {
+    if (!is_dtensor(g)) {
+      locals.push_back(g);
+      continue;
+    }
+    locals.push_back(local_of(g, "gradient"));
+    const DeviceMesh& mesh = spec_of(g).mesh();
+    if (std::find(meshes.begin(), meshes.end(), mesh) == meshes.end()) meshes.push_back(mesh);
+  }
+  {
+    const LocalKernelScope local;
+    at::_amp_foreach_non_finite_check_and_unscale_(locals, found, inv_scale);
+  }
+  collectives::CommCause cause(info.name.c_str());
+  for (const DeviceMesh& mesh : meshes) {
+    if (mesh.size() == 1) continue;
+    const TensorMeta meta = meta_of(found);
+    const DTensorSpec flags =
+        DTensorSpec::make(mesh, Placements(mesh.ndim(), Partial(ReduceOp::kMax)), meta);
+    const at::Tensor any = redistribute_local(found, flags, DTensorSpec::replicated(mesh, meta));
+    const LocalKernelScope local;
+    found.copy_(any);
+  }
+  torch::jit::drop(*stack, 3);
 }
 
 }  // namespace dispatch_detail

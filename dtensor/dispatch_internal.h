@@ -36,6 +36,7 @@ struct OpInfo {
   std::vector<bool> returns_view;  // per return: a view of an argument (not written)
   int generator_arg = -1;
   bool per_element = false;  // an aten::_foreach_* op: NOTE [foreach ops per element]
+  bool amp_unscale = false;  // GradScaler's unscale: NOTE [amp unscale]
   // The table entry, looked up on first use when it was missing (register_rule may add it later).
   mutable std::atomic<const sharding::OpEntry*> entry{nullptr};
 };
@@ -142,6 +143,10 @@ bool run_in_place_view(const OpInfo& info, torch::jit::Stack* stack, size_t n,
 // NOTE [foreach ops per element] (dispatch_fallback.cc): an aten::_foreach_* op runs as ATen's
 // per-index loop, each element through the engine on its own layout.
 void run_per_element(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// NOTE [amp unscale] (dispatch_fallback.cc): GradScaler's unscale on each rank's pieces, the
+// non-finite flag reduced with max over the gradients' meshes.
+void run_amp_unscale(const OpInfo& info, torch::jit::Stack* stack);
 
 // NOTE [replicated scalars with plain tensors] (dispatch_fallback.cc): called where a plain
 // tensor that is not a scalar was refused; runs the op as a plain op when every input is a

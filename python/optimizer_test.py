@@ -1,7 +1,8 @@
-"""Optimizers and gradient clipping over a model a TP plan parallelizes in part: distributed
-parameters beside plain ones (the LayerNorm the plan leaves alone) on the foreach paths, which are
-PyTorch's defaults on CUDA (NOTE [foreach ops per element], NOTE [replicated scalars with plain
-tensors] in dtensor/dispatch.cc). Each against one device, ranks as threads."""
+"""Optimizers, gradient clipping and GradScaler over a model a TP plan parallelizes in part:
+distributed parameters beside plain ones (the LayerNorm the plan leaves alone) on the foreach
+paths, which are PyTorch's defaults on CUDA (NOTE [foreach ops per element], NOTE [replicated
+scalars with plain tensors], NOTE [amp unscale] in dtensor/dispatch_fallback.cc). Each against one
+device, ranks as threads."""
 
 import copy
 
@@ -79,3 +80,55 @@ def test_clip_grad_norm_foreach_with_plain_and_distributed_gradients():
         torch.testing.assert_close(norm, want_norm)
         for g, w in zip(grads, want.parameters()):
             torch.testing.assert_close(g, w.grad, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("inf_on", [None, "sharded", "plain"])
+def test_grad_scaler_unscales_pieces_and_agrees_on_found_inf(inf_on):
+    """NOTE [amp unscale]: torch.amp.GradScaler over a model a TP plan parallelizes in part
+    (sharded, Partial-free and plain gradients): 3 steps of scale, unscale_, clip and step equal
+    one device's, with no replicate fallback (which gathered every gradient each step). A
+    non-finite value in one element of the weight that rank 1 holds (or in a plain gradient)
+    makes every rank skip the step and lower the scale, as one device does."""
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
+    x0 = torch.randn(4, 8, 16)
+
+    def train(model, full):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+        for step in range(3):
+            opt.zero_grad()
+            scaler.scale(model(x0).pow(2).mean()).backward()
+            if step == 1 and inf_on is not None:
+                grad = model[1].weight.grad if inf_on == "sharded" else model[0].weight.grad
+                with torch.no_grad():  # row 20 of the (32, 16) weight: rank 1's piece on 2 ranks
+                    if isinstance(grad, DTensor):
+                        local = grad.to_local()
+                        if grad.device_mesh.get_rank() == 1:
+                            local[20 - 16, 3] = float("inf")
+                    elif inf_on == "sharded":
+                        grad[20, 3] = float("inf")
+                    else:  # the LayerNorm's weight, plain everywhere
+                        grad[3] = float("inf")
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            scaler.step(opt)
+            scaler.update()
+        return [full(p) for p in model.parameters()], scaler.get_scale()
+
+    plain = lambda t: t.detach()  # noqa: E731
+    want, want_scale = train(copy.deepcopy(ref), plain)
+    assert (want_scale < 2.0 ** 10) == (inf_on is not None)
+    dtensor.debug.reset_fallback_counts()
+
+    def fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (2,))
+        model = parallelize_module(copy.deepcopy(ref), mesh,
+                                   {"1": ColwiseParallel(), "3": RowwiseParallel()})
+        return train(model, lambda t: t.full_tensor() if isinstance(t, DTensor) else t.detach())
+
+    for got, scale in dtensor.run_threads(2, fn):
+        assert scale == want_scale
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+    assert not [op for op in dtensor.debug.fallback_counts() if "_amp_" in op]
