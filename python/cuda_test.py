@@ -246,6 +246,38 @@ def test_fully_shard_trains_like_plain_cuda(mesh):
             _close(p, p_ref.detach(), atol=1e-5)
 
 
+def test_grad_scaler_over_fully_shard_trains_like_plain_cuda(mesh):
+    """torch.amp.GradScaler("cuda") over FSDP on the CUDA mesh (NOTE [amp unscale]): the unscale
+    runs CUDA's kernel on the pieces, and 3 steps (one with an inf gradient, skipped) equal a
+    plain CUDA model's, scale included."""
+    from dtensor.fsdp import fully_shard
+    torch.manual_seed(3)
+    ref = torch.nn.Sequential(torch.nn.Linear(7, 15), torch.nn.ReLU(),
+                              torch.nn.Linear(15, 3)).cuda()
+    model = copy.deepcopy(ref)
+    fully_shard(model[0], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    results = []
+    for m in (model, ref):
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 8)
+        torch.manual_seed(4)
+        for step in range(3):
+            scaler.scale(m(torch.randn(4, 7, device="cuda")).pow(2).mean()).backward()
+            if step == 1:
+                with torch.no_grad():
+                    g = m[2].bias.grad
+                    (g.to_local() if hasattr(g, "placements") else g)[0] = float("inf")
+            scaler.unscale_(opt)
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+        results.append((scaler.get_scale(), [p for p in m.parameters()]))
+    assert results[0][0] == results[1][0] < 2.0 ** 8
+    for p, p_ref in zip(results[0][1], results[1][1]):
+        _close(p, p_ref.detach(), atol=1e-5)
+
+
 def test_fully_shard_cpu_offload_trains_like_plain_cuda(mesh):
     """CPUOffloadPolicy on the CUDA mesh (NOTE [CPU offload]): the sharded parameters (pinned)
     and their gradients are on the CPU, on the mesh's CPU twin; 3 steps of clip_grad_norm_ (its
