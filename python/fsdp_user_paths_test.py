@@ -56,16 +56,16 @@ class Twice(nn.Module):
         return self.head(self.block(torch.tanh(self.block(self.first(x)))))
 
 
-def test_module_run_twice_before_one_backward_matches_one_process():
-    """The later call's post-backward reshards the block; the earlier call's pre-backward must
-    unshard it again (the group's state decides, as PyTorch's), not skip it: autograd read a freed
-    storage ("setStorage ... out of bounds for storage of size 0"). Also two forwards of the whole
-    model in one loss."""
-    torch.manual_seed(0)
-    base = Twice()
-    x = torch.randn(8, 5)
+def _twice_loss(model, x):
+    """Two forwards of the whole model in one loss."""
+    return model(x).pow(2).mean() + model(2 * x).pow(2).mean()
+
+
+def _twice_case(base, x, use_model):
+    """One process's gradients of _twice_loss, then on 2 ranks fully_shard on the block, the head
+    and the root, ``use_model(model, rows)`` (which runs the backward) and the gradients equal."""
     ref = copy.deepcopy(base)
-    (ref(x).pow(2).mean() + ref(2 * x).pow(2).mean()).backward()
+    _twice_loss(ref, x).backward()
 
     def rank_fn(rank):
         mesh = dtensor.init_device_mesh("cpu", (2,))
@@ -73,18 +73,25 @@ def test_module_run_twice_before_one_backward_matches_one_process():
         fully_shard(model.block, mesh=mesh)
         fully_shard(model.head, mesh=mesh)
         fully_shard(model, mesh=mesh)
-        xs = _local(x, rank)
-        loss = model(xs).pow(2).mean() + model(2 * xs).pow(2).mean()
         # The mean over each rank's rows: the gradients are the average over ranks.
-        loss.backward()
+        use_model(model, _local(x, rank))
         _grads_equal(model, ref)
 
     dtensor.run_threads(2, rank_fn)
 
 
+def test_module_run_twice_before_one_backward_matches_one_process():
+    """The later call's post-backward reshards the block; the earlier call's pre-backward must
+    unshard it again (the group's state decides, as PyTorch's), not skip it: autograd read a freed
+    storage ("setStorage ... out of bounds for storage of size 0"). Also two forwards of the whole
+    model in one loss."""
+    torch.manual_seed(0)
+    base = Twice()
+    _twice_case(base, torch.randn(8, 5), lambda model, x: _twice_loss(model, x).backward())
+
+
 _TWO_ROOTS_WORKER = r'''
 import copy
-import pytest
 import torch
 from torch import nn
 import dtensor
@@ -283,25 +290,14 @@ def test_activation_checkpointing_of_a_module_run_twice_matches_one_process(use_
             run = functools.partial(checkpoint, self.block, use_reentrant=self.use_reentrant)
             return self.head(run(torch.tanh(run(self.first(x)))))
 
+    def use(model, x):
+        model.use_reentrant = use_reentrant
+        with set_checkpoint_early_stop(False):
+            _twice_loss(model, x).backward()
+
     torch.manual_seed(0)
     base = Checkpointed()
-    x = torch.randn(8, 5)
-    ref = copy.deepcopy(base)
-    (ref(x).pow(2).mean() + ref(2 * x).pow(2).mean()).backward()
-
-    def rank_fn(rank):
-        mesh = dtensor.init_device_mesh("cpu", (2,))
-        model = copy.deepcopy(base)
-        fully_shard(model.block, mesh=mesh)
-        fully_shard(model.head, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        model.use_reentrant = use_reentrant
-        xs = _local(x, rank)
-        with set_checkpoint_early_stop(False):
-            (model(xs).pow(2).mean() + model(2 * xs).pow(2).mean()).backward()
-        _grads_equal(model, ref)
-
-    dtensor.run_threads(2, rank_fn)
+    _twice_case(base, torch.randn(8, 5), use)
 
 
 # ---- torch.compile (NOTE [FSDP hooks under torch.compile] in _fsdp_state.py) -------------------
