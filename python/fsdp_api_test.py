@@ -1,9 +1,9 @@
 """dtensor.fsdp.fully_shard's API past the core loop (fsdp_test.py), each against one process,
 ranks as threads: reshard_after_forward as an int (NOTE [reshard after forward to a smaller
 group]), HSDP accumulation without all-reduce (set_requires_all_reduce), set_unshard_in_backward,
-set_all_reduce_hook (a custom HSDP), fully_shard on a list of modules and
-register_fsdp_forward_method. Every expected value is computed here by one process, as PyTorch's
-FSDP2 tests do."""
+set_all_reduce_hook (a custom HSDP), fully_shard on a list of modules,
+register_fsdp_forward_method, and the stream settings it accepts. Every expected value is
+computed here by one process, as PyTorch's FSDP2 tests do."""
 
 import copy
 
@@ -14,7 +14,7 @@ from torch import nn
 import dtensor
 from dtensor import DTensor, Replicate, Shard, _C
 from dtensor.debug import CommDebugMode
-from dtensor.fsdp import fully_shard, register_fsdp_forward_method
+from dtensor.fsdp import fully_shard, register_fsdp_forward_method, share_comm_ctx
 from fsdp_testing import (TOL, _base_model, _batches, _check_params, _counts, _groups, _local,
                           _loss, _reference, _shard, _train_like_one_process)
 
@@ -338,5 +338,31 @@ def test_register_fsdp_forward_method_unshards_around_the_method():
         assert _counts(comm) == {"all_gather_into_tensor": 3, "reduce_scatter_tensor": 2}
         for (n, p), q in zip(model.named_parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad.full_tensor(), q.grad, **TOL, msg=n)
+
+    dtensor.run_threads(world, rank_fn)
+
+
+def test_stream_settings_are_accepted_and_change_nothing():
+    """share_comm_ctx, set_post_optim_event, set_allocate_memory_from_process_group_for_comm and
+    set_force_sum_reduction_for_comms are PyTorch's settings for its CUDA streams and
+    allocators; the engine accepts them (every collective runs on the current stream, reductions
+    are sums) and trains as one process. share_comm_ctx checks its arguments as PyTorch's."""
+    world = 2
+    base = _base_model()
+    batches = _batches(world, 3)
+    reference = _reference(base, batches, world)
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (world,))
+        model = _shard(copy.deepcopy(base), mesh)
+        other = fully_shard(nn.Linear(3, 3), mesh=mesh)
+        share_comm_ctx([model, other])
+        with pytest.raises(ValueError, match="FSDPModules"):
+            share_comm_ctx([model, nn.Linear(2, 2)])
+        for m in _groups(model):
+            m.set_allocate_memory_from_process_group_for_comm(True)
+            m.set_force_sum_reduction_for_comms(True)
+        model.set_post_optim_event(object())
+        _train_like_one_process(model, batches, rank, reference)
 
     dtensor.run_threads(world, rank_fn)

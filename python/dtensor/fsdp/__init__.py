@@ -8,7 +8,7 @@ is implemented and what is not yet.
 
 from dtensor.fsdp._api import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 from dtensor.fsdp._fully_shard import (FSDPModule, UnshardHandle, fully_shard,
-                                       register_fsdp_forward_method)
+                                       register_fsdp_forward_method, share_comm_ctx)
 
 __all__ = [
     "CPUOffloadPolicy",
@@ -18,4 +18,5 @@ __all__ = [
     "UnshardHandle",
     "fully_shard",
     "register_fsdp_forward_method",
+    "share_comm_ctx",
 ]

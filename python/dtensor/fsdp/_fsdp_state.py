@@ -91,6 +91,7 @@ class FSDPState:
         self.ctx = _SharedContext()
         self.training_state = TrainingState.IDLE
         self.forward_prefetch = []
+        self.post_optim_event = None  # set_post_optim_event (accepted; NOTE [fully_shard])
         self.backward_prefetch = None  # None: implicit (NOTE [implicit backward prefetch])
         self.post_forward_indices = []  # where this state stands in ctx.post_forward_order
         # NOTE [fully_shard on a list]: several modules share one group and one state, as

@@ -83,9 +83,10 @@ Not implemented yet:
   stream order]), so they are ordered with compute instead of overlapping it. On CPU meshes the
   asynchronous collectives (prefetched all-gathers, reduce-scatters in flight) run on the
   group's worker thread beside compute.
-* All-gather extensions (``fsdp_pre_all_gather``), custom all-gather / reduce-scatter comms,
-  ``share_comm_ctx``; ``set_post_optim_event`` and ``set_all_reduce_hook``'s ``stream`` belong to
-  the CUDA streams above.
+* All-gather extensions (``fsdp_pre_all_gather``), custom all-gather / reduce-scatter comms;
+  ``set_all_reduce_hook``'s ``stream`` belongs to the CUDA streams above (``share_comm_ctx``,
+  ``set_post_optim_event`` and ``set_allocate_memory_from_process_group_for_comm`` are accepted:
+  with every collective on the current stream, what they ask for holds already).
 
 Decisions where PyTorch is silent or its mechanism is CUDA-specific:
 
@@ -127,7 +128,8 @@ from dtensor.fsdp._fsdp_state import _STATE_ATTR, FSDPState, _state_of
 from dtensor.fsdp._param_group import FSDPParamGroup
 from dtensor.placement_types import Shard
 
-__all__ = ["FSDPModule", "UnshardHandle", "fully_shard", "register_fsdp_forward_method"]
+__all__ = ["FSDPModule", "UnshardHandle", "fully_shard", "register_fsdp_forward_method",
+           "share_comm_ctx"]
 
 
 def _default_mesh():
@@ -374,6 +376,20 @@ class FSDPModule:
         if group is not None:
             group.all_reduce_hook = hook
 
+    def set_post_optim_event(self, event):
+        """Accepted for PyTorch's API: PyTorch's root makes its all-gather streams wait for
+        ``event`` instead of the current stream. The engine's all-gathers run on the current
+        stream (CPU: after the optimizer step in program order), which already orders them after
+        any such event."""
+        self._fsdp_state().post_optim_event = event
+
+    def set_allocate_memory_from_process_group_for_comm(self, enable):
+        """Accepted for PyTorch's API: the engine's flat buffers already come from the backend's
+        symmetric memory where it has it (NOTE [FSDP buffers in symmetric memory])."""
+        group = self._fsdp_state().group
+        if group is not None:
+            group.allocate_from_backend = enable
+
     def set_modules_to_forward_prefetch(self, modules):
         """After this module's pre-forward unshard, issue these modules' all-gathers."""
         self._fsdp_state().forward_prefetch = [_checked_state(m) for m in modules]
@@ -404,6 +420,15 @@ def register_fsdp_forward_method(module, method_name):
         return state._post_forward(self, args, orig(*args, **kwargs))
 
     setattr(module, method_name, wrapped.__get__(module, type(module)))
+
+
+def share_comm_ctx(modules):
+    """PyTorch's: share the communication context (CUDA streams) of several FSDP roots (pipeline
+    parallel's model chunks). Accepted after checking its arguments: every FSDP collective of
+    the engine runs on the current stream, so the roots share it already."""
+    for m in modules:
+        if not isinstance(m, FSDPModule):
+            raise ValueError(f"Expects list of FSDPModules but got {m}")
 
 
 def _checked_state(module):

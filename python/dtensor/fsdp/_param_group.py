@@ -52,6 +52,7 @@ class FSDPParamGroup:
         self.unshard_in_backward = True  # set_unshard_in_backward
         self.all_reduce_hook = None  # set_all_reduce_hook
         self.force_sum_reduction_for_comms = False  # accepted; reductions are always sums
+        self.allocate_from_backend = False  # accepted; symmetric memory where the backend has it
         # Per bucket (_layout's key), the summed reduce-scatter outputs not yet all-reduced
         # across replicas: (layout, params, tensor) (NOTE [HSDP accumulation without all-reduce]).
         self._partial_reduces = {}
