@@ -63,7 +63,8 @@ def _to_device(device, x):
 
 def _eager(hook):
     """NOTE [FSDP hooks under torch.compile]: ``module.compile()`` (or torch.compile of a module
-    that holds FSDP modules) traces the module's call with its hooks. FSDP's hooks communicate
+    that holds FSDP modules) traces the module's call with its hooks (and a method registered
+    with register_fsdp_forward_method calls them). FSDP's hooks communicate
     and swap the registered parameters, so they run eagerly, as PyTorch's FSDP2 runs its own by
     default (``torch._dynamo.config.skip_fsdp_hooks``): Dynamo breaks the graph around them and
     compiles the forward on the unsharded plain parameters between. Outside compilation the hook
@@ -100,15 +101,15 @@ class FSDPState:
         # post-forward out until the root's next forward or the end of backward starts over).
         self.to_run = set()
         if len(modules) == 1:
-            modules[0].register_forward_pre_hook(_eager(self._pre_forward), prepend=True,
+            modules[0].register_forward_pre_hook(self._pre_forward, prepend=True,
                                                  with_kwargs=True)
-            modules[0].register_forward_hook(_eager(self._post_forward), prepend=False)
+            modules[0].register_forward_hook(self._post_forward, prepend=False)
         else:
             for m in modules:
-                m.register_forward_pre_hook(_eager(self._group_pre_forward), prepend=True,
+                m.register_forward_pre_hook(self._group_pre_forward, prepend=True,
                                             with_kwargs=True)
-                m.register_forward_hook(
-                    _eager(functools.partial(self._group_post_forward, m)), prepend=False)
+                m.register_forward_hook(functools.partial(self._group_post_forward, m),
+                                        prepend=False)
         if group is not None:
             modules = {m for p in group.fsdp_params for m, _ in p.uses}
             for m in modules:
@@ -116,12 +117,14 @@ class FSDPState:
                 m._register_load_state_dict_pre_hook(lambda *a, **k: self._to_sharded())
                 m.register_load_state_dict_post_hook(lambda *a: self._reset_sharded_params())
 
+    @_eager
     def _group_pre_forward(self, module, args, kwargs):
         if self.to_run:
             return None  # another module of the list started the group's forward
         self.to_run.update(self.modules)
         return self._pre_forward(module, args, kwargs)
 
+    @_eager
     def _group_post_forward(self, module, _, inputs, output):
         self.to_run.discard(module)
         return None if self.to_run else self._post_forward(module, inputs, output)
@@ -168,6 +171,7 @@ class FSDPState:
         if self.group is not None and self.auto_reshard_after_forward:
             self.group.reshard_after_forward = False
 
+    @_eager
     def _pre_forward(self, module, args, kwargs):
         if self._recomputing():
             if not self.group.is_unsharded:  # resharded by hand since its pre-backward
@@ -227,6 +231,7 @@ class FSDPState:
             flat[i] = t
         return tree_unflatten(flat, spec)
 
+    @_eager
     def _post_forward(self, module, inputs, output):
         if self._recomputing():
             return output
