@@ -2,8 +2,8 @@
 ranks as threads: reshard_after_forward as an int (NOTE [reshard after forward to a smaller
 group]), HSDP accumulation without all-reduce (set_requires_all_reduce), set_unshard_in_backward,
 set_all_reduce_hook (a custom HSDP), fully_shard on a list of modules,
-register_fsdp_forward_method, and the stream settings it accepts. Every expected value is
-computed here by one process, as PyTorch's FSDP2 tests do."""
+register_fsdp_forward_method, the stream settings it accepts, and initialization on the meta
+device. Every expected value is computed here by one process, as PyTorch's FSDP2 tests do."""
 
 import copy
 
@@ -363,6 +363,41 @@ def test_stream_settings_are_accepted_and_change_nothing():
             m.set_allocate_memory_from_process_group_for_comm(True)
             m.set_force_sum_reduction_for_comms(True)
         model.set_post_optim_event(object())
+        _train_like_one_process(model, batches, rank, reference)
+
+    dtensor.run_threads(world, rank_fn)
+
+
+def test_meta_device_init_as_torchtitan():
+    """torchtitan's initialization: the model built on the meta device, fully_shard, then
+    ``to_empty(device="cpu")`` and each module's reset_parameters() on the sharded parameters
+    after dtensor.manual_seed: every parameter's full_tensor() equals one process's
+    reset_parameters() after torch.manual_seed with the same seed (bit for bit), and 3 AdamW
+    steps train as that process."""
+    world = 2
+    torch.manual_seed(0)
+    base = _base_model()
+    torch.manual_seed(5)
+    for m in base.modules():
+        if isinstance(m, nn.Linear):
+            m.reset_parameters()
+    batches = _batches(world, 3)
+    reference = _reference(base, batches, world)
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (world,))
+        with torch.device("meta"):
+            model = type(base)()
+        _shard(model, mesh)
+        assert all(p.device.type == "meta" for p in model.parameters())
+        model.to_empty(device="cpu")
+        dtensor.manual_seed(5)
+        for m in model.modules():
+            if isinstance(m, nn.Linear):
+                m.reset_parameters()
+        for (n, p), q in zip(model.named_parameters(), base.parameters()):
+            assert p.placements == (Shard(0),) and p.device.type == "cpu", n
+            assert torch.equal(p.full_tensor(), q.detach()), n
         _train_like_one_process(model, batches, rank, reference)
 
     dtensor.run_threads(world, rank_fn)
