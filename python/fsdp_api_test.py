@@ -68,6 +68,24 @@ def test_reshard_after_forward_to_a_smaller_group():
     dtensor.run_threads(world, rank_fn)
 
 
+def test_hsdp_reshard_after_forward_to_a_smaller_group():
+    """HSDP on a (2, 4) mesh with reshard_after_forward=2: the backward all-gathers run over
+    blocks of 2 ranks inside each replica's shard group, and 5 AdamW steps equal one process's."""
+    world = 8
+    base = _base_model()
+    batches = _batches(world, 5)
+    reference = _reference(base, batches, world)
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (2, 4), mesh_dim_names=("replicate", "shard"))
+        model = _shard(copy.deepcopy(base), mesh, reshard_after_forward=2)
+        _train_like_one_process(model, batches, rank, reference)
+        for m in _groups(model):
+            assert _C.group_size(m._fsdp_state().group._post_forward_group) == 2
+
+    dtensor.run_threads(world, rank_fn)
+
+
 def test_hsdp_accumulation_without_all_reduce():
     """set_requires_all_reduce(False) on the first micro-batches of each step (NOTE [HSDP
     accumulation without all-reduce]): every backward reduce-scatters over the shard dim, only
