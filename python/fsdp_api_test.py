@@ -132,11 +132,13 @@ def test_hsdp_accumulation_without_all_reduce():
     dtensor.run_threads(4, rank_fn)
 
 
-def test_hsdp_partial_sums_of_parameters_unused_in_the_last_micro_batch_are_all_reduced():
-    """A micro-batch without all-reduce uses head ``a``, the next (with it) head ``b``: the root
-    group's reduce-scatter buckets differ ((a's, shared) and (b's)), and a's partial sum, which
-    has no reduce-scatter in the last backward, is all-reduced then too: every gradient equals
-    one process's."""
+@pytest.mark.parametrize("a_group", ["root", "own"])
+def test_hsdp_partial_sums_of_parameters_unused_in_the_last_micro_batch_are_all_reduced(a_group):
+    """A micro-batch without all-reduce uses head ``a``, the next (with it) head ``b``: a's
+    partial sum is all-reduced in the last backward too, and every gradient equals one
+    process's. With a in the root's group, that group's reduce-scatter buckets differ ((a's)
+    then (b's)); with a in its own group, that group has no gradient in the last backward (its
+    partial sum was left out: 2 all-reduces for 3)."""
 
     class TwoHeads(nn.Module):
         def __init__(self):
@@ -159,13 +161,15 @@ def test_hsdp_partial_sums_of_parameters_unused_in_the_last_micro_batch_are_all_
         mesh = dtensor.init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
         model = copy.deepcopy(base)
         fully_shard(model.body, mesh=mesh)
+        if a_group == "own":
+            fully_shard(model.a, mesh=mesh)
         fully_shard(model, mesh=mesh)
         model.set_requires_all_reduce(False)
         _loss(model(_local(x, rank), "a"), _local(y, rank)).backward()
         model.set_requires_all_reduce(True)
         with CommDebugMode() as comm:
             _loss(model(_local(x, rank), "b"), _local(y, rank)).backward()
-        # body's group and the root's b bucket, then the root's partial sum of a.
+        # body's group, the root's b bucket, and a's partial sum (the root's or its own).
         assert _counts(comm)["all_reduce"] == 3
         for (n, p), q in zip(model.named_parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad.full_tensor(), q.grad, **TOL, msg=n)

@@ -283,7 +283,9 @@ class FSDPParamGroup:
                 with_grad.append((p, g))
         if self.reshard_after_backward:
             self.reshard()
-        if with_grad:
+        # Partial sums wait for a backward with all-reduce, this group's gradients or not (NOTE
+        # [HSDP accumulation without all-reduce]).
+        if with_grad or (self.all_reduce_grads and self._partial_reduces):
             self._reduce(with_grad)
 
     def _reduce(self, with_grad):
