@@ -15,8 +15,8 @@ import dtensor
 from dtensor import DTensor, Replicate, Shard, _C
 from dtensor.debug import CommDebugMode
 from dtensor.fsdp import fully_shard, register_fsdp_forward_method, share_comm_ctx
-from fsdp_testing import (TOL, _base_model, _batches, _check_params, _counts, _groups, _local,
-                          _loss, _reference, _shard, _train_like_one_process)
+from fsdp_testing import (TOL, _base_model, _batches, _check_grads, _check_params, _counts,
+                          _groups, _local, _loss, _reference, _shard, _train_like_one_process)
 
 
 def test_reshard_after_forward_to_a_smaller_group():
@@ -122,9 +122,7 @@ def test_hsdp_accumulation_without_all_reduce():
                 assert _counts(comm) == want
                 for n, p in model.named_parameters():
                     assert (p.grad is not None) == last, n
-            for n, p in model.named_parameters():
-                assert p.grad.placements == (Replicate(), Shard(0))
-                torch.testing.assert_close(p.grad.full_tensor(), ref_grads[step][n], **TOL)
+            _check_grads(model, ref_grads[step], (Replicate(), Shard(0)))
             opt.step()
             opt.zero_grad()
         _check_params(model, ref_final)

@@ -20,9 +20,9 @@ from dtensor.debug import CommDebugMode
 from dtensor.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy,
                           fully_shard)
 from launch_ranks import run_on_ranks
-from fsdp_testing import (TOL, MLP, _base_model, _batches, _check_layout, _check_params, _counts,
-                          _groups, _local, _loss, _reference, _shard, _train_like_one_process,
-                          _train_step)
+from fsdp_testing import (TOL, MLP, _base_model, _batches, _check_grads, _check_layout,
+                          _check_params, _counts, _groups, _local, _loss, _reference, _shard,
+                          _train_like_one_process, _train_step)
 
 
 # ---- training parity and collectives ---------------------------------------------------------
@@ -86,9 +86,7 @@ def test_hsdp_parity():
             c = _counts(comm)
             assert c["reduce_scatter_tensor"] == len(groups)
             assert c["all_reduce"] == len(groups)
-            for n, p in model.named_parameters():
-                assert p.grad.placements == (Replicate(), Shard(0))
-                torch.testing.assert_close(p.grad.full_tensor(), ref_grads[step][n], **TOL)
+            _check_grads(model, ref_grads[step], (Replicate(), Shard(0)))
             opt.step()
             opt.zero_grad()
         _check_params(model, ref_final)

@@ -148,6 +148,14 @@ def _counts(comm):
     return {k: v for k, v in comm.get_comm_counts().items() if v}
 
 
+def _check_grads(model, ref_grads, placements=None):
+    """Each gradient is placed ``placements`` (default: its parameter's) and its full_tensor()
+    equals ``ref_grads[name]`` (one process's)."""
+    for n, p in model.named_parameters():
+        assert p.grad.placements == (placements or p.placements), n
+        torch.testing.assert_close(p.grad.full_tensor(), ref_grads[n], **TOL, msg=n)
+
+
 def _check_layout(model, base, want):
     """Each parameter is placed ``want[name]`` and its full_tensor() is ``base``'s exactly."""
     for n, p in model.named_parameters():
@@ -165,9 +173,7 @@ def _train_like_one_process(model, batches, dp_rank, reference, after_backward=N
         loss = _loss(model(_local(x, dp_rank)), _local(y, dp_rank))
         loss.backward()
         torch.testing.assert_close(loss.item(), ref_losses[step][0][dp_rank], **TOL)
-        for n, p in model.named_parameters():
-            assert p.grad.placements == p.placements, n
-            torch.testing.assert_close(p.grad.full_tensor(), ref_grads[step][n], **TOL, msg=n)
+        _check_grads(model, ref_grads[step])
         if after_backward is not None:
             after_backward(step)
         opt.step()

@@ -92,13 +92,12 @@ class FSDPState:
         self.ctx = _SharedContext()
         self.training_state = TrainingState.IDLE
         self.forward_prefetch = []
-        self.post_optim_event = None  # set_post_optim_event (accepted; NOTE [fully_shard])
         self.backward_prefetch = None  # None: implicit (NOTE [implicit backward prefetch])
         self.post_forward_indices = []  # where this state stands in ctx.post_forward_order
         # NOTE [fully_shard on a list]: several modules share one group and one state, as
         # PyTorch's: the pre-forward runs before the first of them to run forward, the
         # post-forward after the last (a module of the list that does not run leaves the
-        # post-forward out until the root's next forward or the end of backward starts over).
+        # post-forward out until the root's next forward starts over).
         self.to_run = set()
         if len(modules) == 1:
             modules[0].register_forward_pre_hook(self._pre_forward, prepend=True,
@@ -302,6 +301,5 @@ class FSDPState:
                 if self.ctx.is_last_backward:
                     group.finalize_backward()
             state.training_state = TrainingState.IDLE
-            state.to_run.clear()
         finish_reduces(self.ctx.pending_reduces)
         self.ctx.callback_queued = False

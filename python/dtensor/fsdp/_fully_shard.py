@@ -349,9 +349,6 @@ class FSDPModule:
     def set_force_sum_reduction_for_comms(self, enable):
         """Accepted for PyTorch's API: the engine's reductions are always sums followed by one
         division (NOTE [fully_shard]'s decisions), which is what True asks for."""
-        group = self._fsdp_state().group
-        if group is not None:
-            group.force_sum_reduction_for_comms = enable
 
     def set_unshard_in_backward(self, unshard_in_backward):
         """False: this module's parameters are not all-gathered for backward (nor prefetched),
@@ -381,14 +378,10 @@ class FSDPModule:
         ``event`` instead of the current stream. The engine's all-gathers run on the current
         stream (CPU: after the optimizer step in program order), which already orders them after
         any such event."""
-        self._fsdp_state().post_optim_event = event
 
     def set_allocate_memory_from_process_group_for_comm(self, enable):
         """Accepted for PyTorch's API: the engine's flat buffers already come from the backend's
         symmetric memory where it has it (NOTE [FSDP buffers in symmetric memory])."""
-        group = self._fsdp_state().group
-        if group is not None:
-            group.allocate_from_backend = enable
 
     def set_modules_to_forward_prefetch(self, modules):
         """After this module's pre-forward unshard, issue these modules' all-gathers."""

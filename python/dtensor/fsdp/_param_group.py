@@ -51,9 +51,7 @@ class FSDPParamGroup:
         self.all_reduce_grads = True  # set_requires_all_reduce (HSDP)
         self.unshard_in_backward = True  # set_unshard_in_backward
         self.all_reduce_hook = None  # set_all_reduce_hook
-        self.force_sum_reduction_for_comms = False  # accepted; reductions are always sums
-        self.allocate_from_backend = False  # accepted; symmetric memory where the backend has it
-        # Per bucket (_layout's key), the summed reduce-scatter outputs not yet all-reduced
+        # Per bucket (_bucket_key), the summed reduce-scatter outputs not yet all-reduced
         # across replicas: (layout, params, tensor) (NOTE [HSDP accumulation without all-reduce]).
         self._partial_reduces = {}
         self.gradient_divide_factor = None  # None: the data-parallel size
@@ -156,10 +154,16 @@ class FSDPParamGroup:
         if buf is not None and self._symmetric():
             _GATHER_POOL.setdefault(self._symmetric_key(buf.dtype), []).append(buf)
 
+    @staticmethod
+    def _bucket_key(params):
+        """One bucket's key (its parameters, in order): _layout's cache and the HSDP partial
+        sums are kept per bucket."""
+        return tuple(id(p) for p in params)
+
     def _layout(self, params):
         """The C++ runtime's flat layout of ``params`` (one bucket of this group), kept per
         bucket: the buckets are the same every step."""
-        key = tuple(id(p) for p in params)
+        key = self._bucket_key(params)
         layout = self._layouts.get(key)
         if layout is None:
             layout = _C.FsdpFlatParams([p.flat_param() for p in params], params[0].shard_size)
@@ -311,7 +315,7 @@ class FSDPParamGroup:
             if self._replicate_group is not None and self.all_reduce_grads:
                 # Partial sums of parameters without a gradient in this backward are all-reduced
                 # now too (in the dict's order, equal on every rank).
-                now = {tuple(id(p) for p, _ in b) for b in buckets}
+                now = {self._bucket_key([p for p, _ in b]) for b in buckets}
                 for key, (layout, params, _) in self._partial_reduces.items():
                     if key not in now:
                         self.pending_reduces.append((self, layout, params, None))
@@ -329,7 +333,7 @@ class FSDPParamGroup:
                 # the sharded gradients wait for a backward with all-reduce (gradient
                 # accumulation that sends 1/shard of the bytes). ``out`` is None for a bucket
                 # with a partial sum only. The choice is the user's, equal on every rank.
-                key = tuple(id(p) for p in params)
+                key = self._bucket_key(params)
                 partial = self._partial_reduces.pop(key, None)
                 if partial is not None:
                     out = partial[2] if out is None else out + partial[2]
