@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from datetime import timedelta
 
@@ -70,9 +71,19 @@ def _creator_gone(name):
     return magic != shm_clean.MAGIC or not shm_clean._alive(creator)
 
 
+def write_script(path, text):
+    """Writes a script that processes started earlier may be reading: to a temporary name, then
+    renamed over `path`, so a reader sees the old file or the new one whole, never a truncated one.
+    Seen in CI twice: job B's rank 0 opened hand_body.py while rank 1's start was rewriting it, ran
+    an empty script and exited 0 with no output."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
 def start(tmp_path, body, n=2, backend="shm", timeout_ms=5000, port=None, name="w", **env):
-    script = tmp_path / f"{name}.py"
-    script.write_text(PRELUDE + textwrap.dedent(body))
+    script = write_script(tmp_path / f"{name}.py", PRELUDE + textwrap.dedent(body))
     e = dict(os.environ, PYTHONSAFEPATH="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
              DTENSOR_BACKEND=backend, DTENSOR_COLLECTIVE_TIMEOUT_MS=str(timeout_ms))
     e.pop("DTENSOR_JOB_TOKEN", None)
@@ -261,8 +272,8 @@ except Exception as e:
 
 def start_by_hand(tmp_path, job, port, backend, iters, timeout_ms, stop_file=""):
     launcher, body = tmp_path / "hand_launcher.py", tmp_path / "hand_body.py"
-    launcher.write_text(HAND_LAUNCHER)
-    body.write_text(HAND_BODY)
+    write_script(launcher, HAND_LAUNCHER)
+    write_script(body, HAND_BODY)
     e = dict(os.environ, PYTHONSAFEPATH="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
              DTENSOR_BACKEND=backend, DTENSOR_COLLECTIVE_TIMEOUT_MS=str(timeout_ms), JOB=job,
              ITERS=str(iters), STOP_FILE=str(stop_file), PRINT_READY="1")
@@ -347,8 +358,7 @@ def test_a_running_job_without_a_token_goes_on_when_another_joins_its_store(tmp_
 
 def start_rank(tmp_path, job, rank, port, backend, token):
     """One rank of a 4-rank job started by the test itself, with launch token `token`."""
-    body = tmp_path / "hand_body.py"
-    body.write_text(HAND_BODY)
+    body = write_script(tmp_path / "hand_body.py", HAND_BODY)
     e = dict(os.environ, PYTHONSAFEPATH="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
              DTENSOR_BACKEND=backend, DTENSOR_COLLECTIVE_TIMEOUT_MS="20000", JOB=job, ITERS="20",
              STOP_FILE="", RANK=str(rank), WORLD_SIZE="4", LOCAL_RANK=str(rank),
@@ -394,6 +404,25 @@ def test_a_late_intruder_is_refused_alone_and_the_job_runs(tmp_path, backend):
     outs = [p.communicate(timeout=60)[0] for p in b]
     assert [o.strip() for o in outs] == [f"B{r} ok" for r in range(4)], outs
     assert all(p.returncode == 0 for p in b)
+
+
+def test_a_script_rewritten_while_ranks_start_is_never_read_truncated(tmp_path):
+    """start_rank rewrites hand_body.py for each rank while the ranks started before it read it
+    (CI: a rank read it empty, ran nothing and exited 0). A reader racing rewrites sees it whole."""
+    path = write_script(tmp_path / "hand_body.py", HAND_BODY)
+    seen, done = set(), threading.Event()
+
+    def read():
+        while not done.is_set():
+            seen.add(path.read_text())
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    for _ in range(3000):
+        write_script(path, HAND_BODY)
+    done.set()
+    reader.join()
+    assert seen == {HAND_BODY}, sorted(len(s) for s in seen)
 
 
 # ---- leftovers in /dev/shm ----
