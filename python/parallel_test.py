@@ -120,6 +120,49 @@ def test_mlp_on_2d_mesh(tp_mesh_dim):
         _assert_params_equal(ref, params)
 
 
+class Attention(nn.Module):
+    """torchtitan's attention: no biases, the head count inferred (-1), so with
+    ``use_local_output`` each rank runs its own heads on plain pieces."""
+
+    def __init__(self, dim=8, heads=4):
+        super().__init__()
+        self.head_dim = dim // heads
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = (w(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+                   for w in (self.wq, self.wk, self.wv))
+        scores = q @ k.transpose(-2, -1) / self.head_dim ** 0.5
+        a = torch.softmax(scores, dim=-1) @ v
+        return self.wo(a.transpose(1, 2).reshape(b, s, -1))
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_attention_on_local_heads_trains(n):
+    """Colwise q/k/v and rowwise o with local outputs (torchtitan's plan) train as one device.
+    k's gradient reaches to_local's output with the sequence dim innermost in memory (from
+    ``k.transpose(-2, -1)``), while the distributed gradient claimed the forward's row-major
+    strides, so linear's backward reshape took the view path and raised "view size is not
+    compatible" (NOTE [to_local gradients in the forward's layout])."""
+    torch.manual_seed(0)
+    ref = Attention()
+    x = torch.randn(2, 6, 8)
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (n,))
+        model = parallelize_module(copy.deepcopy(ref), mesh, {
+            "wq": ColwiseParallel(), "wk": ColwiseParallel(), "wv": ColwiseParallel(),
+            "wo": RowwiseParallel()})
+        return _train(model, x, "adam"), _full_params(model)
+
+    results = dtensor.run_threads(n, rank_fn)
+    ref_losses = _train(ref, x, "adam")
+    for losses, params in results:
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), **TOL)
+        _assert_params_equal(ref, params)
+
+
 class Stack(nn.Module):
     def __init__(self):
         super().__init__()

@@ -60,6 +60,11 @@ wrapped ones fall through to torch's own. Removing any of these would change the
   ``init_process_group(backend="dtensor")`` runs torch.distributed's collectives on the engine
   (``dtensor/_c10d_backend.py``). Reason: it is the documented way to plug in; nothing of torch's
   own backends changes.
+- ``torch._dynamo.variables.builder.VariableBuilder.wrap_tensor``: wraps Dynamo's own; a
+  distributed tensor is a graph break (it runs eagerly in the engine), plain tensors are wrapped
+  as before. Patched when torch imports that module (a finder on ``sys.meta_path``), so importing
+  ``dtensor`` does not import Dynamo. Reason: Dynamo cannot trace these C++ tensors and failed
+  on them; NOTE [distributed tensors under torch.compile] in ``dtensor/_compile.py``.
 
 Loading the extension ``dtensor._C`` also registers, in torch's C++ dispatcher (not Python
 attributes, listed for completeness): a boxed fallback kernel on the ``PrivateUse1`` dispatch
@@ -91,6 +96,7 @@ except ImportError as e:
     ) from e
 
 from dtensor import _c10d_backend
+from dtensor import _compile
 from dtensor import _functional_collectives  # noqa: F401
 from dtensor import checkpoint  # noqa: F401
 from dtensor import debug  # noqa: F401
@@ -112,6 +118,7 @@ from dtensor.placement_types import Partial, Placement, Replicate, Shard
 from dtensor.random import manual_seed
 
 _c10d_backend.register()  # torch.distributed's backend "dtensor" (NOTE [dtensor c10d backend])
+_compile.install()  # NOTE [distributed tensors under torch.compile]
 
 __all__ = [
     "DTensor",
