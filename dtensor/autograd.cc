@@ -1,6 +1,5 @@
 #include "dtensor/autograd.h"
 
-#include <ATen/ExpandUtils.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "dtensor/dtensor.h"
@@ -30,25 +29,6 @@ struct FromLocalFn : torch::autograd::Function<FromLocalFn> {
   }
 };
 
-// NOTE [to_local gradients in the forward's layout]: the gradient of to_local's output is a plain
-// tensor laid out as autograd made it (k's gradient through `k.transpose(-2, -1)` has the
-// sequence dim innermost), while the distributed gradient made from it carries the forward's
-// global strides. A piece laid out otherwise than those strides say broke the engine's
-// invariant: reshape, decomposed on the global strides, took the view path and the piece's view
-// raised (torchtitan's attention on local heads could not train). The piece is copied into the
-// dense layout of those strides when its own differs; ranks decide from the spec and their piece
-// alone, with no communication either way.
-at::Tensor in_layout(const at::Tensor& piece, const DTensorSpec& spec) {
-  if (piece.numel() <= 1) return piece;
-  const std::vector<int64_t> want = at::infer_dense_strides(piece.sizes(), spec.meta().stride);
-  for (int64_t d = 0; d < piece.dim(); ++d) {
-    if (piece.size(d) > 1 && piece.stride(d) != want[d]) {
-      return at::empty_strided(piece.sizes(), want, piece.options()).copy_(piece);
-    }
-  }
-  return piece;
-}
-
 struct ToLocalFn : torch::autograd::Function<ToLocalFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& dt, DTensorSpec grad) {
     save_specs(ctx, grad, spec_of(dt));
@@ -57,7 +37,9 @@ struct ToLocalFn : torch::autograd::Function<ToLocalFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const SpecPair& s = saved_specs(ctx);
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
-    return {grad_moved(make_dtensor(in_layout(grads[0], s.from), s.from), s.to), at::Tensor()};
+    // NOTE [pieces in the spec's layout]: autograd lays the gradient out as it likes (k's
+    // gradient through `k.transpose(-2, -1)` has the sequence dim innermost).
+    return {grad_moved(make_dtensor(in_spec_layout(grads[0], s.from), s.from), s.to), at::Tensor()};
   }
 };
 

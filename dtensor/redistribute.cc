@@ -230,7 +230,19 @@ at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& input, b
   for (size_t i = 0; i < plan.steps.size(); ++i) {
     x = run_step(ctx, plan.steps[i], x, async_op && i + 1 == plan.steps.size());
   }
-  return x;
+  // NOTE [pieces in the spec's layout]; an async result is laid out when it is waited on.
+  return async_op || plan.steps.empty() ? x : in_spec_layout(x, plan.dst);
+}
+
+at::Tensor in_spec_layout(const at::Tensor& piece, const DTensorSpec& spec) {
+  if (piece.numel() <= 1) return piece;
+  const std::vector<int64_t> want = at::infer_dense_strides(piece.sizes(), spec.meta().stride);
+  for (int64_t d = 0; d < piece.dim(); ++d) {
+    if (piece.size(d) > 1 && piece.stride(d) != want[d]) {
+      return at::empty_strided(piece.sizes(), want, piece.options()).copy_(piece);
+    }
+  }
+  return piece;
 }
 
 at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src,

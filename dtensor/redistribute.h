@@ -36,6 +36,17 @@ const std::vector<int64_t>& my_coordinate(const DeviceMesh& mesh, const char* wh
 std::string group_over_dims(const DeviceMesh& mesh, const std::vector<int64_t>& dims,
                             int64_t* my_index = nullptr);
 
+// NOTE [pieces in the spec's layout]: the engine keeps a distributed tensor's piece laid out as
+// its global strides say (the dense layout in their order): reshape and view are decomposed by
+// ATen on the global strides, and the piece's own view must then succeed. Collectives return
+// row-major buffers and autograd lays gradients out as it likes, so a piece made by either for
+// a spec whose strides are not row-major (a transposed tensor, to_local's gradient) had another
+// layout, and `view` raised "view size is not compatible" where one device's tensor viewed
+// (torchtitan's attention on local heads could not train). in_spec_layout returns `piece`
+// itself when its strides are those, else a copy in that layout; each rank decides from the
+// spec and its own piece, with no communication either way.
+at::Tensor in_spec_layout(const at::Tensor& piece, const DTensorSpec& spec);
+
 // plan_redistribute + execute_plan.
 at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src,
                               const DTensorSpec& dst, bool async_op = false,

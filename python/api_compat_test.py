@@ -275,6 +275,27 @@ def test_from_local_of_a_transposed_piece_keeps_its_strides(mesh_shape):
     assert all(dtensor.run_threads(n, fn))
 
 
+@pytest.mark.parametrize("to", [[Replicate()], [Shard(0)], [Shard(1)]])
+def test_a_redistributed_transposed_tensor_views_as_one_devices(to):
+    """NOTE [pieces in the spec's layout]: a transposed tensor redistributed keeps pieces laid
+    out as its strides say, so the views one device's tensor allows work on it (before, the
+    gathered piece came back row-major under transposed strides, and ``.t().view(-1)`` raised
+    "view size is not compatible"). to_local's gradient is covered by parallel_test's attention
+    case."""
+    g = torch.arange(48.).reshape(8, 6)
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (2,))
+        x = distribute_tensor(g, mesh, [Shard(0)]).t()  # [6, 8], strides (1, 6), Shard(1)
+        y = x.redistribute(mesh, to)
+        assert y.stride() == g.t().stride()
+        assert torch.equal(y.t().view(-1).full_tensor(), g.view(-1))
+        assert torch.equal(y.full_tensor(), g.t())
+        return True
+
+    assert all(dtensor.run_threads(2, fn))
+
+
 @pytest.mark.parametrize("op", ["t_", "transpose_", "swapdims_", "unsqueeze_", "squeeze_",
                                 "squeeze_dim"])
 def test_in_place_view_ops_keep_the_sharding(op):
