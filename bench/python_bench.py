@@ -289,8 +289,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch_self(argv, args, n=2, extra_env=None):
-    """Starts rank 0 (output here) and ranks 1.. (output kept, shown if something fails)."""
+def launch_self(argv, args, n=2, extra_env=None, script=__file__):
+    """Starts `script` (this file by default) as rank 0 (output here) and ranks 1.. (output kept,
+    shown if something fails)."""
     port = free_port()
     procs = []
     with tempfile.TemporaryFile() as log1:
@@ -301,7 +302,7 @@ def launch_self(argv, args, n=2, extra_env=None):
             if args.backend:
                 env["DTENSOR_BACKEND"] = args.backend
             out = None if rank == 0 else log1
-            procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__)] + argv,
+            procs.append(subprocess.Popen([sys.executable, os.path.abspath(script)] + argv,
                                           env=env, stdout=out,
                                           stderr=None if rank == 0 else subprocess.STDOUT))
         codes = [p.wait() for p in procs]
