@@ -230,7 +230,8 @@ at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& input, b
   for (size_t i = 0; i < plan.steps.size(); ++i) {
     x = run_step(ctx, plan.steps[i], x, async_op && i + 1 == plan.steps.size());
   }
-  // NOTE [pieces in the spec's layout]; an async result is laid out when it is waited on.
+  // NOTE [pieces in the spec's layout]; an async result is left as its collective writes it
+  // (laying it out would wait for it).
   return async_op || plan.steps.empty() ? x : in_spec_layout(x, plan.dst);
 }
 

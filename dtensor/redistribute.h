@@ -44,7 +44,8 @@ std::string group_over_dims(const DeviceMesh& mesh, const std::vector<int64_t>& 
 // layout, and `view` raised "view size is not compatible" where one device's tensor viewed
 // (torchtitan's attention on local heads could not train). in_spec_layout returns `piece`
 // itself when its strides are those, else a copy in that layout; each rank decides from the
-// spec and its own piece, with no communication either way.
+// spec and its own piece, with no communication either way. Not done: an async_op redistribute's
+// result (its collective still running) keeps the collective's row-major buffer.
 at::Tensor in_spec_layout(const at::Tensor& piece, const DTensorSpec& spec);
 
 // plan_redistribute + execute_plan.

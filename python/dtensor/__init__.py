@@ -64,7 +64,9 @@ wrapped ones fall through to torch's own. Removing any of these would change the
   distributed tensor is a graph break (it runs eagerly in the engine), plain tensors are wrapped
   as before. Patched when torch imports that module (a finder on ``sys.meta_path``), so importing
   ``dtensor`` does not import Dynamo. Reason: Dynamo cannot trace these C++ tensors and failed
-  on them; NOTE [distributed tensors under torch.compile] in ``dtensor/_compile.py``.
+  on them; NOTE [distributed tensors under torch.compile] in ``dtensor/_compile.py``. With it, a
+  ``warnings`` filter drops Dynamo's warning for the extension's own functions (graph breaks by
+  design) and only that one.
 
 Loading the extension ``dtensor._C`` also registers, in torch's C++ dispatcher (not Python
 attributes, listed for completeness): a boxed fallback kernel on the ``PrivateUse1`` dispatch

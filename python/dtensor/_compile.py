@@ -21,12 +21,16 @@ ran eagerly) with ``VariableBuilder.wrap_tensor``; this module makes that raise 
 graph break (``unimplemented``) for a distributed tensor. Importing Dynamo costs seconds, so
 it is not imported here: the patch is applied when torch imports that module (a finder on
 ``sys.meta_path`` wraps its loader), or at once if it is already imported. torch 1.13 has no
-Dynamo and nothing is patched.
+Dynamo and nothing is patched. Dynamo's warning for each of the extension's functions it meets
+("Dynamo does not know how to trace the builtin `dtensor._C...`, ... file an issue on GitHub")
+is filtered out: those calls are graph breaks by design, still counted and logged by Dynamo
+(``TORCH_LOGS=graph_breaks``).
 """
 
 import importlib.abc
 import importlib.util
 import sys
+import warnings
 
 _BUILDER = "torch._dynamo.variables.builder"
 _EXPLANATION = ("Distributed tensors of the dtensor engine are C++ tensors Dynamo cannot "
@@ -80,6 +84,8 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 def install():
+    warnings.filterwarnings("ignore", message=r"Dynamo does not know how to trace the builtin "
+                                              r"`dtensor\._C\.")
     if _BUILDER in sys.modules:
         _patch(sys.modules[_BUILDER])
     elif not any(isinstance(f, _Finder) for f in sys.meta_path):
