@@ -51,9 +51,12 @@ def _patch(builder):
     def wrap_tensor(self, value):
         if _C.is_dtensor(value):
             source = getattr(self.source, "name", "a value")
-            source = source() if callable(source) else source  # a method before torch 2.10
-            unimplemented(gb_type="dtensor: distributed tensor", context=str(source),
-                          explanation=_EXPLANATION, hints=[])
+            source = source() if callable(source) else source  # a method in older torch
+            try:
+                unimplemented(gb_type="dtensor: distributed tensor", context=str(source),
+                              explanation=_EXPLANATION, hints=[])
+            except TypeError:  # older torch: unimplemented(msg)
+                unimplemented(f"dtensor: distributed tensor {source}: {_EXPLANATION}")
         return wrap(self, value)
 
     wrap_tensor._dtensor_graph_break = True
