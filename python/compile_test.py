@@ -1,7 +1,7 @@
 """torch.compile over tensor-parallel models (NOTE [distributed tensors under torch.compile] in
 dtensor/_compile.py): Dynamo graph-breaks on distributed tensors, which run eagerly in the engine,
-and compiles the plain code between. Each case trains on 2 shm processes and equals one process
-computed in the same worker. Processes, as users run it: Dynamo does not compile on two threads
+and compiles the plain code between. Each case trains on 2 shm processes (FSDP x TP: 4) and
+equals one process computed in the same worker. Processes, as users run it: Dynamo does not compile on two threads
 of one process at once."""
 
 import pytest
@@ -102,7 +102,14 @@ batches = [(torch.randn(2, 6, 5), torch.randn(2, 6, 3)) for _ in range(3)]
 ref = copy.deepcopy(base)
 ref_losses = train(ref, batches)
 
-mesh = dtensor.init_device_mesh("cpu", (2,))
+fsdp = MODE == "fsdp x tp"  # torchtitan's 2-D: every dp rank trains on the same batch here
+if fsdp:
+    from dtensor.fsdp import fully_shard
+
+    world = dtensor.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    mesh = world["tp"]
+else:
+    mesh = dtensor.init_device_mesh("cpu", (2,))
 model = copy.deepcopy(base)
 local = MODE != "distributed everywhere"
 parallelize_module(model, mesh, plan(local))
@@ -111,6 +118,10 @@ if not local:
     batches = [(dtensor.distribute_tensor(x, mesh, [Replicate()]), y) for x, y in batches]
 for block in model.blocks:
     block.compile(backend=BACKEND)
+    if fsdp:
+        fully_shard(block, mesh=world["dp"])
+if fsdp:
+    fully_shard(model, mesh=world["dp"])
 model.compile(backend=BACKEND)
 losses = train(model, batches)
 
@@ -139,16 +150,19 @@ print("ok")
 '''
 
 
-@pytest.mark.parametrize("mode, backend", [
-    ("local pieces", "inductor"),
-    ("local pieces", "aot_eager"),
-    ("distributed everywhere", "aot_eager"),
-    ("dynamo imported first", "eager"),
+@pytest.mark.parametrize("mode, backend, ranks", [
+    ("local pieces", "inductor", 2),
+    ("local pieces", "aot_eager", 2),
+    ("distributed everywhere", "aot_eager", 2),
+    ("dynamo imported first", "eager", 2),
+    ("fsdp x tp", "aot_eager", 4),
 ])
-def test_compiled_tensor_parallel_model_trains_like_one_process(mode, backend, tmp_path):
+def test_compiled_tensor_parallel_model_trains_like_one_process(mode, backend, ranks, tmp_path):
     """A 2-block transformer under ``parallelize_module``, each block compiled and then the whole
     model (torchtitan's order), trains 3 AdamW steps equal to one process: losses and final
     parameters. With torchtitan's plan the code between the parallel linears compiles (Dynamo
     made graphs); with distributed tensors everywhere every op runs in the engine. Before, Dynamo
-    raised "Cannot access storage of DTensorImpl" on the first distributed tensor it met."""
-    run_on_ranks(_WORKER, 2, tmp_path, MODE=mode, COMPILE_BACKEND=backend)
+    raised "Cannot access storage of DTensorImpl" on the first distributed tensor it met.
+    "fsdp x tp": each block also fully sharded over "dp" of a 2x2 mesh (FSDP's hooks eager,
+    NOTE [FSDP hooks under torch.compile])."""
+    run_on_ranks(_WORKER, ranks, tmp_path, MODE=mode, COMPILE_BACKEND=backend)
