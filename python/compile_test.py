@@ -1,8 +1,8 @@
 """torch.compile over tensor-parallel models (NOTE [distributed tensors under torch.compile] in
 dtensor/_compile.py): Dynamo graph-breaks on distributed tensors, which run eagerly in the engine,
 and compiles the plain code between. Each case trains on 2 shm processes (FSDP x TP: 4) and
-equals one process computed in the same worker. Processes, as users run it: Dynamo does not compile on two threads
-of one process at once."""
+equals one process computed in the same worker. Processes, as users run it: Dynamo does not
+compile on two threads of one process at once."""
 
 import pytest
 
