@@ -84,7 +84,7 @@ def plan(local):
             "out": ColwiseParallel(output_layouts=Replicate())}
 
 
-def train(model, batches, rank=None):
+def train(model, batches):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
     for x, y in batches:
