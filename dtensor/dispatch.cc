@@ -166,6 +166,7 @@ std::unique_ptr<OpInfo> make_info(const c10::OperatorHandle& op) {
     const c10::AliasInfo* a = args[i].alias_info();
     info->is_out[i] = a != nullptr && a->isWrite() && args[i].kwarg_only();
     if (args[i].name() == "generator") info->generator_arg = static_cast<int>(i);
+    if (args[i].name() == "pin_memory") info->pin_memory_arg = static_cast<int>(i);
   }
   for (const c10::Argument& r : schema.returns()) {
     int writes = -1;

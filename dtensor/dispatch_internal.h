@@ -35,6 +35,7 @@ struct OpInfo {
   std::vector<int> written;        // the arguments the op writes (in-place self, out=)
   std::vector<bool> returns_view;  // per return: a view of an argument (not written)
   int generator_arg = -1;
+  int pin_memory_arg = -1;   // a factory's pin_memory (NOTE [output metadata from ATen])
   bool per_element = false;  // an aten::_foreach_* op: NOTE [foreach ops per element]
   bool amp_unscale = false;  // GradScaler's unscale: NOTE [amp unscale]
   // The table entry, looked up on first use when it was missing (register_rule may add it later).

@@ -140,10 +140,16 @@ std::optional<std::vector<std::optional<TensorMeta>>> aten_output_metas(
     put(stack.data(), in,
         at::empty_strided(m.shape, m.stride, at::TensorOptions().dtype(m.dtype).device(at::kMeta)));
   }
+  // Every argument that could make the call compute for real goes to the meta device too: a
+  // `device=` argument (randn_like(x, device="cpu") would otherwise draw a global tensor from the
+  // CPU generator here, before the engine's own draw, so every later draw was off by one call),
+  // a pinned-memory request (meta tensors have none) and the generator.
   for (size_t i = 0; i < n; ++i) {
     if (info.is_out[i] && stack[i].isTensor() && stack[i].toTensor().defined()) {
       stack[i] = at::empty({0}, stack[i].toTensor().options().device(at::kMeta));
     }
+    if (stack[i].isDevice()) stack[i] = c10::Device(at::kMeta);
+    if (static_cast<int>(i) == info.pin_memory_arg) stack[i] = c10::IValue();
     if (static_cast<int>(i) == info.generator_arg) stack[i] = c10::IValue();
   }
   try {

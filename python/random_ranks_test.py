@@ -137,3 +137,68 @@ def test_the_gpu_checks_random_script_on_cpu_ranks():
                          text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "90 of 90 cases equal one device's" in out.stdout, out.stdout
+
+
+_LIKE_WORKER = r'''
+import itertools
+import os
+import torch
+import dtensor
+from dtensor import Replicate, Shard, distribute_tensor
+rank = int(os.environ["RANK"])
+mesh = dtensor.init_device_mesh("cpu", (4,))
+ops = {
+    "rand_like": lambda t, **kw: torch.rand_like(t, **kw),
+    "randn_like": lambda t, **kw: torch.randn_like(t, **kw),
+    "randint_like": lambda t, **kw: torch.randint_like(t, 50, **kw),
+    "randint_like.low": lambda t, **kw: torch.randint_like(t, -3, 9, **kw),
+}
+keywords = {
+    "dtype": [None, torch.float64],
+    "device": [None, "cpu"],
+    "layout": [None, torch.strided],
+    "memory_format": [None, torch.preserve_format, torch.contiguous_format],
+    "requires_grad": [None, True],
+    "generator": [None, "own"],
+}
+base = torch.zeros(5, 6).t()  # (6, 5), not contiguous: memory formats differ
+checked = 0
+for placements in ([Replicate()], [Shard(0)], [Shard(1)]):
+    x = distribute_tensor(base.t().contiguous(), mesh, placements).t()  # laid out as base
+    for name, op in ops.items():
+        for values in itertools.product(*keywords.values()):
+            kw = {k: v for k, v in zip(keywords, values) if v is not None}
+            gens = []
+            for _ in range(2):
+                g = torch.Generator().manual_seed(5)
+                gens.append(g)
+            results = []
+            for i, t in enumerate((x, base)):
+                torch.manual_seed(42)
+                call = dict(kw)
+                if "generator" in call:
+                    call["generator"] = gens[i]
+                got = op(t, **call)
+                # what one device's generators hold after the call: the next draws must agree
+                after = [torch.rand(3)] + ([torch.rand(3, generator=gens[i])] if "generator" in call else [])
+                results.append((got, after))
+            (got, after), (want, want_after) = results
+            whole = got.full_tensor()
+            assert whole.dtype == want.dtype and whole.requires_grad == want.requires_grad, (name, kw)
+            assert torch.equal(whole, want), (name, placements, kw, whole, want)
+            assert all(torch.equal(a, b) for a, b in zip(after, want_after)), ("generator state", name, placements, kw)
+            assert tuple(got.stride()) == tuple(want.stride()), (name, placements, kw, got.stride(), want.stride())
+            checked += 1
+print(f"checked {checked}")
+print("ok")
+'''
+
+
+def test_random_like_ops_with_every_keyword_match_one_device(tmp_path):
+    """Random *_like ops with any of dtype, device, layout, memory_format, requires_grad and
+    generator, on Replicate, Shard(0) and Shard(1) of a transposed tensor on 4 processes: values,
+    strides and the generators' next draws equal one device's. Before, `device=` made the engine
+    run the op once for real while asking ATen for the output's metadata, so randn_like drew
+    twice and every draw after it differed from one device's."""
+    out = run_on_ranks(_LIKE_WORKER, 4, tmp_path)
+    assert out.count("checked 1152") == 4, out
