@@ -290,7 +290,7 @@ class C10dCommunicator : public Communicator {
     // A rank whose splits are absent cannot be compared split by split: its kind differs.
     const std::string bad = mismatch(sigs);
     if (!bad.empty()) {
-      throw CollectiveError(where(call) + ": ranks disagree: " + bad);
+      throw CallMismatch(where(call) + ": ranks disagree: " + bad);
     }
   }
 

@@ -177,6 +177,14 @@ class CollectiveError : public Error {
   using Error::Error;
 };
 
+// Raised when the ranks' calls of one collective disagree ("ranks disagree: ..."): every rank of
+// the group raises it at the same call, and the group stays usable (NOTE [collective purpose],
+// NOTE [program digest]).
+class CallMismatch : public CollectiveError {
+ public:
+  using CollectiveError::CollectiveError;
+};
+
 // What a backend factory gets: the group, this rank's global rank, the timeout, and the job name
 // (equal on every rank of one job; backends derive job-unique resource names from it).
 struct CommunicatorOptions {

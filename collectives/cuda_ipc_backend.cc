@@ -199,8 +199,8 @@ class IpcCommunicator final : public Communicator {
     }
     const std::string why = mismatch(sigs);
     if (!why.empty()) {
-      throw CollectiveError(absl::StrCat(call.label, " on group '", group().name,
-                                         "' (cuda_ipc): ranks disagree: ", why));
+      throw CallMismatch(absl::StrCat(call.label, " on group '", group().name,
+                                      "' (cuda_ipc): ranks disagree: ", why));
     }
     if (!same) {
       std::vector<std::string> devs;

@@ -294,8 +294,8 @@ void ShmCommunicator::exchange(const Op& op, CollectiveCall& call) {
   if (!bad.empty()) {
     ctrl(rank())->consumed.store(t, std::memory_order_release);
     step_ = t;
-    throw CollectiveError(label_of(call) + " on group '" + group().name +
-                          "' (shm): ranks disagree: " + bad);
+    throw CallMismatch(label_of(call) + " on group '" + group().name +
+                       "' (shm): ranks disagree: " + bad);
   }
   if (cma_ == Cma::kUnknown) probe_cma();
   int64_t readable = 0, direct = 0;  // ranks that posted their input's address / symmetric

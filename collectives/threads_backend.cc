@@ -157,7 +157,7 @@ class ThreadsCommunicator : public Communicator {
       fail(g, call, "did not finish", start);
     }
     if (!bad.empty()) {
-      throw CollectiveError(
+      throw CallMismatch(
           std::string(call.label.empty() ? collective_name(call.kind) : call.label) +
           " on group '" + group().name + "' (threads): ranks disagree: " + bad);
     }

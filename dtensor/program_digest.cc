@@ -40,6 +40,11 @@ void record_program_op(const DeviceMesh& mesh, uint64_t op, uint64_t args) {
   s.digest = fnv1a(words, sizeof(words));
 }
 
+void reset_program_state(const DeviceMesh& mesh) {
+  const auto it = t_states.find(mesh);
+  if (it != t_states.end()) it->second = ProgramState{};
+}
+
 ProgramState program_state(const DeviceMesh& mesh) {
   if (!program_check_enabled()) return {};
   // Counted from 1 when checked: a rank that ran nothing on the mesh must still be compared.

@@ -32,6 +32,13 @@ inline constexpr uint64_t kRandomState = 2;
 // hashes: no pointers, no per-process seeds).
 void record_program_op(const DeviceMesh& mesh, uint64_t op, uint64_t args);
 
+// Forgets the calling thread's state for `mesh`. Called on every rank of the mesh at the same
+// collective, when the ranks' calls there disagreed (collectives::CallMismatch): the divergence
+// has been reported on every rank, and the check starts over from there, so that ranks whose
+// programs agree again (a caught error, the next test case) go on in step instead of failing
+// every later collective on the mesh.
+void reset_program_state(const DeviceMesh& mesh);
+
 // The calling thread's state for `mesh`, its op count plus one (0: the check is off).
 ProgramState program_state(const DeviceMesh& mesh);
 

@@ -227,8 +227,13 @@ at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& input, b
   }
   Ctx ctx{ranks, ranks.rank(), coord};
   at::Tensor x = local;
-  for (size_t i = 0; i < plan.steps.size(); ++i) {
-    x = run_step(ctx, plan.steps[i], x, async_op && i + 1 == plan.steps.size());
+  try {
+    for (size_t i = 0; i < plan.steps.size(); ++i) {
+      x = run_step(ctx, plan.steps[i], x, async_op && i + 1 == plan.steps.size());
+    }
+  } catch (const c::CallMismatch&) {
+    reset_program_state(mesh);  // every rank raises here: the check starts over in step
+    throw;
   }
   // NOTE [pieces in the spec's layout]; an async result is left as its collective writes it
   // (laying it out would wait for it).

@@ -69,3 +69,40 @@ def test_ranks_as_threads_with_different_scalars_fail():
         return True
 
     assert dtensor.run_threads(4, fn) == [True] * 4
+
+
+# op_db's meshgrid samples iterate a set of strings ({"xy", "ij"}), whose order depends on
+# PYTHONHASHSEED: processes started without one fixed build their samples in different orders, so
+# rank 0 ran meshgrid(indexing="ij") while its peers ran "xy". The engine reported it at the next
+# collective, on every rank; but each rank's digest kept the divergence, so every later collective
+# on the mesh failed too and the job was unusable. Now the check starts over where it reported.
+RECOVER_WORKER = r'''
+import os, torch
+from dtensor import Replicate, Shard, distribute_tensor, init_device_mesh
+
+rank = int(os.environ["RANK"])
+mesh = init_device_mesh("cpu", (4,))
+a, b = torch.arange(3.), torch.arange(5.)
+for placements in ([Shard(0)], [Replicate()]):
+    for case in range(3):
+        da, db = (distribute_tensor(t, mesh, placements) for t in (a, b))
+        mine = "ij" if rank == 0 else "xy"  # as op_db's samples under different hash seeds
+        try:
+            [g.full_tensor() for g in torch.meshgrid(da, db, indexing=mine)]
+            diverged = False
+        except RuntimeError as e:
+            assert "program differs" in str(e), e
+            diverged = True
+        assert diverged == (placements == [Shard(0)]), (placements, case)  # Replicate gathers nothing
+        # The same program again on every rank: one device's values, on the same mesh.
+        for indexing in ("ij", "xy"):
+            got = [g.full_tensor() for g in torch.meshgrid(da, db, indexing=indexing)]
+            want = torch.meshgrid(a, b, indexing=indexing)
+            assert all(torch.equal(g, w) for g, w in zip(got, want)), (placements, case, indexing)
+print("ok")
+'''
+
+
+@pytest.mark.parametrize("backend", ["shm", "c10d"])
+def test_a_reported_divergence_leaves_the_mesh_usable(tmp_path, backend):
+    run_on_ranks(RECOVER_WORKER, 4, tmp_path, DTENSOR_BACKEND=backend)
