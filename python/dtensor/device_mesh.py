@@ -47,7 +47,9 @@ def _select_cuda_device(device_type):
 
 
 def _ensure_context(device_type="cpu"):
-    """Joins the job described by torchrun's variables when this thread has no rank context."""
+    """Joins the job described by torchrun's variables when this thread has no rank context;
+    without them, the job of torch.distributed's default process group when one is initialized
+    (NOTE [joining torch's default group])."""
     if _C.has_context():
         return
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
@@ -55,11 +57,85 @@ def _ensure_context(device_type="cpu"):
 
         funcol.init_from_env(default_backend(device_type))
         return
+    if _join_default_group(device_type):
+        return
     raise RuntimeError(
         "dtensor: no ranks to place a mesh on; start N ranks with `./x run -n N script.py` or "
         "`python3 -m torch.distributed.run --nproc_per_node N script.py`, or run ranks as "
         "threads with dtensor.run_threads(N, fn)"
     )
+
+
+# NOTE [joining torch's default group]: PyTorch's init_device_mesh works after any
+# init_process_group (env://, file://, tcp://, a store, or the "threaded" test backend), and code
+# written for it (PyTorch's own test harness among it) starts ranks without torchrun's variables.
+# Without them, a rank that has called init_process_group joins the engine's job through the
+# default group's store: the rank and world size are torch.distributed's; global rank 0 picks a
+# free port for the engine's rendezvous store and a job token, and publishes both in the default
+# store; every rank then joins as torchrun's variables would have it (MASTER_ADDR, when set, is
+# where rank 0's store is reached; otherwise 127.0.0.1: one host). Nothing of torch's groups is
+# used afterwards. With the "threaded" backend (ranks as threads of one process), the first
+# thread makes the contexts of all ranks (dtensor.run_threads' kind) and each thread binds its
+# own for its lifetime; the thread is renamed "dtensor-rank", as run_threads names its threads.
+_JOIN_KEY = "dtensor/engine_job"
+_thread_jobs = {}  # threaded backend: job key -> the contexts of its ranks
+_thread_jobs_lock = threading.Lock()
+_thread_rank = threading.local()  # threaded backend: this thread's ThreadRank scope
+
+
+def _join_default_group(device_type):
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    rank, world = dist.get_rank(), dist.get_world_size()
+    store = dist.distributed_c10d._get_default_store()
+    if dist.get_backend() == "threaded":
+        if store.add(_JOIN_KEY + "/threads", 1) == 1:
+            import uuid
+
+            job = uuid.uuid4().hex
+            with _thread_jobs_lock:
+                _thread_jobs[job] = _C.thread_contexts(world, "threads")
+            store.set(_JOIN_KEY + "/threads_job", job)
+        job = store.get(_JOIN_KEY + "/threads_job").decode()
+        with _thread_jobs_lock:
+            contexts = _thread_jobs[job]
+        _thread_rank.scope = _C.ThreadRank(contexts[rank])
+        # One name for every rank's thread, as dtensor.run_threads gives them: the engine's
+        # collectives compare the issuing thread's name across ranks (NOTE [issuing thread]).
+        threading.current_thread().name = "dtensor-rank"
+        return True
+    if rank == 0:
+        import socket
+        import uuid
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        store.set(_JOIN_KEY, f"{addr}:{port}:{uuid.uuid4().hex[:16]}")
+    addr, port, token = store.get(_JOIN_KEY).decode().rsplit(":", 2)
+    env = {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": addr, "MASTER_PORT": port,
+           "DTENSOR_JOB_TOKEN": os.environ.get("DTENSOR_JOB_TOKEN") or token,
+           "TORCHELASTIC_USE_AGENT_STORE": None}
+    saved = {k: os.environ.get(k) for k in env}
+    try:
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        from dtensor import _functional_collectives as funcol
+
+        funcol.init_from_env(default_backend(device_type))
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return True
 
 
 class _MeshResources(threading.local):

@@ -17,11 +17,13 @@ x_help demo '  demo fsdp [-n N] [args]
 x_help demo '  demo layout [args]
                   lay a real tensor out on a mesh and show what each rank holds
                   (--mesh 2,2 --shape 10,7 --placements "S(0),S(1)" [--names dp,tp] [--order "0:1,0"])'
-x_help run '  run [-n N] [--backend shm|c10d] [--opt] script.py [args...]
+x_help run '  run [-n N] [--backend shm|c10d] [--opt] [--as-torch] script.py [args...]
                   build the dtensor Python package and start N (default 2) local ranks of
                   `python3 script.py args` with torchrun'\''s variables and PYTHONPATH set, so
                   dtensor.init_device_mesh("cpu", (N,)) joins the job (backend: $DTENSOR_BACKEND,
-                  default shm); --opt uses the -c opt build'
+                  default shm); --opt uses the -c opt build; --as-torch (or DTENSOR_AS_TORCH=1)
+                  runs `python3 -m dtensor.as_torch script.py args`: torch.distributed.tensor'\''s
+                  names resolve to the engine'\''s (NOTE [torch names on the engine])'
 x_help pythonpath '  pythonpath [--opt]
                   build the dtensor Python package and print the `export PYTHONPATH=...
                   PYTHONSAFEPATH=1` line that makes `import dtensor` work anywhere, e.g. under
@@ -49,29 +51,31 @@ cmd_pythonpath() {
 }
 
 cmd_run() {
-  local n=2 backend=() flags=()
+  local n=2 backend=() flags=() as_torch=()
+  [ "${DTENSOR_AS_TORCH:-}" = 1 ] && as_torch=(-m dtensor.as_torch)
   while [ $# -gt 0 ]; do
     case "$1" in
+      --as-torch) as_torch=(-m dtensor.as_torch); shift ;;
       -n) n=$2; shift 2 ;;
       -n*) n=${1#-n}; shift ;;
       --backend) backend=(--backend "$2"); shift 2 ;;
       --backend=*) backend=(--backend "${1#--backend=}"); shift ;;
       --opt) flags=(-c opt); shift ;;
       --) shift; break ;;
-      -*) echo "./x run: unknown option '$1' (usage: ./x run -n N [--backend shm|c10d] [--opt] script.py args...)" >&2
+      -*) echo "./x run: unknown option '$1' (usage: ./x run -n N [--backend shm|c10d] [--opt] [--as-torch] script.py args...)" >&2
           return 2 ;;
       *) break ;;
     esac
   done
   if [ $# -eq 0 ]; then
-    echo "usage: ./x run -n N [--backend shm|c10d] [--opt] script.py args..." >&2
+    echo "usage: ./x run -n N [--backend shm|c10d] [--opt] [--as-torch] script.py args..." >&2
     return 2
   fi
   local dir launch=$PWD/tools/launch.py
   dir=$(stage_python "${flags[@]}")
   cd "$CALLER_PWD"
   PYTHONPATH="$dir${PYTHONPATH:+:$PYTHONPATH}" PYTHONSAFEPATH=1 \
-    exec "$PY" "$launch" -n "$n" "${backend[@]}" -- "$PY" "$@"
+    exec "$PY" "$launch" -n "$n" "${backend[@]}" -- "$PY" "${as_torch[@]}" "$@"
 }
 
 cmd_demo() {
