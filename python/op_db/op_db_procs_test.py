@@ -76,6 +76,26 @@ def test_two_processes_on_shm_match_one_device():
     print(f"took {took:.1f} s")
 
 
+
+# Every sample (--full) of the OpInfos whose process sweeps once failed: the random *_like ops
+# (device= drew twice) and meshgrid (ranks whose samples differed broke the mesh for good), on 4
+# processes, every mode of a 4-rank mesh.
+RANDOM_AND_MESHGRID = ["meshgrid", "rand_like", "randn_like", "randint_like"]
+
+
+def test_every_sample_of_random_like_and_meshgrid_on_four_processes():
+    out = subprocess.run([sys.executable, SWEEP, "--ranks-as", "processes", "--world", "4",
+                          "--backend", "shm", "--full", "--ops", ",".join(RANDOM_AND_MESHGRID)],
+                         env=_env(), capture_output=True, text=True, timeout=400)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    found = _outcomes(out.stdout)
+    swept = {name.split(".")[0] for name in found}
+    assert swept == set(RANDOM_AND_MESHGRID), (sorted(found), text)
+    bad = {name: v for name, v in found.items() if v[0] not in ("native", "pass")}
+    assert not bad, f"{bad}\n{text}"
+
+
 # The harness with faults: `add`'s one-device reference is off by one on every rank (a wrong
 # answer); on `mm` rank 1 raises before gathering a sharded output that rank 0 gathers (the ranks
 # diverge); `view` runs normally after it; on `t` rank 1 dies while rank 0 gathers; `sum` is never
