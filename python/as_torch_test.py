@@ -261,8 +261,8 @@ def test_python_m_runner_and_spawned_children_opt_in(tmp_path):
 
 
 def test_init_device_mesh_after_init_process_group_without_torchrun_variables(tmp_path):
-    """NOTE [joining torch's default group]: processes given their rank by init_process_group
-    (file:// here, no RANK / WORLD_SIZE / MASTER_PORT) make an engine mesh, 1-D and 2-D."""
+    """Processes given their rank by init_process_group (file:// here, no RANK / WORLD_SIZE /
+    MASTER_PORT) make an engine mesh, 1-D and 2-D (NOTE [joining torch's default group])."""
     _python(r'''
     import os
     import tempfile
@@ -313,8 +313,9 @@ def test_init_device_mesh_after_init_process_group_without_torchrun_variables(tm
 
 
 def test_init_device_mesh_under_the_threaded_backend(tmp_path):
-    """NOTE [joining torch's default group]: ranks as threads of one process, each having called
-    init_process_group("threaded") (PyTorch's MultiThreadedTestCase), share one engine job."""
+    """Ranks as threads of one process, each having called init_process_group("threaded")
+    (PyTorch's MultiThreadedTestCase), share one engine job (NOTE [joining torch's default
+    group])."""
     _python(r'''
     import threading
 
