@@ -81,6 +81,18 @@ assert _C.is_dtensor(r) and r.placements == (Replicate(),)
 torch.testing.assert_close(r.to_local(), x)
 torch.testing.assert_close((d * 2 + 1).full_tensor(), x * 2 + 1)
 
+# The private helpers libraries call (NOTE [private helpers for the engine's tensors])
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+torch.testing.assert_close(d._local_tensor, d.to_local())
+for rows in (4 * n + 1, 3):
+    pieces = torch.arange(rows).chunk(n)
+    shape, offset = compute_local_shape_and_global_offset((rows, 6), mesh, (Shard(0),))
+    if rank < len(pieces):
+        assert shape == (len(pieces[rank]), 6) and offset == (int(pieces[rank][0]), 0), (
+            shape, offset)
+    else:
+        assert shape[0] == 0, shape
+
 # Tensor parallelism: ColwiseParallel / RowwiseParallel against one process
 torch.manual_seed(0)
 ref = MLP()
@@ -136,6 +148,62 @@ def test_script_on_torch_names_trains_like_one_process(ranks, tmp_path):
     out = subprocess.run([sys.executable, os.environ["LAUNCH_PY"], "-n", str(ranks), "--",
                           sys.executable, "-m", "dtensor.as_torch", str(script)], env=_env(),
                          capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("ok") == ranks, out.stdout
+
+
+# Hugging Face transformers' tensor-parallel loading, unmodified, through the opt-in: a tiny
+# random Llama saved by one process, loaded with tp_plan="auto" on every rank.
+HF_SCRIPT = r'''
+import os
+import sys
+
+import torch
+from transformers import LlamaForCausalLM
+
+from dtensor import _C  # only to check that the parameters are the engine's
+
+model_dir, ids_file, ref_file = sys.argv[1:4]
+model = LlamaForCausalLM.from_pretrained(model_dir, tp_plan="auto")
+sharded = [n for n, p in model.named_parameters() if _C.is_dtensor(p)]
+assert "model.layers.0.self_attn.q_proj.weight" in sharded, sharded
+q = model.model.layers[0].self_attn.q_proj.weight
+assert str(q.placements) == "(Shard(dim=0),)", q.placements
+assert q.to_local().shape[0] == q.shape[0] // int(os.environ["WORLD_SIZE"])
+ids = torch.load(ids_file)
+with torch.no_grad():
+    logits = model(ids).logits
+if _C.is_dtensor(logits):
+    logits = logits.full_tensor()
+torch.testing.assert_close(logits, torch.load(ref_file), rtol=1e-5, atol=1e-5)
+print("ok")
+'''
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_transformers_tp_plan_auto_matches_one_process(ranks, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=4, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.save_pretrained(tmp_path / "model")
+    ids = torch.randint(0, 64, (2, 7))
+    with torch.no_grad():
+        ref = model(ids).logits
+    torch.save(ids, tmp_path / "ids.pt")
+    torch.save(ref, tmp_path / "ref.pt")
+    script = tmp_path / "hf_tp.py"
+    script.write_text(HF_SCRIPT)
+    env = dict(_env(), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    out = subprocess.run([sys.executable, os.environ["LAUNCH_PY"], "-n", str(ranks), "--",
+                          sys.executable, "-m", "dtensor.as_torch", str(script),
+                          str(tmp_path / "model"), str(tmp_path / "ids.pt"),
+                          str(tmp_path / "ref.pt")],
+                         env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("ok") == ranks, out.stdout
 
@@ -214,6 +282,9 @@ def test_aliases_swap_modules_and_parent_attributes(tmp_path):
     assert TorchDTensor is not dtensor.DTensor
     assert dtensor._api.__name__ == "dtensor._api" and dtensor._api.DTensor is dtensor.DTensor
     assert "dtensor" in dtensor.debug.CommDebugMode.__module__
+
+    # torch.Tensor._local_tensor is the engine's piece on its tensors only.
+    assert not hasattr(torch.ones(2), "_local_tensor")
 
     # Names the engine does not have are not invented.
     try:

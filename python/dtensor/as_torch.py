@@ -51,6 +51,9 @@ What it cannot cover, by construction:
   ImportError / AttributeError as the engine's modules do, or stay PyTorch's (FSDP1).
 * ``torch.distributed._functional_collectives``, ``torch.distributed.checkpoint`` and
   ``torch.distributed._composable`` are not aliased (``dtensor.checkpoint`` is the engine's).
+* Two private helpers get the engine's meaning (NOTE [private helpers for the engine's
+  tensors]): ``torch.distributed.tensor._utils.compute_local_shape_and_global_offset`` on an
+  engine mesh, and ``torch.Tensor._local_tensor`` on an engine tensor.
 
 Processes: the opt-in is per process. ``python -m dtensor.as_torch script.py args`` (or
 ``-m module args``) opts in and runs the script as ``__main__``; it also sets
@@ -157,6 +160,61 @@ def _multiprocessing_children_opt_in():
     spawn.get_command_line = get_command_line
 
 
+# NOTE [private helpers for the engine's tensors]: two private pieces of PyTorch's DTensor that
+# libraries built on it call (Hugging Face transformers' tp_plan loading calls both) are given
+# the engine's meaning here, and only under the opt-in:
+# * torch.distributed.tensor._utils.compute_local_shape_and_global_offset(shape, mesh,
+#   placements): for an engine mesh, torch's own arithmetic runs on this rank's coordinate and
+#   the placements translated to torch's classes (any other mesh goes to torch's function
+#   unchanged). Modules that imported the function before the opt-in keep torch's.
+# * torch.Tensor._local_tensor: on a distributed tensor of the engine, its local piece
+#   (to_local()); on any other tensor AttributeError, as before.
+def _torch_placement(p, torch_pt):
+    from dtensor import placement_types as pt
+
+    if isinstance(p, pt._StridedShard):
+        return torch_pt._StridedShard(p.dim, split_factor=p.split_factor)
+    if isinstance(p, pt.Shard):
+        return torch_pt.Shard(p.dim)
+    if isinstance(p, pt.Partial):
+        return torch_pt.Partial(p.reduce_op)
+    if isinstance(p, pt.Replicate):
+        return torch_pt.Replicate()
+    return p
+
+
+def _give_private_helpers(torch_utils, torch_pt):
+    import torch
+
+    import dtensor
+    from dtensor import _C
+
+    original = torch_utils.compute_local_shape_and_global_offset
+    if not getattr(original, "_dtensor_as_torch", False):
+        def compute_local_shape_and_global_offset(global_shape, mesh, placements,
+                                                  skip_offset=False):
+            if not isinstance(mesh, dtensor.DeviceMesh):
+                return original(global_shape, mesh, placements, skip_offset)
+            coordinate = mesh.get_coordinate()
+            if coordinate is None:
+                return (0,), ()
+            return torch_utils._compute_local_shape_and_global_offset(
+                global_shape, mesh.shape, list(coordinate),
+                [_torch_placement(p, torch_pt) for p in placements], skip_offset)
+
+        compute_local_shape_and_global_offset._dtensor_as_torch = True
+        compute_local_shape_and_global_offset.__doc__ = original.__doc__
+        torch_utils.compute_local_shape_and_global_offset = compute_local_shape_and_global_offset
+
+    if "_local_tensor" not in vars(torch.Tensor):
+        def _local_tensor(self):
+            if not _C.is_dtensor(self):
+                raise AttributeError("'Tensor' object has no attribute '_local_tensor'")
+            return self.to_local()
+
+        torch.Tensor._local_tensor = property(_local_tensor)
+
+
 def install():
     """Opts this process in (idempotent); see the module docstring for what it covers."""
     global _installed
@@ -171,6 +229,8 @@ def install():
     # torch's own DTensor and FSDP packages, whole, before their public names are swapped: their
     # private modules keep PyTorch's classes (NOTE [torch names on the engine]).
     import torch.distributed.tensor  # noqa: F401
+    import torch.distributed.tensor._utils  # noqa: F401
+    import torch.distributed.tensor.placement_types as torch_placements
     import torch.distributed.fsdp as torch_fsdp
 
     import dtensor
@@ -198,6 +258,10 @@ def install():
     # torch.distributed.tensor._utils as u` finds them as it does without the opt-in.
     loaded = [(name, mod) for name, mod in list(sys.modules.items())
               if name.rpartition(".")[0] in ALIASES and name not in ALIASES]
+    # torch's own modules, for their private names (torch.distributed.checkpoint does `from
+    # torch.distributed.tensor import _DTensorSpec`): looked up on the engine's module after the
+    # swap, a private name the engine does not have is torch's.
+    real_modules = {name: sys.modules[name] for name in ALIASES if name in sys.modules}
     for torch_name, engine_name in ALIASES.items():
         engine = sys.modules[engine_name]
         if torch_name in _real_paths and not hasattr(engine, "__path__"):
@@ -216,11 +280,20 @@ def install():
         engine = sys.modules[ALIASES[parent]]
         if mod is not None and not hasattr(engine, leaf):
             setattr(engine, leaf, mod)
+    for torch_name, real in real_modules.items():
+        engine = sys.modules[ALIASES[torch_name]]
+        if real is engine:
+            continue
+        for attr, value in list(vars(real).items()):
+            if attr.startswith("_") and not attr.startswith("__") and not hasattr(engine, attr):
+                setattr(engine, attr, value)
 
     for name in FSDP_NAMES:
         setattr(torch_fsdp, name, getattr(engine_fsdp, name))
     for name in _DIST_NAMES:
         setattr(dist, name, getattr(dtensor, name))
+
+    _give_private_helpers(sys.modules["torch.distributed.tensor._utils"], torch_placements)
 
     if not any(isinstance(f, _TorchFilesFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _TorchFilesFinder())

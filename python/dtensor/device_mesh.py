@@ -47,17 +47,18 @@ def _select_cuda_device(device_type):
 
 
 def _ensure_context(device_type="cpu"):
-    """Joins the job described by torchrun's variables when this thread has no rank context;
-    without them, the job of torch.distributed's default process group when one is initialized
-    (NOTE [joining torch's default group])."""
+    """Joins a job when this thread has no rank context: the one of torch.distributed's default
+    process group when one is initialized (NOTE [joining torch's default group]), else the one
+    torchrun's variables describe."""
     if _C.has_context():
+        return
+    # torch.distributed first: its env:// rendezvous may already host a store at MASTER_PORT.
+    if _join_default_group(device_type):
         return
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         from dtensor import _functional_collectives as funcol
 
         funcol.init_from_env(default_backend(device_type))
-        return
-    if _join_default_group(device_type):
         return
     raise RuntimeError(
         "dtensor: no ranks to place a mesh on; start N ranks with `./x run -n N script.py` or "
@@ -68,9 +69,11 @@ def _ensure_context(device_type="cpu"):
 
 # NOTE [joining torch's default group]: PyTorch's init_device_mesh works after any
 # init_process_group (env://, file://, tcp://, a store, or the "threaded" test backend), and code
-# written for it (PyTorch's own test harness among it) starts ranks without torchrun's variables.
-# Without them, a rank that has called init_process_group joins the engine's job through the
-# default group's store: the rank and world size are torch.distributed's; global rank 0 picks a
+# written for it (PyTorch's own test harness among it) starts ranks without torchrun's variables;
+# with them, env:// has rank 0 host torch's store at MASTER_PORT, where the engine's rendezvous
+# could not host its own (EADDRINUSE: Hugging Face's from_pretrained(tp_plan="auto") calls
+# init_process_group first). So a rank that has called init_process_group joins the engine's job
+# through the default group's store: the rank and world size are torch.distributed's; global rank 0 picks a
 # free port for the engine's rendezvous store and a job token, and publishes both in the default
 # store; every rank then joins as torchrun's variables would have it (MASTER_ADDR, when set, is
 # where rank 0's store is reached; otherwise 127.0.0.1: one host). Nothing of torch's groups is
