@@ -192,6 +192,7 @@ class C10dCommunicator : public Communicator {
     }
   }
 
+  bool compares_calls() const override { return true; }
   void run(CollectiveCall& call) override {
     absl::MutexLock lock(&mu_);  // one call of this rank at a time (NOTE [issuing thread])
     if (!broken_.empty()) throw CollectiveError(broken_);

@@ -157,6 +157,12 @@ class Communicator {
   // CollectiveError when a peer does not arrive within timeout() or the ranks disagree.
   virtual void run(CollectiveCall& call) = 0;
 
+  // Whether run() compares every call across the group's ranks (kind, dtype, sizes, splits,
+  // purpose, program digest: mismatch() below) and raises CallMismatch on every rank when they
+  // differ. Callers may then leave a check to the call itself instead of exchanging metadata
+  // first (distribute_tensor names the tensor's shape and dtype in its call's purpose).
+  virtual bool compares_calls() const { return false; }
+
   // NOTE [leaving a group]: this rank leaves the group for good, its thread or process ending
   // with an error `why` (RankContext::leave): the peers' calls that wait for it, now or later,
   // fail at once with a CollectiveError that says so, instead of waiting out the timeout (a

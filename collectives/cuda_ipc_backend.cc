@@ -105,6 +105,7 @@ class IpcCommunicator final : public Communicator {
 
   void leave(const std::string& why) override { host_->leave(why); }
 
+  bool compares_calls() const override { return true; }
   void run(CollectiveCall& call) override {
     if (call.kind == CollectiveKind::kBarrier) {
       host_run(call, CollectiveKind::kBarrier);

@@ -253,6 +253,10 @@ std::vector<int64_t> shape_with(at::IntArrayRef sizes, int64_t dim, int64_t valu
 
 }  // namespace
 
+bool compares_calls(const std::string& group) {
+  return current_context().endpoint(group).comm->compares_calls();
+}
+
 at::Tensor all_reduce(const at::Tensor& input, ReduceOp op, const std::string& group,
                       bool async_op) {
   // One tensor: no packing, no dtype groups (the 4 KiB call is a few microseconds in all).

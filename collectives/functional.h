@@ -120,6 +120,9 @@ class CommPurpose {
 // The calling thread's purpose ("" outside any CommPurpose).
 const std::string& current_purpose();
 
+// Whether the group's backend compares each call across ranks (Communicator::compares_calls).
+bool compares_calls(const std::string& group);
+
 // NOTE [program digest]
 // Ranks of one job must run the same distributed-tensor ops with the same arguments (SPMD). A rank
 // that gets another scalar (a Python random number drawn per process, a size, a reduction) or

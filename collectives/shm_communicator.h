@@ -97,6 +97,7 @@ class ShmCommunicator : public Communicator {
         requested_half_(shm::half_buffer_bytes()) {}
   ~ShmCommunicator() override;
 
+  bool compares_calls() const override { return true; }
   void run(CollectiveCall& call) override;
 
  private:

@@ -116,6 +116,7 @@ class ThreadsCommunicator : public Communicator {
       : Communicator(o.group, group_rank_of(o), o.timeout),
         shared_(shared_group(o.job + '\0' + o.group.name, size())) {}
 
+  bool compares_calls() const override { return true; }
   void run(CollectiveCall& call) override {
     // One call of this rank at a time: two threads sharing a rank's context take turns (their
     // calls are told apart by NOTE [issuing thread]).

@@ -18,10 +18,12 @@ namespace {
 
 // NOTE [leaf gradients keep the parameter's placements]
 // A leaf made here with requires_grad (distribute_tensor, the factories) gets a hook that lays
-// its gradient out like the leaf before it is accumulated: a replicated parameter used with a
-// batch-sharded input receives a Partial gradient from mm's backward, and the hook all-reduces
-// it there (as DDP would), so .grad() always has the parameter's placements and the optimizer
-// step needs no communication.
+// its gradient out like the leaf before it is accumulated, with one exception: a Partial
+// gradient of a replicated leaf (a replicated weight used with a batch- or sequence-sharded
+// input) stays Partial there, as in PyTorch, so the backward communicates nothing for it. Its
+// reduction runs once, at the first op that needs the value (the optimizer step, a gradient
+// norm), and the gradient then keeps the reduced layout (NOTE [a Partial reduced once] in
+// dispatch.cc); micro-batches accumulate into it unreduced.
 void make_leaf(at::Tensor& t, bool requires_grad) {
   if (!requires_grad) return;
   t.set_requires_grad(true);
@@ -66,8 +68,17 @@ void keep_grad_layout(at::Tensor& leaf_tensor) {
   at::Tensor& t = leaf_tensor;
   const DTensorSpec leaf = spec_of(t, "keep_grad_layout");
   t.register_hook([leaf](const at::Tensor& grad) -> at::Tensor {
+    Placements want = leaf.placements();
+    if (is_dtensor(grad)) {
+      const DTensorSpec& g = spec_of(grad);
+      for (size_t m = 0; m < want.size(); ++m) {
+        if (want[m].is_replicate() && g.placement(static_cast<int64_t>(m)).is_partial()) {
+          want[m] = g.placement(static_cast<int64_t>(m));
+        }
+      }
+    }
     collectives::CommCause cause("leaf gradient hook");
-    return autograd::relaid(grad, leaf.placements());
+    return autograd::relaid(grad, want);
   });
 }
 

@@ -358,6 +358,29 @@ void run_replicated(const c10::OperatorHandle& op, const OpInfo& info, torch::ji
   op.callBoxed(stack);
 }
 
+// NOTE [a Partial reduced once]
+// A Partial tensor keeps its reduction pending (as in PyTorch) until an op needs its value
+// reduced; the reduced piece then replaces the Partial one in the tensor itself, so the next op
+// that reads it (the optimizer's second use of a gradient, say) communicates nothing. The global
+// value is unchanged, only its layout; nobody can see the old piece, since it is replaced only
+// when this tensor alone holds it (no view, alias, detached copy or to_local() result shares its
+// storage). Written inputs are never moved, so never replaced.
+void settle_reduced(const c10::IValue* args, const Input& in, const DTensorSpec& target,
+                    const at::Tensor& reduced) {
+  bool partial = false;
+  for (const Placement& p : in.spec.placements()) partial = partial || p.is_partial();
+  if (!partial) return;
+  const c10::IValue& v = args[in.arg];
+  if (in.element >= 0 || !v.isTensor()) return;
+  DTensorImpl* impl = dtensor_impl(v.toTensor());
+  // Two holders of the piece: the tensor and `in`; one of its storage: the piece.
+  if (impl == nullptr || !impl->plainly_ready() || !impl->local().is_same(in.local) ||
+      in.local.use_count() > 2 || in.local.storage().use_count() > 1) {
+    return;
+  }
+  impl->set(reduced, target);
+}
+
 // Moves every input to its propagated target and puts the pieces into the arguments.
 void redistribute_inputs(const OpInfo& info, const sharding::OpSharding& s, Inputs& inputs,
                          c10::IValue* args) {
@@ -371,7 +394,9 @@ void redistribute_inputs(const OpInfo& info, const sharding::OpSharding& s, Inpu
           info.name, ": the sharding moves a written argument from ", in.spec.to_string(), " to ",
           s.input_targets[k].to_string(), " (a wrong sharding rule; please report)");
       collectives::CommCause cause(info.name.c_str());
-      in.local = execute_plan(*s.input_plans[k], in.local);
+      const at::Tensor moved = execute_plan(*s.input_plans[k], in.local);
+      settle_reduced(args, in, s.input_targets[k], moved);
+      in.local = moved;
     }
     put(args, in, in.local);
   }

@@ -4,9 +4,11 @@
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
 
+#include <optional>
 #include <stdexcept>
 
 #include "base/error.h"
+#include "base/stable_hash.h"
 #include "collectives/functional.h"
 #include "collectives/rank_context.h"
 #include "dtensor/autograd.h"
@@ -57,6 +59,17 @@ std::vector<std::vector<int64_t>> exchange_meta(const DeviceMesh& mesh, const at
 std::string meta_text(const std::vector<int64_t>& m) {
   return std::string(c10::toString(static_cast<c10::ScalarType>(m[0]))) + "[" +
          absl::StrJoin(std::vector<int64_t>(m.begin() + 2, m.end()), ",") + "]";
+}
+
+// distribute_tensor's scatter purpose: the tensor's dtype and shape, the shape as a hash when
+// the text would not fit a purpose (collectives::kPurposeBytes).
+std::string scatter_purpose(const at::Tensor& t) {
+  const std::string dtype = c10::toString(t.scalar_type());
+  std::string text = "distribute_tensor " + dtype + "[" + absl::StrJoin(t.sizes(), ",") + "]";
+  if (text.size() < collectives::kPurposeBytes) return text;
+  const std::vector<int64_t> sizes = t.sizes().vec();
+  return "distribute_tensor " + dtype + "[#" +
+         std::to_string(fnv1a(sizes.data(), sizes.size() * sizeof(int64_t))) + "]";
 }
 
 void refuse_partial(const Placements& placements, const char* what) {
@@ -144,24 +157,33 @@ DTensor distribute_tensor(const at::Tensor& input, const DeviceMesh& mesh,
     throw Error("distribute_tensor: src_rank " + std::to_string(*src_rank) + " is not in " +
                 mesh.to_string());
   }
-  const auto metas = exchange_meta(mesh, tensor, "distribute_tensor");
-  const int64_t src_index = [&] {
-    const auto& ranks = mesh.ranks();
-    return std::find(ranks.begin(), ranks.end(), *src_rank) - ranks.begin();
-  }();
-  for (size_t i = 0; i < metas.size(); ++i) {
-    if (metas[i] != metas[src_index]) {
-      throw Error("distribute_tensor: rank " + std::to_string(mesh.ranks()[i]) + " passed " +
-                  meta_text(metas[i]) + " but src_rank " + std::to_string(*src_rank) + " has " +
-                  meta_text(metas[src_index]) +
-                  "; every rank must pass a tensor of the same shape and dtype");
-    }
-  }
-  // A scatter as one all_to_all_single: the source sends every rank exactly its box.
+  // A scatter as one all_to_all_single: the source sends every rank exactly its box, and every
+  // rank receives its box as its own tensor's shape gives it. So every rank must pass the
+  // source's shape and dtype: a backend that compares calls checks it within the scatter (the
+  // call's purpose names them), one collective as PyTorch's scatter; the others (NCCL) exchange
+  // them first.
   std::vector<int64_t> dims(mesh.ndim());
   for (int64_t m = 0; m < mesh.ndim(); ++m) dims[m] = m;
   int64_t me = 0;
   const std::string group = group_over_dims(mesh, dims, &me);
+  const int64_t src_index = [&] {
+    const auto& ranks = mesh.ranks();
+    return std::find(ranks.begin(), ranks.end(), *src_rank) - ranks.begin();
+  }();
+  std::optional<collectives::CommPurpose> purpose;
+  if (collectives::compares_calls(group)) {
+    purpose.emplace(scatter_purpose(tensor));
+  } else {
+    const auto metas = exchange_meta(mesh, tensor, "distribute_tensor");
+    for (size_t i = 0; i < metas.size(); ++i) {
+      if (metas[i] != metas[src_index]) {
+        throw Error("distribute_tensor: rank " + std::to_string(mesh.ranks()[i]) + " passed " +
+                    meta_text(metas[i]) + " but src_rank " + std::to_string(*src_rank) +
+                    " has " + meta_text(metas[src_index]) +
+                    "; every rank must pass a tensor of the same shape and dtype");
+      }
+    }
+  }
   const int64_t n = mesh.size();
   const bool is_src = mesh.ranks()[me] == *src_rank;
   std::vector<int64_t> in_splits(n, 0), out_splits(n, 0);

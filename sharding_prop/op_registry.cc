@@ -38,10 +38,10 @@ void add_reductions(Adder& add) {
       reduction(ReduceOp::kAvg, false, Linearity::kAdditive));
   add("aten::prod", "reduction", {}, reduction(ReduceOp::kProduct, false, lin));
   add("aten::prod.dim_int", "reduction", reduce_args(), reduction(ReduceOp::kProduct, false, lin));
-  add("aten::amax", "reduction", reduce_args(), reduction(ReduceOp::kMax, false, lin));
-  add("aten::amin", "reduction", reduce_args(), reduction(ReduceOp::kMin, false, lin));
-  add("aten::max", "reduction", {}, reduction(ReduceOp::kMax, false, lin));
-  add("aten::min", "reduction", {}, reduction(ReduceOp::kMin, false, lin));
+  add("aten::amax", "reduction", reduce_args(), reduction(ReduceOp::kMax, false, Linearity::kMax));
+  add("aten::amin", "reduction", reduce_args(), reduction(ReduceOp::kMin, false, Linearity::kMin));
+  add("aten::max", "reduction", {}, reduction(ReduceOp::kMax, false, Linearity::kMax));
+  add("aten::min", "reduction", {}, reduction(ReduceOp::kMin, false, Linearity::kMin));
   add("aten::max.dim", "reduction", reduce_args(), reduction(ReduceOp::kMax, true, lin, -1, 2));
   add("aten::min.dim", "reduction", reduce_args(), reduction(ReduceOp::kMin, true, lin, -1, 2));
   add("aten::argmax", "reduction", reduce_args(),

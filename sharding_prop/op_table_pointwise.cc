@@ -197,7 +197,9 @@ void add_binary_pointwise(Adder& add) {
     add(base + "pow" + v + ".Scalar", "pointwise", {}, pointwise(1, lin));
   }
   add("aten::rsub.Scalar", "pointwise", {}, pointwise(1, lin));
-  for (const char* op : {"maximum", "minimum", "atan2", "logical_and", "logical_or",
+  add("aten::maximum", "pointwise", {}, pointwise(2, Linearity::kMax));
+  add("aten::minimum", "pointwise", {}, pointwise(2, Linearity::kMin));
+  for (const char* op : {"atan2", "logical_and", "logical_or",
                          "bitwise_and.Tensor", "bitwise_or.Tensor", "bitwise_xor.Tensor"}) {
     add(std::string("aten::") + op, "pointwise", {}, pointwise(2, lin));
   }

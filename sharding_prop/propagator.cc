@@ -95,6 +95,78 @@ std::optional<Choice> shard_choice(const Rule& rule, int f) {
   return c;
 }
 
+// NOTE [kept Partials]
+// Which Partial reduce ops an op commutes with, so that a Partial input's pending reduction can
+// run after the op instead of before it (PyTorch keeps these lazily too; reducing early would
+// communicate where PyTorch does not):
+//   kMove        copies and views: any op;
+//   kAdditive    sums (add, sub, neg, sum, mean, a Scalar factor): sum and avg;
+//   kMultilinear products (mul, div by a Replicate, mm): sum and avg, in one linear input, the
+//                other inputs Replicate (a Partial one reduced: one reduction instead of two);
+//   kShift       a Scalar added: avg, max and min;
+//   kMax, kMin   maximum/amax, minimum/amin: max, resp. min.
+// All Partial inputs must hold the same Partial. Where the op combines its inputs additively
+// (kMove, kAdditive, kMax, kMin) a Replicate input joins by being partitioned into that
+// Partial, which costs no communication: for sum one rank keeps the value and the others zero,
+// for avg, max and min every rank keeps it (partial_share), so the reduction gives the value
+// back exactly, one device's answer. Products keep Replicate factors as they are (a factor
+// partitioned too would be counted n times).
+std::vector<Choice> kept_partials(const Rule& rule, const std::vector<DTensorSpec>& inputs,
+                                  int64_t m) {
+  const size_t n_out = rule.outputs.size();
+  if (rule.linearity == Linearity::kMultilinear) {
+    // One linear Partial(sum or avg) input stays, every other input is made Replicate (another
+    // Partial one reduced): one choice per such input.
+    std::vector<Choice> out;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const Placement p = inputs[i].placement(m);
+      const bool linear = rule.linear_inputs.empty() || rule.linear_inputs[i];
+      if (!linear || !p.is_partial() ||
+          (p.reduce_op() != ReduceOp::kSum && p.reduce_op() != ReduceOp::kAvg))
+        continue;
+      Choice c{std::vector<Placement>(inputs.size(), Replicate()),
+               std::vector<Placement>(n_out, p)};
+      c.in[i] = p;
+      out.push_back(std::move(c));
+    }
+    return out;
+  }
+  std::optional<Placement> partial;
+  size_t n_partial = 0;
+  for (const DTensorSpec& in : inputs) {
+    const Placement p = in.placement(m);
+    if (!p.is_partial()) {
+      if (!p.is_replicate()) return {};  // a Shard input: the shard choices cover it
+      continue;
+    }
+    if (partial && *partial != p) return {};
+    partial = p;
+    ++n_partial;
+  }
+  if (!partial) return {};
+  const ReduceOp op = partial->reduce_op();
+  switch (rule.linearity) {
+    case Linearity::kMove:
+      break;
+    case Linearity::kAdditive:
+      if (op != ReduceOp::kSum && op != ReduceOp::kAvg) return {};
+      break;
+    case Linearity::kMax:
+    case Linearity::kMin:
+      if (op != (rule.linearity == Linearity::kMax ? ReduceOp::kMax : ReduceOp::kMin)) return {};
+      break;
+    case Linearity::kShift:
+      if (op != ReduceOp::kAvg && op != ReduceOp::kMax && op != ReduceOp::kMin) return {};
+      if (n_partial != inputs.size()) return {};
+      break;
+    default:
+      return {};
+  }
+  // Every input Partial: Replicate ones are partitioned into it.
+  return {Choice{std::vector<Placement>(inputs.size(), *partial),
+                 std::vector<Placement>(n_out, *partial)}};
+}
+
 // The choices for mesh dim m, best-first for ties: shardings, kept Partials, replication.
 // `compute_shardings`: when every input is replicated on m, also offer to shard each pass factor
 // there for compute alone (NOTE [compute in the cost model]).
@@ -129,41 +201,8 @@ std::vector<Choice> choices_for(const Rule& rule, const std::vector<DTensorSpec>
     if (auto c = shard_choice(rule, f)) out.push_back(std::move(*c));
   }
   if (any_partial) {
-    const size_t n_out = rule.outputs.size();
-    const Placement first = inputs[0].placement(m);
-    const bool all_same = std::all_of(inputs.begin(), inputs.end(), [&](const DTensorSpec& s) {
-      return s.placement(m) == first;
-    });
-    const bool additive_op = first.is_partial() && (first.reduce_op() == ReduceOp::kSum ||
-                                                    first.reduce_op() == ReduceOp::kAvg);
-    const bool shift_op = first.is_partial() && (first.reduce_op() == ReduceOp::kAvg ||
-                                                 first.reduce_op() == ReduceOp::kMax ||
-                                                 first.reduce_op() == ReduceOp::kMin);
-    // Data movement (copy_, cat) of the first input's Partial with Replicate inputs: those are
-    // partitioned into it (the holder keeps the value, the others the identity), no reduction.
-    const bool partition_others =
-        rule.linearity == Linearity::kMove && first.is_partial() &&
-        std::all_of(inputs.begin(), inputs.end(), [&](const DTensorSpec& s) {
-          return s.placement(m) == first || s.placement(m).is_replicate();
-        });
-    if ((all_same || partition_others) && first.is_partial() &&
-        (rule.linearity == Linearity::kMove ||
-         (rule.linearity == Linearity::kAdditive && additive_op) ||
-         (rule.linearity == Linearity::kShift && shift_op))) {
-      out.push_back(
-          {std::vector<Placement>(inputs.size(), first), std::vector<Placement>(n_out, first)});
-    }
+    for (Choice& c : kept_partials(rule, inputs, m)) out.push_back(std::move(c));
     if (rule.linearity == Linearity::kShapeOnly) keep_inputs = true;
-    if (rule.linearity == Linearity::kMultilinear) {
-      for (size_t i = 0; i < inputs.size(); ++i) {
-        const bool linear = rule.linear_inputs.empty() || rule.linear_inputs[i];
-        if (!linear || inputs[i].placement(m) != Partial()) continue;
-        Choice c{std::vector<Placement>(inputs.size(), Replicate()),
-                 std::vector<Placement>(n_out, Partial())};
-        c.in[i] = Partial();
-        out.push_back(std::move(c));
-      }
-    }
   }
   if (rule.linearity == Linearity::kShapeOnly && (keep_inputs || any_shard) &&
       (!any_shard || rule.output_shape_from_args)) {

@@ -55,15 +55,18 @@ struct Factor {
 using DimFactors = std::vector<int>;
 using TensorFactors = std::vector<DimFactors>;
 
-// How Partial inputs may pass through the op unreduced.
+// How Partial inputs may pass through the op unreduced (NOTE [kept Partials] in propagator.cc).
 enum class Linearity : uint8_t {
   kNone,         // every Partial input is reduced first
-  kMove,         // data movement (views, cat, clone): all inputs Partial(op), any op -> Partial(op)
-  kAdditive,     // sums (add, sub, sum): all inputs Partial(sum or avg), same op -> the same
-  kMultilinear,  // products (mul, mm): one input Partial(sum), the others Replicate -> Partial(sum)
+  kMove,         // data movement (views, cat, clone): Partial(any op) -> the same
+  kAdditive,     // sums (add, sub, sum): Partial(sum or avg) -> the same
+  kMultilinear,  // products (mul, mm): one input Partial(sum or avg), the others Replicate
   kShapeOnly,    // reads no values (zeros_like): a Partial input stays, the output is Replicate
   kShift,        // a Scalar added (add/sub .Scalar): Partial(avg, max or min) -> the same, as
                  // avg(x) + c = avg(x + c) and max(x) + c = max(x + c); Partial(sum) is reduced
+  kMax,          // maximum, amax, max: Partial(max) -> Partial(max), as max(max(a), max(b)) is
+                 // max(a, b)
+  kMin,          // minimum, amin, min: Partial(min) -> Partial(min)
 };
 
 struct Rule {

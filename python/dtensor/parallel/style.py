@@ -192,10 +192,20 @@ class SequenceParallel(ParallelStyle):
         self.use_local_output = use_local_output
 
     def _apply(self, module, device_mesh, *, tp_mesh_dim=None):
-        tp_mesh_dim, src_data_rank = _tp(device_mesh, tp_mesh_dim), self.src_data_rank
+        tp_mesh_dim = _tp(device_mesh, tp_mesh_dim)
+        # As PyTorch's: each rank's own parameters become the replicas (from_local, no check and
+        # no collective), since norms start from a fixed init (ones, zeros).
         for sub in module.modules():
-            _distribute_params(sub, device_mesh, tp_mesh_dim,
-                               {name: Replicate() for name in sub._parameters}, src_data_rank)
+            for name, p in list(sub._parameters.items()):
+                if p is None:
+                    continue
+                if isinstance(p, DTensor):
+                    raise ValueError(f"{type(sub).__name__}.{name} is already distributed (was "
+                                     f"the module parallelized twice?)")
+                dt = DTensor.from_local(p.detach(), device_mesh,
+                                        _full(device_mesh, tp_mesh_dim, Replicate()),
+                                        run_check=False)
+                sub.register_parameter(name, nn.Parameter(dt, requires_grad=p.requires_grad))
         seq = Shard(self.sequence_dim)
         module.register_forward_pre_hook(_first_input_hook(device_mesh, tp_mesh_dim, seq, seq))
         use_local = self.use_local_output

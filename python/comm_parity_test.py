@@ -1,0 +1,164 @@
+"""Never more communication than PyTorch (NOTE [kept Partials] in sharding_prop/propagator.cc,
+NOTE [leaf gradients keep the parameter's placements] in dtensor/api.cc).
+
+Four processes run every case twice, on the engine (shm) and on PyTorch 2.11's own DTensor
+(Gloo, torch.distributed's default group), from the same local tensors. Each case's global
+result must equal one device's on both; the engine's collective count (its CommDebugMode) must be
+at most PyTorch's (PyTorch's CommDebugMode, same run); and where the case says so, the engine's
+output placements must be PyTorch's. The cases are those where the engine once reduced a Partial
+that PyTorch keeps pending: a Replicate added to a Partial (PyTorch partitions it for free), a
+Partial(avg) times a scalar, a Partial(sum) times a Replicate, maximum/minimum and max/amax of
+Partial(max/min), and a sequence-parallel LayerNorm whose weight gradient PyTorch leaves
+Partial(sum) (the engine all-reduced it in the backward). Partial inputs hold a different piece on
+every rank (rank r: base * (r + 1) + r), so a missed or repeated reduction shows in the values.
+"""
+
+import os
+
+import pytest
+
+from launch_ranks import run_on_ranks
+
+WORKER = r'''
+import copy, os, warnings
+import torch
+import torch.distributed as dist
+from torch import nn
+
+# PyTorch's CommDebugMode hooks modules whose inputs need no gradient: its notice is noise here.
+warnings.filterwarnings("ignore", message="Full backward hook is firing")
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['PARITY_PORT']}",
+                        rank=rank, world_size=world)
+
+import dtensor, dtensor.debug, dtensor.parallel
+import torch.distributed.tensor as ptd
+import torch.distributed.tensor.debug as ptdebug
+import torch.distributed.tensor.parallel as ptpar
+from torch.distributed.device_mesh import init_device_mesh as pt_mesh
+
+
+class Side:
+    def __init__(self, mod, debug, par, mesh):
+        self.mod, self.debug, self.par, self.mesh = mod, debug, par, mesh
+
+    def P(self, base, op="sum"):  # rank r holds base * (r + 1) + r
+        return self.mod.DTensor.from_local(base * (rank + 1) + rank, self.mesh,
+                                           [self.mod.Partial(op)], run_check=False)
+
+    def R(self, t):
+        return self.mod.DTensor.from_local(t, self.mesh, [self.mod.Replicate()], run_check=False)
+
+
+def reduced(base, op):
+    pieces = torch.stack([base * (r + 1) + r for r in range(world)])
+    return {"sum": pieces.sum(0), "avg": pieces.mean(0), "max": pieces.amax(0),
+            "min": pieces.amin(0)}[op]
+
+
+engine = Side(dtensor, dtensor.debug, dtensor.parallel, dtensor.init_device_mesh("cpu", (world,)))
+torch_side = Side(ptd, ptdebug, ptpar, pt_mesh("cpu", (world,)))
+torch.manual_seed(0)
+a, b = torch.randn(8, 8), torch.randn(8, 8)
+g = torch.rand(4, 2 * world, 8)
+
+
+def sequence_parallel_layer_norm(X):
+    norm = X.par.parallelize_module(copy.deepcopy(nn.LayerNorm(8)), X.mesh, X.par.SequenceParallel())
+    out = norm(X.mod.distribute_tensor(g, X.mesh, [X.mod.Shard(1)]))
+    out.backward(torch.ones_like(out))
+    return norm.weight.grad
+
+
+def layer_norm_weight_grad():
+    w = nn.LayerNorm(8)
+    w(g).backward(torch.ones_like(g))
+    return w.weight.grad
+
+
+# name: (the case on a side, one device's result, whether the placements must be PyTorch's)
+CASES = {
+    "P(sum) + R": (lambda X: X.P(a) + X.R(b), lambda: reduced(a, "sum") + b, True),
+    "R + P(sum)": (lambda X: X.R(b) + X.P(a), lambda: b + reduced(a, "sum"), False),
+    "P(sum) - R": (lambda X: X.P(a) - X.R(b), lambda: reduced(a, "sum") - b, True),
+    "P(avg) + R": (lambda X: X.P(a, "avg") + X.R(b), lambda: reduced(a, "avg") + b, True),
+    "P(avg) * 2.5": (lambda X: X.P(a, "avg") * 2.5, lambda: reduced(a, "avg") * 2.5, True),
+    "P(sum) * R": (lambda X: X.P(a) * X.R(b), lambda: reduced(a, "sum") * b, True),
+    "P(sum) * P(sum)": (lambda X: X.P(a) * X.P(b), lambda: reduced(a, "sum") * reduced(b, "sum"),
+                        False),
+    "maximum(P(max), P(max))": (lambda X: torch.maximum(X.P(a, "max"), X.P(b, "max")),
+                                lambda: torch.maximum(reduced(a, "max"), reduced(b, "max")), True),
+    "minimum(P(min), P(min))": (lambda X: torch.minimum(X.P(a, "min"), X.P(b, "min")),
+                                lambda: torch.minimum(reduced(a, "min"), reduced(b, "min")), True),
+    "max(P(max))": (lambda X: torch.max(X.P(a, "max")), lambda: torch.max(reduced(a, "max")), True),
+    "amax(P(max), 0)": (lambda X: torch.amax(X.P(a, "max"), 0),
+                        lambda: torch.amax(reduced(a, "max"), 0), True),
+    "sum(P(sum))": (lambda X: X.P(a).sum(), lambda: reduced(a, "sum").sum(), True),
+    "SequenceParallel LayerNorm, weight gradient": (sequence_parallel_layer_norm,
+                                                    layer_norm_weight_grad, True),
+    "distribute_tensor Shard(0)": (lambda X: X.mod.distribute_tensor(a, X.mesh, [X.mod.Shard(0)]),
+                                   lambda: a, True),
+    "distribute_tensor Replicate": (lambda X: X.mod.distribute_tensor(a, X.mesh,
+                                                                      [X.mod.Replicate()]),
+                                    lambda: a, True),
+}
+
+failures = []
+for name, (case, want, same_placements) in CASES.items():
+    got = {}
+    for side_name, X in (("engine", engine), ("pytorch", torch_side)):
+        with X.debug.CommDebugMode() as mode:
+            out = case(X)
+        got[side_name] = (mode.get_total_counts(), [str(p) for p in out.placements])
+        if not torch.allclose(out.full_tensor(), want(), atol=1e-5):
+            failures.append(f"{name}: {side_name}'s values differ from one device's")
+    (n_engine, p_engine), (n_torch, p_torch) = got["engine"], got["pytorch"]
+    if n_engine > n_torch:
+        failures.append(f"{name}: the engine issued {n_engine} collectives, PyTorch {n_torch}")
+    if same_placements and p_engine != p_torch:
+        failures.append(f"{name}: the engine gives {p_engine}, PyTorch {p_torch}")
+    if rank == 0:
+        print(f"{name}: engine {n_engine} {p_engine}, pytorch {n_torch} {p_torch}")
+assert not failures, "\n".join(failures)
+dist.barrier()
+dist.destroy_process_group()
+print("ok")
+'''
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_no_more_collectives_than_pytorch_and_its_placements(tmp_path):
+    out = run_on_ranks(WORKER, 4, tmp_path, PARITY_PORT=str(_free_port()))
+    print(out)
+
+
+# distribute_tensor checks that every rank passed the source's shape and dtype within its one
+# scatter (the call's purpose names them) on backends that compare calls: a rank that passed
+# another shape fails on every rank, naming both, and the mesh goes on.
+MISMATCH_WORKER = r'''
+import os, torch
+from dtensor import Replicate, Shard, distribute_tensor, init_device_mesh
+rank = int(os.environ["RANK"])
+mesh = init_device_mesh("cpu", (4,))
+for placements in ([Shard(0)], [Replicate()]):
+    try:
+        distribute_tensor(torch.ones(8, 3 if rank == 2 else 4), mesh, placements)
+    except RuntimeError as e:
+        assert "distribute_tensor Float[8,4]" in str(e) and "distribute_tensor Float[8,3]" in str(e), e
+    else:
+        raise AssertionError("a rank with another shape was not caught")
+    x = torch.arange(32.).view(8, 4)
+    assert torch.equal(distribute_tensor(x, mesh, placements).full_tensor(), x)
+print("ok")
+'''
+
+
+@pytest.mark.parametrize("backend", ["shm", "c10d"])
+def test_distribute_tensor_refuses_ranks_with_another_shape(tmp_path, backend):
+    run_on_ranks(MISMATCH_WORKER, 4, tmp_path, DTENSOR_BACKEND=backend)
