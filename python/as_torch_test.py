@@ -426,3 +426,54 @@ def test_init_device_mesh_under_the_threaded_backend(tmp_path):
     assert results == ["ok"] * world, results
     print("ok")
     ''', tmp_path)
+
+
+def test_comm_counts_answer_pytorch_keys():
+    """NOTE [collective count keys]: CommDebugMode's counts are found by name, by PyTorch's
+    functional collective ops and by the Python functions of its functional collectives; a
+    collective that did not run counts 0; comm_counts is the same view."""
+    import torch
+    import torch.distributed._functional_collectives as funcol
+
+    import dtensor
+    from dtensor import Replicate, Shard, distribute_tensor, init_device_mesh
+    from dtensor.debug import CommDebugMode
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (2,))
+        x = distribute_tensor(torch.ones(4, 4), mesh, [Shard(0)])
+        comm = CommDebugMode()
+        assert comm.comm_counts == {}
+        with comm:
+            x.redistribute(mesh, [Replicate()])
+        counts = comm.get_comm_counts()
+        c10d_functional = torch.ops.c10d_functional
+        assert counts == {"all_gather_into_tensor": 1}
+        assert counts == {c10d_functional.all_gather_into_tensor: 1}
+        assert counts["all_gather_into_tensor"] == 1
+        assert counts[c10d_functional.all_gather_into_tensor] == 1
+        assert counts[c10d_functional.all_gather_into_tensor.default] == 1
+        assert counts[torch.ops._c10d_functional.all_gather_into_tensor] == 1
+        assert counts[funcol.all_gather_tensor] == 0  # a Python function: found by its name
+        assert counts[funcol.all_reduce] == 0
+        assert counts[c10d_functional.all_reduce] == 0 and "all_reduce" not in counts
+        assert c10d_functional.all_gather_into_tensor in counts
+        assert counts.get(c10d_functional.reduce_scatter_tensor, 0) == 0
+        assert list(counts) == ["all_gather_into_tensor"]
+        assert comm.comm_counts[c10d_functional.all_gather_into_tensor] == 1
+        with pytest.raises(KeyError):
+            counts[torch.ops.aten.mm]
+        return True
+
+    assert dtensor.run_threads(2, fn) == [True, True]
+
+
+def test_strided_shard_is_not_a_plain_shard():
+    """PyTorch's _StridedShard.is_shard() is False (it is not an even split of its dim)."""
+    from dtensor import Shard
+    from dtensor.placement_types import _StridedShard
+
+    s = _StridedShard(0, split_factor=2)
+    assert not s.is_shard() and not s.is_shard(0)
+    assert isinstance(s, Shard) and Shard(0).is_shard() and Shard(0).is_shard(0)
+    assert s != Shard(0) and s == _StridedShard(0, split_factor=2)

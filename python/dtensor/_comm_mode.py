@@ -45,6 +45,71 @@ _TRIVIAL = {
 }
 
 
+# NOTE [collective count keys]: PyTorch's CommDebugMode keys its counts by the functional
+# collective ops (torch.ops.c10d_functional.all_reduce and friends; tests also look up the
+# _c10d_functional and c10d ops, and the Python functions of
+# torch.distributed._functional_collectives). The engine's counts are keyed by name; a
+# _CommCounts answers a lookup by any of those keys through the op's name, and, like PyTorch's
+# defaultdict, gives 0 for a collective that did not run. Iteration and equality with a dict of
+# names stay as before.
+_OP_NAMESPACES = ("c10d_functional", "_c10d_functional", "c10d")
+_C10D_NAMES = {"allreduce_": "all_reduce", "_allgather_base_": "all_gather_into_tensor",
+               "allgather_into_tensor_coalesced_": "all_gather_into_tensor",
+               "_reduce_scatter_base_": "reduce_scatter_tensor", "alltoall_base_":
+               "all_to_all_single"}
+_PY_MODULES = ("torch.distributed._functional_collectives", "dtensor._functional_collectives")
+
+
+def _key_name(key):
+    """The collective name a count key stands for (None when it names no collective)."""
+    if isinstance(key, str):
+        return key
+    packet = getattr(key, "overloadpacket", None) or key  # an OpOverload's packet
+    qualified = getattr(packet, "_qualified_op_name", None)
+    if isinstance(qualified, str) and "::" in qualified:
+        namespace, name = qualified.split("::", 1)
+        if namespace == "c10d":  # the in-place c10d ops (c10d.scatter_, c10d.allreduce_, ...)
+            return _C10D_NAMES.get(name, name.rstrip("_"))
+        return name if namespace in _OP_NAMESPACES else None
+    if callable(key) and getattr(key, "__module__", None) in _PY_MODULES:
+        return getattr(key, "__name__", None)
+    return None
+
+
+class _CommCounts(dict):
+    """Collective counts by name, looked up by name or by the op PyTorch keys them by."""
+
+    def __getitem__(self, key):
+        name = _key_name(key)
+        if name is None:
+            raise KeyError(key)
+        return dict.get(self, name, 0)
+
+    def get(self, key, default=None):
+        name = _key_name(key)
+        return default if name is None else dict.get(self, name, default)
+
+    def __contains__(self, key):
+        name = _key_name(key)
+        return name is not None and dict.__contains__(self, name)
+
+    def __eq__(self, other):
+        if isinstance(other, dict) and not isinstance(other, _CommCounts):
+            normalized = {}
+            for k, v in other.items():
+                name = _key_name(k)
+                if name is None:
+                    return False
+                normalized[name] = normalized.get(name, 0) + v
+            other = normalized
+        return dict.__eq__(self, other)
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    __hash__ = None
+
+
 def _is_dtensor(t):
     return isinstance(t, torch.Tensor) and _C.is_dtensor(t)
 
@@ -63,9 +128,10 @@ class _OpRecorder(TorchFunctionMode):
 class CommDebugMode:
     """Counts the collectives this rank issues inside ``with CommDebugMode() as m:``.
 
-    PyTorch's API: ``get_total_counts()``; ``get_comm_counts()`` keyed by collective name
-    (``"all_reduce"``, ``"all_gather_into_tensor"``, ``"reduce_scatter_tensor"``,
-    ``"all_to_all_single"``); ``comm_module_counts`` (``{fqn: {"forward": {name: n},
+    PyTorch's API: ``get_total_counts()``; ``get_comm_counts()`` (and ``comm_counts``) keyed by
+    collective name (``"all_reduce"``, ``"all_gather_into_tensor"``, ``"reduce_scatter_tensor"``,
+    ``"all_to_all_single"``), also looked up by PyTorch's keys
+    (``torch.ops.c10d_functional.all_reduce``, NOTE [collective count keys]); ``comm_module_counts`` (``{fqn: {"forward": {name: n},
     "backward": {...}}}``, "Global" and every parent included); ``get_parameter_info()``
     (``{module fqn: {param name: tensor}}``); ``get_sharding_info()`` (``{"fqn.param":
     placements}``); ``generate_comm_debug_tracing_table(noise_level=3)``,
@@ -122,7 +188,18 @@ class CommDebugMode:
         return self._snapshot()["total"]
 
     def get_comm_counts(self):
-        return dict(self._snapshot()["kinds"])
+        """Counts by collective name; also looked up by PyTorch's keys
+        (``torch.ops.c10d_functional.all_reduce``, ``funcol.all_reduce``): NOTE [collective
+        count keys]."""
+        return _CommCounts(self._snapshot()["kinds"])
+
+    @property
+    def comm_counts(self):
+        """PyTorch's attribute: the counts so far, as ``get_comm_counts()`` (empty before the
+        first ``with``)."""
+        if self._counter is None and self._result is None:
+            return _CommCounts()
+        return self.get_comm_counts()
 
     def get_comm_counts_by_op(self):
         return dict(self._snapshot()["by_op"])

@@ -8,7 +8,8 @@ torch's module                              resolves to
 ==========================================  =============================================
 ``torch.distributed.tensor``                ``dtensor``
 ``torch.distributed.tensor.placement_types`` ``dtensor.placement_types``
-``torch.distributed.tensor.parallel``       ``dtensor.parallel`` (``.style``, ``.loss`` too)
+``torch.distributed.tensor.parallel``       ``dtensor.parallel`` (``.style``, ``.loss`` too;
+                                            ``.api`` is ``dtensor.parallel`` itself)
 ``torch.distributed.tensor.debug``          ``dtensor.debug``
 ``torch.distributed.tensor.experimental``   ``dtensor.experimental``
 ``torch.distributed.tensor.device_mesh``    ``dtensor.device_mesh``
@@ -42,7 +43,7 @@ What it cannot cover, by construction:
 * Private names (a dotted part starting with ``_``) under the aliased packages are torch's: a
   private module not imported yet is loaded from torch's files (it then sees the engine's
   public names). Public submodules the engine does not have (``torch.distributed.tensor.
-  parallel.api``, ``.ddp``, ``.fsdp``, ``.input_reshard``) are loaded from torch's files too.
+  parallel.ddp``, ``.fsdp``, ``.input_reshard``) are loaded from torch's files too.
   ``import torch.distributed.tensor._api as m`` (the ``import ... as`` form of a name both
   have) gives the engine's ``dtensor._api``; ``from torch.distributed.tensor._api import X``
   gives torch's.
@@ -80,6 +81,8 @@ ALIASES = {
     "torch.distributed.tensor.placement_types": "dtensor.placement_types",
     "torch.distributed.tensor.parallel": "dtensor.parallel",
     "torch.distributed.tensor.parallel.style": "dtensor.parallel.style",
+    # torch's module that defines parallelize_module; the engine's lives in the package.
+    "torch.distributed.tensor.parallel.api": "dtensor.parallel",
     "torch.distributed.tensor.parallel.loss": "dtensor.parallel.loss",
     "torch.distributed.tensor.debug": "dtensor.debug",
     "torch.distributed.tensor.experimental": "dtensor.experimental",

@@ -81,6 +81,11 @@ class _StridedShard(Shard):
         super().__init__(dim)
         self.split_factor = split_factor
 
+    def is_shard(self, dim=None):
+        # PyTorch's: a strided shard is not a plain Shard (is_shard() is False), so code that
+        # reads placements with is_shard() does not take it for an even split of its dim.
+        return False
+
     def _text(self):
         return f"_S({self.dim},{self.split_factor})"
 
