@@ -429,9 +429,9 @@ def test_init_device_mesh_under_the_threaded_backend(tmp_path):
 
 
 def test_comm_counts_answer_pytorch_keys():
-    """NOTE [collective count keys]: CommDebugMode's counts are found by name, by PyTorch's
-    functional collective ops and by the Python functions of its functional collectives; a
-    collective that did not run counts 0; comm_counts is the same view."""
+    """CommDebugMode's counts are found by name, by PyTorch's functional collective ops and by
+    the Python functions of its functional collectives; a collective that did not run counts 0;
+    comm_counts is the same view (NOTE [collective count keys])."""
     import torch
     import torch.distributed._functional_collectives as funcol
 
