@@ -132,7 +132,9 @@ bool compares_calls(const std::string& group);
 // their names and non-tensor arguments (dtensor/program_digest.h), and every collective it issues
 // on that mesh carries them (this scope): the backends that compare calls (threads, shm, c10d)
 // fail the collective on every rank, naming both counts, when they differ. Collectives issued
-// outside a scope (functional collectives, torch.distributed) carry 0 and are not checked.
+// outside a scope (functional collectives, torch.distributed) carry 0 and are not checked. The
+// check runs at collectives only: reading a Replicate result (full_tensor, to_local) communicates
+// nothing, so ranks that diverged after their last collective are caught at their next one.
 // DTENSOR_PROGRAM_CHECK=0 turns it off (read once); ranks that must legitimately run different
 // ops on one mesh (e.g. rank-0-only logging with distributed-tensor ops) need it off.
 class ProgramScope {

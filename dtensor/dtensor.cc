@@ -151,7 +151,12 @@ DTensor distribute_tensor(const at::Tensor& input, const DeviceMesh& mesh,
   const DTensorSpec spec = DTensorSpec::make(
       mesh, placements, TensorMeta::make(tensor.sizes().vec(), tensor.scalar_type()));
   const auto coord = my_coordinate(mesh, "distribute_tensor");
-  if (!src_rank) return DTensor(local_tensor_for(tensor.detach(), spec, coord), spec);
+  // A meta tensor holds no data to send: every rank keeps its piece's metadata, with no
+  // collective (as PyTorch's collectives return at once on meta tensors), so that a model built
+  // on the meta device is parallelized before it is materialized (to_empty, then init).
+  if (!src_rank || tensor.is_meta()) {
+    return DTensor(local_tensor_for(tensor.detach(), spec, coord), spec);
+  }
 
   if (!mesh.contains(*src_rank)) {
     throw Error("distribute_tensor: src_rank " + std::to_string(*src_rank) + " is not in " +

@@ -274,18 +274,25 @@ BuiltRule sdpa_of(const Metas& m, const LayoutArgs&) {
   return {std::move(r), {m[0].dtype, m[0].dtype}};
 }
 
-// new_zeros/new_ones/new_empty/new_full(self, size): ints: the new sizes. Reads nothing of
-// self: self stays as it is and the new tensor is replicated.
+// new_zeros/new_ones/new_empty/new_full/new_empty_strided(self, size): ints: the new sizes.
+// Reads nothing of self: self stays as it is. A new tensor of self's shape is laid out as self's
+// Shards (as PyTorch's), one of another shape is replicated; a Partial self gives Replicate.
 BuiltRule new_factory_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 1, 1, "new_*");
   Rule r;
   r.linearity = Linearity::kShapeOnly;
   r.output_shape_from_args = true;
-  TensorFactors in, out;
-  for (int64_t s : m[0].shape) in.push_back(r.add_dim(s, FactorKind::kReplicate));
   for (int64_t s : a.ints) {
     if (s < 0) throw Error("new_*: negative size " + std::to_string(s));
-    out.push_back(r.add_dim(s, FactorKind::kReplicate));
+  }
+  const bool same_shape = a.ints == m[0].shape;
+  const FactorKind kind = same_shape ? FactorKind::kPass : FactorKind::kReplicate;
+  TensorFactors in, out;
+  for (int64_t s : m[0].shape) in.push_back(r.add_dim(s, kind));
+  if (same_shape) {
+    out = in;
+  } else {
+    for (int64_t s : a.ints) out.push_back(r.add_dim(s, FactorKind::kReplicate));
   }
   r.inputs = {in};
   r.outputs = {out};

@@ -104,7 +104,11 @@ void add_nn(Adder& add) {
 void add_random_and_factories(Adder& add) {
   add("aten::native_dropout", "pointwise", {}, dropout_of, same_shape, Execution::kDropout);
   add("aten::native_dropout_backward", "pointwise", {}, pointwise(2, lin));
-  for (const char* op : {"empty_like", "zeros_like", "ones_like", "full_like"}) {
+  // empty_like's values are undefined, so it keeps every placement of its input, Partial too
+  // (as PyTorch's: Module.to_empty keeps a Partial buffer Partial); the others hold values,
+  // which a Partial layout would multiply, so they are Replicate there.
+  add("aten::empty_like", "factory", {}, pointwise(1, Linearity::kMove));
+  for (const char* op : {"zeros_like", "ones_like", "full_like"}) {
     add(std::string("aten::") + op, "factory", {}, pointwise(1, Linearity::kShapeOnly));
   }
   for (const char* op : {"rand_like", "randn_like", "randint_like", "randint_like.low_dtype"}) {

@@ -139,6 +139,24 @@ TEST(PropagatorTest, ChoosesTheCheapestLayoutTable) {
       {"aten::zeros_like", {4}, {{"S(0)", {8, 4}}}, {}, "[S(0)]", "[S(0)]", ""},
       {"aten::zeros_like", {4}, {{"P", {8, 4}}}, {}, "[P(sum)]", "[R]", ""},
       {"aten::new_zeros", {4}, {{"S(1)", {8, 4}}}, {{3, 3}}, "[S(1)]", "[R]", ""},
+      // NOTE [kept Partials]: a Replicate joins a sum's Partial by being partitioned (no
+      // reduction); avg passes through a product; max through maximum and amax.
+      {"aten::add.Tensor", {4}, {{"P", {8, 4}}, {"R", {8, 4}}}, {}, "[P(sum)];[P(sum)]",
+       "[P(sum)]", ""},
+      {"aten::sub.Tensor", {4}, {{"R", {4}}, {"P(avg)", {8, 4}}}, {}, "[P(avg)];[P(avg)]",
+       "[P(avg)]", ""},
+      {"aten::mul.Tensor", {4}, {{"P(avg)", {8, 4}}, {"R", {8, 4}}}, {}, "[P(avg)];[R]",
+       "[P(avg)]", ""},
+      {"aten::maximum", {4}, {{"P(max)", {8, 4}}, {"P(max)", {8, 4}}}, {}, "[P(max)];[P(max)]",
+       "[P(max)]", ""},
+      // minimum does not commute with max: reduced (to the cheapest layout, reduce_scatter).
+      {"aten::minimum", {4}, {{"P(max)", {8, 4}}, {"P(max)", {8, 4}}}, {}, "[S(0)];[S(0)]",
+       "[S(0)]", ""},
+      {"aten::amax", {4}, {{"P(max)", {8, 4}}}, {{0, 1}}, "[P(max)]", "[P(max)]", ""},
+      // Of self's shape: laid out as self, as PyTorch's new_* strategy.
+      {"aten::new_zeros", {4}, {{"S(1)", {8, 4}}}, {{8, 4}}, "[S(1)]", "[S(1)]", ""},
+      {"aten::new_empty_strided", {4}, {{"S(0)", {8, 4}}}, {{8, 4}}, "[S(0)]", "[S(0)]", ""},
+      {"aten::new_full", {4}, {{"P", {8, 4}}}, {{8, 4}}, "[P(sum)]", "[R]", ""},
       // A Shard on a size-1 dim is kept through the op (NOTE [size-1 factors]), never introduced.
       {"aten::mul.Tensor",
        {2},
