@@ -158,9 +158,8 @@ class ThreadsCommunicator : public Communicator {
       fail(g, call, "did not finish", start);
     }
     if (!bad.empty()) {
-      throw CallMismatch(
-          std::string(call.label.empty() ? collective_name(call.kind) : call.label) +
-          " on group '" + group().name + "' (threads): ranks disagree: " + bad);
+      throw CallMismatch(std::string(call.label.empty() ? collective_name(call.kind) : call.label) +
+                         " on group '" + group().name + "' (threads): ranks disagree: " + bad);
     }
   }
 

@@ -183,8 +183,8 @@ DTensor distribute_tensor(const at::Tensor& input, const DeviceMesh& mesh,
     for (size_t i = 0; i < metas.size(); ++i) {
       if (metas[i] != metas[src_index]) {
         throw Error("distribute_tensor: rank " + std::to_string(mesh.ranks()[i]) + " passed " +
-                    meta_text(metas[i]) + " but src_rank " + std::to_string(*src_rank) +
-                    " has " + meta_text(metas[src_index]) +
+                    meta_text(metas[i]) + " but src_rank " + std::to_string(*src_rank) + " has " +
+                    meta_text(metas[src_index]) +
                     "; every rank must pass a tensor of the same shape and dtype");
       }
     }

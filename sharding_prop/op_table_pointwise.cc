@@ -199,8 +199,8 @@ void add_binary_pointwise(Adder& add) {
   add("aten::rsub.Scalar", "pointwise", {}, pointwise(1, lin));
   add("aten::maximum", "pointwise", {}, pointwise(2, Linearity::kMax));
   add("aten::minimum", "pointwise", {}, pointwise(2, Linearity::kMin));
-  for (const char* op : {"atan2", "logical_and", "logical_or",
-                         "bitwise_and.Tensor", "bitwise_or.Tensor", "bitwise_xor.Tensor"}) {
+  for (const char* op : {"atan2", "logical_and", "logical_or", "bitwise_and.Tensor",
+                         "bitwise_or.Tensor", "bitwise_xor.Tensor"}) {
     add(std::string("aten::") + op, "pointwise", {}, pointwise(2, lin));
   }
   for (const char* op : {"eq", "ne", "lt", "le", "gt", "ge"}) {
