@@ -332,3 +332,19 @@ def test_in_place_view_ops_keep_the_sharding(op):
         return True
 
     assert all(dtensor.run_threads(2, fn))
+
+
+def test_placements_of_the_wrong_length_raise_value_error_as_pytorch():
+    """distribute_tensor, from_local and the factories refuse a placement list whose length is
+    not the mesh's number of dims with PyTorch's exception type (ValueError), before any work."""
+    def fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (2, 2))
+        t = torch.ones(4, 4)
+        for call in (lambda: dtensor.distribute_tensor(t, mesh, [dtensor.Shard(0)]),
+                     lambda: dtensor.DTensor.from_local(t, mesh, [dtensor.Replicate()] * 3),
+                     lambda: dtensor.zeros(4, 4, device_mesh=mesh, placements=[dtensor.Shard(0)])):
+            with pytest.raises(ValueError, match="must have the same length as"):
+                call()
+        return True
+
+    assert dtensor.run_threads(4, fn) == [True] * 4

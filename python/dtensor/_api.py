@@ -54,6 +54,10 @@ def _check_mesh(device_mesh, placements, ndim=None):
         raise TypeError(f"expected a dtensor.DeviceMesh, got {type(device_mesh).__name__}")
     if placements is None:
         placements = [Replicate()] * device_mesh.ndim
+    if len(placements) != device_mesh.ndim:  # PyTorch's exception type for it
+        raise ValueError(f"`placements` must have the same length as `device_mesh.ndim`! Found "
+                         f"placements length: {len(placements)}, and device_mesh.ndim: "
+                         f"{device_mesh.ndim}.")
     _meshes.setdefault(device_mesh._mesh, device_mesh)
     return _to_c_list(placements, ndim)
 
