@@ -13,6 +13,8 @@
 //   - Broken internal invariants are TORCH_INTERNAL_ASSERT (a bug in the engine, not the caller).
 //   - Searches over candidates (propagation, redistribute planning) return std::optional and
 //     never catch: an exception in them is a real error and propagates.
+//   - dtensor::InvalidValue, a dtensor::Error, marks the few bad values PyTorch reports as
+//     ValueError; the bindings raise it as ValueError.
 // Pure-Python checks in the `dtensor` package raise what PyTorch raises there (TypeError for a
 // wrong type, KeyError for an unknown mesh dim name, ValueError for a bad value).
 
@@ -28,6 +30,13 @@ class Error : public c10::Error {
   explicit Error(std::string message);
   // The message alone (c10::Error's what() appends a backtrace).
   const char* what() const noexcept override { return what_without_backtrace(); }
+};
+
+// A bad value where PyTorch raises ValueError (from_local's metadata check): reaches Python as
+// ValueError through the pybind11 bindings (python/bindings.cc registers the translation).
+class InvalidValue : public Error {
+ public:
+  using Error::Error;
 };
 
 // Throws dtensor::Error with the parts concatenated (c10::str: strings, numbers, sizes).

@@ -478,7 +478,7 @@ std::vector<at::Tensor> reduce_scatter_tensor_coalesced(const std::vector<at::Te
 
 at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>& output_splits,
                              const std::vector<int64_t>& input_splits, const std::string& group,
-                             bool async_op) {
+                             bool async_op, const char* label) {
   const int64_t n = group_size(group);
   if (input.dim() == 0) throw Error("all_to_all_single needs a tensor with dims");
   const int64_t rows = input.size(0);
@@ -504,8 +504,7 @@ at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>
                 std::to_string(n) + ") and input splits summing to dim 0 (" + std::to_string(rows) +
                 ")");
   }
-  CollectiveCall c =
-      make_call(CollectiveKind::kAllToAll, "all_to_all_single", flat(input), out_rows * inner);
+  CollectiveCall c = make_call(CollectiveKind::kAllToAll, label, flat(input), out_rows * inner);
   for (int64_t s : in_s) c.input_splits.push_back(s * inner);
   for (int64_t s : out_s) c.output_splits.push_back(s * inner);
   std::vector<int64_t> out_shape = input.sizes().vec();

@@ -59,9 +59,12 @@ std::vector<at::Tensor> reduce_scatter_tensor_coalesced(const std::vector<at::Te
 
 // Splits `input` along dim 0 by `input_splits` (rows sent to each rank; empty = equal split) and
 // returns the rows received, `output_splits` from each rank (empty = equal split).
+// `label` names the call in counts and errors: kScatterLabel for a scatter from one rank (the
+// others send nothing), which CommDebugMode reports as PyTorch's scatter.
+inline constexpr char kScatterLabel[] = "scatter";
 at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>& output_splits,
                              const std::vector<int64_t>& input_splits, const std::string& group,
-                             bool async_op = false);
+                             bool async_op = false, const char* label = "all_to_all_single");
 // Split-dim / concat-dim form: `input` is cut into group-size equal chunks along `split_dim`,
 // chunk i goes to rank i, and the chunks received are concatenated along `concat_dim` in rank
 // order (the step behind Shard(i) -> Shard(j)).

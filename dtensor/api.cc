@@ -53,11 +53,14 @@ at::Tensor factory(const std::vector<int64_t>& size, const DeviceMesh& mesh,
                    const Placements& placements, const at::TensorOptions& options, const char* what,
                    Make make) {
   const DTensorSpec spec = factory_spec(size, mesh, placements, options, what);
-  const LocalBox box = local_box(spec, my_coordinate(mesh, what));
   // NOTE [mesh device]: the piece lives on the mesh's device unless options name another.
   const at::TensorOptions local =
       options.has_device() ? options : options.device(mesh.local_device());
-  at::Tensor t = make_dtensor(make(spec, box, local.requires_grad(false)), spec);
+  at::Tensor t = make_dtensor(
+      holds_piece(mesh)
+          ? make(spec, local_box(spec, my_coordinate(mesh, what)), local.requires_grad(false))
+          : absent_piece(spec, local.requires_grad(false)),  // NOTE [ranks outside the mesh]
+      spec);
   make_leaf(t, options.requires_grad());
   return t;
 }
@@ -130,9 +133,11 @@ at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Pla
   // reaches `local` on its own device.
   const at::Tensor moved = to_mesh_device_type(local, mesh);
   const DTensor v =
-      dtensor::from_local(moved.detach(), mesh, placements, run_check, shape, stride, shard_order);
+      // requires_grad travels with the detached piece: run_check compares it across ranks.
+      dtensor::from_local(moved.detach().requires_grad_(moved.requires_grad()), mesh, placements,
+                          run_check, shape, stride, shard_order);
   if (records_grad(moved)) return autograd::from_local(moved, v.spec());
-  return make_dtensor(v.to_local(), v.spec());
+  return make_dtensor(v.to_local().detach(), v.spec());
 }
 
 at::Tensor to_local(const at::Tensor& dtensor, const std::optional<Placements>& grad_placements) {
@@ -204,6 +209,7 @@ at::Tensor redistribute(const at::Tensor& dtensor, const Placements& placements,
 
 at::Tensor full_tensor(const at::Tensor& dtensor) {
   const DTensorSpec& s = spec_of(dtensor, "full_tensor");
+  my_coordinate(s.mesh(), "full_tensor");  // NOTE [ranks outside the mesh]: raises there
   return to_local(redistribute(dtensor, Placements(s.mesh().ndim(), Replicate())));
 }
 

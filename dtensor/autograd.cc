@@ -21,9 +21,12 @@ at::Tensor grad_moved(const at::Tensor& grad, const DTensorSpec& forward) {
 struct FromLocalFn : torch::autograd::Function<FromLocalFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, DTensorSpec spec) {
     save_specs(ctx, spec, spec);
+    // NOTE [ranks outside the mesh]: there `local` is no piece of the tensor and gets no gradient.
+    if (!holds_piece(spec.mesh())) return make_dtensor(absent_piece(spec, local.options()), spec);
     return make_dtensor(local.detach(), spec);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!holds_piece(saved_specs(ctx).from.mesh())) return {at::Tensor(), at::Tensor()};
     const at::Tensor g = grad_moved(grads[0], saved_specs(ctx).from);
     return {is_dtensor(g) ? local_of(g) : g, at::Tensor()};
   }
@@ -39,7 +42,10 @@ struct ToLocalFn : torch::autograd::Function<ToLocalFn> {
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
     // NOTE [pieces in the spec's layout]: autograd lays the gradient out as it likes (k's
     // gradient through `k.transpose(-2, -1)` has the sequence dim innermost).
-    return {grad_moved(make_dtensor(in_spec_layout(grads[0], s.from), s.from), s.to), at::Tensor()};
+    // The gradient goes on in the layout to_local's grad_placements gave it, as PyTorch's: the op
+    // that made `dt` moves it where it needs it (a Partial gradient of a redistribute from
+    // Shard(0) is one reduce_scatter, not an all_reduce here and a slice there).
+    return {make_dtensor(in_spec_layout(grads[0], s.from), s.from), at::Tensor()};
   }
 };
 

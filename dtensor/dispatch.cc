@@ -158,6 +158,7 @@ std::unique_ptr<OpInfo> make_info(const c10::OperatorHandle& op) {
   if (entry != nullptr) info->execution = entry->execution;
   info->per_element = entry == nullptr && info->name.rfind("aten::_foreach_", 0) == 0;
   info->amp_unscale = info->name == "aten::_amp_foreach_non_finite_check_and_unscale_";
+  info->same_size = info->name == "aten::is_same_size";
   const auto& args = schema.arguments();
   info->is_out.assign(args.size(), false);
   info->is_scalar.assign(args.size(), false);
@@ -438,6 +439,29 @@ void prepare_out_args(const OpInfo& info, const c10::FunctionSchema& schema,
   }
 }
 
+// NOTE [out= keeps its layout]: as PyTorch's, an out= tensor keeps its placements: a result
+// computed in another layout of the same global shape is redistributed into it (torch.add(S(0),
+// 3, out=R) all-gathers the result into the Replicate out). A result of another global shape
+// replaces the piece and spec (ATen resizes out= with a warning).
+void settle_out_arg(const at::Tensor& out, const at::Tensor& local, const DTensorSpec& result) {
+  const DTensorSpec& held = spec_of(out);
+  const bool relayout = held.placements() != result.placements() && held.mesh() == result.mesh() &&
+                        held.meta().dtype == result.meta().dtype &&
+                        held.meta().shape == result.meta().shape;
+  if (!relayout) {
+    dtensor_impl(out)->set(local, result);
+    return;
+  }
+  const DTensorSpec want = DTensorSpec::make(result.mesh(), held.placements(), result.meta());
+  // A Partial out= tensor takes the result partitioned (one rank's share holds it).
+  at::Tensor moved = redistribute_local(local, result, want, /*async_op=*/false,
+                                        PlanOptions{/*allow_partial=*/true});
+  const at::Tensor piece = local_of(out);
+  const LocalKernelScope kernel;                        // NOTE [engine activity]
+  if (moved.is_alias_of(piece)) moved = moved.clone();  // the kernel wrote into the piece
+  piece.copy_(moved);
+}
+
 // Runs an op whose execution is not "the same op on the pieces" (Execution); false for those
 // that are.
 bool run_special(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
@@ -506,8 +530,7 @@ void wrap_returns(const OpInfo& info, const c10::FunctionSchema& schema,
     if (r.isTensor()) {
       const size_t o = next++;
       if (writes >= 0 && originals[writes].defined()) {
-        if (info.is_out[writes])
-          dtensor_impl(originals[writes])->set(r.toTensor(), s.outputs.at(o));
+        if (info.is_out[writes]) settle_out_arg(originals[writes], r.toTensor(), s.outputs.at(o));
         r = originals[writes];
       } else if (r.toTensor().defined()) {
         r = wrap(info.name, r.toTensor(), s.outputs.at(o), view_base(info, j, originals));
@@ -533,6 +556,13 @@ void kernel_body(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (info.per_element) return run_per_element(op, stack);    // NOTE [foreach ops per element]
   const EngineScope engine;                                   // NOTE [engine activity]
   if (info.amp_unscale) return run_amp_unscale(info, stack);  // NOTE [amp unscale]
+  if (info.same_size) {  // metadata only, as PyTorch's: no rule, no communication
+    const bool same = (*stack)[stack->size() - 2].toTensor().sizes().equals(
+        (*stack)[stack->size() - 1].toTensor().sizes());
+    torch::jit::drop(*stack, 2);
+    stack->push_back(same);
+    return;
+  }
   const c10::FunctionSchema& schema = op.schema();
   const size_t n = schema.arguments().size();
   c10::IValue* args = &(*stack)[stack->size() - n];
@@ -559,6 +589,10 @@ void kernel_body(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
     const ReplicatePlainTensorsGuard zeros(true);  // NOTE [zeros of backward formulas]
     inputs = collect_inputs(info, schema, args, n);
+  }
+  if (!holds_piece(inputs[0].spec.mesh())) {  // NOTE [ranks outside the mesh]
+    run_outside_mesh(op, info, stack, args, n, inputs, originals);
+    return;
   }
   if (program_check_enabled() && inputs[0].spec.mesh().size() > 1) {  // NOTE [program digest]
     record_program_op(inputs[0].spec.mesh(), kOpRan, call_digest(info, args, n));

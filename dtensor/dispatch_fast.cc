@@ -51,6 +51,7 @@
 #include "dtensor/engine_activity.h"
 #include "dtensor/flop_counter.h"
 #include "dtensor/program_digest.h"
+#include "dtensor/redistribute.h"
 
 namespace dtensor::dispatch_detail {
 namespace {
@@ -114,6 +115,7 @@ bool run_fast(const c10::OperatorHandle& op, const OpInfo& info, FastCall& call,
     if (s.input_targets[k] != call.inputs[k].spec) return false;
   }
   const DeviceMesh& mesh = call.inputs[0].spec.mesh();
+  if (!holds_piece(mesh)) return false;              // NOTE [ranks outside the mesh]
   if (program_check_enabled() && mesh.size() > 1) {  // NOTE [program digest]
     record_program_op(mesh, kOpRan, call_digest(info, args, n));
   }

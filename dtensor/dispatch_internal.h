@@ -38,6 +38,7 @@ struct OpInfo {
   int pin_memory_arg = -1;   // a factory's pin_memory (NOTE [output metadata from ATen])
   bool per_element = false;  // an aten::_foreach_* op: NOTE [foreach ops per element]
   bool amp_unscale = false;  // GradScaler's unscale: NOTE [amp unscale]
+  bool same_size = false;    // is_same_size: the global shapes compared (plain tensors allowed)
   // The table entry, looked up on first use when it was missing (register_rule may add it later).
   mutable std::atomic<const sharding::OpEntry*> entry{nullptr};
 };
@@ -123,6 +124,12 @@ void run_random(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::S
                 const at::Tensor& self);
 void run_dropout(const c10::IValue* args, torch::jit::Stack* stack, size_t n,
                  const at::Tensor& input, const sharding::OpSharding& s);
+
+// NOTE [ranks outside the mesh] (redistribute.h): the op's outputs on a rank outside its inputs'
+// mesh, as empty pieces of the propagated specs (dispatch_outside_mesh.cc).
+void run_outside_mesh(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
+                      c10::IValue* args, size_t n, const Inputs& inputs,
+                      const c10::SmallVector<at::Tensor, 8>& originals);
 
 // Runs `op`, which has no table entry, by the replicate fallback (dispatch_fallback.cc, NOTE
 // [replicate fallback]).

@@ -78,12 +78,15 @@ TEST(Dispatch, InPlaceOutAndViews) {
     expect_same(da, (a + b) * 2);
     at::Tensor row = da.select(1, 0);
     EXPECT_EQ(api::spec(row).placements(), Placements{Shard(0)});
-    // out=: the out tensor is rewrapped with the propagated layout.
+    // out=: the out tensor keeps its layout (NOTE [out= keeps its layout]); the result of
+    // another layout is moved into it.
     at::Tensor out = api::zeros({8, 4}, mesh, {Replicate()}, at::kDouble);
     at::Tensor& r = at::add_out(out, da, db);
     EXPECT_TRUE(r.is_same(out));
     expect_same(out, (a + b) * 2 + b);
     EXPECT_EQ(api::spec(out).shape(), (std::vector<int64_t>{8, 4}));
+    EXPECT_EQ(api::spec(out).placements(), Placements{Replicate()});
+    EXPECT_EQ(api::local(out).sizes(), at::IntArrayRef({8, 4}));
     // out= overloads of the elementwise table (acos.out, fmod.Tensor_out, round.decimals_out).
     const at::Tensor unit = api::distribute_tensor(at::sin(a), mesh, {Shard(0)});
     at::Tensor o1 = api::zeros({8, 4}, mesh, {Shard(0)}, at::kDouble);
@@ -95,6 +98,8 @@ TEST(Dispatch, InPlaceOutAndViews) {
     at::Tensor o3 = api::zeros({8, 4}, mesh, {Shard(1)}, at::kDouble);
     at::round_out(o3, db, 1);
     expect_same(o3, at::round(b, 1));
+    EXPECT_EQ(api::spec(o3).placements(), Placements{Shard(1)});
+    EXPECT_EQ(api::spec(o2).placements(), Placements{Replicate()});
     // An in-place op no rule lets keep a Partial self (exp of a Partial value is not the sum of
     // the shares' exps) runs out of place on the reduced value and is copied back by partition
     // (NOTE [in-place by copy]): one device's values, self still Partial.

@@ -26,12 +26,15 @@ at::Tensor move(const at::Tensor& local, DTensorSpec from, DTensorSpec to, bool 
 
 bool records_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
 
-// Exchanges (dtype, shape) over every rank of `mesh`; returns them in mesh order. The metadata
-// travels on the mesh's device (NOTE [mesh device]: NCCL takes CUDA tensors only) and is read
-// back on the CPU.
+// Exchanges (dtype, ndim, requires_grad, shape...) over every rank of `mesh`; returns them in
+// mesh order. requires_grad is sent as 0 unless `with_requires_grad` (only from_local's check
+// compares it). The metadata travels on the mesh's device (NOTE [mesh device]: NCCL takes CUDA
+// tensors only) and is read back on the CPU.
 constexpr int64_t kMaxDims = 16;
+constexpr int64_t kMetaHead = 3;
+
 std::vector<std::vector<int64_t>> exchange_meta(const DeviceMesh& mesh, const at::Tensor& t,
-                                                const char* what) {
+                                                const char* what, bool with_requires_grad) {
   if (t.dim() > kMaxDims) {
     throw Error(std::string(what) + ": tensors of more than " + std::to_string(kMaxDims) +
                 " dims are not supported");
@@ -39,18 +42,19 @@ std::vector<std::vector<int64_t>> exchange_meta(const DeviceMesh& mesh, const at
   std::vector<int64_t> dims(mesh.ndim());
   for (int64_t m = 0; m < mesh.ndim(); ++m) dims[m] = m;
   const std::string group = group_over_dims(mesh, dims);
-  at::Tensor mine = at::full({2 + kMaxDims}, -1, at::kLong);
+  at::Tensor mine = at::full({kMetaHead + kMaxDims}, -1, at::kLong);
   mine[0] = static_cast<int64_t>(t.scalar_type());
   mine[1] = t.dim();
-  for (int64_t d = 0; d < t.dim(); ++d) mine[2 + d] = t.size(d);
+  mine[2] = with_requires_grad && t.requires_grad() ? 1 : 0;
+  for (int64_t d = 0; d < t.dim(); ++d) mine[kMetaHead + d] = t.size(d);
   const at::Tensor all = collectives::all_gather_into_tensor(mine.to(mesh.local_device()), 0, group)
                              .cpu()
-                             .view({-1, 2 + kMaxDims});
+                             .view({-1, kMetaHead + kMaxDims});
   std::vector<std::vector<int64_t>> out;
   for (int64_t i = 0; i < all.size(0); ++i) {
     const at::Tensor row = all[i];
     std::vector<int64_t> v(row.data_ptr<int64_t>(),
-                           row.data_ptr<int64_t>() + 2 + row[1].item<int64_t>());
+                           row.data_ptr<int64_t>() + kMetaHead + row[1].item<int64_t>());
     out.push_back(std::move(v));
   }
   return out;
@@ -58,7 +62,8 @@ std::vector<std::vector<int64_t>> exchange_meta(const DeviceMesh& mesh, const at
 
 std::string meta_text(const std::vector<int64_t>& m) {
   return std::string(c10::toString(static_cast<c10::ScalarType>(m[0]))) + "[" +
-         absl::StrJoin(std::vector<int64_t>(m.begin() + 2, m.end()), ",") + "]";
+         absl::StrJoin(std::vector<int64_t>(m.begin() + kMetaHead, m.end()), ",") + "]" +
+         (m[2] ? " requires_grad" : "");
 }
 
 // distribute_tensor's scatter purpose: the tensor's dtype and shape, the shape as a hash when
@@ -88,6 +93,7 @@ void refuse_partial(const Placements& placements, const char* what) {
 DTensorSpec grad_spec(const DTensorSpec& spec, const std::optional<Placements>& grad_placements) {
   if (!grad_placements) return without_partial(spec);
   const DTensorSpec grad = DTensorSpec::make(spec.mesh(), *grad_placements, spec.meta());
+  if (!holds_piece(spec.mesh())) return grad;  // NOTE [ranks outside the mesh]
   const auto coord = my_coordinate(spec.mesh(), "to_local");
   DTENSOR_CHECK(local_box(grad, coord).shape == local_box(spec, coord).shape,
                 "to_local: grad_placements ", dtensor::to_string(*grad_placements),
@@ -114,6 +120,7 @@ at::Tensor DTensor::to_local(const std::optional<Placements>& grad_placements) c
 }
 
 at::Tensor DTensor::full_tensor() const {
+  my_coordinate(spec_.mesh(), "full_tensor");  // NOTE [ranks outside the mesh]: raises there
   return redistribute(Placements(spec_.mesh().ndim(), Replicate())).to_local();
 }
 
@@ -150,6 +157,7 @@ DTensor distribute_tensor(const at::Tensor& input, const DeviceMesh& mesh,
   const at::Tensor tensor = to_mesh_device(input, mesh);  // NOTE [inputs move to the mesh's device]
   const DTensorSpec spec = DTensorSpec::make(
       mesh, placements, TensorMeta::make(tensor.sizes().vec(), tensor.scalar_type()));
+  if (!holds_piece(mesh)) return DTensor(absent_piece(spec, tensor.options()), spec);
   const auto coord = my_coordinate(mesh, "distribute_tensor");
   // A meta tensor holds no data to send: every rank keeps its piece's metadata, with no
   // collective (as PyTorch's collectives return at once on meta tensors), so that a model built
@@ -162,8 +170,9 @@ DTensor distribute_tensor(const at::Tensor& input, const DeviceMesh& mesh,
     throw Error("distribute_tensor: src_rank " + std::to_string(*src_rank) + " is not in " +
                 mesh.to_string());
   }
-  // A scatter as one all_to_all_single: the source sends every rank exactly its box, and every
-  // rank receives its box as its own tensor's shape gives it. So every rank must pass the
+  // A scatter as one all_to_all_single (a broadcast when no placement shards, as PyTorch's): the
+  // source sends every rank exactly its box, and every rank receives its box as its own
+  // tensor's shape gives it. So every rank must pass the
   // source's shape and dtype: a backend that compares calls checks it within the scatter (the
   // call's purpose names them), one collective as PyTorch's scatter; the others (NCCL) exchange
   // them first.
@@ -179,7 +188,7 @@ DTensor distribute_tensor(const at::Tensor& input, const DeviceMesh& mesh,
   if (collectives::compares_calls(group)) {
     purpose.emplace(scatter_purpose(tensor));
   } else {
-    const auto metas = exchange_meta(mesh, tensor, "distribute_tensor");
+    const auto metas = exchange_meta(mesh, tensor, "distribute_tensor", false);
     for (size_t i = 0; i < metas.size(); ++i) {
       if (metas[i] != metas[src_index]) {
         throw Error("distribute_tensor: rank " + std::to_string(mesh.ranks()[i]) + " passed " +
@@ -189,11 +198,18 @@ DTensor distribute_tensor(const at::Tensor& input, const DeviceMesh& mesh,
       }
     }
   }
+  const at::Tensor data = tensor.detach();
+  const bool whole = std::none_of(placements.begin(), placements.end(),
+                                  [](const Placement& p) { return p.is_shard(); });
+  if (whole) {  // every rank gets the whole tensor: PyTorch's broadcast
+    at::Tensor got = collectives::broadcast(data.contiguous(), src_index, group);
+    if (got.is_alias_of(data)) got = got.clone();  // the result never shares the caller's tensor
+    return DTensor(got, spec);
+  }
   const int64_t n = mesh.size();
   const bool is_src = mesh.ranks()[me] == *src_rank;
   std::vector<int64_t> in_splits(n, 0), out_splits(n, 0);
   std::vector<at::Tensor> send;
-  const at::Tensor data = tensor.detach();
   for (int64_t i = 0; i < n; ++i) {
     const LocalBox box = local_box(spec, *mesh.coordinate(mesh.ranks()[i]));
     if (is_src) {
@@ -204,7 +220,8 @@ DTensor distribute_tensor(const at::Tensor& input, const DeviceMesh& mesh,
   }
   const at::Tensor flat = is_src ? at::cat(send) : at::empty({0}, tensor.options());
   const at::Tensor got =
-      collectives::all_to_all_single(flat.contiguous(), out_splits, in_splits, group);
+      collectives::all_to_all_single(flat.contiguous(), out_splits, in_splits, group,
+                                     /*async_op=*/false, collectives::kScatterLabel);
   return DTensor(got.view(local_box(spec, coord).shape), spec);
 }
 
@@ -223,8 +240,8 @@ DTensor from_local(const at::Tensor& input, const DeviceMesh& mesh, const Placem
   // NOTE [from_local strides]: without shape= and stride=, the global strides are the piece's
   // with each sharded dim's mesh size folded into the strides at or above that dim's, as
   // PyTorch's compute_global_tensor_info: a transposed piece gives a transposed global tensor
-  // (before, row-major strides were reported for any piece, so is_contiguous() was true and a
-  // reshape took the view path and raised). A row-major piece keeps row-major strides.
+  // (so is_contiguous() and reshape's view path answer as one device's). A row-major piece keeps
+  // row-major strides.
   std::vector<int64_t> global_stride = stride.value_or(std::vector<int64_t>{});
   if (shape) {
     global = *shape;
@@ -245,9 +262,10 @@ DTensor from_local(const at::Tensor& input, const DeviceMesh& mesh, const Placem
   }
   const DTensorSpec spec = DTensorSpec::make(
       mesh, placements, TensorMeta::make(global, local.scalar_type(), global_stride), shard_order);
+  if (!holds_piece(mesh)) return DTensor(absent_piece(spec, local.options()), spec);
   const auto coord = my_coordinate(mesh, "from_local");
   if (run_check) {
-    const auto metas = exchange_meta(mesh, local, "from_local");
+    const auto metas = exchange_meta(mesh, local, "from_local", true);
     // Without shape= every rank infers the global shape from its own piece (even shards): pieces
     // that differ would give each rank another global shape, so name them all at once.
     const auto differs = [&](const std::vector<int64_t>& m) { return m != metas[0]; };
@@ -256,19 +274,24 @@ DTensor from_local(const at::Tensor& input, const DeviceMesh& mesh, const Placem
       for (size_t i = 0; i < metas.size(); ++i) {
         held.push_back(absl::StrCat("rank ", mesh.ranks()[i], " ", meta_text(metas[i])));
       }
-      fail("from_local(run_check) with ", to_string(placements),
-           ": the local tensors differ across ranks (", absl::StrJoin(held, ", "),
-           "); pieces of an uneven Shard need shape= (and stride=)");
+      const bool only_shapes = std::all_of(metas.begin(), metas.end(), [&](const auto& m) {
+        return m[0] == metas[0][0] && m[2] == metas[0][2];
+      });
+      throw InvalidValue(
+          absl::StrCat("from_local(run_check) with ", to_string(placements),
+                       ": the local tensors differ across ranks (", absl::StrJoin(held, ", "), ")",
+                       only_shapes ? "; pieces of an uneven Shard need shape= (and stride=)" : ""));
     }
     for (size_t i = 0; i < metas.size(); ++i) {
       const int64_t r = mesh.ranks()[i];
-      std::vector<int64_t> want = {static_cast<int64_t>(spec.meta().dtype), spec.ndim()};
+      std::vector<int64_t> want = {static_cast<int64_t>(spec.meta().dtype), spec.ndim(),
+                                   metas[0][2]};
       const auto box = local_box(spec, *mesh.coordinate(r));
       want.insert(want.end(), box.shape.begin(), box.shape.end());
       if (metas[i] != want) {
-        throw Error("from_local(run_check): rank " + std::to_string(r) + " holds " +
-                    meta_text(metas[i]) + " but " + spec.to_string() + " gives it " +
-                    meta_text(want));
+        throw InvalidValue("from_local(run_check): rank " + std::to_string(r) + " holds " +
+                           meta_text(metas[i]) + " but " + spec.to_string() + " gives it " +
+                           meta_text(want));
       }
     }
     // As PyTorch's: replicas that differ are made equal, each Replicate mesh dim taking the data
@@ -278,7 +301,10 @@ DTensor from_local(const at::Tensor& input, const DeviceMesh& mesh, const Placem
       collectives::CommCause cause("from_local(run_check)");
       const at::Tensor first =
           collectives::broadcast(local.contiguous(), 0, group_over_dims(mesh, {m}));
-      if (!first.is_same(local)) local.copy_(first);
+      if (!first.is_same(local)) {
+        const at::NoGradGuard no_grad;  // `local` may be a leaf that requires grad
+        local.copy_(first);
+      }
     }
   } else if (local.sizes().vec() != local_box(spec, coord).shape) {
     throw Error("from_local: this rank's local tensor " + c10::str(local.sizes()) +

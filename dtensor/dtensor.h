@@ -77,12 +77,12 @@ DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
 
 // Wraps this rank's `local` piece. Without `shape`, the global shape assumes even shards (the
 // local size times the number of shards, as PyTorch does); with `shape` (and optionally
-// `stride`), uneven local shapes are accepted. run_check: every rank's local shape and dtype are
-// exchanged and checked against the layout (a mismatch is an error on every rank, naming the
-// ranks), and, as in PyTorch, each Replicate mesh dim's first rank broadcasts its data so the
-// replicas agree (written into `local`). A piece whose device type is not the mesh's is moved
-// to the mesh's device (NOTE [inputs move to the mesh's device]; then the result does not share
-// `local`). `shard_order`: the order in which mesh dims split each tensor dim (DTensorSpec's;
+// `stride`), uneven local shapes are accepted. run_check: every rank's local shape, dtype and
+// requires_grad are exchanged and checked against the layout (a mismatch is an error on every rank,
+// naming the ranks), and, as in PyTorch, each Replicate mesh dim's first rank broadcasts its data
+// so the replicas agree (written into `local`). A piece whose device type is not the mesh's is
+// moved to the mesh's device (NOTE [inputs move to the mesh's device]; then the result does not
+// share `local`). `shard_order`: the order in which mesh dims split each tensor dim (DTensorSpec's;
 // empty: ascending, PyTorch's default; FSDP over TP splits by the TP dim first).
 DTensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placements& placements,
                    bool run_check = false,

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <absl/strings/str_join.h>
 
+#include <optional>
 #include <stdexcept>
 
 #include "base/error.h"
@@ -182,23 +183,40 @@ at::Tensor run_step(Ctx& ctx, const PlanStep& s, const at::Tensor& x, bool async
 
 }  // namespace
 
-const std::vector<int64_t>& my_coordinate(const DeviceMesh& mesh, const char* what) {
+namespace {
+
+// This rank's coordinate in `mesh`, or null outside it, from a small per-thread cache.
+const std::vector<int64_t>* find_coordinate(const DeviceMesh& mesh) {
   struct Entry {
     DeviceMesh mesh;
     int64_t rank;
-    std::vector<int64_t> coord;
+    std::optional<std::vector<int64_t>> coord;
   };
   thread_local std::vector<Entry> cache;
   const int64_t rank = c::current_context().rank();
   for (const Entry& e : cache) {
-    if (e.rank == rank && e.mesh == mesh) return e.coord;
+    if (e.rank == rank && e.mesh == mesh) return e.coord ? &*e.coord : nullptr;
   }
-  const auto coord = mesh.coordinate(rank);
-  DTENSOR_CHECK(coord.has_value(), what, ": rank ", rank, " is not in ", mesh.to_string());
   constexpr size_t kEntries = 8;
   if (cache.size() == kEntries) cache.erase(cache.begin());
-  cache.push_back({mesh, rank, *coord});
-  return cache.back().coord;
+  cache.push_back({mesh, rank, mesh.coordinate(rank)});
+  return cache.back().coord ? &*cache.back().coord : nullptr;
+}
+
+}  // namespace
+
+const std::vector<int64_t>& my_coordinate(const DeviceMesh& mesh, const char* what) {
+  const std::vector<int64_t>* coord = find_coordinate(mesh);
+  DTENSOR_CHECK(coord != nullptr, what, ": rank ", c::current_context().rank(), " is not in ",
+                mesh.to_string());
+  return *coord;
+}
+
+bool holds_piece(const DeviceMesh& mesh) { return find_coordinate(mesh) != nullptr; }
+
+at::Tensor absent_piece(const DTensorSpec& spec, const at::TensorOptions& options) {
+  const at::TensorOptions o = options.dtype(spec.meta().dtype);
+  return spec.ndim() == 0 ? at::zeros({}, o) : at::empty({0}, o);
 }
 
 std::string group_over_dims(const DeviceMesh& mesh, const std::vector<int64_t>& dims,
@@ -214,6 +232,8 @@ at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& input, b
   if (plan.is_noop()) return local;
   c::RankContext& ranks = c::current_context();
   const DeviceMesh& mesh = plan.src.mesh();
+  if (!holds_piece(mesh))
+    return absent_piece(plan.dst, local.options());  // NOTE [ranks outside the mesh]
   const ProgramState program = program_state(mesh);  // NOTE [program digest]
   const c::ProgramScope program_scope(program.ops, program.digest);
   const std::vector<int64_t> coord = my_coordinate(mesh, "redistribute");

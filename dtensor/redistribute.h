@@ -25,14 +25,26 @@ namespace dtensor {
 at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& local,
                         bool async_op = false);
 
-// This rank's group over mesh dims `dims` (ascending) of `mesh`: the ranks that share its
-// coordinates on the other dims, in row-major order of `dims`; registered in the calling
-// thread's collectives context. `my_index` receives this rank's position in it.
 // This rank's coordinate in `mesh`, from a small per-thread cache (a few meshes per thread); the
 // reference is valid until the next call on this thread. Throws naming `what` when this rank is
 // not in the mesh.
 const std::vector<int64_t>& my_coordinate(const DeviceMesh& mesh, const char* what);
 
+// NOTE [ranks outside the mesh]
+// As PyTorch's, a distributed tensor exists on every rank of the job, also on the ranks outside
+// its mesh (a sub-mesh's tensor): there it holds no piece (its local tensor is empty: [0], or a
+// 0-d zero for a 0-d tensor) and carries the global metadata. Factories, from_local,
+// distribute_tensor, redistribute and ops on such a rank compute the result's spec and nothing
+// else: no kernel, no collective, no draw. What exists only on the mesh's ranks raises there,
+// naming the op: full_tensor() and an op's non-tensor result (equal, item) -- PyTorch answers
+// those with an empty tensor or a default value, which would be a silent wrong answer.
+bool holds_piece(const DeviceMesh& mesh);
+// The local tensor of `spec` on a rank outside its mesh.
+at::Tensor absent_piece(const DTensorSpec& spec, const at::TensorOptions& options);
+
+// This rank's group over mesh dims `dims` (ascending) of `mesh`: the ranks that share its
+// coordinates on the other dims, in row-major order of `dims`; registered in the calling
+// thread's collectives context. `my_index` receives this rank's position in it.
 std::string group_over_dims(const DeviceMesh& mesh, const std::vector<int64_t>& dims,
                             int64_t* my_index = nullptr);
 

@@ -2,7 +2,8 @@
 torch.distributed.device_mesh where users meet it: pickling and torch.save of distributed tensors
 and meshes, DeviceMesh.get_coordinate and _flatten, dtensor.random, distribute_module's
 two-argument hooks, distribute_tensor to Partial; indexing with distributed index tensors,
-from_local strides, in-place view ops. Ranks as threads (simulation mode)."""
+from_local strides and metadata checks, in-place view ops, the exception types of PyTorch's
+checks. Ranks as threads (simulation mode)."""
 
 import pickle
 
@@ -45,7 +46,7 @@ def test_pickle_and_torch_save_round_trip_distributed_tensors_and_meshes(tmp_pat
             distribute_tensor(a, mesh, [Shard(0), Replicate()]),
             distribute_tensor(a, mesh, [Shard(0), Shard(1)]).requires_grad_(),
             DTensor.from_local(torch.full((2, 3), float(rank)), mesh, [Partial(), Shard(0)]),
-            DTensor.from_local(torch.ones(1, 3) * rank, mesh, [_StridedShard(0, 2), Shard(0)]),
+            DTensor.from_local(torch.ones(1, 3) * rank, mesh, [_StridedShard(0, split_factor=2), Shard(0)]),
             distribute_tensor(a, mesh["tp"], [Shard(1)]),
         ]
         param = torch.nn.Parameter(distribute_tensor(a, mesh, [Replicate(), Shard(0)]))
@@ -348,3 +349,162 @@ def test_placements_of_the_wrong_length_raise_value_error_as_pytorch():
         return True
 
     assert dtensor.run_threads(4, fn) == [True] * 4
+
+
+@pytest.mark.parametrize("differs", ["dtype", "requires_grad", "transposed"])
+def test_from_local_run_check_refuses_pieces_that_differ_with_value_error(differs):
+    """from_local(run_check=True) compares every rank's dtype, requires_grad and shape and raises
+    ValueError on every rank, as PyTorch's metadata check; run_check=False trusts the caller."""
+    def piece(rank):
+        t = torch.randn(3, 4, requires_grad=True)
+        if rank == 0:
+            t = {"dtype": lambda: t.double(), "transposed": lambda: t.t(),
+                 "requires_grad": lambda: t.detach()}[differs]()
+        return t
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (4,))
+        with pytest.raises(ValueError, match="from_local\\(run_check\\)"):
+            DTensor.from_local(piece(rank), mesh, [Shard(0)], run_check=True)
+        DTensor.from_local(piece(rank), mesh, [Shard(0)], run_check=False)
+        return True
+
+    assert dtensor.run_threads(4, fn) == [True] * 4
+
+
+def test_strided_shard_takes_split_factor_by_keyword_only():
+    assert _StridedShard(1, split_factor=4).split_factor == 4
+    with pytest.raises(TypeError):
+        _StridedShard(1, 4)
+
+
+def test_prepare_module_io_layouts_of_another_length_raise_assertion_error_as_pytorch():
+    from dtensor.parallel import PrepareModuleInput, PrepareModuleOutput
+
+    with pytest.raises(AssertionError, match="should have same length"):
+        PrepareModuleInput(input_layouts=Shard(0), desired_input_layouts=(Replicate(), None))
+    with pytest.raises(AssertionError, match="should have same length"):
+        PrepareModuleOutput(output_layouts=(Shard(0), Shard(1)), desired_output_layouts=Replicate())
+
+
+@pytest.mark.parametrize("out_placement", [Replicate(), Shard(0), Shard(1), Partial()])
+def test_out_arguments_keep_their_placements(out_placement):
+    """NOTE [out= keeps its layout]: torch.add(x, 3, out=o) returns o itself with o's placements
+    and one device's values, whatever x's layout (PyTorch keeps out's spec)."""
+    g = torch.randn(12, 4)
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (4,))
+        for x_placement in (Shard(0), Shard(1), Replicate()):
+            x = distribute_tensor(g, mesh, [x_placement])
+            o = DTensor.from_local(torch.zeros(12, 4), mesh, [Replicate()]).redistribute(
+                mesh, [out_placement]) if not out_placement.is_partial() else DTensor.from_local(
+                torch.zeros(12, 4), mesh, [out_placement])
+            piece = o.to_local()
+            res = torch.add(x, 3, out=o)
+            assert res is o and o.placements == (out_placement,), (x_placement, o.placements)
+            torch.testing.assert_close(o.full_tensor(), g + 3)
+            if not out_placement.is_partial():
+                assert o.to_local().data_ptr() == piece.data_ptr()  # written in place
+        return True
+
+    assert dtensor.run_threads(4, fn) == [True] * 4
+
+
+def test_tensors_on_a_sub_mesh_exist_on_every_rank_with_empty_pieces_outside_it():
+    """NOTE [ranks outside the mesh]: as PyTorch's, a tensor on DeviceMesh([0, 2]) exists on every
+    rank with its global shape; ranks 1 and 3 hold an empty piece, run no kernel and no
+    collective, and what exists only on the mesh's ranks (full_tensor, equal's bool) raises
+    there. Ranks 0 and 2 compute one device's values."""
+    g = torch.arange(24.0).reshape(8, 3)
+
+    def fn(rank):
+        mesh = DeviceMesh("cpu", [0, 2])
+        inside = rank in (0, 2)
+        piece = g[4 * (rank // 2):4 * (rank // 2) + 4].clone().requires_grad_()
+        with CommDebugMode() as outside_comm:
+            made = {
+                "from_local": DTensor.from_local(piece, mesh, [Shard(0)]),
+                "distribute_tensor": distribute_tensor(g, mesh, [Shard(0)]),
+                "zeros": dtensor.zeros(8, 3, device_mesh=mesh, placements=[Shard(0)]),
+            }
+        for name, t in made.items():
+            assert t.shape == (8, 3) and t.placements == (Shard(0),), name
+            want = (4, 3) if inside else (0,)
+            assert t.to_local().shape == want, (name, t.to_local().shape)
+        x = made["from_local"]
+        with CommDebugMode() as comm:
+            y = x * 2 + 1
+            total = y.sum()
+            parts = y.split([2, 1], dim=1)
+            r = y.redistribute(mesh, [Replicate()])
+        assert y.shape == (8, 3) and total.shape == () and [p.shape for p in parts] == [
+            (8, 2), (8, 1)]
+        assert r.placements == (Replicate(),)
+        if inside:
+            torch.testing.assert_close(y.full_tensor(), g * 2 + 1)
+            torch.testing.assert_close(total.full_tensor(), (g * 2 + 1).sum())
+            torch.testing.assert_close(r.to_local(), g * 2 + 1)
+            assert comm.get_total_counts() >= 1
+        else:
+            assert outside_comm.get_total_counts() == 0 and comm.get_total_counts() == 0
+            assert y.to_local().numel() == 0 and r.to_local().numel() == 0
+            assert total.to_local().shape == () and [p.to_local().numel() for p in parts] == [0, 0]
+            with pytest.raises(RuntimeError, match="full_tensor: rank .* is not in DeviceMesh"):
+                y.full_tensor()
+            with pytest.raises(RuntimeError, match="aten::equal on rank .*exists only on"):
+                torch.equal(x, x)
+            with pytest.raises(RuntimeError, match="aten::_local_scalar_dense on rank .*exists"):
+                total.item()
+        # Gradients reach the pieces on the mesh; the pieces outside take no part.
+        (x * x).sum().backward()
+        if inside:
+            torch.testing.assert_close(piece.grad, 2 * piece.detach())
+        else:
+            assert piece.grad is None
+        return True
+
+    assert dtensor.run_threads(4, fn) == [True] * 4
+
+
+def test_placements_are_the_cpp_placement_values():
+    """NOTE [one Placement type]: Shard, Replicate, Partial and _StridedShard subclass the C++
+    classes (as PyTorch's subclass its pybind ones): a subclass must initialize the base, and
+    pickling, copying, equality and hashing keep the kinds apart."""
+    import copy
+
+    from dtensor import _C
+    from dtensor.placement_types import Placement
+
+    class BadPlacement(Placement):
+        def __init__(self):
+            pass
+
+    with pytest.raises(TypeError, match="must be called"):
+        BadPlacement()
+
+    class MyShard(Shard):  # a subclass that initializes the base is a Shard to the engine
+        pass
+
+    placements = [Shard(1), Shard(-1), Replicate(), Partial(), Partial("max"),
+                  _StridedShard(0, split_factor=2), MyShard(0)]
+    for p in placements:
+        assert isinstance(p, _C.Placement) and isinstance(p, Placement)
+        copies = [copy.deepcopy(p)] + ([] if type(p) is MyShard else [pickle.loads(pickle.dumps(p))])
+        for q in copies:
+            assert type(q) is type(p) and q == p and hash(q) == hash(p) and repr(q) == repr(p)
+    assert _StridedShard(0, split_factor=2) != Shard(0) and MyShard(0) == Shard(0)
+    assert len({Shard(0), Shard(0), Replicate(), Partial("sum"), Partial("avg")}) == 4
+    assert [str(p) for p in placements[:5]] == ["S(1)", "S(-1)", "R", "P(sum)", "P(max)"]
+    assert Partial("max").reduce_op == "max" and Shard(2).dim == 2
+    assert (Shard.local_shard_size_and_offset(13, 4, 3), Shard.local_shard_size_and_offset(2, 4, 3)
+            ) == ((1, 12), (0, 2))
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (2,))
+        t = distribute_tensor(torch.arange(8.0).reshape(4, 2), mesh, [MyShard(0)])
+        assert t.placements == (Shard(0),) and torch.equal(t.full_tensor(),
+                                                           torch.arange(8.0).reshape(4, 2))
+        return True
+
+    assert dtensor.run_threads(2, fn) == [True] * 2

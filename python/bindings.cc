@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include "base/cpu_memory.h"
+#include "base/error.h"
 #include "collectives/launch_env.h"
 #include "collectives/rank_context.h"
 #include "layout/shard_layout.h"
@@ -22,6 +23,18 @@ void bind_symmetric_memory(py::module& m);  // symmetric_memory_bindings.cc
 void bind_fsdp(py::module& m);              // fsdp_bindings.cc
 
 namespace {
+
+// The Python subclasses of Placement (NOTE [one Placement type]): constructors only.
+struct ShardKind : Placement {
+  explicit ShardKind(int32_t dim) : Placement(Placement::shard(dim)) {}
+};
+struct ReplicateKind : Placement {
+  ReplicateKind() : Placement(Placement::replicate()) {}
+};
+struct PartialKind : Placement {
+  explicit PartialKind(const std::string& op)
+      : Placement(Placement::partial(parse_reduce_op(op))) {}
+};
 
 // Specs from Python: dtype is irrelevant to layout arithmetic, so float32 is used.
 DTensorSpec make_spec(const DeviceMesh& mesh, const std::string& placements,
@@ -39,6 +52,14 @@ PYBIND11_MODULE(_C, m) {
   bind_sharding(m);
   bind_symmetric_memory(m);
   bind_fsdp(m);
+  // NOTE [error convention]: the bad values PyTorch reports as ValueError.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const InvalidValue& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
   // NOTE [CPU memory meter] (benchmarks: the peak CPU tensor memory of a step).
   m.def("install_cpu_memory_meter", &install_cpu_memory_meter);
   m.def("cpu_live_bytes", &cpu_live_bytes);
@@ -74,7 +95,14 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
-  py::class_<Placement>(m, "Placement")
+  // NOTE [one Placement type]: layout/placement.h's Placement is the one placement value. Python
+  // sees it as the base class `Placement` with a subclass per kind (PyTorch's pybind classes
+  // Shard, Replicate, Partial); dtensor.placement_types subclasses those, so a Python
+  // placement *is* the C++ value that the bindings take, with no conversion. pybind11 raises
+  // TypeError for a subclass whose __init__ skips the base's.
+  py::class_<Placement>(m, "Placement",
+                        "How a distributed tensor lives on one mesh dim: the base class of "
+                        "Shard, Replicate and Partial.")
       .def_static("parse", &parse_placement)
       .def("is_shard", py::overload_cast<>(&Placement::is_shard, py::const_))
       .def("is_replicate", &Placement::is_replicate)
@@ -85,8 +113,18 @@ PYBIND11_MODULE(_C, m) {
       .def("__eq__", [](Placement a, Placement b) { return a == b; })
       .def("__hash__", &Placement::hash)
       .def("__repr__", &Placement::to_string);
+  py::class_<ShardKind, Placement>(m, "Shard", "Split along tensor dim `dim` over the mesh dim.")
+      .def(py::init<int32_t>(), py::arg("dim"));
+  py::class_<ReplicateKind, Placement>(m, "Replicate", "The whole tensor on every rank.")
+      .def(py::init<>());
+  py::class_<PartialKind, Placement>(m, "Partial", "Shares whose reduction is the value.")
+      .def(py::init<const std::string&>(), py::arg("reduce_op") = "sum");
   m.def("parse_placements", &parse_placements);
   m.def("chunk_sizes", &chunk_sizes);
+  m.def("chunk_slice", [](int64_t n, int64_t k, int64_t i) {
+    const ChunkSlice c = chunk_slice(n, k, i);
+    return std::make_pair(c.size, c.offset);
+  });
 
   // NOTE [mesh device]: the device type crosses as PyTorch's name ("cpu", "cuda").
   py::class_<DeviceMesh>(m, "DeviceMesh")

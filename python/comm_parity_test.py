@@ -105,11 +105,12 @@ CASES = {
 
 failures = []
 for name, (case, want, same_placements) in CASES.items():
-    got = {}
+    got, counts = {}, {}
     for side_name, X in (("engine", engine), ("pytorch", torch_side)):
         with X.debug.CommDebugMode() as mode:
             out = case(X)
         got[side_name] = (mode.get_total_counts(), [str(p) for p in out.placements])
+        counts[side_name] = mode.get_comm_counts()
         if not torch.allclose(out.full_tensor(), want(), atol=1e-5):
             failures.append(f"{name}: {side_name}'s values differ from one device's")
     (n_engine, p_engine), (n_torch, p_torch) = got["engine"], got["pytorch"]
@@ -117,6 +118,10 @@ for name, (case, want, same_placements) in CASES.items():
         failures.append(f"{name}: the engine issued {n_engine} collectives, PyTorch {n_torch}")
     if same_placements and p_engine != p_torch:
         failures.append(f"{name}: the engine gives {p_engine}, PyTorch {p_torch}")
+    # distribute_tensor is a scatter on both sides, counted under PyTorch's key (c10d.scatter_).
+    if name.startswith("distribute_tensor") and counts["engine"] != counts["pytorch"]:
+        failures.append(f"{name}: the engine counts {dict(counts['engine'])}, "
+                        f"PyTorch {dict(counts['pytorch'])}")
     if rank == 0:
         print(f"{name}: engine {n_engine} {p_engine}, pytorch {n_torch} {p_torch}")
 assert not failures, "\n".join(failures)

@@ -59,8 +59,8 @@ def test_fsdp_over_tp_parity(hidden, reshard_after_forward):
         fully_shard(model.w_in, mesh=world["dp"], reshard_after_forward=reshard_after_forward)
         fully_shard(model.w_out, mesh=world["dp"], reshard_after_forward=reshard_after_forward)
         fully_shard(model, mesh=world["dp"], reshard_after_forward=reshard_after_forward)
-        want = {"w_in.weight": (_StridedShard(0, 2), Shard(0)),
-                "w_in.bias": (_StridedShard(0, 2), Shard(0)),
+        want = {"w_in.weight": (_StridedShard(0, split_factor=2), Shard(0)),
+                "w_in.bias": (_StridedShard(0, split_factor=2), Shard(0)),
                 "w_out.weight": (Shard(0), Shard(1)),
                 "w_out.bias": (Shard(0), Replicate())}
         _check_layout(model, base, want)
@@ -112,8 +112,8 @@ def test_hsdp_over_tp_parity():
         fully_shard(model.w_in, mesh=hsdp)
         fully_shard(model.w_out, mesh=hsdp)
         fully_shard(model, mesh=hsdp)
-        want = {"w_in.weight": (Replicate(), _StridedShard(0, 2), Shard(0)),
-                "w_in.bias": (Replicate(), _StridedShard(0, 2), Shard(0)),
+        want = {"w_in.weight": (Replicate(), _StridedShard(0, split_factor=2), Shard(0)),
+                "w_in.bias": (Replicate(), _StridedShard(0, split_factor=2), Shard(0)),
                 "w_out.weight": (Replicate(), Shard(0), Shard(1)),
                 "w_out.bias": (Replicate(), Shard(0), Replicate())}
         _check_layout(model, base, want)
@@ -261,8 +261,8 @@ def test_in_place_ops_keep_a_strided_self(op):
 
     def fn(rank):
         mesh = dtensor.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-        strided = [_StridedShard(0, 2), Shard(0)]
-        # The piece of (_StridedShard(0, 2), Shard(0)): "tp" cuts dim 0 first, then "dp".
+        strided = [_StridedShard(0, split_factor=2), Shard(0)]
+        # The piece of (_StridedShard(0, split_factor=2), Shard(0)): "tp" cuts dim 0 first, then "dp".
         def piece(t):
             return t.chunk(2)[rank % 2].chunk(2)[rank // 2].clone()
         for self_strided in (True, False):

@@ -482,10 +482,25 @@ def _on_mesh(fn):
     return dtensor.run_threads(2, rank_fn)
 
 
-def test_unknown_submodule_name_raises():
-    with pytest.raises(ValueError, match="w3"):
-        _on_mesh(lambda mesh: parallelize_module(MLP(), mesh, {"w1": ColwiseParallel(),
-                                                               "w3": RowwiseParallel()}))
+def test_unknown_submodule_name_warns_and_the_rest_of_the_plan_applies():
+    # PyTorch's contract: a plan entry that matches nothing is skipped with a UserWarning.
+    def parallelize(mesh):
+        model = MLP()
+        parallelize_module(model, mesh, {"w1": ColwiseParallel(), "w3": RowwiseParallel()})
+        return tuple(model.w1.weight.placements)
+
+    with pytest.warns(UserWarning, match="'w3'"):  # the rank threads warn into the main's record
+        assert _on_mesh(parallelize) == [(Shard(0),), (Shard(0),)]
+
+
+def test_no_plan_warns_and_leaves_the_module_alone():
+    def parallelize(mesh):
+        model = MLP()
+        assert parallelize_module(model, mesh) is model
+        return isinstance(model.w1.weight, DTensor)
+
+    with pytest.warns(UserWarning, match="does nothing"):
+        assert _on_mesh(parallelize) == [False, False]
 
 
 @pytest.mark.parametrize("style,module,name", [

@@ -254,7 +254,10 @@ void bind_tensors(py::module& m) {
       .def("kinds",
            [](const collectives::CommCounter& c) {
              std::map<std::string, int64_t> out;
-             for (const auto& r : c.records()) ++out[collectives::collective_name(r.kind)];
+             for (const auto& r : c.records()) {
+               const bool scatter = r.label == collectives::kScatterLabel;
+               ++out[scatter ? r.label : collectives::collective_name(r.kind)];
+             }
              return out;
            })
       .def("__str__", &collectives::CommCounter::to_string);

@@ -16,7 +16,8 @@ import torch
 from dtensor import _C
 from dtensor.device_mesh import DeviceMesh, _current_mesh_or, _ensure_context
 from dtensor.placement_types import (Partial, Placement, Replicate, Shard, _from_c,
-                                     _split_strided, _StridedShard, _to_c_list, _with_strided)
+                                     _rebuild_strided_shard, _split_strided, _StridedShard,
+                                     _to_c_list, _with_strided)
 
 __all__ = [
     "DTensor",
@@ -258,7 +259,7 @@ def _make_leaf(t):
 
 # torch.load's default (weights_only=True) loads distributed tensors too, as PyTorch's.
 torch.serialization.add_safe_globals([_rebuild_dtensor, DeviceMesh, Shard, _StridedShard,
-                                      Replicate, Partial])
+                                      _rebuild_strided_shard, Replicate, Partial])
 
 # The package's only global patches of torch; each is listed with its reason in the docstring of
 # dtensor/__init__.py (keep that list in step with these lines).

@@ -33,6 +33,7 @@ _NAMES = {
     "all_to_all": "all_to_all_single",
     "broadcast": "broadcast",
     "barrier": "barrier",
+    "scatter": "scatter",  # distribute_tensor's (an all_to_all_single from the source rank)
 }
 
 # Ops that only change a tensor's view or dtype, or read its metadata (PyTorch's "trivial ops",

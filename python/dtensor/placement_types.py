@@ -5,11 +5,35 @@ from dtensor import _C
 __all__ = ["Placement", "Shard", "Replicate", "Partial"]  # and _StridedShard, as PyTorch
 
 
-class Placement:
-    """Base class of Shard, Replicate and Partial."""
+# NOTE [one Placement type] (python/bindings.cc): these classes subclass the C++ placement
+# classes, so each is the C++ value the engine takes; only PyTorch's Python-side helpers live
+# here.
+Placement = _C.Placement
+
+
+def _text(p):
+    """S(0), R, P(sum); _S(0,2) for a strided shard: the key of equality and hashing."""
+    return str(p)
+
+
+class _ByText:
+    """Equality and hashing by the text form, so a _StridedShard differs from its Shard."""
+
+    def __eq__(self, other):
+        return isinstance(other, Placement) and _text(self) == _text(other)
+
+    def __hash__(self):
+        return hash(_text(self))
+
+
+class Shard(_ByText, _C.Shard):
+    """The tensor is split along tensor dim ``dim`` (torch.chunk semantics) over the mesh dim."""
+
+    def __init__(self, dim):
+        super().__init__(dim)
 
     def is_shard(self, dim=None):
-        return False
+        return dim is None or dim == self.dim
 
     def is_replicate(self):
         return False
@@ -17,55 +41,29 @@ class Placement:
     def is_partial(self, reduce_op=None):
         return False
 
-    def _text(self):
-        raise NotImplementedError
-
-    def _to_c(self):
-        return _C.Placement.parse(self._text())
-
-    def __eq__(self, other):
-        return isinstance(other, Placement) and self._text() == other._text()
-
-    def __hash__(self):
-        return hash(self._text())
-
-    def __str__(self):
-        # PyTorch's human-readable form: S(0), R, P(sum).
-        return self._text()
-
-
-class Shard(Placement):
-    """The tensor is split along tensor dim ``dim`` (torch.chunk semantics) over the mesh dim."""
-
-    def __init__(self, dim):
-        self.dim = dim
-
-    def is_shard(self, dim=None):
-        return dim is None or dim == self.dim
-
     @staticmethod
     def local_shard_size_and_offset(curr_local_size, num_chunks, rank):
         """(size, offset) of piece ``rank`` when ``curr_local_size`` elements are split into
-        ``num_chunks`` pieces by torch.chunk's rule: every piece but the trailing ones holds
-        ceil(size / num_chunks); pieces past the end are empty, with offset ``curr_local_size``.
-        The offset is relative to the tensor being split (as PyTorch's)."""
+        ``num_chunks`` pieces by torch.chunk's rule (layout/shard_layout.h's chunk_slice): every
+        piece but the trailing ones holds ceil(size / num_chunks); pieces past the end are
+        empty, with offset ``curr_local_size``. The offset is relative to the tensor being split
+        (as PyTorch's)."""
         if num_chunks <= 0:
             raise ValueError(f"Shard.local_shard_size_and_offset: num_chunks must be positive, "
                              f"got {num_chunks}")
-        full = -(-curr_local_size // num_chunks)
-        start = full * rank
-        if start >= curr_local_size:
-            return 0, curr_local_size
-        return min(full, curr_local_size - start), start
+        return _C.chunk_slice(curr_local_size, num_chunks, rank)
 
     def _local_shard_size_and_offset(self, curr_local_size, num_chunks, rank):
         return Shard.local_shard_size_and_offset(curr_local_size, num_chunks, rank)
 
-    def _text(self):
+    def __str__(self):
         return f"S({self.dim})"
 
     def __repr__(self):
         return f"Shard(dim={self.dim})"
+
+    def __reduce__(self):
+        return (type(self), (self.dim,))
 
 
 class _StridedShard(Shard):
@@ -77,7 +75,7 @@ class _StridedShard(Shard):
     ``_with_strided``): for each tensor dim the plain Shards split first in mesh order, then the
     strided ones from the last mesh dim to the first."""
 
-    def __init__(self, dim, split_factor):
+    def __init__(self, dim, *, split_factor):
         super().__init__(dim)
         self.split_factor = split_factor
 
@@ -86,18 +84,19 @@ class _StridedShard(Shard):
         # reads placements with is_shard() does not take it for an even split of its dim.
         return False
 
-    def _text(self):
+    def __str__(self):
         return f"_S({self.dim},{self.split_factor})"
-
-    def _to_c(self):
-        # Only _split_strided hands strided shards to C++, as plain Shards plus an order; any
-        # other path would lose the order, which is a wrong layout, never a silent one.
-        raise NotImplementedError(
-            f"{self!r} is accepted by DTensor.from_local (and read back from .placements); "
-            f"redistribute and distribute_tensor take Shard/Replicate/Partial")
 
     def __repr__(self):
         return f"_StridedShard(dim={self.dim}, sf={self.split_factor})"
+
+    def __reduce__(self):
+        return (_rebuild_strided_shard, (self.dim, self.split_factor))
+
+
+def _rebuild_strided_shard(dim, split_factor):
+    """Unpickles a _StridedShard (its split_factor is keyword-only)."""
+    return _StridedShard(dim, split_factor=split_factor)
 
 
 def _split_strided(placements, mesh_shape, ndim):
@@ -106,7 +105,7 @@ def _split_strided(placements, mesh_shape, ndim):
     not the product of the sizes of the mesh dims that split that tensor dim first."""
     if placements is None or not any(isinstance(p, _StridedShard) for p in placements):
         return placements, []
-    placements = [_StridedShard(p.dim % ndim, p.split_factor) if isinstance(p, _StridedShard)
+    placements = [_StridedShard(p.dim % ndim, split_factor=p.split_factor) if isinstance(p, _StridedShard)
                   else Shard(p.dim % ndim) if isinstance(p, Shard) else p for p in placements]
     plain = [Shard(p.dim) if isinstance(p, _StridedShard) else p for p in placements]
     order = [[] for _ in range(ndim)]
@@ -138,38 +137,59 @@ def _with_strided(placements, order, mesh_shape):
         for m in dims[:k]:
             before *= mesh_shape[m]
         for m in dims[k:]:
-            out[m] = _StridedShard(d, before)
+            out[m] = _StridedShard(d, split_factor=before)
             before *= mesh_shape[m]
     return tuple(out)
 
 
-class Replicate(Placement):
+class Replicate(_ByText, _C.Replicate):
     """Every rank of the mesh dim holds the whole tensor."""
+
+    def __init__(self):
+        super().__init__()
+
+    def is_shard(self, dim=None):
+        return False
 
     def is_replicate(self):
         return True
 
-    def _text(self):
+    def is_partial(self, reduce_op=None):
+        return False
+
+    def __str__(self):
         return "R"
 
     def __repr__(self):
         return "Replicate()"
 
+    def __reduce__(self):
+        return (type(self), ())
 
-class Partial(Placement):
+
+class Partial(_ByText, _C.Partial):
     """Each rank holds a share; the value is the reduction (``reduce_op``) of the shares."""
 
     def __init__(self, reduce_op="sum"):
-        self.reduce_op = reduce_op
+        super().__init__(reduce_op)
+
+    def is_shard(self, dim=None):
+        return False
+
+    def is_replicate(self):
+        return False
 
     def is_partial(self, reduce_op=None):
         return reduce_op is None or reduce_op == self.reduce_op
 
-    def _text(self):
+    def __str__(self):
         return f"P({self.reduce_op})"
 
     def __repr__(self):
         return f"Partial({self.reduce_op})"
+
+    def __reduce__(self):
+        return (type(self), (self.reduce_op,))
 
 
 def _from_c(p):
@@ -186,11 +206,17 @@ def _to_c_list(placements, ndim=None):
         raise ValueError("placements must be given")
     out = []
     for p in placements:
-        if not isinstance(p, Placement):
+        if not isinstance(p, (Shard, Replicate, Partial)):
             raise TypeError(f"expected a Placement (Shard, Replicate, Partial), got {p!r}")
+        if isinstance(p, _StridedShard):
+            # Only _split_strided hands strided shards to C++, as plain Shards plus an order;
+            # any other path would lose the order, which is a wrong layout, never a silent one.
+            raise NotImplementedError(
+                f"{p!r} is accepted by DTensor.from_local (and read back from .placements); "
+                f"redistribute and distribute_tensor take Shard/Replicate/Partial")
         if isinstance(p, Shard) and p.dim < 0:
             if ndim is None or p.dim + ndim < 0:
                 raise ValueError(f"{p!r} does not name a dim of a {ndim}-D tensor")
             p = Shard(p.dim + ndim)
-        out.append(p._to_c())
+        out.append(p)
     return out

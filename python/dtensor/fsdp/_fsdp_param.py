@@ -124,7 +124,7 @@ class FSDPParam:
             for m, p in enumerate(self.tp_placements):
                 if p.is_shard(self.shard_dim):
                     tp_split *= self.tp_mesh.size(m)
-            first = (_StridedShard(self.shard_dim, tp_split) if tp_split > 1
+            first = (_StridedShard(self.shard_dim, split_factor=tp_split) if tp_split > 1
                      else Shard(self.shard_dim))
             self.placements = fsdp_placements[:-1] + (first,) + self.tp_placements
             self.mesh = _cpu_twin(mesh_nd) if offload is not None else mesh_nd

@@ -26,6 +26,7 @@ Differences from PyTorch:
 
 import inspect
 from fnmatch import fnmatch
+import warnings
 
 import dtensor
 from dtensor.device_mesh import DeviceMesh, _current_mesh_or
@@ -146,7 +147,9 @@ def parallelize_module(module, device_mesh=None, parallelize_plan=None, *, tp_me
 
     ``parallelize_plan`` is a ``ParallelStyle`` (applied to ``module`` itself) or a dict from a
     submodule's fully-qualified name (each dotted part may be an fnmatch pattern: ``"layers.*.w1"``)
-    to a style. A name that matches no submodule raises ValueError. ``device_mesh`` is 1-D, or N-D
+    to a style. As PyTorch's, a name that matches no submodule is skipped with a UserWarning (a
+    plan written for a family of models names layers some members lack), and no plan warns and
+    does nothing. ``device_mesh`` is 1-D, or N-D
     with ``tp_mesh_dim`` (index or name, default the last dim) naming the tensor-parallel dim;
     None: the current mesh (``with mesh:``). A user's ``ParallelStyle`` whose
     ``_apply(module, device_mesh)`` has PyTorch's two arguments gets the tp dim's 1-D mesh.
@@ -156,6 +159,8 @@ def parallelize_module(module, device_mesh=None, parallelize_plan=None, *, tp_me
     device_mesh = _current_mesh_or(device_mesh, "parallelize_module")
     tp = _tp_dim(device_mesh, tp_mesh_dim)
     if parallelize_plan is None:
+        warnings.warn("parallelize_module: no parallelize_plan given, so this call does nothing",
+                      stacklevel=2)
         return module
     if isinstance(parallelize_plan, ParallelStyle):
         return _apply_style(parallelize_plan, module, device_mesh, tp, src_data_rank)
@@ -168,8 +173,8 @@ def parallelize_module(module, device_mesh=None, parallelize_plan=None, *, tp_me
                             f"{style!r}")
         targets = _matches(module, path) if path else [module]  # "": the module itself
         if not targets:
-            raise ValueError(f"parallelize_module: no submodule of {type(module).__name__} "
-                             f"matches {path!r} in the plan")
+            warnings.warn(f"parallelize_module: no submodule of {type(module).__name__} matches "
+                          f"{path!r}; skipping this plan entry", stacklevel=2)
         for sub in targets:
             _apply_style(style, sub, device_mesh, tp, src_data_rank)
     return module

@@ -233,8 +233,9 @@ class PrepareModuleInput(ParallelStyle):
         if self.input_layouts is not None and (
                 self.desired_input_layouts is None
                 or len(self.input_layouts) != len(self.desired_input_layouts)):
-            raise ValueError("PrepareModuleInput: input_layouts and desired_input_layouts must "
-                             "have the same length")
+            # AssertionError as PyTorch's (its check is an assert).
+            raise AssertionError("PrepareModuleInput: input_layouts and desired_input_layouts "
+                                 "should have same length!")
         self.input_kwarg_layouts = dict(input_kwarg_layouts or {})
         self.desired_input_kwarg_layouts = dict(desired_input_kwarg_layouts or {})
         if set(self.input_kwarg_layouts) != set(self.desired_input_kwarg_layouts):
@@ -289,8 +290,8 @@ class PrepareModuleOutput(ParallelStyle):
         self.output_layouts = _as_tuple(output_layouts)
         self.desired_output_layouts = _as_tuple(desired_output_layouts)
         if len(self.output_layouts) != len(self.desired_output_layouts):
-            raise ValueError("PrepareModuleOutput: output_layouts and desired_output_layouts "
-                             "must have the same length")
+            raise AssertionError("PrepareModuleOutput: output_layouts and "
+                                 "desired_output_layouts should have same length!")
         self.use_local_output = use_local_output
 
     def _prepare(self, outputs, mesh, tp):
