@@ -494,6 +494,21 @@ bool run_special(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::
       out = inputs.at(0).local.view(shape);
       break;
     }
+    case Execution::kSliceBackwardAtOffset: {  // slice_backward(grad, sizes, dim, start, end, step)
+      const DTensorSpec& grad = s.input_targets.at(0);
+      const LocalBox box = local_box(grad, my_coordinate(grad.mesh()));
+      const std::vector<int64_t> sizes = args[1].toIntVector();  // local (LocalShapeArg)
+      const int64_t d = normalize_tensor_dim(args[2].toInt(), static_cast<int64_t>(sizes.size()),
+                                             "slice_backward dim");
+      const int64_t n = s.outputs[0].meta().shape[d], step = args[5].toInt();
+      const int64_t raw = args[3].toInt();
+      const int64_t lo = std::clamp<int64_t>(raw < 0 ? raw + n : raw, 0, n);
+      const int64_t first = lo + box.offset[d] * step;  // where this piece's first row lands
+      const int64_t last = box.shape[d] == 0 ? first : first + (box.shape[d] - 1) * step + 1;
+      const LocalKernelScope local;
+      out = at::slice_backward(inputs.at(0).local, sizes, d, first, last, step);
+      break;
+    }
     case Execution::kEmptyByLocal: {
       const LocalKernelScope local;
       out = at::empty(args[1].toIntVector(), inputs.at(0).local.options());

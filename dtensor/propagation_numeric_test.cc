@@ -343,12 +343,17 @@ std::vector<OpCase> cases() {
          return x[0].new_ones(o[0]);
        })});
   // Backward ops of views and indexing.
+  // Execution::kSliceBackwardAtOffset: a grad piece lands at its own offset (start 1, step 2).
   c.push_back({"aten::slice_backward",
                {{{3, 3}}},
                {{0, 1, 6, 2, 6, 3}},
-               one([](const T& x, const Shapes& o) {
-                 return at::slice_backward(x[0], o[0], 0, 1, 6, 2);
-               })});
+               [](const T& x, const Shapes& o, const Local* l) {
+                 int64_t first = 1, rows = x[0].size(0);
+                 if (l != nullptr)
+                   first += 2 * local_box(l->sharding->input_targets[0], l->coord).offset[0];
+                 return T{at::slice_backward(x[0], o[0], 0, first,
+                                             rows == 0 ? first : first + 2 * (rows - 1) + 1, 2)};
+               }});
   c.push_back({"aten::select_backward", {{{5}}}, {{1, 5, 4}}, one([](const T& x, const Shapes& o) {
                  return at::select_backward(x[0], o[0], 1, 2);
                })});

@@ -61,6 +61,7 @@ torch_side = Side(ptd, ptdebug, ptpar, pt_mesh("cpu", (world,)))
 torch.manual_seed(0)
 a, b = torch.randn(8, 8), torch.randn(8, 8)
 g = torch.rand(4, 2 * world, 8)
+c = torch.randn(8, 16)
 
 
 def sequence_parallel_layer_norm(X):
@@ -74,6 +75,21 @@ def layer_norm_weight_grad():
     w = nn.LayerNorm(8)
     w(g).backward(torch.ones_like(g))
     return w.weight.grad
+
+
+def sliced_columns_backward(X):
+    # PyTorch's test_slice: the gradient of S(1)[:, 8:] given as Shard(1) goes back in one
+    # collective (the engine: slice_backward leaves Partial(sum), then one reduce_scatter).
+    w = X.mod.distribute_tensor(c.clone().requires_grad_(), X.mesh, [X.mod.Shard(1)])
+    out = w[:, 8:]
+    out.backward(X.mod.ones(out.shape, device_mesh=X.mesh, placements=[X.mod.Shard(1)]))
+    return w.grad
+
+
+def sliced_columns_grad():
+    w = c.clone().requires_grad_()
+    w[:, 8:].backward(torch.ones(8, 8))
+    return w.grad
 
 
 # name: (the case on a side, one device's result, whether the placements must be PyTorch's)
@@ -96,6 +112,8 @@ CASES = {
     "sum(P(sum))": (lambda X: X.P(a).sum(), lambda: reduced(a, "sum").sum(), True),
     "SequenceParallel LayerNorm, weight gradient": (sequence_parallel_layer_norm,
                                                     layer_norm_weight_grad, True),
+    # The leaf's gradient keeps the leaf's Shard(1) on the engine; PyTorch's is Replicate.
+    "S(1)[:, 8:] forward and backward": (sliced_columns_backward, sliced_columns_grad, False),
     "distribute_tensor Shard(0)": (lambda X: X.mod.distribute_tensor(a, X.mesh, [X.mod.Shard(0)]),
                                    lambda: a, True),
     "distribute_tensor Replicate": (lambda X: X.mod.distribute_tensor(a, X.mesh,

@@ -313,7 +313,11 @@ BuiltRule dropout_of(const Metas& m, const LayoutArgs&) {
 }
 
 // slice_backward(grad, input_sizes, dim, start, end, step): ints: dim, start, end, step,
-// input_sizes... The grad is the slice of a zero tensor of input_sizes: like slice, reversed.
+// input_sizes... The grad is the slice of a zero tensor of input_sizes: like slice, reversed. The
+// grad's sliced dim contracts with sum: a rank holding a piece of it writes that piece where it
+// lands in the zeros (Execution::kSliceBackwardAtOffset), and the ranks' results sum to the
+// whole, so a grad sharded there gives a Partial(sum) result with no communication (as the
+// slice's gradient needs no gather before it flows on).
 BuiltRule slice_backward_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 1, 1, "slice_backward");
   if (a.ints.size() < 4) throw Error("slice_backward: needs dim, start, end, step, sizes");
@@ -321,6 +325,13 @@ BuiltRule slice_backward_of(const Metas& m, const LayoutArgs& a) {
   Rule r = slice_rule(sizes, a.ints[0], a.ints[1], a.ints[2], a.ints[3]);
   if (r.output_shape(0) != m[0].shape) throw Error("slice_backward: grad does not fit the slice");
   std::swap(r.inputs[0], r.outputs[0]);
+  const int64_t d =
+      normalize_tensor_dim(a.ints[0], static_cast<int64_t>(sizes.size()), "slice_backward dim");
+  const DimFactors& grad_dim = r.inputs[0][d];
+  if (grad_dim.size() == 1 && grad_dim != r.outputs[0][d]) {  // a real slice
+    r.factors[grad_dim[0]].kind = FactorKind::kContract;
+    r.factors[grad_dim[0]].reduce = ReduceOp::kSum;
+  }
   return same_dtype(std::move(r), m);
 }
 

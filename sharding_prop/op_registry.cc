@@ -164,7 +164,7 @@ void add_views(Adder& add) {
   add("aten::index_select", "index", {int_arg("dim")}, index_select_of);
   add("aten::slice_backward", "view",
       {int_arg("dim"), int_arg("start"), int_arg("end"), int_arg("step"), ints_arg("input_sizes")},
-      slice_backward_of, local_shape("input_sizes"));
+      slice_backward_of, local_shape("input_sizes"), Execution::kSliceBackwardAtOffset);
   add("aten::select_backward", "view", {int_arg("dim"), ints_arg("input_sizes")},
       select_backward_of, local_shape("input_sizes"));
   add("aten::scatter_add", "index", {int_arg("dim")}, scatter_of);

@@ -98,6 +98,8 @@ enum class Execution : uint8_t {
   kEmptyByLocal,     // new_empty_strided: an empty piece of the local shape
   kViewAsLocal,      // view, squeeze: a view of the piece as the output's local shape (a piece
                      // may have a size-1 dim the global tensor has not)
+  kSliceBackwardAtOffset,  // slice_backward of a grad piece: its start moved by the piece's
+                           // offset along the sliced dim
 };
 
 // How an op's FLOPs follow from its rule's factors (NOTE [compute in the cost model]).
