@@ -46,7 +46,9 @@ std::vector<int64_t> ivalue_ints(const c10::IValue& v) {
 OpArgs::OpArgs(const sharding::OpEntry* entry, const c10::FunctionSchema& schema) {
   if (entry == nullptr) return;
   for (const sharding::LayoutArg& a : entry->layout_args) {
-    refs_.push_back({arg_index(schema, a.name, entry->name), &a});
+    const bool pair = a.kind == sharding::LayoutArg::Kind::kEqual;
+    refs_.push_back({arg_index(schema, a.name, entry->name), &a,
+                     pair ? arg_index(schema, a.other, entry->name) : -1});
   }
   const sharding::LocalShapeArg& shape = entry->local_shape;
   if (shape.kind == Kind::kNone) return;
@@ -73,6 +75,9 @@ void OpArgs::layout(const c10::IValue* args, sharding::LayoutArgs& out) const {
       out.ints.push_back(v.isTensor() && v.toTensor().defined() ? 1 : 0);
     } else if (r.arg->kind == ArgKind::kDevice) {  // the mesh's, for a distributed tensor
       out.ints.push_back(static_cast<int64_t>(v.toTensor().device().type()));
+    } else if (r.arg->kind == ArgKind::kEqual) {
+      const c10::IValue& w = args[r.other];
+      out.ints.push_back(v.toScalar().toDouble() == w.toScalar().toDouble() ? 1 : 0);
     } else if (r.arg->kind == ArgKind::kCount) {
       out.ints.push_back(static_cast<int64_t>(ivalue_ints(v).size()));
     } else if (v.isNone() && r.arg->if_none) {

@@ -32,6 +32,7 @@ class OpArgs {
   struct Ref {
     int index;
     const sharding::LayoutArg* arg;  // owned by the table entry (never freed)
+    int other = -1;                  // kEqual's second argument
   };
   std::vector<Ref> refs_;
   struct {

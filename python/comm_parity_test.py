@@ -114,6 +114,12 @@ CASES = {
                                                     layer_norm_weight_grad, True),
     # The leaf's gradient keeps the leaf's Shard(1) on the engine; PyTorch's is Replicate.
     "S(1)[:, 8:] forward and backward": (sliced_columns_backward, sliced_columns_grad, False),
+    "histc(S(0), min, max)": (lambda X: torch.histc(X.mod.distribute_tensor(a, X.mesh,
+                                                                          [X.mod.Shard(0)]),
+                                                    10, -2, 2),
+                              lambda: torch.histc(a, 10, -2, 2), True),
+    "histc(S(0))": (lambda X: torch.histc(X.mod.distribute_tensor(a, X.mesh, [X.mod.Shard(0)]), 10),
+                    lambda: torch.histc(a, 10), True),
     "distribute_tensor Shard(0)": (lambda X: X.mod.distribute_tensor(a, X.mesh, [X.mod.Shard(0)]),
                                    lambda: a, True),
     "distribute_tensor Replicate": (lambda X: X.mod.distribute_tensor(a, X.mesh,

@@ -71,6 +71,7 @@ BuiltRule layer_norm_backward_of(const Metas& m, const LayoutArgs& a);
 void check_nll_shapes(const std::vector<int64_t>& self, const std::vector<int64_t>& target,
                       const std::vector<int64_t>* weight, const char* op);
 BuiltRule nll_loss_of(const Metas& m, const LayoutArgs& a);
+BuiltRule histc_of(const Metas& m, const LayoutArgs& a);
 BuiltRule nll_loss_backward_of(const Metas& m, const LayoutArgs& a);
 BuiltRule sdpa_of(const Metas& m, const LayoutArgs&);
 BuiltRule new_factory_of(const Metas& m, const LayoutArgs& a);

@@ -312,6 +312,22 @@ BuiltRule dropout_of(const Metas& m, const LayoutArgs&) {
   return {std::move(r), {m[0].dtype, c10::kBool}};
 }
 
+// histc(self, bins, min, max): ints: bins, min == max. With a range given (min != max) the bins
+// are fixed, so each rank counts its piece and the counts sum: every dim of self contracts with
+// sum (a Shard input gives Partial(sum), as PyTorch's). Without one (min == max) the range is
+// self's own minimum and maximum, which a piece does not know: self stays whole.
+BuiltRule histc_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "histc");
+  if (a.ints.size() < 2) throw Error("histc: needs bins and min == max");
+  const FactorKind kind = a.ints[1] == 0 ? FactorKind::kContract : FactorKind::kReplicate;
+  Rule r;
+  TensorFactors in;
+  for (int64_t s : m[0].shape) in.push_back(r.add_dim(s, kind));
+  r.inputs = {in};
+  r.outputs = {{r.add_dim(a.ints[0], FactorKind::kReplicate)}};
+  return same_dtype(std::move(r), m);
+}
+
 // slice_backward(grad, input_sizes, dim, start, end, step): ints: dim, start, end, step,
 // input_sizes... The grad is the slice of a zero tensor of input_sizes: like slice, reversed. The
 // grad's sliced dim contracts with sum: a rank holding a piece of it writes that piece where it

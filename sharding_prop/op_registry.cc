@@ -66,6 +66,7 @@ void add_reductions(Adder& add) {
       reduction(ReduceOp::kSum, true, lin));
   add("aten::logsumexp", "reduction", reduce_args(), reduction(ReduceOp::kSum, true, lin));
   add("aten::nansum", "reduction", reduce_args(), reduction(ReduceOp::kSum, false, lin));
+  add("aten::histc", "reduction", {int_arg("bins"), equal_args("min", "max")}, histc_of);
   // Softmax: ints = dim.
   add("aten::_softmax", "softmax", {int_arg("dim")}, softmax(1));
   add("aten::_log_softmax", "softmax", {int_arg("dim")}, softmax(1));
@@ -358,6 +359,9 @@ LayoutArg count_arg(std::string name) { return {std::move(name), LayoutArg::Kind
 LayoutArg text_arg(std::string name) { return {std::move(name), LayoutArg::Kind::kText, {}}; }
 LayoutArg present_arg(std::string name) { return {std::move(name), LayoutArg::Kind::kPresent, {}}; }
 LayoutArg device_arg(std::string name) { return {std::move(name), LayoutArg::Kind::kDevice, {}}; }
+LayoutArg equal_args(std::string name, std::string other) {
+  return {std::move(name), LayoutArg::Kind::kEqual, {}, std::move(other)};
+}
 LocalShapeArg local_shape(std::string name, LocalShapeArg::Kind kind) {
   return {kind, std::move(name)};
 }
@@ -374,6 +378,8 @@ std::string LayoutArg::to_string() const {
       return name + "?";
     case Kind::kDevice:
       return "device(" + name + ")";
+    case Kind::kEqual:
+      return name + "==" + other;
     case Kind::kInt:
       break;
   }

@@ -43,10 +43,13 @@ struct LayoutArg {
     kPresent,  // 1 when the tensor argument is given, 0 when it is None (which inputs are which)
     kDevice,   // a tensor argument's device type (c10::DeviceType's number): for the few kernels
                // whose outputs differ by device (CUDA's batch norm keeps [C] statistics in eval)
+    kEqual,    // 1 when the number arguments `name` and `other` are equal (histc's min == max:
+               // the range is read from the data), never the values themselves
   };
   std::string name;
   Kind kind = Kind::kInt;
   std::optional<int64_t> if_none;  // the value of a None argument (else None appends nothing)
+  std::string other;               // kEqual's second argument
 
   std::string to_string() const;  // "dim", "dims...", "len(normalized_shape)", "end=None:max"
 };
@@ -56,6 +59,7 @@ LayoutArg count_arg(std::string name);
 LayoutArg text_arg(std::string name);
 LayoutArg present_arg(std::string name);
 LayoutArg device_arg(std::string name);
+LayoutArg equal_args(std::string name, std::string other);
 
 // The values of an op's layout arguments in one call, in the entry's order (never runtime scalar
 // values): part of the propagation cache key.
