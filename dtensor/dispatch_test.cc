@@ -149,8 +149,8 @@ TEST(Dispatch, ReplicateFallbackMatchesOneDevice) {
   run_threads(2, [&](int64_t) {
     const DeviceMesh mesh = api::init_device_mesh({2});
     const at::Tensor da = api::distribute_tensor(a, mesh, {Shard(0)});
-    const at::Tensor c = at::histc(da, 5);  // no rule: gathered, computed whole
-    expect_same(c, at::histc(a, 5));
+    const at::Tensor c = at::trace(da);  // no rule: gathered, computed whole
+    expect_same(c, at::trace(a));
     EXPECT_TRUE(api::spec(c).placements()[0].is_replicate());
     expect_same(at::nonzero(da.gt(0)), at::nonzero(a.gt(0)));  // data-dependent shape
     // In place on a sharded tensor: each rank takes its box of the result; the layout stays.
@@ -160,7 +160,7 @@ TEST(Dispatch, ReplicateFallbackMatchesOneDevice) {
     expect_same(db, at::clamp_min(a, 0.25));
     {
       StrictModeGuard strict;
-      expect_error([&] { (void)at::histc(da, 5); }, "no sharding rule");
+      expect_error([&] { (void)at::trace(da); }, "no sharding rule");
     }
     // A view of a moved input views the moved copy (diagonal keeps dims 0 and 1 whole, so the
     // Shard(1) input is gathered): reading is right, writing into it raises.
@@ -176,7 +176,7 @@ TEST(Dispatch, ReplicateFallbackMatchesOneDevice) {
     }
   });
   const auto counts = fallback_counts();
-  EXPECT_EQ(counts.at("aten::histc"), 2);  // one call on each of the two ranks
+  EXPECT_EQ(counts.at("aten::trace"), 2);  // one call on each of the two ranks
   EXPECT_EQ(counts.at("aten::clamp_min_"), 2);
 }
 
@@ -338,8 +338,8 @@ TEST(Dispatch, Errors) {
     expect_error([&] { (void)(da + db); }, "mesh");  // mismatched meshes
     {
       StrictModeGuard strict;  // no replicate fallback: an op with no rule is an error
-      expect_error([&] { (void)at::histc(da, 5); }, "aten::histc");  // no rule...
-      expect_error([&] { (void)at::histc(da, 5); }, "S(0)");         // ...and its placements
+      expect_error([&] { (void)at::trace(da); }, "aten::trace");  // no rule...
+      expect_error([&] { (void)at::trace(da); }, "S(0)");         // ...and its placements
     }
     expect_error([&] { (void)da.sum(5); }, "dim");                     // invalid dim
     expect_error([&] { (void)api::init_device_mesh({3}); }, "world");  // mesh vs world

@@ -218,10 +218,10 @@ def test_errors_carry_the_engine_message():
             a + torch.ones(4, 4)
         with dtensor.replicate_plain_tensors():
             torch.testing.assert_close((a + torch.ones(4, 4)).full_tensor(), torch.full((4, 4), 2.))
-        with dtensor.strict_mode(), pytest.raises(RuntimeError, match="aten::histc"):
-            torch.histc(a, 4)  # no rule, and strict mode: no replicate fallback
+        with dtensor.strict_mode(), pytest.raises(RuntimeError, match="aten::trace"):
+            torch.trace(a)  # no rule, and strict mode: no replicate fallback
         # Outside strict mode the replicate fallback runs it (NOTE [replicate fallback]).
-        torch.testing.assert_close(torch.histc(a, 4).full_tensor(), torch.histc(torch.ones(4, 4), 4))
+        torch.testing.assert_close(torch.trace(a).full_tensor(), torch.trace(torch.ones(4, 4)))
         c = distribute_tensor(torch.ones(4, 4), other, [Shard(1)])
         del c  # same ranks, other names: one mesh? meshes differ by names only
         # NOTE [error convention]: engine errors are RuntimeError whichever way they travel.

@@ -461,6 +461,10 @@ def test_comm_counts_answer_pytorch_keys():
         assert counts.get(c10d_functional.reduce_scatter_tensor, 0) == 0
         assert list(counts) == ["all_gather_into_tensor"]
         assert comm.comm_counts[c10d_functional.all_gather_into_tensor] == 1
+        # Per-module counts compare alike (unittest's assertDictEqual uses !=).
+        global_fwd = comm.comm_module_counts["Global"]["forward"]
+        assert not global_fwd != {c10d_functional.all_gather_into_tensor: 1}
+        assert global_fwd[c10d_functional.all_gather_into_tensor] == 1
         with pytest.raises(KeyError):
             counts[torch.ops.aten.mm]
         return True

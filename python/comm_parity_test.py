@@ -24,6 +24,7 @@ import copy, os, warnings
 import torch
 import torch.distributed as dist
 from torch import nn
+import torch.nn.functional as F
 
 # PyTorch's CommDebugMode hooks modules whose inputs need no gradient: its notice is noise here.
 warnings.filterwarnings("ignore", message="Full backward hook is firing")
@@ -114,6 +115,16 @@ CASES = {
                                                     layer_norm_weight_grad, True),
     # The leaf's gradient keeps the leaf's Shard(1) on the engine; PyTorch's is Replicate.
     "S(1)[:, 8:] forward and backward": (sliced_columns_backward, sliced_columns_grad, False),
+    # A dim the op needs whole is gathered, as PyTorch's (not moved elsewhere by an all_to_all).
+    "softmax(S(1), dim=1)": (lambda X: torch.softmax(X.mod.distribute_tensor(a, X.mesh,
+                                                                            [X.mod.Shard(1)]), 1),
+                             lambda: torch.softmax(a, 1), True),
+    "cumsum(S(0), dim=0)": (lambda X: torch.cumsum(X.mod.distribute_tensor(a, X.mesh,
+                                                                          [X.mod.Shard(0)]), 0),
+                            lambda: torch.cumsum(a, 0), True),
+    "layer_norm over a sharded dim": (
+        lambda X: F.layer_norm(X.mod.distribute_tensor(g, X.mesh, [X.mod.Shard(1)]), (2 * world, 8)),
+        lambda: F.layer_norm(g, (2 * world, 8)), True),
     "histc(S(0), min, max)": (lambda X: torch.histc(X.mod.distribute_tensor(a, X.mesh,
                                                                           [X.mod.Shard(0)]),
                                                     10, -2, 2),

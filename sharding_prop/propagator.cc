@@ -172,26 +172,29 @@ std::vector<Choice> kept_partials(const Rule& rule, const std::vector<DTensorSpe
 // there for compute alone (NOTE [compute in the cost model]).
 std::vector<Choice> choices_for(const Rule& rule, const std::vector<DTensorSpec>& inputs, int64_t m,
                                 bool compute_shardings) {
-  // Shardings that follow an input cost it nothing. An input that must change anyway (a Partial
-  // the op cannot keep, or a Shard of a dim the op cannot shard) may move to any sharding more
-  // cheaply than to Replicate (reduce_scatter, all_to_all), so then every factor is a choice.
-  // A size-1 factor is a choice only when an input is sharded on it (NOTE [size-1 factors]).
+  // Shardings that follow an input cost it nothing. A Partial the op cannot keep must be reduced
+  // anyway, and a reduce_scatter to any sharding costs less than an all_reduce, so then every
+  // factor is a choice. A Shard of a dim the op needs whole (softmax's dim, a cumsum's, the dims
+  // a norm normalizes) goes to Replicate or to another input's sharding, as PyTorch's: an
+  // all_to_all to some other dim moves less at this op, but its output is then sharded where no
+  // input was, and the consumers that need it whole pay the all_gather anyway (a LayerNorm over
+  // the sequence in sequence parallelism: all_to_all + all_gather where PyTorch does one
+  // all_gather). A size-1 factor is a choice only when an input is sharded on it (NOTE [size-1
+  // factors]).
   std::set<int> factors, followed;
-  bool any_partial = false, must_move = false, any_shard = false, keep_inputs = false;
+  bool any_partial = false, any_shard = false, keep_inputs = false;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Placement p = inputs[i].placement(m);
     if (p.is_partial()) any_partial = true;
     if (!p.is_shard()) continue;
     any_shard = true;
     const DimFactors& dim = rule.inputs[i][p.dim()];
-    if (dim.empty() || rule.factors[dim[0]].kind == FactorKind::kReplicate) {
-      must_move = true;
-    } else {
+    if (!dim.empty() && rule.factors[dim[0]].kind != FactorKind::kReplicate) {
       factors.insert(dim[0]);
       followed.insert(dim[0]);
     }
   }
-  if (any_partial || must_move) {
+  if (any_partial) {
     for (size_t f = 0; f < rule.factors.size(); ++f) factors.insert(static_cast<int>(f));
   }
   std::vector<Choice> out;

@@ -91,15 +91,11 @@ TEST(PropagatorTest, ChoosesTheCheapestLayoutTable) {
       {"aten::sum.dim_IntList", {4}, {{"S(0)", {8, 4}}}, {{1, -1}}, "[S(0)]", "[S(0)]", ""},
       {"aten::amax", {4}, {{"S(1)", {8, 4}}}, {{0, 1}}, "[S(1)]", "[P(max)]", ""},
       {"aten::mean.dim", {4}, {{"S(1)", {8, 4}}}, {{0, 1}}, "[S(1)]", "[P(avg)]", ""},
-      {"aten::var.correction", {4}, {{"S(1)", {8, 4}}}, {{0, 1}}, "[S(0)]", "[S(0)]", ""},
-      // Softmax's dim must be whole.
-      {"aten::_softmax",
-       {4},
-       {{"S(1)", {8, 4}}},
-       {{1}},
-       "[S(0)]",
-       "[S(0)]",
-       "ab->ab | b:replicate"},
+      // A dim the op needs whole is gathered, as PyTorch's (not moved to another dim by an
+      // all_to_all, whose output its consumers would have to gather again).
+      {"aten::var.correction", {4}, {{"S(1)", {8, 4}}}, {{0, 1}}, "[R]", "[R]", ""},
+      {"aten::_softmax", {4}, {{"S(1)", {8, 4}}}, {{1}}, "[R]", "[R]", "ab->ab | b:replicate"},
+      {"aten::_softmax", {4}, {{"S(0)", {8, 4}}}, {{1}}, "[S(0)]", "[S(0)]", ""},
       // Views: a merged dim stays sharded through its major factor when even.
       {"aten::view", {4}, {{"S(0)", {8, 4}}}, {{32}}, "[S(0)]", "[S(0)]", "ab->(ab)"},
       {"aten::view", {4}, {{"S(0)", {6, 4}}}, {{24}}, "[R]", "[R]", ""},
@@ -114,8 +110,8 @@ TEST(PropagatorTest, ChoosesTheCheapestLayoutTable) {
        "[S(1)];[S(1)]",
        "[S(1)]",
        ""},
-      // A cat-dim shard moves to the other dim (all_to_all) rather than being gathered.
-      {"aten::cat", {4}, {{"S(0)", {8, 4}}, {"R", {8, 4}}}, {{0}}, "[S(1)];[S(1)]", "[S(1)]", ""},
+      // A cat-dim shard is gathered; the Replicate input stays.
+      {"aten::cat", {4}, {{"S(0)", {8, 4}}, {"R", {8, 4}}}, {{0}}, "[R];[R]", "[R]", ""},
       // A "legacy empty" 1-D [0] input takes no part (ATen's cat skips it; torch 2.11's op_db).
       {"aten::cat", {4}, {{"R", {0}}, {"S(0)", {8, 4}}}, {{1}}, "[R];[S(0)]", "[S(0)]", ""},
       // gather with an empty index: an empty result of the index's shape, whatever self's dims.

@@ -111,6 +111,12 @@ class _CommCounts(dict):
     __hash__ = None
 
 
+def _phases():
+    """One module's counts: {"forward": counts, "backward": counts}, each looked up and compared
+    as get_comm_counts() is (PyTorch's tests compare them with dicts keyed by its ops)."""
+    return {"forward": _CommCounts(), "backward": _CommCounts()}
+
+
 def _is_dtensor(t):
     return isinstance(t, torch.Tensor) and _C.is_dtensor(t)
 
@@ -132,7 +138,8 @@ class CommDebugMode:
     PyTorch's API: ``get_total_counts()``; ``get_comm_counts()`` (and ``comm_counts``) keyed by
     collective name (``"all_reduce"``, ``"all_gather_into_tensor"``, ``"reduce_scatter_tensor"``,
     ``"all_to_all_single"``), also looked up by PyTorch's keys
-    (``torch.ops.c10d_functional.all_reduce``, NOTE [collective count keys]); ``comm_module_counts`` (``{fqn: {"forward": {name: n},
+    (``torch.ops.c10d_functional.all_reduce``, NOTE [collective count keys]);
+    ``comm_module_counts`` (``{fqn: {"forward": {name: n},
     "backward": {...}}}``, "Global" and every parent included); ``get_parameter_info()``
     (``{module fqn: {param name: tensor}}``); ``get_sharding_info()`` (``{"fqn.param":
     placements}``); ``generate_comm_debug_tracing_table(noise_level=3)``,
@@ -212,7 +219,7 @@ class CommDebugMode:
 
     def _reset_tracking(self):
         self.comm_module_counts.clear()
-        self.comm_module_counts["Global"] = {"forward": {}, "backward": {}}
+        self.comm_module_counts["Global"] = _phases()
         self._last_kinds = {}
         self._last_total = 0
         self._stack = ["Global"]
@@ -247,7 +254,7 @@ class CommDebugMode:
             return
         fqn, phase = self._current()
         for owner in [fqn] + [p for p in self._parents.get(fqn, []) if p != fqn]:
-            counts = self.comm_module_counts.setdefault(owner, {"forward": {}, "backward": {}})
+            counts = self.comm_module_counts.setdefault(owner, _phases())
             for k, n in delta.items():
                 counts[phase][k] = counts[phase].get(k, 0) + n
 
