@@ -6,6 +6,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <optional>
+#include <string>
+
 #include "base/cpu_memory.h"
 #include "base/error.h"
 #include "collectives/launch_env.h"
@@ -104,9 +107,19 @@ PYBIND11_MODULE(_C, m) {
                         "How a distributed tensor lives on one mesh dim: the base class of "
                         "Shard, Replicate and Partial.")
       .def_static("parse", &parse_placement)
-      .def("is_shard", py::overload_cast<>(&Placement::is_shard, py::const_))
+      .def(
+          "is_shard",
+          [](Placement p, std::optional<int64_t> dim) {
+            return dim ? p.is_shard(*dim) : p.is_shard();
+          },
+          py::arg("dim") = py::none())
       .def("is_replicate", &Placement::is_replicate)
-      .def("is_partial", &Placement::is_partial)
+      .def(
+          "is_partial",
+          [](Placement p, std::optional<std::string> reduce_op) {
+            return p.is_partial() && (!reduce_op || reduce_op_name(p.reduce_op()) == *reduce_op);
+          },
+          py::arg("reduce_op") = py::none())
       .def_property_readonly("dim", &Placement::dim)
       .def_property_readonly("reduce_op",
                              [](Placement p) { return std::string(reduce_op_name(p.reduce_op())); })

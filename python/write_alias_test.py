@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 import dtensor
 from dtensor import DeviceMesh, DTensor, Partial, Replicate, Shard, distribute_tensor
+from dtensor.debug import CommDebugMode
 
 
 def _on_two(fn):
@@ -150,9 +151,12 @@ def test_in_place_ops_on_a_partial_tensor(op):
         for name, (f, one_device) in cases.items():
             p = partial()
             want = one_device(p.full_tensor().clone())
-            assert f(p) is p, name
+            with CommDebugMode() as comm:
+                assert f(p) is p, name
             assert p.placements == (Partial(op),), (name, p.placements)
             torch.testing.assert_close(p.full_tensor(), want, msg=name)
+            if name == "fill_":  # reads no value: nothing to reduce (PyTorch: none either)
+                assert comm.get_total_counts() == 0, comm.get_comm_counts()
         if op == "sum":
             local = torch.tensor([1.0, -2.0, 3.0, -4.0]) * (rank + 1)
             p = DTensor.from_local(local.requires_grad_(), mesh, [Partial()])

@@ -36,6 +36,10 @@ void add_unary_pointwise(Adder& add) {
   // Copies, fills and casts move data and compute nothing (NOTE [compute in the cost model]).
   add("aten::fill_.Scalar", "pointwise", {}, pointwise(1, lin));
   add.moves_data();
+  // Reads no value of self: a Partial self stays (fill_ of a Partial runs this and copies the
+  // replicated result in by partition, with no collective: NOTE [in-place by copy]).
+  add("aten::fill.Scalar", "pointwise", {}, pointwise(1, Linearity::kShapeOnly));
+  add.moves_data();
   add("aten::zero_", "pointwise", {}, pointwise(1, Linearity::kMove));
   add.moves_data();
   add("aten::clone", "pointwise", {}, pointwise(1, Linearity::kMove));

@@ -6,8 +6,8 @@ __all__ = ["Placement", "Shard", "Replicate", "Partial"]  # and _StridedShard, a
 
 
 # NOTE [one Placement type] (python/bindings.cc): these classes subclass the C++ placement
-# classes, so each is the C++ value the engine takes; only PyTorch's Python-side helpers live
-# here.
+# classes, so each is the C++ value the engine takes (is_shard, is_partial, dim, reduce_op come
+# from there); only PyTorch's Python-side helpers live here.
 Placement = _C.Placement
 
 
@@ -31,15 +31,6 @@ class Shard(_ByText, _C.Shard):
 
     def __init__(self, dim):
         super().__init__(dim)
-
-    def is_shard(self, dim=None):
-        return dim is None or dim == self.dim
-
-    def is_replicate(self):
-        return False
-
-    def is_partial(self, reduce_op=None):
-        return False
 
     @staticmethod
     def local_shard_size_and_offset(curr_local_size, num_chunks, rank):
@@ -70,7 +61,9 @@ class _StridedShard(Shard):
     """PyTorch's name for a Shard that splits after later mesh dims did (FSDP over TP): on a
     (dp, tp) mesh, ``(_StridedShard(0, split_factor=tp), Shard(0))`` cuts dim 0 by "tp" first and
     each of those pieces by "dp". ``split_factor`` is the number of pieces the mesh dims that split
-    first made. NOTE [strided shards]: the engine keeps a shard order per tensor dim (DTensorSpec's
+    first made.
+
+    NOTE [strided shards]: the engine keeps a shard order per tensor dim (DTensorSpec's
     ShardOrder) instead; the two are translated at the Python boundary (``_split_strided`` and
     ``_with_strided``): for each tensor dim the plain Shards split first in mesh order, then the
     strided ones from the last mesh dim to the first."""
@@ -148,15 +141,6 @@ class Replicate(_ByText, _C.Replicate):
     def __init__(self):
         super().__init__()
 
-    def is_shard(self, dim=None):
-        return False
-
-    def is_replicate(self):
-        return True
-
-    def is_partial(self, reduce_op=None):
-        return False
-
     def __str__(self):
         return "R"
 
@@ -172,15 +156,6 @@ class Partial(_ByText, _C.Partial):
 
     def __init__(self, reduce_op="sum"):
         super().__init__(reduce_op)
-
-    def is_shard(self, dim=None):
-        return False
-
-    def is_replicate(self):
-        return False
-
-    def is_partial(self, reduce_op=None):
-        return reduce_op is None or reduce_op == self.reduce_op
 
     def __str__(self):
         return f"P({self.reduce_op})"

@@ -107,7 +107,7 @@ def test_from_local_run_check_names_the_rank_with_a_wrong_shape():
     def fn(rank):
         mesh = init_device_mesh("cpu", (WORLD,))
         local = torch.ones(3 if rank == 2 else 2)
-        with pytest.raises(RuntimeError, match=r"rank 2 Float\[3\]"):
+        with pytest.raises(ValueError, match=r"rank 2 Float\[3\]"):
             DTensor.from_local(local, mesh, [Shard(0)], run_check=True)
         return True
 
@@ -118,7 +118,7 @@ def test_from_local_run_check_names_a_wrong_dtype():
     def fn(rank):
         mesh = init_device_mesh("cpu", (WORLD,))
         local = torch.ones(2, dtype=torch.float64 if rank == 1 else torch.float32)
-        with pytest.raises(RuntimeError, match="from_local.*rank"):
+        with pytest.raises(ValueError, match="from_local.*rank"):  # PyTorch's type
             DTensor.from_local(local, mesh, [Replicate()], run_check=True)
         return True
 
