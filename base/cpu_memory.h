@@ -1,7 +1,7 @@
 #pragma once
 // NOTE [CPU memory meter]
 // Live and peak bytes of CPU tensor memory in this process, for benchmarks and tests that check a
-// memory bound (FSDP's peak per rank, issue 30): torch counts CUDA memory
+// memory bound (FSDP's peak per rank): torch counts CUDA memory
 // (torch.cuda.max_memory_allocated) but not CPU memory, and a resident-set size also holds the
 // malloc arenas and Python's heap. install_cpu_memory_meter() wraps c10's CPU allocator once
 // (c10::SetCPUAllocator, highest priority): every allocation made after it is counted until its

@@ -24,7 +24,7 @@ Per side: ms per step (median of the steps after the first), the training state 
 training steps added on top of the built model (VmHWM after resetting it with /proc/self/clear_refs;
 the largest over the ranks), the peak CPU tensor memory of a step (NOTE [CPU memory meter]: every
 live tensor, from the second step on, the batches left out, the engine FSDP's symmetric flat
-buffers added; the largest over the ranks) against issue 30's bound, 1.1 x (parameters +
+buffers added; the largest over the ranks) against the bound, 1.1 x (parameters +
 gradients + optimizer state) / N + the largest group unsharded ("ratio_peak_to_bound"), and the
 bytes each rank sends per step by the algorithm (ring all-gather and reduce-scatter send (W-1)/W
 of the full tensor, all-reduce twice that). One JSON line per side and world size:
@@ -311,7 +311,7 @@ def report(rows, args, dp):
         good = good and r["equal_to_one_process"]
         if one is not None:
             r["ratio_state_to_one"] = round(r["state_bytes"] / one["state_bytes"], 4)
-            # Issue 30's bound on the peak per rank: 1.1 x (parameters + gradients + optimizer
+            # The bound on the peak per rank: 1.1 x (parameters + gradients + optimizer
             # state) / N + the largest group unsharded.
             r["memory_bound_bytes"] = int(1.1 * one["state_bytes"] / dp + r["largest_group_bytes"])
             r["ratio_peak_to_bound"] = round(r["peak_tensor_bytes"] / r["memory_bound_bytes"], 4)

@@ -1,4 +1,4 @@
-"""PyTorch's own DTensor beside the engine, in the same processes of one run (issue 28, point 5):
+"""PyTorch's own DTensor beside the engine, in the same processes of one run:
 ./x bench python runs these after its own rows (python_bench.py --no-anchor skips them).
 
 per_call (a 1-process job, mesh (1)): add, mm, sum, view, t, relu on DTensor.from_local pieces

@@ -1,4 +1,4 @@
-"""torch.distributed with the engine as its backend (issue 17, point 3): real processes started
+"""torch.distributed with the engine as its backend: real processes started
 by ./x launch's launcher and by torchrun run c10d_backend_worker.py, which checks every
 torch.distributed collective on backend "dtensor" against locally computed values (a subgroup
 too, on 3 ranks) and DistributedDataParallel's losses and parameters against a Gloo group's.

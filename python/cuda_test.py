@@ -217,7 +217,7 @@ def test_checkpoint_loads_into_a_cuda_mesh(mesh, tmp_path):
 
 def test_fully_shard_trains_like_plain_cuda(mesh):
     """FSDP on the CUDA mesh: sharded parameters, their gathered copies and the reduce-scattered
-    gradients live on the GPU, and 3 AdamW steps equal a plain CUDA model's (issue 30 on CUDA)."""
+    gradients live on the GPU, and 3 AdamW steps equal a plain CUDA model's."""
     from dtensor.fsdp import MixedPrecisionPolicy, fully_shard
     torch.manual_seed(2)
     ref = torch.nn.Sequential(torch.nn.Linear(7, 15), torch.nn.ReLU(),
@@ -312,7 +312,7 @@ def test_fully_shard_cpu_offload_trains_like_plain_cuda(mesh):
 
 
 def test_tp_training_step_copies_nothing_to_the_host(mesh):
-    """Issue 29's target: a TP training step on CUDA issues no device-to-host copy (the profiler's
+    """The target: a TP training step on CUDA issues no device-to-host copy (the profiler's
     CUDA activity records each memcpy; the loss is not read)."""
     from torch.profiler import ProfilerActivity, profile
 

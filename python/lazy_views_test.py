@@ -1,4 +1,4 @@
-"""Lazy conjugate and negative views through real processes (issue 32): torch.fft.ifft of a real
+"""Lazy conjugate and negative views through real processes: torch.fft.ifft of a real
 input returns a tensor whose conjugation is a pending bit (its memory holds the unconjugated
 values), and backends that move raw memory lost it: on 4 processes the gathered result had the
 imaginary part's sign flipped (NOTE [lazy conjugate and negative views]). Ranks as threads did

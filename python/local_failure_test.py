@@ -1,4 +1,4 @@
-"""A local op that raises on some ranks only (issue 28, NOTE [local op failures] in
+"""A local op that raises on some ranks only (NOTE [local op failures] in
 dtensor/dispatch_local.cc, NOTE [leaving a group] in collectives/communicator.h).
 
 On torch 2.x the op_db sweep hung 20 s in fft.hfft/irfft mode S0: 5 rows on 4 ranks leave rank 3

@@ -252,6 +252,6 @@ def test_peak_memory_of_a_vocabulary_heavy_loss_step_scales_as_one_over_n(tmp_pa
             print(json.dumps({"bench": "loss_parallel_memory", "ranks": n, "peak": r["peak"],
                               "one_device_peak": one["peak"], "logits_bytes": logits_bytes,
                               "peak_over_logits_share": r["peak"] / (logits_bytes / n)}))
-            # Issue 17's target: <= 1.2 x (logits bytes / N) per logits-sized buffer the single
+            # The target: <= 1.2 x (logits bytes / N) per logits-sized buffer the single
             # device holds at its peak, plus the rest.
             assert r["peak"] <= 1.2 * one["peak"] / n + rest, (n, r, one)

@@ -539,7 +539,7 @@ def test_src_data_rank_decides_whose_parameters_count(src):
 
 
 def test_tp_training_step_reads_no_scalar_to_the_host():
-    """Issue 29's "no hidden host round trip": a TP training step (LayerNorm, ColwiseParallel,
+    """The "no hidden host round trip": a TP training step (LayerNorm, ColwiseParallel,
     RowwiseParallel, a residual, SGD with momentum) on 2 ranks calls no op that reads a value back
     to the host (item, _local_scalar_dense, is_nonzero, nonzero, equal: on CUDA each is a
     device-to-host copy and a sync). The profiler records every ATen call of rank 0's step, the

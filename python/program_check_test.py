@@ -1,4 +1,4 @@
-"""Ranks that run different programs (issue 32, NOTE [program digest]): a sweep that drew op_db's
+"""Ranks that run different programs (NOTE [program digest]): a sweep that drew op_db's
 samples in each process got a different Python-random margin (delta) on each rank for
 hinge_embedding_loss, cosine_embedding_loss and huber_loss; each rank computed its pieces with its
 own scalar and full_tensor returned a mix, silently. Now the next collective on the mesh fails on

@@ -1,4 +1,4 @@
-"""Python programs run as N ranks under torchrun and under ./x launch (issue 3, point 5).
+"""Python programs run as N ranks under torchrun and under ./x launch.
 
 Each case starts real processes with a real TCPStore rendezvous; the worker checks every
 collective against the single-device result and the launcher must exit 0.

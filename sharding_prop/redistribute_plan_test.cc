@@ -57,7 +57,7 @@ double greedy_cost(const DTensorSpec& src, const DTensorSpec& dst) {
 }
 
 TEST(RedistributePlanTest, GoldenPlansForPyTorchIssueCases) {
-  // Issue 132751: a transpose of the block grid moves one block, not two all_gathers.
+  // PyTorch issue 132751: a transpose of the block grid moves one block, not two all_gathers.
   EXPECT_EQ(plan_text({2, 2}, "S(0),S(1)", "S(1),S(0)", {8, 8}),
             "[S(0),S(1)] -> [S(1),S(0)] on mesh (2,2) shape [8,8]: "
             "all_to_all_v(mesh_dims=[0,1], [S(0),S(1)]->[S(1),S(0)])");

@@ -1,4 +1,4 @@
-"""A differential fuzzer for ops (issue 32): random OpInfo x sample x placements x mesh shape, each
+"""A differential fuzzer for ops: random OpInfo x sample x placements x mesh shape, each
 compared with one device by the sweep's machinery (sweep.run_mode: values, shapes, dtypes, each
 rank's piece, gradients).
 

@@ -1,4 +1,4 @@
-"""The full op_db sweep (issue 32; `./x test --full` and CI run it, `./x test` does not): every
+"""The full op_db sweep (`./x test --full` and CI run it, `./x test` does not): every
 sample of every float32 OpInfo, every tensor argument sharded in turn on every dim, on a 1-D mesh
 of 4 ranks and a 2x2 mesh (sweep.full_modes_for), samples drawn from a seed that changes per run
 (NOTE [sweep seed]): the seed is printed first and in every failure; replay one with

@@ -27,7 +27,7 @@ from fuzz_cases import FUZZ_CASES  # noqa: E402
 
 CHUNKS = 12
 # OpInfos of chunk k (op_db's float32 OpInfos k, k + CHUNKS, ...) that pass on native rules alone:
-# torch 2.11, 2026-11-26, 533 in all (issue 28's floor: 520).
+# torch 2.11, 2026-11-26, 533 in all (the floor: 520).
 NATIVE_AT_LEAST = (47, 46, 43, 44, 44, 46, 44, 44, 44, 39, 46, 46)
 _OPS = sweep.float32_opinfos()
 
@@ -74,7 +74,7 @@ def test_op_db_chunk(chunk, capsys):
 
 
 def test_native_floor_covers_every_chunk():
-    assert len(NATIVE_AT_LEAST) == CHUNKS and sum(NATIVE_AT_LEAST) >= 520  # issue 28's floor
+    assert len(NATIVE_AT_LEAST) == CHUNKS and sum(NATIVE_AT_LEAST) >= 520  # the floor
 
 
 def _problems(name, outcome, detail, listed):

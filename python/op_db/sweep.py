@@ -374,7 +374,7 @@ def modes_for(sample, first_sample):
 
 
 def full_modes_for(sample):
-    """The full sweep's layouts (issue 32): every tensor argument sharded in turn on every dim
+    """The full sweep's layouts: every tensor argument sharded in turn on every dim
     (the others Replicate) on a 1-D mesh of WORLD ranks (op_db's sizes make most pieces uneven,
     some empty); every argument Shard(0) at once; and on a 2x2 mesh every tensor argument in
     turn as [Shard(0), Shard(last)] (both mesh dims on one tensor dim when it has one dim) and

@@ -1,4 +1,4 @@
-// Faults in the C++ collectives (issue 14), without Python: calls that disagree, threads of one
+// Faults in the C++ collectives, without Python: calls that disagree, threads of one
 // rank sharing a group, interrupts, leftover shared memory, malformed settings. Each case asserts
 // the result one device gives or an error naming the collective, the group and the rank.
 

@@ -1,4 +1,4 @@
-"""Faults across real processes (issue 14): desynchronised and multi-threaded collectives, two
+"""Faults across real processes: desynchronised and multi-threaded collectives, two
 jobs on one port, killed and interrupted ranks, leftover shared memory, exits. Each case asserts
 the result one device gives or a clear error naming the collective, the group and the rank, within
 the collective timeout plus a second, and that /dev/shm holds nothing of ours afterwards.
@@ -229,7 +229,7 @@ def test_two_jobs_on_one_port_never_mix(tmp_path):
                                  r"did not arrive|broken", text), out
 
 
-# Jobs started from the environment alone (issue 32): a hand-written launcher, no launch token, no
+# Jobs started from the environment alone: a hand-written launcher, no launch token, no
 # scheduler job id. Both jobs run this script; each of its ranks prints "<job> ok" or its error.
 HAND_LAUNCHER = r"""
 import os, subprocess, sys

@@ -1,4 +1,4 @@
-"""Two hosts inside one machine (issue 14): two Linux network namespaces joined by a veth pair,
+"""Two hosts inside one machine: two Linux network namespaces joined by a veth pair,
 two ranks in each on the c10d (Gloo) backend, MASTER_ADDR the first host's veth address, and no
 address outside those namespaces. Checks: a tensor-parallel training step across the hosts equals
 the same step in one process; when one host's ranks are killed (SIGKILL), the other host's ranks

@@ -1,5 +1,5 @@
 """Bus bandwidth of the cuda_ipc backend (NOTE [cuda_ipc backend]) with the ranks sharing one GPU,
-against that GPU's device-to-device copy bandwidth measured in the same run (issue 29's target:
+against that GPU's device-to-device copy bandwidth measured in the same run (the target:
 all_gather and reduce_scatter busbw >= 0.7x the copy at 64 MiB). Run by tools/gpu/check.sh:
     python3 tools/launch.py -n 2 -- python3 tools/gpu/ipc_bandwidth.py
 One JSON line per measurement on rank 0 ("bench" key). busbw follows nccl-tests: all_gather

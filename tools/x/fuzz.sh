@@ -52,7 +52,7 @@ fuzz_run() {
 }
 
 # ./x fuzz ops [--time S] [--seed S] [--replay SEED,...]: the ops differential fuzzer
-# (python/op_db/fuzz_ops.py, issue 32): random OpInfo x sample x placements x mesh against one device.
+# (python/op_db/fuzz_ops.py): random OpInfo x sample x placements x mesh against one device.
 cmd_fuzz_ops() {
   local dir root=$PWD
   dir=$(stage_python)

@@ -11,7 +11,7 @@ x_help test '  test --asan | --tsan
                   ThreadSanitizer (own output base; the Python tests preload the runtime)'
 
 # NOTE [what ./x test runs]: two tiers. `./x test` runs the normal suite: every C++ and Python
-# test but those tagged "full" (the full op_db sweep, issue 32). `./x test --full` (CI: .ci/run)
+# test but those tagged "full" (the full op_db sweep). `./x test --full` (CI: .ci/run)
 # runs the normal suite with the "full" tests, then a short libFuzzer run of every fuzz target
 # (NOTE [fuzz runs]), the consumer builds (NOTE [consumer tests]) and the core packages' C++ tests
 # under ASan + UBSan (NOTE [sanitizer runs]); the last line totals them all. The extras are
