@@ -186,8 +186,7 @@ at::Tensor all_gather_autograd(const at::Tensor& t, int64_t group_size, c10::str
 }
 
 // sum and avg have a gradient (all_gather, divided by the group size for avg); the other reduce
-// ops run without one, and refuse an input that requires grad (before, every op but sum was
-// refused, even on inputs without grad).
+// ops run without one, and refuse only an input that requires grad.
 at::Tensor reduce_scatter_autograd(const at::Tensor& t, c10::string_view op, int64_t group_size,
                                    c10::string_view group, int64_t dim) {
   if (op != "sum" && op != "avg") {

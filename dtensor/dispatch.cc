@@ -261,10 +261,10 @@ Inputs collect_inputs(const OpInfo& info, const c10::FunctionSchema& schema, c10
     } else if (v.isList()) {
       // NOTE [index tensors]: a Tensor?[] (the indices of aten::index and index_put_, what
       // x[i] and x[i] = v call) is read like a tensor list: a distributed index is an input
-      // (before, it reached the local kernel still distributed and the call failed naming
-      // `self`), and a plain index tensor is read as replicated, which is what the call
-      // computed before this list was looked into (PyTorch raises for a plain one; x[i] with
-      // a plain i is too common to refuse, and its answer is one device's).
+      // (the local kernel cannot take it still distributed: the call would fail naming
+      // `self`). A plain index tensor is read as replicated: PyTorch raises for a plain one,
+      // but x[i] with a plain i is too common to refuse, and its answer is one device's
+      // anyway.
       const c10::ArrayRef<c10::IValue> list = v.toListRef();
       for (size_t k = 0; k < list.size(); ++k) {
         if (list[k].isTensor()) visit(list[k].toTensor(), static_cast<int>(i), k, true);
@@ -336,8 +336,8 @@ const at::Tensor* view_base(const OpInfo& info, size_t j,
 // x.view(-1)[0].fill_) would not reach x, so the dispatcher refuses it; and after x (or any view
 // sharing x's version counter) is written in place, the copy still holds the old values, so
 // reading it raises (DTensorImpl::ready_local compares x's version with the one at the copy).
-// Before, both returned other values than one device's. mark_gathered_view marks the view `w`
-// (return j): `moved` when this op redistributed its input, else it inherits its input's mark.
+// mark_gathered_view marks the view `w` (return j): `moved` when this op redistributed its
+// input, else it inherits its input's mark.
 void mark_gathered_view(const at::Tensor& w, const OpInfo& info, size_t j,
                         const c10::SmallVector<at::Tensor, 8>& originals, bool moved) {
   const at::Tensor* base = view_base(info, j, originals);
@@ -689,8 +689,8 @@ void ensure_dispatch_installed() {
     fallback->fallback(torch::CppFunction::makeFromBoxedFunction<&dispatch_detail::kernel>());
     // Ops with no autograd kernel (custom ops of torch.library or TORCH_LIBRARY) pass through the
     // autograd key to the kernel above, as ATen's backend fallback does for AutogradCPU (torch
-    // 1.13 has none for AutogradPrivateUse1: such ops raised "Could not run ... with arguments
-    // from the 'AutogradPrivateUse1' backend" on distributed tensors).
+    // 1.13 has none for AutogradPrivateUse1, so without this such ops raise "Could not run ...
+    // with arguments from the 'AutogradPrivateUse1' backend" on distributed tensors).
     auto* no_autograd = new torch::Library(
         torch::Library::IMPL, "_", c10::DispatchKey::AutogradPrivateUse1, __FILE__, __LINE__);
     no_autograd->fallback(torch::CppFunction::makeFallthrough());

@@ -42,10 +42,10 @@ namespace {
 // turn it into the "no sharding rule" error. An argument the op writes (in-place self, out=,
 // rrelu's noise, each distributed element of a written tensor list) is gathered too, and
 // afterwards each rank copies its box of the written whole back into its piece, so the tensor keeps
-// its layout; a Partial one, or one the op resizes, becomes Replicate instead (write_back). A view
-// it returns of an input it had to gather views the gathered copy, not the input's pieces: reading
-// it is right, writing into it would not reach the input, so such a view is marked and any later
-// write into it raises.
+// its layout (a Partial one takes its share); one the op resizes becomes Replicate (write_back).
+// A view it returns of an input it had to gather views the gathered copy, not the input's pieces:
+// reading it is right, writing into it would not reach the input, so such a view is marked and
+// any later write into it raises.
 
 struct FallbackRecord {
   absl::Mutex mu;
@@ -89,10 +89,10 @@ std::vector<int> fallback_written_args(const OpInfo& info, const c10::FunctionSc
 // box of the written whole, so it keeps its layout and its pieces stay shared with any tensor
 // they alias; a Partial one takes its share of the box (the value on the first rank of a
 // Partial(sum) mesh dim and zeros on the others; the value on each of an avg/max/min one).
-// Before, a Partial one became Replicate with new storage, which broke its aliasing: a write
-// into a view of a Partial tensor (p[1:3] = 5) never reached p, and views of a Partial tensor
-// written in place kept the old values, silently. One that the op resized (resize_) becomes
-// Replicate holding the written whole: the same global values, a new layout.
+// A Partial one keeps its storage (it does not become Replicate with new storage), so its
+// aliasing holds: a write into a view of a Partial tensor (p[1:3] = 5) reaches p, and views of
+// a Partial tensor written in place see the new values. One that the op resized (resize_)
+// becomes Replicate holding the written whole: the same global values, a new layout.
 void write_back_one(const at::Tensor& original, const at::Tensor& whole) {
   DTensorImpl* impl = dtensor_impl(original);
   const DTensorSpec spec = impl->spec();
@@ -116,9 +116,9 @@ void write_back(const std::vector<int>& written, const c10::SmallVector<at::Tens
 }
 
 // A written tensor list (the self of the _foreach_*_ ops): its elements as the caller holds them.
-// Each distributed one takes back its box of the whole the op wrote, as a written tensor does
-// (before, a list's writes stayed in the gathered copies: an optimizer with foreach=True left
-// sharded parameters unchanged).
+// Each distributed one takes back its box of the whole the op wrote, as a written tensor does,
+// so the writes reach its pieces and not only the gathered copies (an optimizer with
+// foreach=True updates its sharded parameters).
 struct WrittenList {
   int arg;
   c10::List<at::Tensor> original;
@@ -241,9 +241,9 @@ void wrap_fallback_returns(const OpInfo& info, size_t returns, const DeviceMesh&
 // NOTE [random on a CUDA mesh] (random.h) for the fallback: an op given a CPU generator while its
 // tensors live on another device (a CUDA mesh) runs on CPU copies of its arguments, so it draws
 // the CPU generator's values; the arguments it writes take the CPU results back and its other
-// returns go to the device. Before, ATen refused the call ("Expected a 'cuda' device type for
-// generator but found 'cpu'": normal, bernoulli, multinomial, rrelu on CUDA in the op_db sweep,
-// when the fallback gave them the CPU rank generator; it now gives them the GPU's).
+// returns go to the device, as ATen refuses a CPU generator for device tensors ("Expected a
+// 'cuda' device type for generator but found 'cpu'": normal, bernoulli, multinomial, rrelu). An
+// op given no generator gets the device's from the fallback; only an explicit CPU one comes here.
 void call_with_cpu_generator(const c10::OperatorHandle& op, const OpInfo& info,
                              torch::jit::Stack* stack, size_t n) {
   c10::IValue* args = &(*stack)[stack->size() - n];
@@ -309,10 +309,10 @@ void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   {
     const LocalKernelScope local;  // NOTE [engine activity]
     // Any op may draw inside (a composite's dropout: _scaled_dot_product_attention_forward
-    // carries no nondeterministic_seeded tag in torch 1.13, and its ranks as threads drew from
-    // the shared default generator: each rank's "Replicate" result differed, found by
-    // ./x fuzz ops). So every op without a generator argument draws from the rank's generator;
-    // this costs nothing where that is the process default (one process per rank).
+    // carries no nondeterministic_seeded tag in torch 1.13), and ranks as threads drawing from
+    // the shared default generator would each give a different "Replicate" result. So every op
+    // without a generator argument draws from the rank's generator; this costs nothing where
+    // that is the process default (one process per rank).
     if (info.generator_arg < 0) {
       draw_with_rank_generator([&] { op.callBoxed(stack); });
     } else if (mesh.device_type() != c10::DeviceType::CPU &&
@@ -334,14 +334,14 @@ void run_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
 // the propagator chooses, and the result is copied into self, which copy_ redistributes to self's
 // layout: one device's values, self keeps its layout and its pieces (and so every view of them), at
 // the cost of the out-of-place op plus one redistribute. The propagation decides it from global
-// metadata, so every rank takes this path. Before, such calls raised "no sharding keeps self's
-// placements". That error stays for an op whose out-of-place overload takes other arguments
-// (pow_.Scalar). (Until NOTE [size-1 factors] it stayed too for a self sharding a dim of size 1
-// or 0, which copy_'s rule could not keep: cumsum_(0) of a [1, 8] Shard(0) raised.) A
-// Partial self takes the result by partition (copy_ moves data: the holder rank of each Partial
-// mesh dim gets the value, the others the reduction's identity), so masked_fill_, fill_ or
-// clamp_ of a Partial tensor give one device's values (the backward of vector_norm on a Partial
-// tensor masks one in place; it raised before).
+// metadata, so every rank takes this path. An op whose out-of-place overload takes other
+// arguments (pow_.Scalar) still raises "no sharding keeps self's placements". A self sharding a
+// dim of size 1 or 0 takes this path too, since copy_'s rule keeps such a Shard
+// (NOTE [size-1 factors]): cumsum_(0) of a [1, 8] Shard(0) works. A Partial self takes the
+// result by partition (copy_ moves data: the holder rank of each Partial mesh dim gets the
+// value, the others the reduction's identity), so masked_fill_, fill_ or clamp_ of a Partial
+// tensor give one device's values (the backward of vector_norm on a Partial tensor masks one in
+// place).
 void run_in_place_by_copy(const c10::OperatorHandle& op, const OpInfo& info,
                           torch::jit::Stack* stack, size_t n,
                           const c10::SmallVector<at::Tensor, 8>& originals) {
@@ -404,8 +404,8 @@ void run_in_place_by_copy(const c10::OperatorHandle& op, const OpInfo& info,
 
 // NOTE [in-place view ops]: t_, transpose_, unsqueeze_ and squeeze_ (swapdims_ and swapaxes_
 // decompose to transpose_) change self's shape and strides, not its values. With no rule they
-// went by the replicate fallback, which gathered self and left it Replicate (every rank then
-// held the whole tensor). Here the view op (t, transpose.int, unsqueeze, squeeze.*) runs on
+// would go by the replicate fallback, which gathers self and leaves it Replicate (every rank
+// holding the whole tensor). Here the view op (t, transpose.int, unsqueeze, squeeze.*) runs on
 // self and self takes its result, piece and layout: t_ of a Shard(0) matrix is Shard(1), with no
 // communication. (PyTorch's DTensor does so for squeeze_.dim and raises for the others.)
 bool run_in_place_view(const OpInfo& info, torch::jit::Stack* stack, size_t n,
@@ -444,9 +444,9 @@ bool run_in_place_view(const OpInfo& info, torch::jit::Stack* stack, size_t n,
 // each index of their lists, and indices are independent. They run as ATen's own loop (the
 // CompositeExplicitAutograd kernel every backend but CUDA uses), which calls the single-tensor op
 // per index: a distributed element goes through the engine with its own layout (Shard stays
-// Shard, no communication), a plain one runs as is. Before, the whole op was one call: a plain
-// element beside distributed ones (the LayerNorm a TP plan leaves alone) raised "mixed with
-// distributed tensors", and the replicate fallback gathered every sharded element.
+// Shard, no communication), a plain one runs as is. As one call, the whole op would raise "mixed
+// with distributed tensors" for a plain element beside distributed ones (the LayerNorm a TP plan
+// leaves alone), and the replicate fallback would gather every sharded element.
 void run_per_element(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
 }
@@ -457,9 +457,9 @@ void run_per_element(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 // plain op on the scalars' local values, with plain results: each rank computes what one device
 // computes for its plain data (a replicated scalar's local value is its global value). This is
 // clip_grad_norm_(foreach=True) over a model a TP plan parallelizes in part: the plain gradients
-// times the clip coefficient, a replicated scalar. Before, it raised "mixed with distributed
-// tensors" (PyTorch's DTensor raises too). No collective runs, so ranks whose plain tensors
-// differ still take no different communication. The dispatcher asks only when it refused a
+// times the clip coefficient, a replicated scalar. Without this path it would raise "mixed with
+// distributed tensors" (PyTorch's DTensor raises). No collective runs, so ranks whose plain
+// tensors differ still take no different communication. The dispatcher asks only when it refused a
 // plain tensor, so ops on distributed tensors alone pay nothing for it.
 bool run_with_replicated_scalars(const c10::OperatorHandle& op, const OpInfo& info,
                                  torch::jit::Stack* stack, c10::IValue* args,
@@ -480,15 +480,15 @@ bool run_with_replicated_scalars(const c10::OperatorHandle& op, const OpInfo& in
 // Autograd's formulas for split, split_with_sizes and unbind (FunctionsManual.cpp's
 // split_backward, split_with_sizes_backward, unbind_backward) give an output that received no
 // gradient plain zeros (at::zeros with the input's options: a plain tensor on the mesh's device),
-// then cat or stack them with the distributed gradients of the outputs that were used. So
-// `x, y = a.split(n)` with only x used raised in backward ("a plain tensor mixed with distributed
-// tensors"). Zeros are the same on every rank, so the engine reads them as Replicate, only there:
-// the op is cat or stack, the autograd node being evaluated on this thread is one of those
-// formulas', and every plain tensor in the list is all zeros (checked: a gradient that a hook
-// made plain is not read as replicated; the check reads values, on this rare path only). Every
-// rank runs the same backward graph, so the formula's zeros pass on every rank alike; a rank
-// whose hook-made plain gradient is not zero raises, naming the op, and ranks that went on fail
-// at their next collective (its timeout bounds the wait).
+// then cat or stack them with the distributed gradients of the outputs that were used. Refused,
+// those zeros would make `x, y = a.split(n)` with only x used raise in backward ("a plain tensor
+// mixed with distributed tensors"). Zeros are the same on every rank, so the engine reads them
+// as Replicate, only there: the op is cat or stack, the autograd node being evaluated on this
+// thread is one of those formulas', and every plain tensor in the list is all zeros (checked: a
+// gradient that a hook made plain is not read as replicated; the check reads values, on this
+// rare path only). Every rank runs the same backward graph, so the formula's zeros pass on
+// every rank alike; a rank whose hook-made plain gradient is not zero raises, naming the op, and
+// ranks that went on fail at their next collective (its timeout bounds the wait).
 bool zeros_of_a_backward_formula(const OpInfo& info, const c10::IValue* args, size_t n) {
   if ((info.name != "aten::cat" && info.name != "aten::stack") || n == 0 ||
       !args[0].isTensorList()) {
@@ -523,8 +523,8 @@ bool zeros_of_a_backward_formula(const OpInfo& info, const c10::IValue* args, si
 // non-finite value among them; the flag is then reduced with max over every mesh the distributed
 // gradients live on, in the list's order (equal on every rank), so every rank skips or takes the
 // optimizer step alike: a non-finite piece or share makes the whole gradient non-finite. Plain
-// elements (a part of the model no plan distributes) are unscaled as on one device. Before, the
-// replicate fallback gathered every gradient to every rank on every step.
+// elements (a part of the model no plan distributes) are unscaled as on one device. The
+// replicate fallback would instead gather every gradient to every rank on every step.
 void run_amp_unscale(const OpInfo& info, torch::jit::Stack* stack) {
   c10::IValue* args = &(*stack)[stack->size() - 3];
   const std::vector<at::Tensor> grads = args[0].toTensorVector();

@@ -181,11 +181,11 @@ TEST(Dispatch, ReplicateFallbackMatchesOneDevice) {
 }
 
 TEST(Dispatch, ForeachOpsRunPerElementAndTakePlainElements) {
-  // The _foreach_*_ ops (an optimizer with foreach=True) write a list of tensors. First the
-  // replicate fallback wrote back only single tensors (sharded elements kept their old values);
-  // then it gathered every element; and a plain element beside distributed ones (a parameter a
-  // TP plan leaves alone, with SGD's default foreach on CUDA) raised "mixed with distributed
-  // tensors". NOTE [foreach ops per element]: each index runs on its own layout.
+  // The _foreach_*_ ops (an optimizer with foreach=True) write a list of tensors. Sharded
+  // elements take the writes, no element is gathered, and a plain element beside distributed
+  // ones (a parameter a TP plan leaves alone, with SGD's default foreach on CUDA) does not raise
+  // "mixed with distributed tensors". NOTE [foreach ops per element]: each index runs on its own
+  // layout.
   const at::Tensor a = global_for({8, 4}), b = global_for({8, 4}, 1), c = global_for({5}, 2);
   const at::Tensor p = global_for({3}, 3), q = global_for({3}, 4);
   reset_fallback_counts();
@@ -219,7 +219,7 @@ TEST(Dispatch, ForeachOpsRunPerElementAndTakePlainElements) {
 }
 
 TEST(Dispatch, InPlaceOpsThatCannotKeepSelfRunOutOfPlaceAndCopyBack) {
-  // NOTE [in-place by copy]: before, each of these raised "no sharding keeps self's placements".
+  // NOTE [in-place by copy]: none of these raises "no sharding keeps self's placements".
   const at::Tensor a = global_for({8, 6}), b = global_for({8, 6}, 1);
   run_threads(4, [&](int64_t) {
     const DeviceMesh mesh = api::init_device_mesh({4});
@@ -233,8 +233,7 @@ TEST(Dispatch, InPlaceOpsThatCannotKeepSelfRunOutOfPlaceAndCopyBack) {
     expect_same(tri, at::tril(a, 1));
     expect_same(view, at::tril(a, 1));  // the write reached self's own pieces
     EXPECT_EQ(api::spec(tri).placements()[0], Shard(1));
-    // A Partial self takes the copy by partition: one device's values, self still Partial (it
-    // raised before, naming the op).
+    // A Partial self takes the copy by partition: one device's values, self still Partial.
     const at::Tensor partial = api::from_local(b / 4, mesh, {Partial()});
     partial.exp_();
     EXPECT_EQ(api::spec(partial).placements()[0], Partial());
@@ -257,7 +256,7 @@ TEST(Dispatch, PlainScalarTensorsAreReplicatedInputs) {
                 at::where(a.gt(0), a, at::scalar_tensor(1.0, at::kFloat)));
     // A wrapped Python number promotes like a scalar (Float), a plain 0-dim Double tensor like
     // a tensor (Double): same specs, so the cached output dtype must tell them apart
-    // (special.ndtr's backward used to hit the Float entry with a Double result).
+    // (else special.ndtr's backward would hit the Float entry with a Double result).
     const at::Tensor x =
         api::distribute_tensor(at::scalar_tensor(0.5, at::kFloat), mesh, {Replicate()});
     at::Tensor wrapped = at::scalar_tensor(2.0, at::kDouble);
@@ -265,7 +264,8 @@ TEST(Dispatch, PlainScalarTensorsAreReplicatedInputs) {
     EXPECT_EQ(at::mul(x, wrapped).scalar_type(), at::kFloat);
     EXPECT_EQ(at::mul(x, at::scalar_tensor(2.0, at::kDouble)).scalar_type(), at::kDouble);
     // The same with a dimensioned tensor (t / 0.5 on torch 2.x: its TensorIterator refuses a
-    // wrapped number on the meta device, and the Double of the rule's promotion was kept).
+    // wrapped number on the meta device, and the result must not keep the Double of the rule's
+    // promotion).
     const at::Tensor af = a.to(at::kFloat);
     const at::Tensor df = api::distribute_tensor(af, mesh, {Shard(0)});
     EXPECT_EQ(at::div(df, wrapped).scalar_type(), at::kFloat);
@@ -274,7 +274,7 @@ TEST(Dispatch, PlainScalarTensorsAreReplicatedInputs) {
 }
 
 // NOTE [size-1 mesh dims]: a redistribute that changes only a size-1 mesh dim moves no data and
-// issues no collective (it used to run an all_to_all on mesh (4,1)).
+// issues no collective (no all_to_all on mesh (4,1)).
 TEST(Dispatch, SizeOneMeshDimIssuesNoCollective) {
   const at::Tensor a = global_for({8, 6});
   run_threads(4, [&](int64_t) {
@@ -465,8 +465,8 @@ TEST(Dispatch, AutogradThroughMovements) {
 
 // NOTE [views in inference mode]: under c10::InferenceMode, views of normal distributed tensors
 // (a weight's t() inside linear) stay normal, other results are inference tensors, in-place
-// writes into a normal tensor work, and the values equal one device's. Before, the first view
-// raised "Cannot set version_counter for inference tensor".
+// writes into a normal tensor work, and the values equal one device's. The first view does not
+// raise "Cannot set version_counter for inference tensor".
 TEST(Dispatch, InferenceMode) {
   const at::Tensor x = global_for({4, 8}), w = global_for({6, 8}, 1), c = global_for({4, 6}, 2);
   run_threads(2, [&](int64_t) {

@@ -89,7 +89,7 @@ at::Generator rank_generator(const c10::Device& device);
 
 // NOTE [rank generators agree]
 // A random op on a distributed tensor gives one device's values (and equal replicas) only when
-// every rank of its mesh draws from a generator in the same state. Two ways that failed
+// every rank of its mesh draws from a generator in the same state. Two ways that fail
 // silently, each Replicate "replica" holding other values: ranks as threads with no
 // manual_seed, which all replay the global draw from the one process default generator, each
 // from where the previous rank left it; and processes whose generators differ (seeded with
@@ -97,7 +97,7 @@ at::Generator rank_generator(const c10::Device& device);
 // only). So before drawing on a mesh of several ranks: ranks that are threads without their own
 // generator raise, naming the op and the mesh; otherwise the generator's state is folded into
 // the program digest (NOTE [program digest]), so the next collective on the mesh fails on every
-// rank when the states differed. PyTorch's DTensor (CUDA only) instead copies rank 0's state at
+// rank when the states differ. PyTorch's DTensor (CUDA only) instead copies rank 0's state at
 // its first random op and keeps its own state from then on.
 void check_generators_agree(const DeviceMesh& mesh, const at::Generator& generator,
                             const std::string& op);
@@ -157,7 +157,6 @@ void draw_box(const std::vector<int64_t>& global_shape, const LocalBox& box, Dra
 // rand_like, randn_like, dropout (python/random_ranks_test.py). An op of kWhole order that is
 // not among them, or strides that do not order the dims (two dims of size > 1 with one
 // stride), raises, naming the op and the strides; .contiguous() first gives one device's values.
-// (Before, dropout of a transposed distributed tensor gave other values than one device's.)
 struct DrawLayout {
   std::vector<int64_t> shape;  // the global shape the replay draws (dims in memory order)
   LocalBox box;                // this rank's box of it

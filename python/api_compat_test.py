@@ -215,9 +215,9 @@ def test_distribute_tensor_to_partial_as_pytorch(src_data_rank):
 
 
 def test_indexing_with_distributed_index_tensors():
-    """x[i], x[:, i], x[mask] and x[i] = v with i a distributed tensor equal one device's (before,
-    the index reached the local kernel still distributed and the call raised naming `self`;
-    NOTE [index tensors] in dtensor/dispatch.cc). A plain index still works (read as replicated)."""
+    """x[i], x[:, i], x[mask] and x[i] = v with i a distributed tensor equal one device's (the
+    index is an input, so the call does not raise naming `self`; NOTE [index tensors] in
+    dtensor/dispatch.cc). A plain index works too (read as replicated)."""
     g = torch.arange(42.).reshape(7, 6)
     i = torch.tensor([0, 6, 2, 2, 5])
     j = torch.tensor([3, 0, 5])
@@ -249,7 +249,7 @@ def test_indexing_with_distributed_index_tensors():
 def test_from_local_of_a_transposed_piece_keeps_its_strides(mesh_shape):
     """from_local of a non-contiguous (transposed) piece reports the strides PyTorch's
     compute_global_tensor_info gives (NOTE [from_local strides]): is_contiguous() is False and
-    reshape copies (before, row-major strides were reported and reshape raised "view size is not
+    reshape copies (reporting row-major strides would make reshape raise "view size is not
     compatible")."""
     n = 1
     for k in mesh_shape:
@@ -279,9 +279,9 @@ def test_from_local_of_a_transposed_piece_keeps_its_strides(mesh_shape):
 @pytest.mark.parametrize("to", [[Replicate()], [Shard(0)], [Shard(1)]])
 def test_a_redistributed_transposed_tensor_views_as_one_devices(to):
     """NOTE [pieces in the spec's layout]: a transposed tensor redistributed keeps pieces laid
-    out as its strides say, so the views one device's tensor allows work on it (before, the
-    gathered piece came back row-major under transposed strides, and ``.t().view(-1)`` raised
-    "view size is not compatible"). to_local's gradient is covered by parallel_test's attention
+    out as its strides say, so the views one device's tensor allows work on it (a row-major
+    gathered piece under transposed strides would make ``.t().view(-1)`` raise "view size is
+    not compatible"). to_local's gradient is covered by parallel_test's attention
     case."""
     g = torch.arange(48.).reshape(8, 6)
 
@@ -301,9 +301,9 @@ def test_a_redistributed_transposed_tensor_views_as_one_devices(to):
                                 "squeeze_dim"])
 def test_in_place_view_ops_keep_the_sharding(op):
     """NOTE [in-place view ops]: t_, transpose_, unsqueeze_, squeeze_ change self's layout as
-    their view ops would (t_ of Shard(0) is Shard(1)) with no communication; before, the
-    replicate fallback gathered self and left it Replicate. Values and gradients equal one
-    device's."""
+    their view ops would (t_ of Shard(0) is Shard(1)) with no communication; the replicate
+    fallback, which would gather self and leave it Replicate, takes no part. Values and gradients
+    equal one device's."""
     fns = {"t_": lambda t: t.t_(), "transpose_": lambda t: t.transpose_(0, 1),
            "swapdims_": lambda t: t.swapdims_(1, 0), "unsqueeze_": lambda t: t.unsqueeze_(1),
            "squeeze_": lambda t: t.unsqueeze_(0).squeeze_(), "squeeze_dim": lambda t: t.unsqueeze_(2).squeeze_(2)}
@@ -508,3 +508,24 @@ def test_placements_are_the_cpp_placement_values():
         return True
 
     assert dtensor.run_threads(2, fn) == [True] * 2
+
+
+def test_distribute_tensor_refuses_non_leaves_and_other_layouts_of_distributed_tensors():
+    """As PyTorch's distribute_tensor: a non-leaf tensor (its result would be cut from the graph)
+    raises RuntimeError before any other check; a distributed tensor comes back as is when its
+    mesh and placements are the ones asked, and raises ValueError otherwise."""
+    t = torch.randn(8, 8)
+
+    def fn(rank):
+        mesh = DeviceMesh("cpu", torch.arange(4).reshape(2, 2))
+        with pytest.raises(RuntimeError, match="leaf tensors"):
+            distribute_tensor(torch.randn(8, 8, requires_grad=True) + 2, mesh, [Shard(0)])
+        d = distribute_tensor(t, mesh, [Shard(0), Shard(1)])
+        assert distribute_tensor(d, mesh, [Shard(0), Shard(1)]) is d
+        with pytest.raises(ValueError, match="to a different device mesh"):
+            distribute_tensor(d, DeviceMesh("cpu", torch.arange(4)), [Shard(0)])
+        with pytest.raises(ValueError, match="to a different placements"):
+            distribute_tensor(d, mesh, [Shard(0), Replicate()])
+        return True
+
+    assert dtensor.run_threads(4, fn) == [True] * 4

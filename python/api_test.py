@@ -354,8 +354,8 @@ def test_src_data_rank_is_a_rank_of_the_mesh():
                                         [Replicate(), Shard(0)]])
 def test_src_data_rank_on_a_2d_mesh_is_a_group_rank_on_every_dim(placements):
     """PyTorch broadcasts or scatters from group rank k on each mesh dim in turn, so the data
-    is the rank at coordinate (k, k): on a 2x2 mesh src_data_rank=1 is rank 3 (it was rank 1, the
-    mesh's second rank: another rank's data than PyTorch's, silently)."""
+    is the rank at coordinate (k, k): on a 2x2 mesh src_data_rank=1 is rank 3 (not rank 1, the
+    mesh's second rank, which would silently give another rank's data than PyTorch's)."""
     def fn(rank):
         mesh = init_device_mesh("cpu", (2, 2))
         mine = torch.full((4, 4), float(rank))
@@ -518,8 +518,8 @@ print("ok")
 
 
 def test_deepcopy_of_distributed_tensors_and_modules():
-    """copy.deepcopy of a distributed tensor is a new tensor with the same layout and values (the
-    bug: torch 1.13 deep-copies through storage, which a distributed tensor lacks); a
+    """copy.deepcopy of a distributed tensor is a new tensor with the same layout and values,
+    although torch 1.13 deep-copies through storage, which a distributed tensor lacks; a
     distributed module deep-copies with its parameters, which train as the original's."""
     torch.manual_seed(0)
     module, x = torch.nn.Linear(5, 6), torch.randn(4, 5)
@@ -559,7 +559,7 @@ def test_deepcopy_of_distributed_tensors_and_modules():
 
 def test_inference_mode_with_a_parallelized_module():
     """torch.inference_mode() over a tensor-parallel module: the outputs equal one device's
-    (before, the first view of a weight raised "Cannot set version_counter for inference
+    (the first view of a weight does not raise "Cannot set version_counter for inference
     tensor"; NOTE [views in inference mode] in dtensor/dtensor_impl.h)."""
     from dtensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     torch.manual_seed(0)

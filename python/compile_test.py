@@ -161,8 +161,8 @@ def test_compiled_tensor_parallel_model_trains_like_one_process(mode, backend, r
     """A 2-block transformer under ``parallelize_module``, each block compiled and then the whole
     model (torchtitan's order), trains 3 AdamW steps equal to one process: losses and final
     parameters. With torchtitan's plan the code between the parallel linears compiles (Dynamo
-    made graphs); with distributed tensors everywhere every op runs in the engine. Before, Dynamo
-    raised "Cannot access storage of DTensorImpl" on the first distributed tensor it met.
+    made graphs); with distributed tensors everywhere every op runs in the engine. Guards against
+    Dynamo raising "Cannot access storage of DTensorImpl" on the first distributed tensor it meets.
     "fsdp x tp": each block also fully sharded over "dp" of a 2x2 mesh (FSDP's hooks eager,
     NOTE [FSDP hooks under torch.compile])."""
     run_on_ranks(_WORKER, ranks, tmp_path, MODE=mode, COMPILE_BACKEND=backend)

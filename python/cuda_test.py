@@ -78,9 +78,9 @@ def test_factories_put_pieces_on_the_mesh_device(mesh):
 def test_random_ops_equal_one_cuda_devices(mesh, op):
     """NOTE [random on a CUDA mesh]: every random op on a CUDA mesh gives one CUDA device's values
     for the same seed (the GPU's Philox generator, the global tensor drawn in one call), and the
-    generator advances as one device's (the next draw agrees too). Before, a CUDA mesh gave the
-    CPU generator's values (drawn on the host and copied); before that, the fallback's ops raised
-    "Expected a 'cuda' device type for generator but found 'cpu'"."""
+    generator advances as one device's (the next draw agrees too). Guards against a CUDA mesh
+    giving the CPU generator's values (drawn on the host and copied) and the fallback's ops
+    raising "Expected a 'cuda' device type for generator but found 'cpu'"."""
     import dtensor
     from dtensor import Replicate, Shard, distribute_tensor
     fs = {"cauchy_": lambda t: t.cauchy_(), "log_normal_": lambda t: t.log_normal_(),
@@ -282,7 +282,7 @@ def test_fully_shard_cpu_offload_trains_like_plain_cuda(mesh):
     """CPUOffloadPolicy on the CUDA mesh (NOTE [CPU offload]): the sharded parameters (pinned)
     and their gradients are on the CPU, on the mesh's CPU twin; 3 steps of clip_grad_norm_ (its
     norm all-reduced through the device, NOTE [nccl and CPU tensors]) and AdamW on the CPU
-    equal a plain CUDA model's. Before, fully_shard raised NotImplementedError."""
+    equal a plain CUDA model's."""
     from dtensor.fsdp import CPUOffloadPolicy, fully_shard
     torch.manual_seed(4)
     ref = torch.nn.Sequential(torch.nn.Linear(7, 15), torch.nn.ReLU(),

@@ -127,9 +127,9 @@ def test_hsdp_over_tp_parity():
 def test_size_one_shard_dims_are_placed_as_pytorch():
     """A (1, 7) weight and a (1,) bias are placed Shard(0) as PyTorch's FSDP2 places them (rank 0
     holds them, the other rank empty pieces: NOTE [size-1 dims under FSDP]), by default and by an
-    explicit shard_placement_fn, whose Shard(1) is kept too; full_tensor() is exact. Before, the
-    engine's rules never kept a Shard on a size-1 dim, so fully_shard refused the explicit
-    Shard(0) and placed the default on dim 1 (fsdp_test.py trains such parameters)."""
+    explicit shard_placement_fn, whose Shard(1) is kept too; full_tensor() is exact. Guards
+    against fully_shard refusing the explicit Shard(0) or placing the default on dim 1, as rules
+    that never keep a Shard on a size-1 dim would (fsdp_test.py trains such parameters)."""
     torch.manual_seed(0)
     base = nn.Linear(7, 1)
 
@@ -252,8 +252,8 @@ def test_in_place_ops_keep_a_strided_self(op):
     """An in-place op on a tensor split in another order than the mesh's (FSDP over TP's
     _StridedShard) keeps that order, the other argument moved to it (NOTE [shard order through
     ops]); with the strided tensor as the other argument, self keeps its plain order. Both equal
-    one device. Before, the order of the default-ordered other argument won (a disagreement gave
-    every input the ascending order) and the write raised an internal assert."""
+    one device. Guards against the default-ordered other argument's order winning (a disagreement
+    giving every input the ascending order) and the write raising an internal assert."""
     from dtensor.placement_types import _StridedShard
     torch.manual_seed(0)
     x, y = torch.randn(9, 4), torch.randn(9, 4)

@@ -4,7 +4,7 @@ run twice before one backward, two separately sharded models in one backward (on
 whose reduce-scatter scratch every root shares), parameter dtypes changed after fully_shard,
 load_state_dict(assign=True), post-accumulate-grad hooks on the sharded parameters (the
 optimizer-in-backward pattern), activation checkpointing in its four forms, and compiled blocks
-(eager, aot_eager and inductor, on shm processes). Each case failed before its fix (a review found them)."""
+(eager, aot_eager and inductor, on shm processes)."""
 
 import copy
 import functools
@@ -131,14 +131,14 @@ print("ok")
 def test_processes_two_roots_in_one_backward_match_one_process(tmp_path):
     """Two models, each with its own fully_shard root, in one loss, on shm processes: the
     reduce-scatter input is one symmetric scratch per (shard group, dtype) that every root shares;
-    a root's reduce used to finish only its own reduces in flight before overwriting it, so the
-    other root's reduce-scatter read the wrong gradients (errors up to 0.1, varying run to run)."""
+    guards against a root's reduce overwriting it while the other root's reduce-scatter still
+    reads it, which gives wrong gradients (errors up to 0.1, varying run to run)."""
     run_on_ranks(_TWO_ROOTS_WORKER, 2, tmp_path, DTENSOR_SHM_SYMMETRIC_MIN_BYTES="0")
 
 
 def test_parameter_dtype_changed_after_fully_shard():
     """model.double() after fully_shard and before the first forward: FSDP's original dtype is
-    re-read at lazy init, as PyTorch's (it kept float32 and failed: "mat1 and mat2 must have the
+    re-read at lazy init, as PyTorch's (keeping float32 fails: "mat1 and mat2 must have the
     same dtype"); gradients in float64, equal to a float64 process."""
     base = _small()
     x = torch.randn(8, 7, dtype=torch.float64)
@@ -162,8 +162,8 @@ def test_parameter_dtype_changed_after_fully_shard():
 def test_load_state_dict_with_assign_trains_the_loaded_parameters():
     """load_state_dict(sd, assign=True) registers new parameter objects: FSDP adopts them (as
     PyTorch's reset_sharded_param), so forward uses the loaded values and an optimizer built on
-    model.parameters() afterwards gets their gradients. Before, forward kept all-gathering the old
-    parameters (output equal to the model before loading) and the new ones never got a gradient.
+    model.parameters() afterwards gets their gradients. Guards against forward all-gathering the
+    old parameters (output equal to the model before loading) while the new ones get no gradient.
     A state dict of another layout is refused, naming the parameter."""
     src0, dst0 = _small(0), _small(1)
     x = torch.randn(8, 7)
@@ -198,7 +198,7 @@ def test_load_state_dict_with_assign_trains_the_loaded_parameters():
 def test_post_accumulate_grad_hooks_see_the_sharded_gradients():
     """As PyTorch's FSDP2 (foreach_reduce calls them): a hook registered with
     register_post_accumulate_grad_hook on a sharded parameter runs once its reduced gradient is
-    set (optimizer in backward); before, no hook ran."""
+    set (optimizer in backward)."""
     base = _small()
     x = torch.randn(8, 7)
     ref = _reference_grads(base, x)
@@ -230,10 +230,10 @@ def test_activation_checkpointing_trains_like_one_process_with_the_same_collecti
     module, no FSDP hook sees it), or torch.utils.checkpoint around the FSDP block (its hooks run
     again in backward). Every step's loss, gradients and parameters equal one process's over 4
     AdamW steps, and a step makes the collectives of one without checkpointing: one all-gather
-    per group forward, one per resharded group backward, one reduce-scatter per group. Before
-    the fix, a recomputed forward that ran to its end (early stop off) resharded the block its
-    backward was about to use ("setStorage ... out of bounds for storage of size 0"), and a
-    reentrant recompute resharded it and all-gathered it again (9 backward all-gathers for 4)."""
+    per group forward, one per resharded group backward, one reduce-scatter per group. Guards
+    against a recomputed forward that runs to its end (early stop off) resharding the block its
+    backward is about to use ("setStorage ... out of bounds for storage of size 0"), and a
+    reentrant recompute resharding it and all-gathering it again (9 backward all-gathers for 4)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.utils.checkpoint import set_checkpoint_early_stop
 
@@ -331,7 +331,7 @@ print("ok")
 def test_processes_compiled_blocks_train_like_one_process(backend, tmp_path):
     """Each block compiled (``block.compile()``, torchtitan's per-block compile) and fully
     sharded, then the whole model compiled too, on 2 shm processes: FSDP's hooks run eagerly
-    around the compiled forwards, and 3 AdamW steps equal one process's. Dynamo used to trace
-    into the hooks and fail ("Cannot access storage of DTensorImpl"). Processes, as users run
+    around the compiled forwards, and 3 AdamW steps equal one process's; Dynamo does not trace
+    into the hooks, where it fails ("Cannot access storage of DTensorImpl"). Processes, as users run
     it: Dynamo does not compile on two threads of one process at once."""
     run_on_ranks(_COMPILE_WORKER, 2, tmp_path, COMPILE_BACKEND=backend)

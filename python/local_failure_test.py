@@ -1,9 +1,9 @@
 """A local op that raises on some ranks only (NOTE [local op failures] in
 dtensor/dispatch_local.cc, NOTE [leaving a group] in collectives/communicator.h).
 
-On torch 2.x the op_db sweep hung 20 s in fft.hfft/irfft mode S0: 5 rows on 4 ranks leave rank 3
-an empty piece, MKL's FFT refuses a 0-row batch, rank 3 raised and its peers waited out the
-timeout in the next collective. Now:
+The case: fft.hfft/irfft mode S0 on torch 2.x, where 5 rows on 4 ranks leave rank 3 an empty
+piece and MKL's FFT refuses a 0-row batch; rank 3's peers must not wait out the timeout in the
+next collective. So:
 - an op whose pieces on a rank are all empty answers with empty pieces (one device's result);
 - a rank thread that leaves with an error makes its peers fail at once, naming it;
 - a rank that catches its local error and goes on makes the next collective fail on every rank,
@@ -100,9 +100,9 @@ _LIB.impl("quirk", lambda x: torch.empty_like(x), "Meta")
 def test_a_local_result_of_the_wrong_shape_fails_the_next_collective_on_every_rank():
     """A wrong rule that shows on one rank only (its local result does not fit the propagated
     piece) raises there ("local result has shape"), and is a local failure (NOTE [local op
-    failures]): the peers' next collective fails at once, naming the program. Before, the check
-    raised without a mark, and the peers went on: into a collective rank 3 never joined (the
-    op_db sweep's pixel_unshuffle hang), or here paired with its gather."""
+    failures]): the peers' next collective fails at once, naming the program. Unmarked, the
+    error would let the peers go on: into a collective rank 3 never joins (a hang), or here
+    paired with its gather."""
     from dtensor.experimental import register_sharding
     quirk = torch.ops.dtensor_local_failure.quirk
 

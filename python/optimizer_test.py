@@ -20,9 +20,9 @@ def test_foreach_optimizer_with_plain_and_distributed_parameters(optim):
     """NOTE [foreach ops per element]: an optimizer with foreach=True (the default on CUDA) over a
     model a TP plan parallelizes in part (the LayerNorm's parameters stay plain tensors) trains as
     one device, and each parameter is updated on its own layout (no _foreach_* op runs by the
-    replicate fallback, which gathered every sharded parameter). Before, SGD raised
+    replicate fallback, which would gather every sharded parameter). Guards against SGD raising
     "aten::_foreach_add_.List: argument 'self' is a plain tensor [16] mixed with distributed
-    tensors" (the GPU check's cuda_test on an H100)."""
+    tensors"."""
     make = {"sgd": lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9, foreach=True),
             "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=True)}[optim]
     torch.manual_seed(0)
@@ -57,8 +57,8 @@ def test_foreach_optimizer_with_plain_and_distributed_parameters(optim):
 def test_clip_grad_norm_foreach_with_plain_and_distributed_gradients():
     """NOTE [replicated scalars with plain tensors]: clip_grad_norm_(foreach=True) (the default on
     CUDA) over a model a TP plan parallelizes in part: the total norm and every clipped gradient
-    equal one device's. Before, it raised at _foreach_mul_ ("aten::mul_.Tensor: argument 'self' is
-    a plain tensor [16] mixed with distributed tensors": a plain gradient times the replicated
+    equal one device's. Guards against _foreach_mul_ raising ("aten::mul_.Tensor: argument 'self'
+    is a plain tensor [16] mixed with distributed tensors": a plain gradient times the replicated
     clip coefficient)."""
     torch.manual_seed(0)
     ref = nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))

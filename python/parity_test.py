@@ -470,8 +470,8 @@ def test_get_group_is_a_torch_process_group():
 def test_backward_through_split_with_unused_outputs(how, placement):
     """Only some outputs of split / chunk / unbind are used: autograd's formula gives the unused
     ones plain zeros and cats (stacks) them with the distributed gradients (NOTE [zeros of
-    backward formulas]). The gradient equals one device's and is distributed. Before, backward
-    raised "a plain tensor mixed with distributed tensors" at aten::cat / aten::stack."""
+    backward formulas]). The gradient equals one device's and is distributed. Guards against
+    backward raising "a plain tensor mixed with distributed tensors" at aten::cat / aten::stack."""
     torch.manual_seed(0)
     g = torch.randn(6, 4)
 
@@ -501,9 +501,9 @@ def test_backward_through_split_with_unused_outputs(how, placement):
 def test_logsigmoid_runs_sharded(placement):
     """logsigmoid's kernels have rules (log_sigmoid_forward's buffer is elementwise on the CPU and
     empty on CUDA, which its backward never reads): forward and backward keep the placement and
-    equal one device's, with nothing gathered. Before, log_sigmoid_forward ran by the replicate
-    fallback, and on a CUDA mesh its backward raised "shapes [20] and [20] and [0] do not
-    broadcast"."""
+    equal one device's, with nothing gathered. Guards against log_sigmoid_forward running by
+    the replicate fallback, and on a CUDA mesh its backward raising "shapes [20] and [20] and [0]
+    do not broadcast"."""
     torch.manual_seed(0)
     x = torch.randn(6, 4)
     want = x.clone().requires_grad_()
@@ -528,8 +528,8 @@ def test_logsigmoid_runs_sharded(placement):
 def test_eval_batch_norm_keeps_the_sharding(placement):
     """Batch norm in eval on a sharded input runs on the pieces: its empty saved statistics (the
     CPU kernel's; CUDA's are [C]) are whole, and the output keeps the input's placement, equal to
-    one device's. Before, no layout fit the empty statistics and every eval call ran by the
-    replicate fallback (five all_gathers)."""
+    one device's. Guards against every eval call running by the replicate fallback (five
+    all_gathers) for want of a layout that fits the empty statistics."""
     torch.manual_seed(0)
     x, w, b = torch.randn(4, 6, 4), torch.randn(6), torch.randn(6)
     rm, rv = torch.randn(6), torch.rand(6) + 0.5
@@ -558,7 +558,7 @@ _SIZE_ONE_OPS = [  # (name, fn(x, r) -> tensor, the placement PyTorch's DTensor 
     ("add_", lambda x, r: x.clone().add_(r, alpha=0.5), Shard(0)),
     ("exp_", lambda x, r: x.clone().exp_(), Shard(0)),
     # In-place ops that need the sharded dim whole: run out of place, copied back into self's
-    # pieces (NOTE [in-place by copy]); they raised before.
+    # pieces (NOTE [in-place by copy]) rather than raising.
     ("cumsum_", lambda x, r: x.clone().cumsum_(0), Shard(0)),
     ("index_fill_", lambda x, r: x.clone().index_fill_(0, torch.tensor(0), 2.0), Shard(0)),
     ("t", lambda x, r: x.t(), Shard(1)),
@@ -572,9 +572,9 @@ _SIZE_ONE_OPS = [  # (name, fn(x, r) -> tensor, the placement PyTorch's DTensor 
 def test_shard_on_a_size_one_dim_is_kept_through_ops(name, op, keeps, world):
     """distribute_tensor(x [1, 8], [Shard(0)]) puts the row on rank 0 and empty pieces elsewhere;
     ops keep that placement as PyTorch's DTensor does (NOTE [size-1 factors]), equal to one
-    device's. Before, the rules gave a size-1 dim no factor: detach and the pointwise ops moved
-    it to Shard(1) (an all_to_all) and in-place ops raised "no sharding keeps self's
-    placements"."""
+    device's. Guards against detach and the pointwise ops moving it to Shard(1) (an all_to_all)
+    and in-place ops raising "no sharding keeps self's placements", as rules that give a size-1
+    dim no factor would."""
     torch.manual_seed(0)
     x, r = torch.randn(1, 8), torch.randn(1, 8)
     want = op(x, r)

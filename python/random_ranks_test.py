@@ -88,8 +88,8 @@ _MEMORY_ORDER_OPS = {
 @pytest.mark.parametrize("op", sorted(_MEMORY_ORDER_OPS))
 def test_random_op_on_a_non_contiguous_tensor_matches_one_device(op, chunk, monkeypatch):
     """NOTE [random draws in memory order]: one device fills a transposed tensor in memory order
-    (normal_ by its serial path); the replay draws in that order too. Before, dropout of a
-    transposed distributed tensor gave other values than one device's (then it raised)."""
+    (normal_ by its serial path); the replay draws in that order too, so dropout of a transposed
+    distributed tensor neither raises nor gives other values than one device's."""
     if chunk != "1M":
         monkeypatch.setenv("DTENSOR_RANDOM_CHUNK", chunk)  # many chunks, odd boundaries
     f = _MEMORY_ORDER_OPS[op]
@@ -197,8 +197,8 @@ print("ok")
 def test_random_like_ops_with_every_keyword_match_one_device(tmp_path):
     """Random *_like ops with any of dtype, device, layout, memory_format, requires_grad and
     generator, on Replicate, Shard(0) and Shard(1) of a transposed tensor on 4 processes: values,
-    strides and the generators' next draws equal one device's. Before, `device=` made the engine
-    run the op once for real while asking ATen for the output's metadata, so randn_like drew
-    twice and every draw after it differed from one device's."""
+    strides and the generators' next draws equal one device's. Guards against `device=` making
+    the engine run the op once for real while asking ATen for the output's metadata, which draws
+    randn_like twice and makes every later draw differ from one device's."""
     out = run_on_ranks(_LIKE_WORKER, 4, tmp_path)
     assert out.count("checked 1152") == 4, out

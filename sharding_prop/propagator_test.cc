@@ -293,8 +293,8 @@ TEST(PropagatorTest, CustomRuleFromAString) {
 }
 
 // A letter naming two dims of one tensor (a diagonal) cannot be split by Shard placements: a row
-// block's local diagonal is not a block of the global one, so the factor stays whole. (Before,
-// "ii->i" kept an S(0) input and gave an S(0) output computed from the wrong elements.)
+// block's local diagonal is not a block of the global one, so the factor stays whole (an S(0)
+// input kept through "ii->i" would give an S(0) output computed from the wrong elements).
 TEST(PropagatorTest, CustomRuleWithARepeatedLetterKeepsItWhole) {
   register_rule("mylib::my_diag", "ii->i", Linearity::kNone);
   const auto s = propagate("mylib::my_diag", {spec({2}, "S(0)", {4, 4})});
@@ -367,8 +367,8 @@ TEST(PropagatorTest, CostModelFollowsTheMeshDevice) {
 }
 
 // native_batch_norm in eval: the CPU kernel returns empty saved statistics, CUDA's kernel [C]
-// (unwritten). The rule reads the input's device (a layout argument): before, a CUDA mesh's call
-// raised "this rank's local result has shape [C] but the propagated output ... Float[0]".
+// (unwritten). The rule reads the input's device (a layout argument), so that a CUDA mesh's call
+// does not raise "this rank's local result has shape [C] but the propagated output ... Float[0]".
 TEST(PropagatorTest, BatchNormEvalStatisticsFollowTheDevice) {
   const auto x = spec({2}, "S(1)", {4, 6, 3});
   const auto c = spec({2}, "S(0)", {6});
@@ -386,8 +386,8 @@ TEST(PropagatorTest, BatchNormEvalStatisticsFollowTheDevice) {
   EXPECT_EQ(saved(c10::DeviceType::CPU, 1), 6);
   EXPECT_EQ(saved(c10::DeviceType::CUDA, 1), 6);
   // [C] statistics follow the channel dim's sharding, as the local kernel's do; empty ones are
-  // whole, and the input keeps its sharding (before, the CPU's eval call found no layout and ran
-  // by the replicate fallback, gathering every input).
+  // whole, and the input keeps its sharding, so the CPU's eval call finds a layout and does not
+  // run by the replicate fallback (which gathers every input).
   const LayoutArgs cpu_eval{{0, 1, 1, 1, 1, static_cast<int64_t>(c10::DeviceType::CPU)}};
   EXPECT_EQ(placements_of(propagate("aten::native_batch_norm", {x, c, c, c, c}, cpu_eval)->outputs),
             "[S(1)];[R];[R]");

@@ -18,8 +18,8 @@
 // own (a piece of one element on one rank, empty pieces elsewhere, gains nothing), but an input
 // that is already Shard on it (distribute_tensor(torch.ones(1, 8), mesh, [Shard(0)]), FSDP's
 // Shard(0) of a [1, n] parameter) keeps it: the op runs on its pieces (the one row and the empty
-// ones) and its output is Shard there, as PyTorch keeps such placements. Before, a size-1 dim had
-// no factor, so `detach` moved such a tensor to another dim and an in-place op raised. Reductions
+// ones) and its output is Shard there, as PyTorch keeps such placements. Without that factor,
+// `detach` would move such a tensor to another dim and an in-place op would raise. Reductions
 // over it follow the usual rules: sum leaves Partial(sum), and avg, max and min refuse an uneven
 // piece (contractions_even), so the input moves.
 //

@@ -279,8 +279,23 @@ def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_ran
     data and keeps its piece (no communication); k (0 by default): the data of the rank at mesh
     coordinate (k, ..., k) is scattered to the others. That is PyTorch's meaning: k is a group
     rank, the source on every mesh dim in turn, so on a 1-D mesh the mesh's k-th rank. On a
-    Partial mesh dim each rank gets a share of the value (NOTE [distributing Partial])."""
+    Partial mesh dim each rank gets a share of the value (NOTE [distributing Partial]). As
+    PyTorch's: a non-leaf tensor (one with a grad_fn) is refused, since its result would be cut
+    from the graph; a distributed tensor already laid out so is returned as is, one on another
+    mesh or with other placements raises ValueError (redistribute moves it)."""
     device_mesh = _current_mesh_or(device_mesh, "distribute_tensor")
+    if not tensor.is_leaf:
+        raise RuntimeError("`distribute_tensor` should be used to distribute leaf tensors! but "
+                           "found non-leaf tensor!")
+    if isinstance(tensor, DTensor):
+        if tensor.device_mesh != device_mesh:
+            raise ValueError(f"Cannot distribute a DTensor with device mesh {tensor.device_mesh} "
+                             f"to a different device mesh {device_mesh}.")
+        if placements is None or tensor.placements != tuple(placements):
+            raise ValueError(f"Cannot distribute a DTensor with placements {tensor.placements} "
+                             f"to a different placements {placements}. do you want to call "
+                             f"`redistribute` instead?")
+        return tensor
     c_pl = _check_mesh(device_mesh, placements, tensor.dim())
     if placements is not None and any(isinstance(p, Partial) for p in placements):
         return _distribute_partial(tensor, device_mesh, list(placements), src_data_rank)
