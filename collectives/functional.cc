@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <algorithm>
 #include <chrono>
@@ -110,9 +111,13 @@ void count_calls(const std::string& group, const Job& job) {
     const auto bytes = [](const at::Tensor& t) {
       return t.defined() ? static_cast<int64_t>(t.nbytes()) : int64_t{0};
     };
-    const CommRecord r{c.kind,          c.label.empty() ? collective_name(c.kind) : c.label,
-                       group,           bytes(c.input),
-                       bytes(c.output), t_cause ? t_cause : ""};
+    const CommRecord r{c.kind,
+                       c.label.empty() ? collective_name(c.kind) : c.label,
+                       group,
+                       bytes(c.input),
+                       bytes(c.output),
+                       t_cause ? t_cause : "",
+                       torch::autograd::get_current_node() != nullptr};
     for (CommCounter* counter : t_counters) counter->record(r);
   }
 }

@@ -84,7 +84,8 @@ struct CommRecord {
   std::string label;  // e.g. "all_gather_into_tensor", "all_gather_uneven"
   std::string group;
   int64_t input_bytes = 0, output_bytes = 0;
-  std::string cause;  // the operator whose dispatch issued it (CommCause), or empty
+  std::string cause;      // the operator whose dispatch issued it (CommCause), or empty
+  bool backward = false;  // issued while autograd ran a backward node (CommDebugMode's phase)
 };
 
 // Names the operator on whose behalf the calling thread issues collectives while it is alive

@@ -529,3 +529,24 @@ def test_distribute_tensor_refuses_non_leaves_and_other_layouts_of_distributed_t
         return True
 
     assert dtensor.run_threads(4, fn) == [True] * 4
+
+
+def test_to_local_grad_placements_flow_on_and_backward_collectives_count_as_backward():
+    """to_local(grad_placements=[Partial()]) after a redistribute from Shard(0): the gradient goes
+    back as one reduce_scatter (PyTorch's), and CommDebugMode charges it to "backward" even when
+    the forward ran outside the mode (PyTorch's comm_module_counts)."""
+    g = torch.randn(8, 4)
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (4,))
+        x = distribute_tensor(g.clone().requires_grad_(), mesh, [Shard(0)])
+        y = x.redistribute(mesh, [Replicate()]).to_local(grad_placements=[Partial()])
+        with CommDebugMode() as comm:
+            (y * (rank + 1)).sum().backward()
+        assert comm.comm_module_counts["Global"]["backward"] == {"reduce_scatter_tensor": 1}
+        assert comm.comm_module_counts["Global"]["forward"] == {}
+        assert x.grad.placements == (Shard(0),)
+        torch.testing.assert_close(x.grad.full_tensor(), torch.full((8, 4), 10.0))  # 1+2+3+4
+        return True
+
+    assert dtensor.run_threads(4, fn) == [True] * 4

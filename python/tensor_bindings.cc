@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 
 #include "base/error.h"
 #include "collectives/c10d_backend.h"
@@ -251,15 +252,20 @@ void bind_tensors(py::module& m) {
       .def(py::init<>())
       .def("total", &collectives::CommCounter::total)
       .def("counts_by_cause", &collectives::CommCounter::counts_by_cause)
-      .def("kinds",
-           [](const collectives::CommCounter& c) {
-             std::map<std::string, int64_t> out;
-             for (const auto& r : c.records()) {
-               const bool scatter = r.label == collectives::kScatterLabel;
-               ++out[scatter ? r.label : collectives::collective_name(r.kind)];
-             }
-             return out;
-           })
+      // Counts by collective name; `backward`: only those issued in (true) or outside (false)
+      // autograd's backward.
+      .def(
+          "kinds",
+          [](const collectives::CommCounter& c, std::optional<bool> backward) {
+            std::map<std::string, int64_t> out;
+            for (const auto& r : c.records()) {
+              if (backward && r.backward != *backward) continue;
+              const bool scatter = r.label == collectives::kScatterLabel;
+              ++out[scatter ? r.label : collectives::collective_name(r.kind)];
+            }
+            return out;
+          },
+          py::arg("backward") = py::none())
       .def("__str__", &collectives::CommCounter::to_string);
   // NOTE [FLOP counter]: per-thread, so stop() on the thread that made it (FlopCounterMode).
   py::class_<FlopCounter>(m, "FlopCounter")

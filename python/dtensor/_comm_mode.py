@@ -242,21 +242,27 @@ class CommDebugMode:
 
     def _flush(self):
         """Charges the collectives counted since the last mark to the running module and its
-        parents."""
+        parents: those issued inside autograd's backward to the module whose backward runs (the
+        root, "Global", when no module's output hook told which), the others to the module
+        whose forward runs."""
         if self._counter is None or self._counter.total() == self._last_total:
             return  # nothing new: skip the per-kind count, which walks every record
         self._last_total = self._counter.total()
-        kinds = self._kinds()
-        delta = {k: n - self._last_kinds.get(k, 0) for k, n in kinds.items()
-                 if n != self._last_kinds.get(k, 0)}
-        self._last_kinds = kinds
-        if not delta:
-            return
-        fqn, phase = self._current()
-        for owner in [fqn] + [p for p in self._parents.get(fqn, []) if p != fqn]:
-            counts = self.comm_module_counts.setdefault(owner, _phases())
-            for k, n in delta.items():
-                counts[phase][k] = counts[phase].get(k, 0) + n
+        for backward in (False, True):
+            kinds = {_NAMES.get(k, k): n for k, n in self._counter.kinds(backward).items()}
+            last = self._last_kinds.get(backward, {})
+            delta = {k: n - last.get(k, 0) for k, n in kinds.items() if n != last.get(k, 0)}
+            self._last_kinds[backward] = kinds
+            if not delta:
+                continue
+            if backward:
+                fqn, phase = self._backward_module or self._stack[-1], "backward"
+            else:
+                fqn, phase = self._stack[-1], "forward"
+            for owner in [fqn] + [p for p in self._parents.get(fqn, []) if p != fqn]:
+                counts = self.comm_module_counts.setdefault(owner, _phases())
+                for k, n in delta.items():
+                    counts[phase][k] = counts[phase].get(k, 0) + n
 
     def _name_of(self, mod):
         """PyTorch's fully-qualified names: a root module by its class name, a child as
