@@ -2,6 +2,7 @@
 
 #include "dtensor/dispatch_args.h"
 
+#include <limits>
 #include <string>
 
 #include "base/error.h"
@@ -78,6 +79,10 @@ void OpArgs::layout(const c10::IValue* args, sharding::LayoutArgs& out) const {
     } else if (r.arg->kind == ArgKind::kEqual) {
       const c10::IValue& w = args[r.other];
       out.ints.push_back(v.toScalar().toDouble() == w.toScalar().toDouble() ? 1 : 0);
+    } else if (r.arg->kind == ArgKind::kNormOrd) {
+      const double ord = v.toScalar().toDouble();
+      const double inf = std::numeric_limits<double>::infinity();
+      out.ints.push_back(ord == 0 ? 1 : ord == 1 ? 2 : ord == inf ? 3 : ord == -inf ? 4 : 0);
     } else if (r.arg->kind == ArgKind::kCount) {
       out.ints.push_back(static_cast<int64_t>(ivalue_ints(v).size()));
     } else if (v.isNone() && r.arg->if_none) {

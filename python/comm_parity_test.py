@@ -125,6 +125,23 @@ CASES = {
     "layer_norm over a sharded dim": (
         lambda X: F.layer_norm(X.mod.distribute_tensor(g, X.mesh, [X.mod.Shard(1)]), (2 * world, 8)),
         lambda: F.layer_norm(g, (2 * world, 8)), True),
+    # Norms whose pieces reduce by sum, max or min stay Partial, as PyTorch's.
+    "vector_norm(S(0), inf)": (lambda X: torch.linalg.vector_norm(
+        X.mod.distribute_tensor(a, X.mesh, [X.mod.Shard(0)]), float("inf")),
+        lambda: torch.linalg.vector_norm(a, float("inf")), True),
+    "vector_norm(S(0), -inf)": (lambda X: torch.linalg.vector_norm(
+        X.mod.distribute_tensor(a, X.mesh, [X.mod.Shard(0)]), float("-inf")),
+        lambda: torch.linalg.vector_norm(a, float("-inf")), True),
+    # PyTorch names these _NormPartial(1) / _NormPartial(0), a Partial whose reduce_op is "sum".
+    "vector_norm(S(0), 1)": (lambda X: torch.linalg.vector_norm(
+        X.mod.distribute_tensor(a, X.mesh, [X.mod.Shard(0)]), 1),
+        lambda: torch.linalg.vector_norm(a, 1), False),
+    "vector_norm(S(0), 0)": (lambda X: torch.linalg.vector_norm(
+        X.mod.distribute_tensor(a, X.mesh, [X.mod.Shard(0)]), 0),
+        lambda: torch.linalg.vector_norm(a, 0), False),
+    "linalg__powsum(S(0), 3)": (lambda X: torch.ops.aten.linalg__powsum(
+        X.mod.distribute_tensor(a, X.mesh, [X.mod.Shard(0)]), 3),
+        lambda: torch.ops.aten.linalg__powsum(a, 3), True),
     "histc(S(0), min, max)": (lambda X: torch.histc(X.mod.distribute_tensor(a, X.mesh,
                                                                           [X.mod.Shard(0)]),
                                                     10, -2, 2),

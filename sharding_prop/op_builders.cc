@@ -117,6 +117,23 @@ RuleBuilder reduction(ReduceOp op, bool replicate, Linearity lin, int out_dtype,
   };
 }
 
+// linalg_vector_norm(self, ord, dim, keepdim): ints: the order's class (LayoutArg::kNormOrd),
+// keepdim, dims. The norms whose pieces reduce by a reduce op PyTorch's Partial has leave the
+// reduced dims sharded, as PyTorch's: ord 0 (a count of nonzeros) and 1 (a sum of |x|) with sum,
+// inf with max and -inf with min of |x|. A p-norm's pieces combine by (sum of p-th powers)^(1/p),
+// which no such reduce op is, so its reduced dims stay whole.
+BuiltRule vector_norm_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "linalg_vector_norm");
+  const int64_t ord = a.ints.empty() ? 0 : a.ints[0];
+  static constexpr ReduceOp kByClass[] = {ReduceOp::kSum, ReduceOp::kSum, ReduceOp::kSum,
+                                          ReduceOp::kMax, ReduceOp::kMin};
+  DTENSOR_CHECK(ord >= 0 && ord <= 4, "linalg_vector_norm: bad order class ", ord);
+  const LayoutArgs rest{
+      std::vector<int64_t>(a.ints.begin() + std::min<size_t>(1, a.ints.size()), a.ints.end()),
+      a.text, a.call};
+  return reduction(kByClass[ord], ord == 0, Linearity::kNone)(m, rest);
+}
+
 // ints: dim (softmax) / dim (its backward, two inputs).
 RuleBuilder softmax(size_t n) {
   return [=](const Metas& m, const LayoutArgs& a) {

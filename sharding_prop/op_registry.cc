@@ -50,7 +50,10 @@ void add_reductions(Adder& add) {
       reduction(ReduceOp::kMin, true, lin, static_cast<int>(c10::kLong)));
   add("aten::var.correction", "reduction", reduce_args(), reduction(ReduceOp::kSum, true, lin));
   add("aten::std.correction", "reduction", reduce_args(), reduction(ReduceOp::kSum, true, lin));
-  add("aten::linalg_vector_norm", "reduction", reduce_args(), reduction(ReduceOp::kSum, true, lin));
+  add("aten::linalg_vector_norm", "reduction",
+      {norm_ord_arg("ord"), int_arg("keepdim"), ints_arg("dim")}, vector_norm_of);
+  // sum(|x|^ord) (clip_grad_norm_'s partial norms): a sum of pieces whatever the order.
+  add("aten::linalg__powsum", "reduction", reduce_args(), reduction(ReduceOp::kSum, false, lin));
   add("aten::any.dim", "reduction", reduce_args(),
       reduction(ReduceOp::kMax, true, lin, static_cast<int>(c10::kBool)));
   add("aten::all.dim", "reduction", reduce_args(),
@@ -359,6 +362,9 @@ LayoutArg count_arg(std::string name) { return {std::move(name), LayoutArg::Kind
 LayoutArg text_arg(std::string name) { return {std::move(name), LayoutArg::Kind::kText, {}}; }
 LayoutArg present_arg(std::string name) { return {std::move(name), LayoutArg::Kind::kPresent, {}}; }
 LayoutArg device_arg(std::string name) { return {std::move(name), LayoutArg::Kind::kDevice, {}}; }
+LayoutArg norm_ord_arg(std::string name) {
+  return {std::move(name), LayoutArg::Kind::kNormOrd, {}};
+}
 LayoutArg equal_args(std::string name, std::string other) {
   return {std::move(name), LayoutArg::Kind::kEqual, {}, std::move(other)};
 }
@@ -380,6 +386,8 @@ std::string LayoutArg::to_string() const {
       return "device(" + name + ")";
     case Kind::kEqual:
       return name + "==" + other;
+    case Kind::kNormOrd:
+      return "class(" + name + ")";
     case Kind::kInt:
       break;
   }

@@ -45,6 +45,8 @@ struct LayoutArg {
                // whose outputs differ by device (CUDA's batch norm keeps [C] statistics in eval)
     kEqual,    // 1 when the number arguments `name` and `other` are equal (histc's min == max:
                // the range is read from the data), never the values themselves
+    kNormOrd,  // a norm's order by the reduction of pieces it allows: 1 for 0 (a count), 2 for
+               // 1 (a sum), 3 for inf (a max), 4 for -inf (a min), 0 for any other p
   };
   std::string name;
   Kind kind = Kind::kInt;
@@ -60,6 +62,7 @@ LayoutArg text_arg(std::string name);
 LayoutArg present_arg(std::string name);
 LayoutArg device_arg(std::string name);
 LayoutArg equal_args(std::string name, std::string other);
+LayoutArg norm_ord_arg(std::string name);
 
 // The values of an op's layout arguments in one call, in the entry's order (never runtime scalar
 // values): part of the propagation cache key.
