@@ -255,8 +255,9 @@ class PrepareModuleInput(ParallelStyle):
         if self.input_layouts is None:
             return tuple(inputs)
         if len(inputs) != len(self.input_layouts):
-            raise ValueError(f"PrepareModuleInput: the module got {len(inputs)} positional "
-                             f"inputs but input_layouts has {len(self.input_layouts)}")
+            raise ValueError(f"PrepareModuleInput: module inputs and input_layouts should have "
+                             f"same length! (the module got {len(inputs)} positional inputs, "
+                             f"input_layouts has {len(self.input_layouts)})")
         return tuple(self._prepare(x, mesh, tp, lay, want) for x, lay, want in
                      zip(inputs, self.input_layouts, self.desired_input_layouts))
 
