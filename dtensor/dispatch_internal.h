@@ -125,6 +125,15 @@ void run_random(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::S
 void run_dropout(const c10::IValue* args, torch::jit::Stack* stack, size_t n,
                  const at::Tensor& input, const sharding::OpSharding& s);
 
+// out= arguments (dispatch_out.cc): each out= piece put in the arguments before the local op
+// (one of another shape replaced, NOTE [resized out= arguments]); after it, the out= tensor
+// given the result, keeping its own placements (NOTE [out= keeps its layout]).
+void prepare_out_args(const OpInfo& info, const c10::FunctionSchema& schema,
+                      const sharding::OpSharding& s,
+                      const c10::SmallVector<at::Tensor, 8>& originals, c10::IValue* args,
+                      size_t n);
+void settle_out_arg(const at::Tensor& out, const at::Tensor& local, const DTensorSpec& result);
+
 // NOTE [ranks outside the mesh] (redistribute.h): the op's outputs on a rank outside its inputs'
 // mesh, as empty pieces of the propagated specs (dispatch_outside_mesh.cc).
 void run_outside_mesh(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
