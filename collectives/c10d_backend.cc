@@ -85,6 +85,8 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
       return c10d::ReduceOp(c10d::ReduceOp::BOR);
     case ReduceOp::kBxor:
       return c10d::ReduceOp(c10d::ReduceOp::BXOR);
+    case ReduceOp::kNorm:  // refused earlier by check_reduce_op
+      break;
   }
   return c10d::ReduceOp(c10d::ReduceOp::SUM);
 }

@@ -28,6 +28,11 @@ const char* reduce_op_problem(ReduceOp op, c10::ScalarType dtype) {
   if (c10::isComplexType(dtype) && (op == ReduceOp::kMin || op == ReduceOp::kMax)) {
     problem = "min/max of complex tensors is not defined";
   }
+  if (op == ReduceOp::kNorm) {
+    problem =
+        "a p-norm Partial is reduced as a sum of p-th powers by its redistribute step; "
+        "no collective reduces by norm";
+  }
   return problem;
 }
 
@@ -66,6 +71,8 @@ void combine(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, ReduceOp
     case ReduceOp::kBxor:
       at::bitwise_xor_out(out, a, b);
       break;
+    case ReduceOp::kNorm:
+      throw Error("combine: no collective reduces by norm (NOTE [p-norm Partial])");
   }
 }
 

@@ -80,9 +80,9 @@ void OpArgs::layout(const c10::IValue* args, sharding::LayoutArgs& out) const {
       const c10::IValue& w = args[r.other];
       out.ints.push_back(v.toScalar().toDouble() == w.toScalar().toDouble() ? 1 : 0);
     } else if (r.arg->kind == ArgKind::kNormOrd) {
-      const double ord = v.toScalar().toDouble();
-      const double inf = std::numeric_limits<double>::infinity();
-      out.ints.push_back(ord == 0 ? 1 : ord == 1 ? 2 : ord == inf ? 3 : ord == -inf ? 4 : 0);
+      const std::optional<Placement> partial = norm_partial_order(v.toScalar().toDouble());
+      out.ints.push_back(partial ? static_cast<int64_t>(partial->reduce_op()) : -1);
+      out.ints.push_back(partial ? partial->dim() : 0);
     } else if (r.arg->kind == ArgKind::kCount) {
       out.ints.push_back(static_cast<int64_t>(ivalue_ints(v).size()));
     } else if (v.isNone() && r.arg->if_none) {

@@ -45,16 +45,26 @@ at::Tensor local_tensor_for(const at::Tensor& global, const DTensorSpec& spec,
 }
 
 at::Tensor partial_share(const at::Tensor& value, ReduceOp op, bool holder) {
-  if (holder) return value.clone(at::MemoryFormat::Contiguous);
-  switch (op) {
+  at::Tensor share;
+  switch (holder ? ReduceOp::kAvg : op) {
     case ReduceOp::kSum:
     case ReduceOp::kBxor:
-      return at::zeros_like(value, at::MemoryFormat::Contiguous);
+    case ReduceOp::kNorm:  // (0 + |value|^p)^(1/p) is the value's norm for p > 0
+      share = at::zeros_like(value, at::MemoryFormat::Contiguous);
+      break;
     case ReduceOp::kProduct:
-      return at::ones_like(value, at::MemoryFormat::Contiguous);
-    default:  // avg, min, max, band, bor: idempotent on equal values
-      return value.clone(at::MemoryFormat::Contiguous);
+      share = at::ones_like(value, at::MemoryFormat::Contiguous);
+      break;
+    default:  // the holder's, and avg, min, max, band, bor: idempotent on equal values
+      share = value.clone(at::MemoryFormat::Contiguous);
+      break;
   }
+  // A Python number's tensor (`x.sum() + 1e-6`) stays one, so type promotion still reads it as
+  // a number: a float32 sum plus a share that became a double 0-dim tensor would be double.
+  if (value.unsafeGetTensorImpl()->is_wrapped_number()) {
+    share.unsafeGetTensorImpl()->set_wrapped_number(true);
+  }
+  return share;
 }
 
 at::Tensor masked_embedding(const at::Tensor& weight_piece, const at::Tensor& idx,

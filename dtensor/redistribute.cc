@@ -145,10 +145,16 @@ at::Tensor run_step(Ctx& ctx, const PlanStep& s, const at::Tensor& x, bool async
       break;
   }
   const std::string group = group_over(ctx, mesh, {m});
-  const at::Tensor in = x.contiguous();
+  // A Partial(norm p) reduces as a sum of |piece|^p, then the 1/p-th power (NOTE [p-norm
+  // Partial]); synchronously, as the power reads the sum.
+  const float p = s.from.norm_order();
+  const ReduceOp op = p != 0 ? ReduceOp::kSum : s.from.reduce_op();
+  const at::Tensor in = p != 0 ? x.abs().pow(p).contiguous() : x.contiguous();
+  const auto root = [p](const at::Tensor& sum) { return p != 0 ? sum.pow(1.0 / p) : sum; };
+  if (p != 0) async_op = false;
   switch (s.kind) {
     case CommKind::kAllReduce:
-      return c::all_reduce(in, s.from.reduce_op(), group, async_op);
+      return root(c::all_reduce(in, op, group, async_op));
     case CommKind::kAllGather: {
       const ShardStep st = step_of(s.before, m, ctx.coord);
       if (st.even()) return c::all_gather_into_tensor(in, st.tensor_dim, group, async_op);
@@ -158,10 +164,9 @@ at::Tensor run_step(Ctx& ctx, const PlanStep& s, const at::Tensor& x, bool async
     case CommKind::kReduceScatter: {
       const ShardStep st = step_of(s.after, m, ctx.coord);
       const int64_t e = st.tensor_dim;
-      if (st.even()) return c::reduce_scatter_tensor(in, s.from.reduce_op(), e, group, async_op);
-      const at::Tensor out =
-          c::reduce_scatter_tensor(pad_dim(in, e, st.chunk * n), s.from.reduce_op(), e, group);
-      return fresh(out.narrow(e, 0, st.size));
+      if (st.even()) return root(c::reduce_scatter_tensor(in, op, e, group, async_op));
+      const at::Tensor out = c::reduce_scatter_tensor(pad_dim(in, e, st.chunk * n), op, e, group);
+      return root(fresh(out.narrow(e, 0, st.size)));
     }
     case CommKind::kAllToAll: {
       const ShardStep from = step_of(s.before, m, ctx.coord);

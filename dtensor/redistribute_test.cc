@@ -91,6 +91,7 @@ struct Case {
   std::vector<int64_t> mesh;
   std::vector<std::vector<int64_t>> shapes;
   std::vector<Placement> choices;  // besides Shard(d) for every tensor dim
+  bool nonnegative = false;        // |values|: a Partial(norm)'s value is a norm
 };
 
 void run_all_pairs(const Case& c, bool async_op) {
@@ -100,7 +101,8 @@ void run_all_pairs(const Case& c, bool async_op) {
   std::mutex mu;
   std::vector<std::string> failures;
   for (const auto& shape : c.shapes) {
-    const at::Tensor global = global_for(shape, at::kDouble);
+    const at::Tensor global =
+        c.nonnegative ? global_for(shape, at::kDouble).abs() : global_for(shape, at::kDouble);
     const auto specs = specs_for(mesh, shape, c.choices, at::kDouble);
     // Refusals first, once, without any communication.
     std::vector<std::pair<DTensorSpec, DTensorSpec>> pairs;
@@ -194,6 +196,12 @@ TEST(RedistributeTest, EveryPairOnMesh2x2x2PartialAvg) {
 
 TEST(RedistributeTest, EveryPairOnMesh2x2x2PartialMax) {
   run_all_pairs({{2, 2, 2}, {{3, 7}}, {Replicate(), Partial(ReduceOp::kMax)}}, false);
+}
+
+// A Partial(norm 2) reduces as the square root of a sum of squares (NOTE [p-norm Partial]):
+// exact on these integers. Replicate -> Partial(norm) is refused (allowed() says so).
+TEST(RedistributeTest, EveryPairOnMesh2x2PartialNorm) {
+  run_all_pairs({{2, 2}, {{5, 3}, {8, 4}}, {Replicate(), Placement::partial_norm(2)}, true}, false);
 }
 
 TEST(RedistributeTest, AsyncLastStepOnMesh2x2) {

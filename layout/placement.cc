@@ -2,6 +2,9 @@
 
 #include <array>
 #include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 
 #include "base/error.h"
@@ -9,8 +12,8 @@
 namespace dtensor {
 namespace {
 
-constexpr std::array<std::string_view, 8> kReduceOpNames = {"sum",     "avg",  "min", "max",
-                                                            "product", "band", "bor", "bxor"};
+constexpr std::array<std::string_view, 9> kReduceOpNames = {"sum",  "avg", "min",  "max", "product",
+                                                            "band", "bor", "bxor", "norm"};
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
@@ -54,7 +57,7 @@ ReduceOp parse_reduce_op(std::string_view text) {
     if (kReduceOpNames[i] == text) return static_cast<ReduceOp>(i);
   }
   throw Error("unknown reduce op '" + std::string(text) +
-              "' (expected one of sum, avg, min, max, product, band, bor, bxor)");
+              "' (expected one of sum, avg, min, max, product, band, bor, bxor, norm<p>)");
 }
 
 bool is_bitwise(ReduceOp op) {
@@ -68,6 +71,11 @@ std::string Placement::to_string() const {
     case Kind::kShard:
       return "S(" + std::to_string(dim_) + ")";
     case Kind::kPartial:
+      if (op_ == ReduceOp::kNorm) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "P(norm%.9g)", static_cast<double>(norm_order()));
+        return buf;
+      }
       return "P(" + std::string(reduce_op_name(op_)) + ")";
   }
   return "?";
@@ -102,6 +110,19 @@ Placement parse_placement(std::string_view text) {
   }
   if (call.name == "P" || call.name == "Partial") {
     if (call.arg.empty()) return Placement::partial(ReduceOp::kSum);
+    if (call.arg.substr(0, 4) == "norm") {
+      const std::string order(call.arg.substr(4));
+      char* end = nullptr;
+      const double p = order.empty() ? 2.0 : std::strtod(order.c_str(), &end);
+      const std::optional<Placement> made = norm_partial_order(p);
+      if ((!order.empty() && end != order.c_str() + order.size()) || !made ||
+          made->reduce_op() != ReduceOp::kNorm) {
+        bad_token(token,
+                  "a norm Partial's order is a finite p > 0 other than 1, held exactly by "
+                  "a float (P(norm2), P(norm3), P(norm1.5))");
+      }
+      return *made;
+    }
     try {
       return Placement::partial(parse_reduce_op(call.arg));
     } catch (const Error& e) {
@@ -109,6 +130,13 @@ Placement parse_placement(std::string_view text) {
     }
   }
   bad_token(token, "unknown placement kind '" + std::string(call.name) + "'");
+}
+
+std::optional<Placement> norm_partial_order(double ord) {
+  if (ord == 0 || ord == 1) return Placement::partial(ReduceOp::kSum);
+  if (std::isinf(ord)) return Placement::partial(ord > 0 ? ReduceOp::kMax : ReduceOp::kMin);
+  if (!(ord > 0) || static_cast<double>(static_cast<float>(ord)) != ord) return std::nullopt;
+  return Placement::partial_norm(static_cast<float>(ord));
 }
 
 Placements parse_placements(std::string_view text) {

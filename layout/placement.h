@@ -3,7 +3,9 @@
 // A small value type: 8 bytes, trivially copyable, hashed and compared by value.
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -13,8 +15,10 @@
 namespace dtensor {
 
 // Reduction that turns per-rank partial values into the logical value (Partial) or that a
-// collective applies. Bitwise ops are for integer and bool tensors only.
-enum class ReduceOp : uint8_t { kSum, kAvg, kMin, kMax, kProduct, kBand, kBor, kBxor };
+// collective applies. Bitwise ops are for integer and bool tensors only. kNorm is a Partial's
+// only: pieces n_i of a p-norm whose value is (sum of |n_i|^p)^(1/p) (NOTE [p-norm Partial]);
+// no collective reduces by it.
+enum class ReduceOp : uint8_t { kSum, kAvg, kMin, kMax, kProduct, kBand, kBor, kBxor, kNorm };
 
 // "sum", "avg", ...; the names PyTorch's c10d and DTensor use.
 std::string_view reduce_op_name(ReduceOp op);
@@ -37,18 +41,38 @@ class Placement {
   static constexpr Placement partial(ReduceOp op = ReduceOp::kSum) {
     return Placement(Kind::kPartial, 0, op);
   }
+  // NOTE [p-norm Partial]: the pieces of a p-norm (vector_norm, dist, clip_grad_norm_'s total)
+  // over a sharded dim are the pieces' own p-norms; the value is (sum of |piece|^p)^(1/p), which
+  // the redistribute step computes as a sum of p-th powers followed by the 1/p-th power. PyTorch
+  // calls it _NormPartial. Only 0 < p < inf other than 1: the other orders reduce by sum (0, 1),
+  // max (inf) or min (-inf) and use those Partials; a negative p would make the zero shares of
+  // a Replicate -> Partial move infinite. p lives in the dim field as float bits, so equality
+  // and hashing tell orders apart; callers pass an order a float holds exactly
+  // (norm_partial_order says which).
+  static Placement partial_norm(float p) {
+    int32_t bits = 0;
+    std::memcpy(&bits, &p, sizeof bits);
+    return Placement(Kind::kPartial, bits, ReduceOp::kNorm);
+  }
 
   constexpr Kind kind() const { return kind_; }
   constexpr bool is_replicate() const { return kind_ == Kind::kReplicate; }
   constexpr bool is_shard() const { return kind_ == Kind::kShard; }
   constexpr bool is_shard(int64_t d) const { return kind_ == Kind::kShard && dim_ == d; }
   constexpr bool is_partial() const { return kind_ == Kind::kPartial; }
-  // Tensor dim of a Shard; meaningless (0) for other kinds.
+  // Tensor dim of a Shard; meaningless for other kinds (0, or a Partial(norm)'s order bits).
   constexpr int32_t dim() const { return dim_; }
   // Reduce op of a Partial; meaningless (kSum) for other kinds.
   constexpr ReduceOp reduce_op() const { return op_; }
+  // The order p of a Partial(norm); 0 for every other placement.
+  float norm_order() const {
+    if (kind_ != Kind::kPartial || op_ != ReduceOp::kNorm) return 0;
+    float p = 0;
+    std::memcpy(&p, &dim_, sizeof p);
+    return p;
+  }
 
-  // "S(0)", "R", "P(sum)".
+  // "S(0)", "R", "P(sum)", "P(norm2)".
   std::string to_string() const;
   size_t hash() const {
     return (static_cast<size_t>(kind_) << 40) ^ (static_cast<size_t>(op_) << 32) ^
@@ -75,11 +99,17 @@ constexpr Placement Partial(ReduceOp op = ReduceOp::kSum) { return Placement::pa
 
 using Placements = std::vector<Placement>;
 
+// The Partial whose pieces are p-norms of order `ord` reduce by (NOTE [p-norm Partial]): sum for
+// 0 and 1, max for inf, min for -inf, Partial(norm p) for a finite p > 0 a float holds exactly;
+// none (the reduced dims stay whole) for any other order.
+std::optional<Placement> norm_partial_order(double ord);
+
 // "[S(0),R,P(sum)]".
 std::string to_string(const Placements& placements);
 
 // Parses one placement: "S(0)", "S(-1)", "Shard(1)", "R", "Replicate()", "P", "P(avg)",
-// "Partial(max)". Whitespace around tokens is ignored.
+// "Partial(max)", "P(norm2)", "P(norm1.5)" ("P(norm)": order 2). Whitespace around tokens is
+// ignored.
 Placement parse_placement(std::string_view text);
 // Parses a comma-separated list, with or without surrounding brackets: "S(0),R,P(avg)" or
 // "[S(0), R]". throws dtensor::Error naming the bad token and its position.

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <unordered_set>
 
 namespace dtensor {
@@ -24,6 +25,8 @@ TEST(PlacementTest, ToStringMatchesPyTorchShortForms) {
       {Partial(ReduceOp::kBand), "P(band)"},
       {Partial(ReduceOp::kBor), "P(bor)"},
       {Partial(ReduceOp::kBxor), "P(bxor)"},
+      {Placement::partial_norm(2), "P(norm2)"},
+      {Placement::partial_norm(1.5), "P(norm1.5)"},
   };
   for (const auto& c : cases) {
     EXPECT_EQ(c.p.to_string(), c.text);
@@ -41,6 +44,26 @@ TEST(PlacementTest, EqualityAndHashAreByValue) {
       Shard(0), Shard(0), Replicate(), Partial(), Partial(ReduceOp::kAvg), Shard(1)};
   EXPECT_EQ(set.size(), 5u);
   EXPECT_EQ(sizeof(Placement), 8u);
+}
+
+TEST(PlacementTest, NormPartialsByOrder) {
+  EXPECT_NE(Placement::partial_norm(2), Placement::partial_norm(3));
+  EXPECT_NE(Placement::partial_norm(2).hash(), Placement::partial_norm(3).hash());
+  EXPECT_EQ(Placement::partial_norm(3).norm_order(), 3.0f);
+  EXPECT_EQ(Partial().norm_order(), 0.0f);
+  EXPECT_EQ(parse_placement("P(norm)"), Placement::partial_norm(2));
+  EXPECT_EQ(parse_placement("Partial(norm3)"), Placement::partial_norm(3));
+  // The orders with a plain reduce op, and those without any.
+  EXPECT_EQ(*norm_partial_order(0), Partial());
+  EXPECT_EQ(*norm_partial_order(1), Partial());
+  EXPECT_EQ(*norm_partial_order(INFINITY), Partial(ReduceOp::kMax));
+  EXPECT_EQ(*norm_partial_order(-INFINITY), Partial(ReduceOp::kMin));
+  EXPECT_EQ(*norm_partial_order(2), Placement::partial_norm(2));
+  EXPECT_FALSE(norm_partial_order(-1));
+  EXPECT_FALSE(norm_partial_order(0.1));  // no float holds 0.1 exactly
+  for (const char* bad : {"P(norm-1)", "P(norm0.1)", "P(norm1)", "P(normx)", "P(norminf)"}) {
+    EXPECT_THROW(parse_placement(bad), Error) << bad;
+  }
 }
 
 TEST(PlacementTest, KindQueries) {

@@ -35,8 +35,8 @@ struct ReplicateKind : Placement {
   ReplicateKind() : Placement(Placement::replicate()) {}
 };
 struct PartialKind : Placement {
-  explicit PartialKind(const std::string& op)
-      : Placement(Placement::partial(parse_reduce_op(op))) {}
+  // "sum", "max", ... or "norm2" (NOTE [p-norm Partial]).
+  explicit PartialKind(const std::string& op) : Placement(parse_placement("P(" + op + ")")) {}
 };
 
 // Specs from Python: dtype is irrelevant to layout arithmetic, so float32 is used.
@@ -121,6 +121,7 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("reduce_op") = py::none())
       .def_property_readonly("dim", &Placement::dim)
+      .def_property_readonly("norm_order", &Placement::norm_order)
       .def_property_readonly("reduce_op",
                              [](Placement p) { return std::string(reduce_op_name(p.reduce_op())); })
       .def("__eq__", [](Placement a, Placement b) { return a == b; })

@@ -9,7 +9,8 @@ output placements must be PyTorch's. The cases are those where the engine once r
 that PyTorch keeps pending: a Replicate added to a Partial (PyTorch partitions it for free), a
 Partial(avg) times a scalar, a Partial(sum) times a Replicate, maximum/minimum and max/amax of
 Partial(max/min), and a sequence-parallel LayerNorm whose weight gradient PyTorch leaves
-Partial(sum) (the engine all-reduced it in the backward). Partial inputs hold a different piece on
+Partial(sum) (the engine all-reduced it in the backward), and p-norms (vector_norm, dist,
+clip_grad_norm_) that PyTorch keeps as its _NormPartial where the engine gathered. Partial inputs hold a different piece on
 every rank (rank r: base * (r + 1) + r), so a missed or repeated reduction shows in the values.
 """
 
@@ -93,6 +94,21 @@ def sliced_columns_grad():
     return w.grad
 
 
+def clip_grad_norm_case(X):
+    params = [nn.Parameter(X.mod.distribute_tensor(t.clone(), X.mesh, [X.mod.Shard(0)]))
+              for t in (a, c)]
+    for p, t in zip(params, (a, c)):
+        p.grad = X.mod.distribute_tensor(t * 3, X.mesh, [X.mod.Shard(0)])
+    return torch.nn.utils.clip_grad_norm_(params, 1.0)
+
+
+def clip_grad_norm_want():
+    params = [nn.Parameter(t.clone()) for t in (a, c)]
+    for p, t in zip(params, (a, c)):
+        p.grad = t * 3
+    return torch.nn.utils.clip_grad_norm_(params, 1.0)
+
+
 # name: (the case on a side, one device's result, whether the placements must be PyTorch's)
 CASES = {
     "P(sum) + R": (lambda X: X.P(a) + X.R(b), lambda: reduced(a, "sum") + b, True),
@@ -142,6 +158,20 @@ CASES = {
     "linalg__powsum(S(0), 3)": (lambda X: torch.ops.aten.linalg__powsum(
         X.mod.distribute_tensor(a, X.mesh, [X.mod.Shard(0)]), 3),
         lambda: torch.ops.aten.linalg__powsum(a, 3), True),
+    # A p-norm's pieces combine as (sum of p-th powers)^(1/p): PyTorch's _NormPartial.
+    "vector_norm(S(0), 2)": (lambda X: torch.linalg.vector_norm(
+        X.mod.distribute_tensor(a, X.mesh, [X.mod.Shard(0)])),
+        lambda: torch.linalg.vector_norm(a), False),
+    "vector_norm(S(1), 3, dim=1)": (lambda X: torch.linalg.vector_norm(
+        X.mod.distribute_tensor(a, X.mesh, [X.mod.Shard(1)]), 3, dim=1),
+        lambda: torch.linalg.vector_norm(a, 3, dim=1), False),
+    "dist(S(0), S(0))": (lambda X: torch.dist(X.mod.distribute_tensor(a, X.mesh, [X.mod.Shard(0)]),
+                                              X.mod.distribute_tensor(b, X.mesh, [X.mod.Shard(0)])),
+                         lambda: torch.dist(a, b), False),
+    "clip_grad_norm_ of S(0) gradients": (clip_grad_norm_case, clip_grad_norm_want, False),
+    # A Python number added to a Partial(sum) is partitioned as a number, so the sum stays float32.
+    "sum(S(0)) + 1e-6": (lambda X: X.mod.distribute_tensor(a, X.mesh, [X.mod.Shard(0)]).sum() + 1e-6,
+                         lambda: a.sum() + 1e-6, False),
     "histc(S(0), min, max)": (lambda X: torch.histc(X.mod.distribute_tensor(a, X.mesh,
                                                                           [X.mod.Shard(0)]),
                                                     10, -2, 2),
@@ -163,7 +193,8 @@ for name, (case, want, same_placements) in CASES.items():
             out = case(X)
         got[side_name] = (mode.get_total_counts(), [str(p) for p in out.placements])
         counts[side_name] = mode.get_comm_counts()
-        if not torch.allclose(out.full_tensor(), want(), atol=1e-5):
+        full = out.full_tensor()
+        if full.dtype != want().dtype or not torch.allclose(full, want(), atol=1e-5):
             failures.append(f"{name}: {side_name}'s values differ from one device's")
     (n_engine, p_engine), (n_torch, p_torch) = got["engine"], got["pytorch"]
     if n_engine > n_torch:

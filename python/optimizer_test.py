@@ -82,6 +82,47 @@ def test_clip_grad_norm_foreach_with_plain_and_distributed_gradients():
             torch.testing.assert_close(g, w.grad, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("norm_type", [2.0, 3.0, float("inf")])
+@pytest.mark.parametrize("foreach", [True, False])
+def test_clip_grad_norm_of_sharded_gradients_reduces_once(norm_type, foreach):
+    """NOTE [p-norm Partial] (layout/placement.h): each gradient's norm stays a Partial of its
+    order (for inf: max) and so does the norm of the norms, so clip_grad_norm_ of sharded
+    gradients issues one all_reduce (PyTorch's count), where it once gathered every gradient. The
+    total norm and the clipped gradients equal one device's; uneven shards for the p-norms (a max
+    over an empty piece is undefined, so inf gets even ones)."""
+    from dtensor.debug import CommDebugMode
+
+    torch.manual_seed(0)
+    rows = (12, 9, 7) if norm_type != float("inf") else (12, 8, 4)
+    grads = [torch.randn(rows[0], 5), torch.randn(rows[1], 3), torch.randn(rows[2])]
+
+    def clip(params):
+        return torch.nn.utils.clip_grad_norm_(params, 0.5, norm_type=norm_type, foreach=foreach)
+
+    want = [nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for p, g in zip(want, grads):
+        p.grad = g.clone()
+    want_norm = clip(want)
+
+    def fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (4,))
+        params = []
+        for g in grads:
+            p = nn.Parameter(dtensor.distribute_tensor(torch.zeros_like(g), mesh, [dtensor.Shard(0)]))
+            p.grad = dtensor.distribute_tensor(g, mesh, [dtensor.Shard(0)])
+            params.append(p)
+        with CommDebugMode() as mode:
+            norm = clip(params)
+        return mode.get_comm_counts(), norm.full_tensor(), [p.grad.full_tensor() for p in params]
+
+    for counts, norm, got in dtensor.run_threads(4, fn):
+        assert counts[torch.ops.c10d_functional.all_reduce] == 1, dict(counts)
+        assert sum(counts.values()) == 1, dict(counts)
+        torch.testing.assert_close(norm, want_norm)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w.grad)
+
+
 @pytest.mark.parametrize("inf_on", [None, "sharded", "plain"])
 def test_grad_scaler_unscales_pieces_and_agrees_on_found_inf(inf_on):
     """NOTE [amp unscale]: torch.amp.GradScaler over a model a TP plan parallelizes in part

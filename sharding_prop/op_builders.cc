@@ -10,6 +10,7 @@
 #include <c10/core/DeviceType.h>
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 
 #include "base/error.h"
@@ -117,21 +118,54 @@ RuleBuilder reduction(ReduceOp op, bool replicate, Linearity lin, int out_dtype,
   };
 }
 
-// linalg_vector_norm(self, ord, dim, keepdim): ints: the order's class (LayoutArg::kNormOrd),
-// keepdim, dims. The norms whose pieces reduce by a reduce op PyTorch's Partial has leave the
-// reduced dims sharded, as PyTorch's: ord 0 (a count of nonzeros) and 1 (a sum of |x|) with sum,
-// inf with max and -inf with min of |x|. A p-norm's pieces combine by (sum of p-th powers)^(1/p),
-// which no such reduce op is, so its reduced dims stay whole.
+// linalg_vector_norm(self, ord, dim, keepdim): ints: the order as LayoutArg::kNormOrd's two
+// ints, keepdim, dims. A sharded reduced dim leaves the Partial its pieces reduce by, as
+// PyTorch's: sum for ord 0 (a count of nonzeros) and 1 (a sum of |x|), max for inf, min for
+// -inf, Partial(norm p) for other p > 0 (NOTE [p-norm Partial]); an input already
+// Partial(norm p) stays so under a norm of the same order. Other orders keep the reduced dims
+// whole.
 BuiltRule vector_norm_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 1, 1, "linalg_vector_norm");
-  const int64_t ord = a.ints.empty() ? 0 : a.ints[0];
-  static constexpr ReduceOp kByClass[] = {ReduceOp::kSum, ReduceOp::kSum, ReduceOp::kSum,
-                                          ReduceOp::kMax, ReduceOp::kMin};
-  DTENSOR_CHECK(ord >= 0 && ord <= 4, "linalg_vector_norm: bad order class ", ord);
-  const LayoutArgs rest{
-      std::vector<int64_t>(a.ints.begin() + std::min<size_t>(1, a.ints.size()), a.ints.end()),
-      a.text, a.call};
-  return reduction(kByClass[ord], ord == 0, Linearity::kNone)(m, rest);
+  DTENSOR_CHECK(a.ints.size() >= 2, "linalg_vector_norm: the order's two layout ints are missing");
+  const LayoutArgs rest{std::vector<int64_t>(a.ints.begin() + 2, a.ints.end()), a.text, a.call};
+  return norm_reduction(a.ints[0], a.ints[1])(m, rest);
+}
+
+// A reduction by a norm's order (kNormOrd's two ints `op` and `bits`), as vector_norm_of says.
+RuleBuilder norm_reduction(int64_t op, int64_t bits) {
+  return [=](const Metas& m, const LayoutArgs& a) {
+    if (op < 0) return reduction(ReduceOp::kSum, true, Linearity::kNone)(m, a);
+    const auto reduce = static_cast<ReduceOp>(op);
+    BuiltRule b = reduction(reduce, false, Linearity::kNone)(m, a);
+    if (reduce == ReduceOp::kNorm) {
+      float p = 0;
+      const auto b32 = static_cast<int32_t>(bits);
+      std::memcpy(&p, &b32, sizeof p);
+      for (Factor& f : b.rule.factors) f.norm = p;
+      b.rule.linearity = Linearity::kNorm;
+      b.rule.norm = p;
+    }
+    return b;
+  };
+}
+
+// dist(self, other, p): ints: p as LayoutArg::kNormOrd's two ints. The p-norm of the broadcast
+// self - other over every dim: a sharded dim leaves the Partial of p's order (vector_norm_of),
+// as PyTorch's; orders without one keep every dim whole.
+BuiltRule dist_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 2, 2, "dist");
+  DTENSOR_CHECK(a.ints.size() == 2, "dist: the order's two layout ints are missing");
+  Rule rule = pointwise_rule(shapes_of(m), Linearity::kNone);
+  float p = 0;
+  const auto bits = static_cast<int32_t>(a.ints[1]);
+  std::memcpy(&p, &bits, sizeof p);
+  for (Factor& f : rule.factors) {
+    f.kind = a.ints[0] < 0 ? FactorKind::kReplicate : FactorKind::kContract;
+    f.reduce = a.ints[0] < 0 ? ReduceOp::kSum : static_cast<ReduceOp>(a.ints[0]);
+    f.norm = p;
+  }
+  rule.outputs[0].clear();  // a 0-dim result
+  return BuiltRule{std::move(rule), {m[0].dtype}};
 }
 
 // ints: dim (softmax) / dim (its backward, two inputs).

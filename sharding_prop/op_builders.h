@@ -73,6 +73,8 @@ void check_nll_shapes(const std::vector<int64_t>& self, const std::vector<int64_
 BuiltRule nll_loss_of(const Metas& m, const LayoutArgs& a);
 BuiltRule histc_of(const Metas& m, const LayoutArgs& a);
 BuiltRule vector_norm_of(const Metas& m, const LayoutArgs& a);
+RuleBuilder norm_reduction(int64_t op, int64_t bits);
+BuiltRule dist_of(const Metas& m, const LayoutArgs& a);
 BuiltRule nll_loss_backward_of(const Metas& m, const LayoutArgs& a);
 BuiltRule sdpa_of(const Metas& m, const LayoutArgs&);
 BuiltRule new_factory_of(const Metas& m, const LayoutArgs& a);

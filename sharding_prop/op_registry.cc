@@ -52,6 +52,7 @@ void add_reductions(Adder& add) {
   add("aten::std.correction", "reduction", reduce_args(), reduction(ReduceOp::kSum, true, lin));
   add("aten::linalg_vector_norm", "reduction",
       {norm_ord_arg("ord"), int_arg("keepdim"), ints_arg("dim")}, vector_norm_of);
+  add("aten::dist", "reduction", {norm_ord_arg("p")}, dist_of);
   // sum(|x|^ord) (clip_grad_norm_'s partial norms): a sum of pieces whatever the order.
   add("aten::linalg__powsum", "reduction", reduce_args(), reduction(ReduceOp::kSum, false, lin));
   add("aten::any.dim", "reduction", reduce_args(),

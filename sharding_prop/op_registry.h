@@ -45,8 +45,9 @@ struct LayoutArg {
                // whose outputs differ by device (CUDA's batch norm keeps [C] statistics in eval)
     kEqual,    // 1 when the number arguments `name` and `other` are equal (histc's min == max:
                // the range is read from the data), never the values themselves
-    kNormOrd,  // a norm's order by the reduction of pieces it allows: 1 for 0 (a count), 2 for
-               // 1 (a sum), 3 for inf (a max), 4 for -inf (a min), 0 for any other p
+    kNormOrd,  // a norm's order as the Partial its pieces reduce by (norm_partial_order): two
+               // ints, the ReduceOp (-1: none, the reduced dims stay whole) and, for kNorm, the
+               // order's float bits
   };
   std::string name;
   Kind kind = Kind::kInt;

@@ -83,7 +83,7 @@ std::optional<Choice> shard_choice(const Rule& rule, int f) {
     if (d >= 0) {
       c.out.push_back(Shard(static_cast<int32_t>(d)));
     } else if (factor.kind == FactorKind::kContract) {
-      c.out.push_back(Partial(factor.reduce));
+      c.out.push_back(factor.partial());
     } else if (summed) {
       c.out.push_back(Partial());
     } else if (numel_of(rule.output_shape(o)) == 0) {
@@ -155,6 +155,9 @@ std::vector<Choice> kept_partials(const Rule& rule, const std::vector<DTensorSpe
     case Linearity::kMin:
       if (op != (rule.linearity == Linearity::kMax ? ReduceOp::kMax : ReduceOp::kMin)) return {};
       break;
+    case Linearity::kNorm:
+      if (*partial != Placement::partial_norm(rule.norm)) return {};
+      break;
     case Linearity::kShift:
       if (op != ReduceOp::kAvg && op != ReduceOp::kMax && op != ReduceOp::kMin) return {};
       if (n_partial != inputs.size()) return {};
@@ -162,6 +165,8 @@ std::vector<Choice> kept_partials(const Rule& rule, const std::vector<DTensorSpe
     default:
       return {};
   }
+  // A Replicate input partitioned into a Partial(norm) would read as its absolute value.
+  if (op == ReduceOp::kNorm && n_partial != inputs.size()) return {};
   // Every input Partial: Replicate ones are partitioned into it.
   return {Choice{std::vector<Placement>(inputs.size(), *partial),
                  std::vector<Placement>(n_out, *partial)}};

@@ -106,8 +106,9 @@ std::string Rule::to_string() const {
   for (size_t f = 0; f < factors.size(); ++f) {
     if (name[f] < 0) continue;  // in no tensor (a size-1 remnant): nothing to say
     if (factors[f].kind == FactorKind::kContract) {
+      const std::string p = factors[f].partial().to_string();  // "P(sum)", "P(norm2)"
       notes.push_back(std::string(1, letter(static_cast<int>(f))) + ":" +
-                      std::string(reduce_op_name(factors[f].reduce)));
+                      p.substr(2, p.size() - 3));
     } else if (factors[f].kind == FactorKind::kReplicate) {
       notes.push_back(std::string(1, letter(static_cast<int>(f))) + ":replicate");
     }
@@ -163,7 +164,9 @@ void apply_notes(std::string_view notes, const std::map<char, int>& factor_of, R
     if (what == "replicate") {
       f.kind = FactorKind::kReplicate;
     } else if (f.kind == FactorKind::kContract) {
-      f.reduce = parse_reduce_op(what);
+      const Placement p = parse_placement("P(" + what + ")");
+      f.reduce = p.reduce_op();
+      f.norm = p.norm_order();
     } else {
       fail("rule note '", note, "': only a contracted factor takes a reduce op");
     }

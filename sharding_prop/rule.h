@@ -46,9 +46,15 @@ struct Factor {
   int64_t size = 1;
   FactorKind kind = FactorKind::kPass;
   ReduceOp reduce = ReduceOp::kSum;  // of a contract factor
+  float norm = 0;                    // reduce == kNorm: the order p (NOTE [p-norm Partial])
   // May be sharded only evenly, so no rank's piece is empty: for ATen kernels that refuse an empty
   // dim (convolution's channels). Contract factors reduced by avg, max or min are even-only too.
   bool even_only = false;
+
+  // The Partial that sharding this contract factor leaves on the output.
+  Placement partial() const {
+    return reduce == ReduceOp::kNorm ? Placement::partial_norm(norm) : Placement::partial(reduce);
+  }
 };
 
 // The factors of one tensor dim, major first; empty for a broadcast dim or one a reshape adds.
@@ -67,6 +73,8 @@ enum class Linearity : uint8_t {
   kMax,          // maximum, amax, max: Partial(max) -> Partial(max), as max(max(a), max(b)) is
                  // max(a, b)
   kMin,          // minimum, amin, min: Partial(min) -> Partial(min)
+  kNorm,         // a p-norm of order Rule::norm: Partial(norm p) -> the same, as the p-norm of
+                 // the pieces' p-norms is the whole's (NOTE [p-norm Partial])
 };
 
 struct Rule {
@@ -74,6 +82,7 @@ struct Rule {
   std::vector<TensorFactors> inputs;   // one per tensor input, in argument order
   std::vector<TensorFactors> outputs;  // one per tensor output
   Linearity linearity = Linearity::kNone;
+  float norm = 0;  // kNorm: the order whose Partial passes through
   // For kMultilinear: which inputs the op is linear in (empty: all). div is linear in its first.
   std::vector<bool> linear_inputs;
   // Inputs that must be Partial(sum) on a mesh dim that shards a contract factor (a bias added

@@ -1,5 +1,7 @@
 """Placements: how a tensor lives on one mesh dimension (torch.distributed.tensor's names)."""
 
+import math
+
 from dtensor import _C
 
 __all__ = ["Placement", "Shard", "Replicate", "Partial"]  # and _StridedShard, as PyTorch
@@ -158,7 +160,7 @@ class Partial(_ByText, _C.Partial):
         super().__init__(reduce_op)
 
     def __str__(self):
-        return f"P({self.reduce_op})"
+        return _C.Placement.__repr__(self)
 
     def __repr__(self):
         return f"Partial({self.reduce_op})"
@@ -167,10 +169,43 @@ class Partial(_ByText, _C.Partial):
         return (type(self), (self.reduce_op,))
 
 
+class _NormPartial(Partial):
+    """Pieces that are p-norms of a sharded tensor's pieces: the value is
+    (sum of |piece|^p)^(1/p) (NOTE [p-norm Partial] in layout/placement.h; PyTorch's name).
+    Orders 0 and 1 reduce by sum, inf by max and -inf by min, as PyTorch's."""
+
+    def __init__(self, norm_type=2):
+        p = float(norm_type)
+        op = {0.0: "sum", 1.0: "sum", math.inf: "max", -math.inf: "min"}.get(p, f"norm{p!r}")
+        _C.Partial.__init__(self, op)
+        self._norm_type = norm_type
+
+    @property
+    def norm_type(self):
+        return self._norm_type
+
+    @property
+    def reduce_op(self):
+        op = _C.Placement.reduce_op.fget(self)
+        return "sum" if op == "norm" else op
+
+    def __str__(self):
+        return _C.Placement.__repr__(self)
+
+    def __repr__(self):
+        return f"_NormPartial(reduce_op={self.reduce_op}, norm_type={self.norm_type})"
+
+    def __reduce__(self):
+        return (type(self), (self.norm_type,))
+
+
 def _from_c(p):
     if p.is_shard():
         return Shard(p.dim)
     if p.is_partial():
+        if p.norm_order:
+            order = p.norm_order
+            return _NormPartial(int(order) if order == int(order) else order)
         return Partial(p.reduce_op)
     return Replicate()
 
