@@ -72,6 +72,10 @@ void OpArgs::layout(const c10::IValue* args, sharding::LayoutArgs& out) const {
     const c10::IValue& v = args[r.index];
     if (r.arg->kind == ArgKind::kText) {
       out.text = v.toStringRef();
+    } else if (r.arg->kind == ArgKind::kPresent && v.isList()) {  // a Tensor?[]: per element
+      for (const c10::IValue& e : v.toListRef()) {
+        out.ints.push_back(e.isTensor() && e.toTensor().defined() ? 1 : 0);
+      }
     } else if (r.arg->kind == ArgKind::kPresent) {
       out.ints.push_back(v.isTensor() && v.toTensor().defined() ? 1 : 0);
     } else if (r.arg->kind == ArgKind::kDevice) {  // the mesh's, for a distributed tensor

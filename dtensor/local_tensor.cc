@@ -49,7 +49,7 @@ at::Tensor partial_share(const at::Tensor& value, ReduceOp op, bool holder) {
   switch (holder ? ReduceOp::kAvg : op) {
     case ReduceOp::kSum:
     case ReduceOp::kBxor:
-    case ReduceOp::kNorm:  // (0 + |value|^p)^(1/p) is the value's norm for p > 0
+    case ReduceOp::kNorm:  // signed powers give the holder's value back (NOTE [p-norm Partial])
       share = at::zeros_like(value, at::MemoryFormat::Contiguous);
       break;
     case ReduceOp::kProduct:

@@ -145,12 +145,13 @@ at::Tensor run_step(Ctx& ctx, const PlanStep& s, const at::Tensor& x, bool async
       break;
   }
   const std::string group = group_over(ctx, mesh, {m});
-  // A Partial(norm p) reduces as a sum of |piece|^p, then the 1/p-th power (NOTE [p-norm
-  // Partial]); synchronously, as the power reads the sum.
+  // A Partial(norm p) reduces as a sum of signed p-th powers, then the signed 1/p-th power
+  // (NOTE [p-norm Partial]); synchronously, as the root reads the sum.
   const float p = s.from.norm_order();
   const ReduceOp op = p != 0 ? ReduceOp::kSum : s.from.reduce_op();
-  const at::Tensor in = p != 0 ? x.abs().pow(p).contiguous() : x.contiguous();
-  const auto root = [p](const at::Tensor& sum) { return p != 0 ? sum.pow(1.0 / p) : sum; };
+  const auto signed_pow = [](const at::Tensor& t, double e) { return t.sign() * t.abs().pow(e); };
+  const at::Tensor in = p != 0 ? signed_pow(x, p).contiguous() : x.contiguous();
+  const auto root = [&](const at::Tensor& sum) { return p != 0 ? signed_pow(sum, 1.0 / p) : sum; };
   if (p != 0) async_op = false;
   switch (s.kind) {
     case CommKind::kAllReduce:

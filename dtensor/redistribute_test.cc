@@ -101,8 +101,7 @@ void run_all_pairs(const Case& c, bool async_op) {
   std::mutex mu;
   std::vector<std::string> failures;
   for (const auto& shape : c.shapes) {
-    const at::Tensor global =
-        c.nonnegative ? global_for(shape, at::kDouble).abs() : global_for(shape, at::kDouble);
+    const at::Tensor global = global_for(shape, at::kDouble);
     const auto specs = specs_for(mesh, shape, c.choices, at::kDouble);
     // Refusals first, once, without any communication.
     std::vector<std::pair<DTensorSpec, DTensorSpec>> pairs;
@@ -198,10 +197,10 @@ TEST(RedistributeTest, EveryPairOnMesh2x2x2PartialMax) {
   run_all_pairs({{2, 2, 2}, {{3, 7}}, {Replicate(), Partial(ReduceOp::kMax)}}, false);
 }
 
-// A Partial(norm 2) reduces as the square root of a sum of squares (NOTE [p-norm Partial]):
-// exact on these integers. Replicate -> Partial(norm) is refused (allowed() says so).
+// A Partial(norm 2) reduces as the signed square root of a sum of signed squares (NOTE [p-norm
+// Partial]): exact on these integers, negative ones included.
 TEST(RedistributeTest, EveryPairOnMesh2x2PartialNorm) {
-  run_all_pairs({{2, 2}, {{5, 3}, {8, 4}}, {Replicate(), Placement::partial_norm(2)}, true}, false);
+  run_all_pairs({{2, 2}, {{5, 3}, {8, 4}}, {Replicate(), Placement::partial_norm(2)}}, false);
 }
 
 TEST(RedistributeTest, AsyncLastStepOnMesh2x2) {

@@ -42,13 +42,15 @@ class Placement {
     return Placement(Kind::kPartial, 0, op);
   }
   // NOTE [p-norm Partial]: the pieces of a p-norm (vector_norm, dist, clip_grad_norm_'s total)
-  // over a sharded dim are the pieces' own p-norms; the value is (sum of |piece|^p)^(1/p), which
-  // the redistribute step computes as a sum of p-th powers followed by the 1/p-th power. PyTorch
-  // calls it _NormPartial. Only 0 < p < inf other than 1: the other orders reduce by sum (0, 1),
-  // max (inf) or min (-inf) and use those Partials; a negative p would make the zero shares of
-  // a Replicate -> Partial move infinite. p lives in the dim field as float bits, so equality
-  // and hashing tell orders apart; callers pass an order a float holds exactly
-  // (norm_partial_order says which).
+  // over a sharded dim are the pieces' own p-norms, and the value is (sum of piece^p)^(1/p). The
+  // redistribute step computes it with signed powers, sign(x)|x|^p summed and sign(s)|s|^(1/p):
+  // the same for norms (never negative), and exact for the shares a Replicate -> Partial move
+  // makes (the value on one rank, zeros elsewhere) whatever their sign, so an in-place op on such
+  // a tensor (clamp_min_ in cosine_similarity) copies its result back by partition. PyTorch calls
+  // it _NormPartial. Only 0 < p < inf other than 1: the other orders reduce by sum (0, 1), max
+  // (inf) or min (-inf) and use those Partials; for p < 0 the zero shares would be infinite. p
+  // lives in the dim field as float bits, so equality and hashing tell orders apart; callers pass
+  // an order a float holds exactly (norm_partial_order says which).
   static Placement partial_norm(float p) {
     int32_t bits = 0;
     std::memcpy(&bits, &p, sizeof bits);

@@ -64,6 +64,7 @@ torch.manual_seed(0)
 a, b = torch.randn(8, 8), torch.randn(8, 8)
 g = torch.rand(4, 2 * world, 8)
 c = torch.randn(8, 16)
+idx = torch.tensor([[3, 0, 2], [1, 3, 3], [0, 2, 1], [2, 2, 0]])
 
 
 def sequence_parallel_layer_norm(X):
@@ -169,6 +170,13 @@ CASES = {
                                               X.mod.distribute_tensor(b, X.mesh, [X.mod.Shard(0)])),
                          lambda: torch.dist(a, b), False),
     "clip_grad_norm_ of S(0) gradients": (clip_grad_norm_case, clip_grad_norm_want, False),
+    # Advanced indexing: the indexed dims whole, the others and the index's own dims sharded.
+    "S(1)[i] with i replicated": (lambda X: X.mod.distribute_tensor(g, X.mesh, [X.mod.Shard(1)])[
+        X.mod.distribute_tensor(idx, X.mesh, [X.mod.Replicate()])], lambda: g[idx], True),
+    "R[i] with i Shard(0)": (lambda X: X.mod.distribute_tensor(a, X.mesh, [X.mod.Replicate()])[
+        X.mod.distribute_tensor(idx, X.mesh, [X.mod.Shard(0)])], lambda: a[idx], True),
+    "S(0)[:, j] with j replicated": (lambda X: X.mod.distribute_tensor(a, X.mesh, [X.mod.Shard(0)])[
+        :, X.mod.distribute_tensor(idx[0], X.mesh, [X.mod.Replicate()])], lambda: a[:, idx[0]], True),
     # A Python number added to a Partial(sum) is partitioned as a number, so the sum stays float32.
     "sum(S(0)) + 1e-6": (lambda X: X.mod.distribute_tensor(a, X.mesh, [X.mod.Shard(0)]).sum() + 1e-6,
                          lambda: a.sum() + 1e-6, False),

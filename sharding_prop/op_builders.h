@@ -92,6 +92,7 @@ BuiltRule on_scalar_self(const Metas& m, const std::vector<int64_t>& out_shape =
 
 // Selections, indexing along a dim, tiling shape ops, batch norm, linalg (op_builders_select.cc).
 BuiltRule topk_of(const Metas& m, const LayoutArgs& a);
+BuiltRule index_of(const Metas& m, const LayoutArgs& a);
 RuleBuilder paired_reduction(bool real_first);
 BuiltRule count_nonzero_of(const Metas& m, const LayoutArgs& a);
 BuiltRule index_along_of(const Metas& m, const LayoutArgs& a);

@@ -35,6 +35,63 @@ int64_t dim_arg(const LayoutArgs& a, size_t i, int64_t ndim, const char* op) {
 
 }  // namespace
 
+// index.Tensor(self, indices) (x[i], x[:, i, j]): ints: per element of `indices`, 1 for a tensor
+// and 0 for None. The indexed dims of self stay whole; its other dims pass. The index tensors
+// broadcast together (as pointwise inputs) into the block of output dims they make, which sits
+// where the indexed dims were when those are adjacent, else in front (NumPy's advanced indexing);
+// a sharded index tensor leaves that block sharded, as PyTorch's. A Partial self stays Partial
+// (the op picks elements) while the indices are Replicate. A bool or uint8 index (a mask) makes
+// an output of the data's shape: no rule, the replicate fallback runs it.
+BuiltRule index_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1 + a.ints.size(), "index");
+  const std::vector<int64_t>& shape = m[0].shape;
+  const int64_t ndim = m[0].ndim();
+  DTENSOR_CHECK(static_cast<int64_t>(a.ints.size()) <= ndim, "index: ", a.ints.size(),
+                " indices for a ", ndim, "-D tensor");
+  std::vector<int64_t> indexed;
+  for (size_t i = 0; i < a.ints.size(); ++i) {
+    if (a.ints[i] != 0) indexed.push_back(static_cast<int64_t>(i));
+  }
+  DTENSOR_CHECK(indexed.size() + 1 == m.size(), "index: ", indexed.size(), " index tensors, ",
+                m.size() - 1, " given");
+  for (size_t k = 1; k < m.size(); ++k) {
+    if (m[k].dtype == c10::kBool || m[k].dtype == c10::kByte) {
+      BuiltRule declined;
+      declined.run_replicated = true;
+      return declined;
+    }
+  }
+  if (indexed.empty()) {  // x[None]-free and index-free: a copy of self
+    return BuiltRule{pointwise_rule({shape}, Linearity::kMove), {m[0].dtype}};
+  }
+  Rule r;
+  r.linearity = Linearity::kMultilinear;
+  r.linear_inputs.assign(m.size(), false);
+  r.linear_inputs[0] = true;
+  TensorFactors self;
+  for (int64_t d = 0; d < ndim; ++d) {
+    const bool is_indexed = std::find(indexed.begin(), indexed.end(), d) != indexed.end();
+    self.push_back(r.add_dim(shape[d], is_indexed ? FactorKind::kReplicate : FactorKind::kPass));
+  }
+  std::vector<std::vector<int64_t>> index_shapes;
+  for (size_t k = 1; k < m.size(); ++k) index_shapes.push_back(m[k].shape);
+  const std::vector<int64_t> block_shape = broadcast_shapes(index_shapes);
+  TensorFactors block;
+  for (const int64_t size : block_shape) block.push_back(r.add_dim(size));
+  r.inputs.push_back(self);
+  for (const auto& s : index_shapes) r.inputs.push_back(aligned_factors(s, block_shape, block));
+  const bool adjacent =
+      indexed.back() - indexed.front() + 1 == static_cast<int64_t>(indexed.size());
+  TensorFactors out;
+  if (!adjacent) out = block;
+  for (int64_t d = 0; d < ndim; ++d) {
+    if (adjacent && d == indexed.front()) out.insert(out.end(), block.begin(), block.end());
+    if (std::find(indexed.begin(), indexed.end(), d) == indexed.end()) out.push_back(self[d]);
+  }
+  r.outputs.push_back(std::move(out));
+  return BuiltRule{std::move(r), {m[0].dtype}};
+}
+
 // topk(self, k, dim, ...): ints: k, dim. The dim stays whole and holds k values in the outputs
 // (values, int64 indices); the other dims pass.
 BuiltRule topk_of(const Metas& m, const LayoutArgs& a) {

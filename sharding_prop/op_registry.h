@@ -40,7 +40,8 @@ struct LayoutArg {
     kInts,     // every element of an int list (an int reads as one element)
     kCount,    // the length of a list (layer_norm's normalized_shape)
     kText,     // a string (einsum's equation): LayoutArgs::text
-    kPresent,  // 1 when the tensor argument is given, 0 when it is None (which inputs are which)
+    kPresent,  // 1 when the tensor argument is given, 0 when it is None (which inputs are
+               // which); for a Tensor?[] (index's indices) one int per element
     kDevice,   // a tensor argument's device type (c10::DeviceType's number): for the few kernels
                // whose outputs differ by device (CUDA's batch norm keeps [C] statistics in eval)
     kEqual,    // 1 when the number arguments `name` and `other` are equal (histc's min == max:
@@ -126,6 +127,9 @@ double rule_flops(Flops kind, const Rule& rule, const std::vector<int64_t>& shar
 struct BuiltRule {
   Rule rule;
   std::vector<c10::ScalarType> out_dtypes;  // one per output
+  // No rule fits these inputs (an index by a bool mask, whose output shape is the data's): the
+  // replicate fallback runs the call. `rule` is empty then.
+  bool run_replicated = false;
 };
 
 using RuleBuilder =

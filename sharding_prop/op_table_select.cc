@@ -73,6 +73,8 @@ void add_shape_ops(Adder& add) {
       narrow_of);
   add("aten::renorm", "reduction", {int_arg("dim")}, renorm_of);
   add("aten::renorm_", "reduction", {int_arg("dim")}, renorm_of);
+  add("aten::index.Tensor", "index", {present_arg("indices")}, index_of);
+  add("aten::_unsafe_index.Tensor", "index", {present_arg("indices")}, index_of);
   add("aten::isin.Tensor_Tensor", "index", {}, search_of(false));
   add("aten::bucketize.Tensor", "index", {int_arg("out_int32")}, search_of(true));
 }

@@ -165,8 +165,6 @@ std::vector<Choice> kept_partials(const Rule& rule, const std::vector<DTensorSpe
     default:
       return {};
   }
-  // A Replicate input partitioned into a Partial(norm) would read as its absolute value.
-  if (op == ReduceOp::kNorm && n_partial != inputs.size()) return {};
   // Every input Partial: Replicate ones are partitioned into it.
   return {Choice{std::vector<Placement>(inputs.size(), *partial),
                  std::vector<Placement>(n_out, *partial)}};
@@ -307,6 +305,7 @@ BuiltRule checked_rule(const OpEntry& entry, const std::vector<DTensorSpec>& inp
       fail(op, " on ", specs_text(inputs), ": ", e.what());
     }
   }();
+  if (built.run_replicated) return built;
   const Rule& rule = built.rule;
   DTENSOR_CHECK(rule.inputs.size() == inputs.size(), op, ": its rule takes ", rule.inputs.size(),
                 " tensors but got ", inputs.size());
@@ -614,6 +613,12 @@ std::shared_ptr<const OpSharding> compute(const OpEntry& entry,
   std::vector<TensorMeta> metas;
   for (const auto& s : inputs) metas.push_back(s.meta());
   const BuiltRule built = checked_rule(entry, inputs, metas, args);
+  if (built.run_replicated) {
+    auto replicated = std::make_shared<OpSharding>();
+    replicated->op = entry.name;
+    replicated->run_replicated = true;
+    return replicated;
+  }
   const Rule& rule = built.rule;
   const std::vector<std::vector<Choice>> per_dim = choices_per_dim(entry, rule, inputs);
   const DeviceMesh& mesh = inputs[0].mesh();

@@ -49,8 +49,9 @@ struct OpSharding {
   double cost = 0;
   double flops = 0;
   // No layout keeps the op's written inputs (Rule::written_inputs: batch norm's running
-  // statistics sharded so unevenly that the kernel would see an empty piece): the dispatcher
-  // runs the op by the replicate fallback, which writes them back. No targets, no outputs.
+  // statistics sharded so unevenly that the kernel would see an empty piece), or the builder
+  // found no rule for these inputs (BuiltRule::run_replicated): the dispatcher runs the op by the
+  // replicate fallback, which writes them back. No targets, no outputs.
   bool run_replicated = false;
   // An in-place op whose rule keeps no layout of self (a scan along self's sharded dim): the
   // dispatcher runs its out-of-place overload and copies the result into self, or raises where

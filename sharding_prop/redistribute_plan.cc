@@ -219,11 +219,6 @@ std::optional<std::string> plan_refusal(const DTensorSpec& src, const DTensorSpe
                           a.to_string(), " -> ", b.to_string(),
                           "); redistribute to Replicate() first");
     }
-    if (b.reduce_op() == ReduceOp::kNorm) {
-      return absl::StrCat(head, "a Partial(norm) comes only from a norm (mesh dim ", m, ": ",
-                          a.to_string(), " -> ", b.to_string(),
-                          "); its shares of a negative value would read as the absolute value");
-    }
     if (!options.allow_partial) {
       return absl::StrCat(
           head, "redistribute cannot create a Partial (mesh dim ", m, ": ", a.to_string(), " -> ",
