@@ -32,7 +32,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from python_bench import free_port, launch_self, per_call_us  # noqa: E402
+from bench_util import free_port, launch_self, per_call_us  # noqa: E402
 
 SIDES = ["dtensor", "dtensor_compiled", "pytorch", "pytorch_compiled"]
 
@@ -172,8 +172,8 @@ def main(argv):
     args = parse_args(argv)
     if "RANK" not in os.environ:
         # launch_self's args.backend is the engine's collectives backend: its default (shm).
-        return launch_self(argv, argparse.Namespace(backend=None), 2,
-                           {"ANCHOR_PORT": str(free_port())}, script=__file__)
+        return launch_self(argv, argparse.Namespace(backend=None), __file__, 2,
+                           {"ANCHOR_PORT": str(free_port())})
     import torch
 
     torch.set_num_threads(1)

@@ -37,18 +37,14 @@ import argparse
 import copy
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_util import free_port  # noqa: E402
 
 
 def model(args):

@@ -36,15 +36,14 @@ loops: {"bench":"python","op":"c10d_all_reduce","ranks":2,"bytes":...,"dtensor_u
 
 import argparse
 import copy
-import gc
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_util import free_port, launch_self, per_call_us  # noqa: E402
 
 ADD_RATIO_TARGET = 2.0  # dt + dt on a cache hit: at most 2x t + t
 
@@ -102,18 +101,6 @@ def matmul_flops(counter):
     """The matmul family's FLOPs in a dtensor.debug.FlopCounterMode."""
     return sum(n for op, n in counter.get_flop_counts()["Global"].items()
                if op.__name__.split(".")[-1] in MATMUL_OPS)
-
-
-def per_call_us(fn, n):
-    gc_was = gc.isenabled()
-    gc.disable()
-    try:
-        t0 = time.perf_counter_ns()
-        fn(n)
-        return (time.perf_counter_ns() - t0) / n / 1e3
-    finally:
-        if gc_was:
-            gc.enable()
 
 
 # --- one rank -----------------------------------------------------------------------------------
@@ -283,38 +270,6 @@ def c10d_body(rank, args):
 
 # --- entry points -------------------------------------------------------------------------------
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch_self(argv, args, n=2, extra_env=None, script=__file__):
-    """Starts `script` (this file by default) as rank 0 (output here) and ranks 1.. (output kept,
-    shown if something fails)."""
-    port = free_port()
-    procs = []
-    with tempfile.TemporaryFile() as log1:
-        for rank in range(n):
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank),
-                       LOCAL_WORLD_SIZE=str(n), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(port), OMP_NUM_THREADS="1", **(extra_env or {}))
-            if args.backend:
-                env["DTENSOR_BACKEND"] = args.backend
-            out = None if rank == 0 else log1
-            procs.append(subprocess.Popen([sys.executable, os.path.abspath(script)] + argv,
-                                          env=env, stdout=out,
-                                          stderr=None if rank == 0 else subprocess.STDOUT))
-        codes = [p.wait() for p in procs]
-        if any(codes):
-            log1.seek(0)
-            sys.stderr.write("python bench: ranks 1.. output:\n" +
-                             log1.read().decode(errors="replace"))
-            sys.stderr.write(f"python bench: exit codes {codes}\n")
-            return 1
-    return 0
-
-
 def main(argv):
     args = parse_args(argv)
     if args.mode == "threads":
@@ -328,14 +283,14 @@ def main(argv):
     if "RANK" not in os.environ:
         rc = 0
         if args.device == "cpu":
-            rc = launch_self(argv, args)
+            rc = launch_self(argv, args, __file__)
             for n in [int(x) for x in args.c10d_ranks.split(",") if x]:
-                rc = rc or launch_self(argv, args, n, {"DTENSOR_BENCH_C10D": "1"})
+                rc = rc or launch_self(argv, args, __file__, n, {"DTENSOR_BENCH_C10D": "1"})
         if not args.no_anchor:
             # PyTorch's DTensor in the same run (bench/pytorch_anchor.py).
             anchors = [("per_call", 1)] + ([("tp_linear_step", 2)] if args.device == "cpu" else [])
             for what, n in anchors:
-                rc = rc or launch_self(argv, args, n, {"DTENSOR_BENCH_ANCHOR": what,
+                rc = rc or launch_self(argv, args, __file__, n, {"DTENSOR_BENCH_ANCHOR": what,
                                                        "DTENSOR_ANCHOR_PORT": str(free_port())})
         return rc
     import torch
@@ -343,7 +298,6 @@ def main(argv):
     torch.set_num_threads(1)
     anchor = os.environ.get("DTENSOR_BENCH_ANCHOR")
     if anchor:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import pytorch_anchor
 
         getattr(pytorch_anchor, anchor)(args)

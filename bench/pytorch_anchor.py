@@ -19,7 +19,7 @@ import json
 import os
 import statistics
 
-from python_bench import per_call_us
+from bench_util import per_call_us
 
 OPS = {
     "add": lambda x, y: x + x,
