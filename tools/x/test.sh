@@ -64,7 +64,7 @@ cmd_test() {
     return $status
   fi
   summarize "normal suite" "$logf" "$testlogs" "$start" "$status"
-  local passed=$SUM_PASSED failed=$SUM_FAILED t
+  passed=$SUM_PASSED failed=$SUM_FAILED
   if [ "$full" -eq 0 ]; then
     rm -f "$logf"
     echo "./x test: $((($(date +%s) - start) / 60)) min (./x test --full adds the full op_db sweep,"
@@ -73,56 +73,71 @@ cmd_test() {
     [ "$failed" -eq 0 ]
     return
   fi
-  if [ "${DTENSOR_TEST_FUZZ:-1}" != 0 ]; then
-    log "fuzz: every target for ${DTENSOR_FUZZ_SECONDS:-10} s (NOTE [fuzz runs])"
-    if fuzz_build $(fuzz_targets) >"$logf" 2>&1; then
-      for t in $(fuzz_targets); do
-        if fuzz_run "$t" "${DTENSOR_FUZZ_SECONDS:-10}"; then
-          passed=$((passed + 1))
-        else
-          failed=$((failed + 1))
-        fi
-      done
-    else
-      tail -n 40 "$logf" >&2
-      echo "fuzz: the fuzz targets failed to build (clang, NOTE [fuzz config])" >&2
-      failed=$((failed + 1))
-    fi
-  fi
-  # NOTE [consumer tests]: the library as other projects use it, outside Bazel's test runner
-  # (nested Bazel inside `bazel test` is fragile): `./x install` + pkg-config + plain g++, and
-  # an external Bazel workspace with local_repository (tests/consumers/).
-  if [ "${DTENSOR_TEST_CONSUMERS:-1}" != 0 ]; then
-    log "consumers: ./x install with pkg-config, and an external Bazel workspace"
-    for t in install external_workspace; do
-      if tests/consumers/${t}_test.sh >"$logf" 2>&1; then
-        tail -n 1 "$logf"
-        passed=$((passed + 1))
-      else
-        tail -n 40 "$logf" >&2
-        failed=$((failed + 1))
-      fi
-    done
-  fi
-  local elapsed=$((($(date +%s) - start) / 60))
-  if [ "${DTENSOR_TEST_ASAN:-1}" = 0 ]; then
-    :
-  elif [ "$elapsed" -ge "${DTENSOR_TEST_ASAN_AFTER_MIN:-30}" ]; then
-    log "asan: skipped, the run has taken $elapsed min (DTENSOR_TEST_ASAN_AFTER_MIN)"
-  else
-    log "asan: the core packages' C++ tests under ASan + UBSan"
-    local san_start san_status=0
-    san_start=$(date +%s)
-    : >"$logf"
-    san_test asan core "$logf" || san_status=$?
-    summarize "asan (core C++ tests)" "$logf" \
-      "$(bz_side asan info --config=asan bazel-testlogs 2>/dev/null)" "$san_start" "$san_status"
-    passed=$((passed + SUM_PASSED)) failed=$((failed + SUM_FAILED))
-  fi
+  [ "${DTENSOR_TEST_FUZZ:-1}" != 0 ] && test_fuzz_step "$logf"
+  [ "${DTENSOR_TEST_CONSUMERS:-1}" != 0 ] && test_consumers_step "$logf"
+  test_asan_step "$logf" "$start"
   rm -f "$logf"
   echo "./x test: $((($(date +%s) - start) / 60)) min; suite, fuzz and asan together:"
   echo "$passed passed, $failed failed"
   [ "$failed" -eq 0 ]
+}
+
+# The extra steps of ./x test --full. Each adds its results to the run's totals, the globals
+# `passed` and `failed`; LOGF is a scratch file for output shown only on failure.
+
+# A short libFuzzer run of every fuzz target (NOTE [fuzz runs]).
+test_fuzz_step() {
+  local logf=$1 t
+  log "fuzz: every target for ${DTENSOR_FUZZ_SECONDS:-10} s (NOTE [fuzz runs])"
+  if ! fuzz_build $(fuzz_targets) >"$logf" 2>&1; then
+    tail -n 40 "$logf" >&2
+    echo "fuzz: the fuzz targets failed to build (clang, NOTE [fuzz config])" >&2
+    failed=$((failed + 1))
+    return 0
+  fi
+  for t in $(fuzz_targets); do
+    if fuzz_run "$t" "${DTENSOR_FUZZ_SECONDS:-10}"; then
+      passed=$((passed + 1))
+    else
+      failed=$((failed + 1))
+    fi
+  done
+}
+
+# NOTE [consumer tests]: the library as other projects use it, outside Bazel's test runner
+# (nested Bazel inside `bazel test` is fragile): `./x install` + pkg-config + plain g++, and
+# an external Bazel workspace with local_repository (tests/consumers/).
+test_consumers_step() {
+  local logf=$1 t
+  log "consumers: ./x install with pkg-config, and an external Bazel workspace"
+  for t in install external_workspace; do
+    if tests/consumers/${t}_test.sh >"$logf" 2>&1; then
+      tail -n 1 "$logf"
+      passed=$((passed + 1))
+    else
+      tail -n 40 "$logf" >&2
+      failed=$((failed + 1))
+    fi
+  done
+}
+
+# The core packages' C++ tests under ASan + UBSan, unless DTENSOR_TEST_ASAN=0 or the run (begun
+# at START) has taken DTENSOR_TEST_ASAN_AFTER_MIN minutes already (CI's hour).
+test_asan_step() {
+  local logf=$1 start=$2 elapsed san_start san_status=0
+  elapsed=$((($(date +%s) - start) / 60))
+  [ "${DTENSOR_TEST_ASAN:-1}" = 0 ] && return 0
+  if [ "$elapsed" -ge "${DTENSOR_TEST_ASAN_AFTER_MIN:-30}" ]; then
+    log "asan: skipped, the run has taken $elapsed min (DTENSOR_TEST_ASAN_AFTER_MIN)"
+    return 0
+  fi
+  log "asan: the core packages' C++ tests under ASan + UBSan"
+  san_start=$(date +%s)
+  : >"$logf"
+  san_test asan core "$logf" || san_status=$?
+  summarize "asan (core C++ tests)" "$logf" \
+    "$(bz_side asan info --config=asan bazel-testlogs 2>/dev/null)" "$san_start" "$san_status"
+  passed=$((passed + SUM_PASSED)) failed=$((failed + SUM_FAILED))
 }
 
 # NOTE [side output bases]: the sanitizer and fuzz builds run in output bases of their own,
