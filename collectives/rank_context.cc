@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -265,6 +266,30 @@ void run_threads(int64_t world_size, const std::function<void(int64_t)>& fn,
   for (auto& e : errors) {
     if (e) std::rethrow_exception(e);
   }
+}
+
+const std::vector<int64_t>* find_my_coordinate(const DeviceMesh& mesh) {
+  struct Entry {
+    DeviceMesh mesh;
+    int64_t rank;
+    std::optional<std::vector<int64_t>> coord;
+  };
+  thread_local std::vector<Entry> cache;
+  const int64_t rank = current_context().rank();
+  for (const Entry& e : cache) {
+    if (e.rank == rank && e.mesh == mesh) return e.coord ? &*e.coord : nullptr;
+  }
+  constexpr size_t kEntries = 8;
+  if (cache.size() == kEntries) cache.erase(cache.begin());
+  cache.push_back({mesh, rank, mesh.coordinate(rank)});
+  return cache.back().coord ? &*cache.back().coord : nullptr;
+}
+
+const std::vector<int64_t>& my_coordinate(const DeviceMesh& mesh, const char* what) {
+  const std::vector<int64_t>* coord = find_my_coordinate(mesh);
+  DTENSOR_CHECK(coord != nullptr, what, ": rank ", current_context().rank(), " is not in ",
+                mesh.to_string());
+  return *coord;
 }
 
 }  // namespace dtensor::collectives

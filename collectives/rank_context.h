@@ -97,6 +97,12 @@ bool has_current_context();
 // Sets the process-wide default context (e.g. from RANK/WORLD_SIZE after rendezvous).
 void set_process_context(std::shared_ptr<RankContext> context);
 
+// The calling rank's coordinate in `mesh`, or null when it is not in the mesh; from a small
+// per-thread cache (a few meshes per thread), valid until the next call on this thread.
+const std::vector<int64_t>* find_my_coordinate(const DeviceMesh& mesh);
+// The same, or dtensor::Error naming `what`, the rank and the mesh when it is not in the mesh.
+const std::vector<int64_t>& my_coordinate(const DeviceMesh& mesh, const char* what);
+
 // Installs `context` as the calling thread's context until destroyed.
 class RankScope {
  public:

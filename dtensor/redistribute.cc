@@ -189,36 +189,7 @@ at::Tensor run_step(Ctx& ctx, const PlanStep& s, const at::Tensor& x, bool async
 
 }  // namespace
 
-namespace {
-
-// This rank's coordinate in `mesh`, or null outside it, from a small per-thread cache.
-const std::vector<int64_t>* find_coordinate(const DeviceMesh& mesh) {
-  struct Entry {
-    DeviceMesh mesh;
-    int64_t rank;
-    std::optional<std::vector<int64_t>> coord;
-  };
-  thread_local std::vector<Entry> cache;
-  const int64_t rank = c::current_context().rank();
-  for (const Entry& e : cache) {
-    if (e.rank == rank && e.mesh == mesh) return e.coord ? &*e.coord : nullptr;
-  }
-  constexpr size_t kEntries = 8;
-  if (cache.size() == kEntries) cache.erase(cache.begin());
-  cache.push_back({mesh, rank, mesh.coordinate(rank)});
-  return cache.back().coord ? &*cache.back().coord : nullptr;
-}
-
-}  // namespace
-
-const std::vector<int64_t>& my_coordinate(const DeviceMesh& mesh, const char* what) {
-  const std::vector<int64_t>* coord = find_coordinate(mesh);
-  DTENSOR_CHECK(coord != nullptr, what, ": rank ", c::current_context().rank(), " is not in ",
-                mesh.to_string());
-  return *coord;
-}
-
-bool holds_piece(const DeviceMesh& mesh) { return find_coordinate(mesh) != nullptr; }
+bool holds_piece(const DeviceMesh& mesh) { return c::find_my_coordinate(mesh) != nullptr; }
 
 at::Tensor absent_piece(const DTensorSpec& spec, const at::TensorOptions& options) {
   const at::TensorOptions o = options.dtype(spec.meta().dtype);
@@ -228,7 +199,7 @@ at::Tensor absent_piece(const DTensorSpec& spec, const at::TensorOptions& option
 std::string group_over_dims(const DeviceMesh& mesh, const std::vector<int64_t>& dims,
                             int64_t* my_index) {
   c::RankContext& ranks = c::current_context();
-  Ctx ctx{ranks, ranks.rank(), my_coordinate(mesh, "redistribute")};
+  Ctx ctx{ranks, ranks.rank(), c::my_coordinate(mesh, "redistribute")};
   return group_over(ctx, mesh, dims, my_index);
 }
 
@@ -242,7 +213,7 @@ at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& input, b
     return absent_piece(plan.dst, local.options());  // NOTE [ranks outside the mesh]
   const ProgramState program = program_state(mesh);  // NOTE [program digest]
   const c::ProgramScope program_scope(program.ops, program.digest);
-  const std::vector<int64_t> coord = my_coordinate(mesh, "redistribute");
+  const std::vector<int64_t> coord = c::my_coordinate(mesh, "redistribute");
   const LocalBox box = local_box(plan.src, coord);
   if (local.sizes().vec() != box.shape || local.scalar_type() != plan.src.meta().dtype) {
     throw Error("redistribute " + plan.to_string() + ": rank " + std::to_string(ranks.rank()) +

@@ -16,6 +16,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "collectives/rank_context.h"
 #include "sharding_prop/redistribute_plan.h"
 
 namespace dtensor {
@@ -25,10 +26,8 @@ namespace dtensor {
 at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& local,
                         bool async_op = false);
 
-// This rank's coordinate in `mesh`, from a small per-thread cache (a few meshes per thread); the
-// reference is valid until the next call on this thread. Throws naming `what` when this rank is
-// not in the mesh.
-const std::vector<int64_t>& my_coordinate(const DeviceMesh& mesh, const char* what);
+// This rank's coordinate in a mesh: collectives::my_coordinate (collectives/rank_context.h).
+using collectives::my_coordinate;
 
 // NOTE [ranks outside the mesh]
 // As PyTorch's, a distributed tensor exists on every rank of the job, also on the ranks outside
