@@ -52,7 +52,7 @@ TEST(DeviceMeshTest, GroupsAlongEachDim) {
   EXPECT_EQ(mesh.all_groups(0), (std::vector<V>{{0, 3}, {1, 4}, {2, 5}}));
   EXPECT_EQ(mesh.all_groups(1), (std::vector<V>{{0, 1, 2}, {3, 4, 5}}));
   EXPECT_EQ(mesh.all_groups(-1), mesh.all_groups(1));
-  // PyTorch's order (swapdims(-1, d).reshape(-1, size(d)), checked with torch 1.13).
+  // PyTorch's order: swapdims(-1, d).reshape(-1, size(d)).
   const DeviceMesh cube = DeviceMesh::arange({2, 2, 2});
   EXPECT_EQ(cube.all_groups(0), (std::vector<V>{{0, 4}, {2, 6}, {1, 5}, {3, 7}}));
   EXPECT_EQ(cube.all_groups(1), (std::vector<V>{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));

@@ -5,7 +5,7 @@
 // Mechanism. A distributed tensor is a DTensorImpl (dtensor_impl.h) whose backend dispatch key
 // is PrivateUse1. We chose a C++ backend key over PyTorch's route (the Python key and
 // __torch_dispatch__) because the whole point is a per-op cost near a plain ATen call and no
-// Python on the path. On libtorch 1.13 (TOOLCHAIN.md):
+// Python on the path. In libtorch's dispatcher:
 //  - one boxed kernel serves every op: it is the PrivateUse1 fallback, and it is also
 //    registered by name for the ops that have a CompositeExplicitAutograd(NonFunctional) kernel
 //    (about 1245), because those composites would otherwise run ahead of a fallback;

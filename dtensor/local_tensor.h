@@ -37,7 +37,7 @@ at::Tensor local_tensor_for(const at::Tensor& global, const DTensorSpec& spec,
 // product (1), or `value` again for the idempotent ops (avg, min, max, band, bor). A fresh tensor.
 at::Tensor partial_share(const at::Tensor& value, ReduceOp op, bool holder);
 
-// The masked lookup of a row-sharded embedding (REFERENCE.md §1): `weight_piece` is this rank's
+// The masked lookup of a row-sharded embedding (PyTorch's MaskPartial): `weight_piece` is this rank's
 // piece of a weight laid out by `weight_spec` (rows possibly sharded); rows this rank does not hold
 // contribute zeros, so the Partial(sum) of the ranks' results is at::embedding(weight, idx).
 // `out_shape` is this rank's output shape (used when it holds no rows).

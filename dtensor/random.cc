@@ -222,7 +222,7 @@ int64_t random_chunk_elements() {
 void set_random_chunk_elements(int64_t n) { g_chunk.store(std::max<int64_t>(n, 0)); }
 
 DrawOrder draw_order_of(const std::string& op) {
-  // ATen 1.13's CPU kernels (DistributionTemplates.h, DistributionKernels.cpp): one serial pass.
+  // ATen's CPU kernels (DistributionTemplates.h, DistributionKernels.cpp): one serial pass.
   // bernoulli_(float) and exponential_ draw through MKL's own stream when ATen has MKL.
   // cauchy_, log_normal_, geometric_: cpu_serial_kernel as uniform_ (torch 2.11); log_normal_'s
   // draws per element vary (a cached Box-Muller sample), which the generator carries across chunks.
@@ -241,7 +241,7 @@ DrawOrder draw_order_of(const std::string& op) {
 
 RandomFill like_fill(const std::string& op, const c10::IValue* args,
                      const at::Generator& generator) {
-  // ATen 1.13's TensorFactories.cpp: rand_like, randn_like, randint_like.
+  // ATen's TensorFactories.cpp: rand_like, randn_like, randint_like.
   const at::Generator g = generator;
   if (op == "aten::rand_like") return [g](const at::Tensor& b) { return b.uniform_(0, 1, g); };
   if (op == "aten::randn_like") return [g](const at::Tensor& b) { return b.normal_(0, 1, g); };

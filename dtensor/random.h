@@ -23,7 +23,7 @@
 // global tensor (randn 82 ms against 97, rand 90 against 70).
 //
 // A chunk reproduces one device only where ATen's CPU kernel consumes the stream the same way
-// for a chunk as for the whole tensor (checked against ATen 1.13's kernels, DrawOrder):
+// for a chunk as for the whole tensor (ATen's kernels, DrawOrder; random_test compares with one device):
 //  - uniform_, bernoulli_(float), random_ (all overloads), exponential_ and what is built on
 //    them (rand, rand_like, randint_like, bernoulli.p, dropout masks): one serial pass, a fixed
 //    number of 32-bit draws per element, so any chunk boundary works (kPerElement). An ATen

@@ -58,7 +58,7 @@ ShardStep step_of(const DTensorSpec& spec, int64_t m, const std::vector<int64_t>
 
 at::Tensor pad_dim(const at::Tensor& x, int64_t dim, int64_t size) {
   if (x.size(dim) == size) return x;
-  // Zeros then a copy (at::constant_pad_nd of libtorch 1.13 rejects zero-size inputs).
+  // Zeros then a copy: works for zero-size inputs too, which torch 1.13's constant_pad_nd refused.
   std::vector<int64_t> shape = x.sizes().vec();
   shape[dim] = size;
   at::Tensor out = at::zeros(shape, x.options());

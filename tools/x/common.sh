@@ -2,7 +2,7 @@
 # ./x's shared part: Debian and PyPI packages, the Bazel flags and output bases, building and
 # staging the Python package. Sourced by ./x (NOTE [x layout] there).
 
-# Debian packages the build and tests need (see ../shared/TOOLCHAIN.md and README.md); torch,
+# Debian packages the build and tests need (README.md); torch,
 # pybind11, pytest and the other Python packages come from PyPI (tools/requirements.txt, NOTE
 # [venv]). libgloo-dev: Gloo's headers for the c10d backend (NOTE [Gloo headers]).
 PACKAGES=(
