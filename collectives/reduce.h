@@ -40,9 +40,8 @@ bool combine_raw_serves(c10::ScalarType dtype, ReduceOp op);
 // `streaming[d]` says so (NOTE [streaming stores] in shm_symmetric.cc; an sfence ends the call).
 // A destination may be a source (in place): each block is read whole before it is written. For
 // the (dtype, op) pairs combine_raw serves; returns false and does nothing for the others (the
-// caller folds through ATen). On 2 ranks of this VM (shm on symmetric memory, medians of 5
-// interleaved runs) a 32 MiB in-place all_reduce took 1.33 ms folded this way against 2.88 ms
-// folding through at::add_out piece by piece, a 32 MiB reduce_scatter 1.28 against 1.94 ms.
+// caller folds through ATen). It halves a large all_reduce's time against folding through
+// at::add_out piece by piece (docs/benchmarks.md, "Measurements behind design choices").
 bool fold_raw(absl::Span<char* const> dsts, absl::Span<const bool> streaming,
               absl::Span<const char* const> srcs, int64_t n, c10::ScalarType dtype, ReduceOp op);
 

@@ -78,11 +78,10 @@ inline std::string label_of(const CollectiveCall& call) {
 // the size of an all_to_all), the rounds start afresh in the next step with every rank posting
 // data. A failed read (a peer died mid-call) marks the group broken and fails on every rank with
 // a CollectiveError naming the rank.
-// It is off by default because it loses on the machines this was measured on (2-vCPU VMs, 2
-// ranks, 2026-11-23): the kernel's copy runs at ~10 GB/s for cold 16 MiB against ~26 GB/s for
-// memcpy, while the buffers pipeline two mostly in-cache copies on two cores. Every collective of
-// 1-64 MiB took 1.0-1.7x as long with it (reduce_scatter up to 2.6x), none less. It is kept for
-// machines whose kernel copies at memcpy speed, where one copy instead of two should win.
+// It is off by default because it loses where it was measured (2-vCPU VMs; docs/benchmarks.md,
+// "Measurements behind design choices"): the kernel's copy is slower than memcpy, while the
+// buffers pipeline two mostly in-cache copies. It is kept for machines whose kernel copies at
+// memcpy speed, where one copy instead of two should win.
 class ShmCommunicator : public Communicator {
  public:
   explicit ShmCommunicator(const CommunicatorOptions& o)

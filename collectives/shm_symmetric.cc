@@ -56,13 +56,10 @@ constexpr size_t kTwoShotBytes = size_t{256} << 10;
 // ownership (taking it from the peer's cache or memory), then the peer, reading its output,
 // takes the line back: every byte crosses twice more than it needs to. Non-temporal (streaming)
 // stores write whole lines to memory without reading them, and an sfence before the step's
-// release store makes them visible to the peers that acquire it. Measured on 2 ranks of this
-// VM (a standalone kernel, separate inputs and outputs): a 32 MiB two-shot all_reduce pushing
-// with streaming stores took 1.3 ms against 1.9 ms with ordinary ones. In the backend (medians
-// of 5 interleaved runs, 2026-11-26) a 32 MiB reduce_scatter took 1.28 ms against 1.78 ms, a
-// 64 MiB one 3.6 against 4.2 ms; at 4 MiB streaming lost (the data would still be in cache for
-// its reader): calls whose output is under kStreamBytes (DTENSOR_SHM_STREAM_BYTES) keep ordinary
-// stores.
+// release store makes them visible to the peers that acquire it. Small outputs would still be
+// in cache for their reader, where streaming loses: calls whose output is under kStreamBytes
+// (DTENSOR_SHM_STREAM_BYTES) keep ordinary stores (the measurements: docs/benchmarks.md,
+// "Measurements behind design choices").
 constexpr size_t kStreamBytes = size_t{16} << 20;
 
 size_t stream_bytes() {

@@ -17,10 +17,8 @@
 // 8 MiB per rank instead of 4 GiB. The price is time: every rank still runs the generator over the
 // whole global tensor (a chunk outside the box of a normal_ only advances the generator, skipping
 // the Box-Muller transform); a counter-based generator (Philox on CUDA) could draw just the box.
-// Measured (./x bench dispatch: [4096,2048] f32 S(0) on 2 thread ranks, chunk 1 M, 2 cores):
-// chunked / whole-draw time 0.54 randn, 0.63 rand, 0.59 uniform_, 0.84 dropout (chunks stay in
-// cache and skip the global tensor's page faults); per rank about one device's draw of the
-// global tensor (randn 82 ms against 97, rand 90 against 70).
+// Chunking is also faster than one whole draw (chunks stay in cache; docs/benchmarks.md,
+// "Measurements behind design choices").
 //
 // A chunk reproduces one device only where ATen's CPU kernel consumes the stream the same way
 // for a chunk as for the whole tensor (ATen's kernels, DrawOrder; random_test compares with one device):
@@ -35,7 +33,7 @@
 //    each a normal_ of its own (same uniforms, same blocks, whichever vector variant ATen
 //    picks); the N - F remaining uniforms are drawn and discarded, then a normal_ of 16 elements
 //    gives the last 16 values (kNormalFill). Fewer than 16 elements: one whole draw.
-//  - anything else (kWhole): one draw of the global tensor, as before.
+//  - anything else (kWhole): one draw of the global tensor.
 // Ops without a sharding rule that draw (multinomial, rrelu, poisson, ...) run by the replicate
 // fallback, which computes them whole on every rank anyway (NOTE [replicate fallback]).
 //
