@@ -9,7 +9,7 @@
 
 #include <vector>
 
-#include "sharding_prop/op_registry.h"
+#include "sharding_prop/ops/registry.h"
 
 namespace dtensor {
 

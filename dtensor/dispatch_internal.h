@@ -17,7 +17,7 @@
 
 #include "dtensor/dispatch_args.h"
 #include "layout/dtensor_spec.h"
-#include "sharding_prop/op_registry.h"
+#include "sharding_prop/ops/registry.h"
 #include "sharding_prop/propagator.h"
 
 namespace dtensor::dispatch_detail {

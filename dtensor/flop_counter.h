@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "sharding_prop/op_registry.h"
+#include "sharding_prop/ops/registry.h"
 
 namespace dtensor {
 

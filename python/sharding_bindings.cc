@@ -10,7 +10,7 @@
 
 #include "base/error.h"
 #include "layout/placement.h"
-#include "sharding_prop/op_registry.h"
+#include "sharding_prop/ops/registry.h"
 #include "sharding_prop/rule.h"
 
 namespace py = pybind11;

@@ -55,7 +55,7 @@
 // [32,256], 4.2 MFLOP) on 2 ranks: whole 83.9 us against 41.9 (half the product) + 0.4 (the
 // local chunk) + 23.1 (the all_gather charge) = 65.4 us; it would stay whole at a rate above
 // about 89e3 FLOP/us, or for a batch below about 18 rows. Copies, fills and casts count no FLOPs
-// (op_table_pointwise.cc: moves_data).
+// (ops/pointwise_ops.cc: moves_data).
 
 #include <c10/core/DeviceType.h>
 

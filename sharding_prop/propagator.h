@@ -4,7 +4,7 @@
 // Pure planning: no communication.
 //
 // NOTE [propagation]
-// 1. The op's Rule (op_registry.h) is built from the input metas and layout arguments.
+// 1. The op's Rule (ops/registry.h) is built from the input metas and layout arguments.
 // 2. Candidates, per mesh dim: "shard factor f" for every factor some input is sharded by there
 //    (or every shardable factor when some input is Partial there, so a reduce_scatter can be
 //    chosen), "keep Partial" where the op's linearity allows it and the inputs are Partial, and
@@ -33,7 +33,7 @@
 #include <string_view>
 #include <vector>
 
-#include "sharding_prop/op_registry.h"
+#include "sharding_prop/ops/registry.h"
 #include "sharding_prop/redistribute_plan.h"
 
 namespace dtensor::sharding {

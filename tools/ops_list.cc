@@ -24,7 +24,7 @@
 #include "absl/strings/str_join.h"
 #include "base/error.h"
 #include "layout/tensor_meta.h"
-#include "sharding_prop/op_registry.h"
+#include "sharding_prop/ops/registry.h"
 #include "tools/cli_args.h"
 
 ABSL_FLAG(std::string, family, "", "list only the ops of this family (default: all)");

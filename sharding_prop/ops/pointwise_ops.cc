@@ -1,15 +1,64 @@
-// The op table's elementwise families: NOTE [op table] in op_registry.cc.
+// Elementwise ops (the "pointwise" family): unary, binary and ternary ops with their in-place
+// and out= overloads, casts, copies and fills; and the builders of the few whose dtypes or outputs
+// are not the plain pointwise ones (where, casts, complex results, log_sigmoid's buffer).
+
+#include <c10/core/DeviceType.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "base/error.h"
-#include "sharding_prop/op_builders.h"
-#include "sharding_prop/op_table.h"
+#include "sharding_prop/ops/family.h"
 
-namespace dtensor::sharding::table {
+namespace dtensor::sharding::ops {
 namespace {
 
-using namespace builders;  // NOLINT: the table names the family builders
+// log_sigmoid_forward(self) -> (output, buffer): ints: self's device type. The CPU kernel's
+// buffer is elementwise too; CUDA's is empty (its backward recomputes instead), so its output
+// metadata is the rule's (no ATen meta kernel knows the device).
+BuiltRule log_sigmoid_forward_of(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "log_sigmoid_forward");
+  Rule r = pointwise_rule(shapes_of(m), Linearity::kNone);
+  const bool cuda =
+      arg(a, 0, "log_sigmoid_forward", "device") == static_cast<int64_t>(c10::DeviceType::CUDA);
+  r.outputs.push_back(cuda ? TensorFactors{r.add_dim(0, FactorKind::kReplicate)} : r.outputs[0]);
+  r.metadata_from_rule = true;
+  return {std::move(r), {m[0].dtype, m[0].dtype}};
+}
+
+// log_sigmoid_backward(grad_output, self, buffer): elementwise; a CUDA forward's empty buffer
+// (never read) stays whole.
+BuiltRule log_sigmoid_backward_of(const Metas& m, const LayoutArgs&) {
+  need_inputs(m, 3, 3, "log_sigmoid_backward");
+  const bool empty_buffer = m[2].shape == std::vector<int64_t>{0} && m[1].numel() != 0;
+  Rule r = pointwise_rule(empty_buffer ? Shapes{m[0].shape, m[1].shape} : shapes_of(m),
+                          Linearity::kNone);
+  if (empty_buffer) r.inputs.push_back({r.add_dim(0, FactorKind::kReplicate)});
+  return {std::move(r), {promoted(m)}};
+}
+
+// polar(abs, angle) / complex(real, imag): elementwise, complex results (neither has a C++ meta
+// kernel in torch 1.13, so the rule states the dtype).
+BuiltRule to_complex_of(const Metas& m, const LayoutArgs&) {
+  need_inputs(m, 2, 2, "polar/complex");
+  return {pointwise_rule(shapes_of(m), Linearity::kNone), {c10::toComplexType(promoted(m))}};
+}
+
+// where(cond, a, b): the result type is a's and b's, not the condition's.
+BuiltRule where_rule(const Metas& m, const LayoutArgs&) {
+  need_inputs(m, 3, 3, "where");
+  return {pointwise_rule(shapes_of(m), Linearity::kNone),
+          {c10::promoteTypes(m[1].dtype, m[2].dtype)}};
+}
+
+// ints: dtype (as c10::ScalarType), or -1 to keep the input's.
+BuiltRule cast_rule(const Metas& m, const LayoutArgs& a) {
+  need_inputs(m, 1, 1, "_to_copy");
+  const int64_t t = a.ints.empty() ? -1 : a.ints[0];
+  return {pointwise_rule(shapes_of(m), Linearity::kNone),
+          {t < 0 ? m[0].dtype : static_cast<c10::ScalarType>(t)}};
+}
 
 void add_unary_pointwise(Adder& add) {
   // Unary pointwise (functional, in-place, out).
@@ -207,6 +256,8 @@ void add_binary_pointwise(Adder& add) {
                          "bitwise_or.Tensor", "bitwise_xor.Tensor"}) {
     add(std::string("aten::") + op, "pointwise", {}, pointwise(2, lin));
   }
+  add("aten::logical_and_", "pointwise", {}, pointwise(2, lin, {}, true));
+  add("aten::logical_or_", "pointwise", {}, pointwise(2, lin, {}, true));
   for (const char* op : {"eq", "ne", "lt", "le", "gt", "ge"}) {
     add(std::string("aten::") + op + ".Tensor", "pointwise", {}, pointwise(2, lin, {}, true));
     add(std::string("aten::") + op + ".Scalar", "pointwise", {}, pointwise(1, lin, {}, true));
@@ -219,12 +270,54 @@ void add_binary_pointwise(Adder& add) {
   }
 }
 
+void add_out_overloads(Adder& add) {
+  // The out= overloads of entries above: each the same entry under its out name.
+  // clang-format off
+  const std::vector<std::pair<const char*, const char*>> outs = {
+      {"where.self", "where.self_out"},
+      {"clamp", "clamp.out"},
+      {"pow.Tensor_Scalar", "pow.Tensor_Scalar_out"},
+      {"pow.Tensor_Tensor", "pow.Tensor_Tensor_out"},
+      {"maximum", "maximum.out"},
+      {"minimum", "minimum.out"},
+      {"atan2", "atan2.out"},
+      {"logical_and", "logical_and.out"},
+      {"logical_or", "logical_or.out"},
+      {"eq.Tensor", "eq.Tensor_out"},
+      {"ne.Tensor", "ne.Tensor_out"},
+      {"lt.Tensor", "lt.Tensor_out"},
+      {"le.Tensor", "le.Tensor_out"},
+      {"gt.Tensor", "gt.Tensor_out"},
+      {"ge.Tensor", "ge.Tensor_out"},
+      {"eq.Scalar", "eq.Scalar_out"},
+      {"ne.Scalar", "ne.Scalar_out"},
+      {"lt.Scalar", "lt.Scalar_out"},
+      {"le.Scalar", "le.Scalar_out"},
+      {"gt.Scalar", "gt.Scalar_out"},
+      {"ge.Scalar", "ge.Scalar_out"},
+      {"addcmul", "addcmul.out"},
+      {"addcdiv", "addcdiv.out"},
+      {"lerp.Scalar", "lerp.Scalar_out"},
+      {"bitwise_and.Tensor", "bitwise_and.Tensor_out"},
+      {"bitwise_or.Tensor", "bitwise_or.Tensor_out"},
+      {"bitwise_xor.Tensor", "bitwise_xor.Tensor_out"},
+      {"neg", "neg.out"},
+      {"isnan", "isnan.out"},
+      {"isinf", "isinf.out"},
+  };
+  // clang-format on
+  for (const auto& [functional, out] : outs) {
+    add.out_of(std::string("aten::") + functional, std::string("aten::") + out);
+  }
+}
+
 }  // namespace
 
 void add_pointwise_ops(Adder& add) {
   add_unary_pointwise(add);
   add_binary_pointwise(add);
   add_elementwise(add);
+  add_out_overloads(add);
 }
 
-}  // namespace dtensor::sharding::table
+}  // namespace dtensor::sharding::ops

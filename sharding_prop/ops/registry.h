@@ -1,8 +1,8 @@
 #pragma once
 // The table of operators the engine can shard: ATen op name (with overload) -> everything about
-// it (NOTE [one entry per op]). Every entry lives in op_registry.cc or its family files
-// op_table_*.cc, one line per overload, so coverage is reviewable in one place; `./x ops` prints
-// it. Custom ops register a rule string ("mk,kn->mn") at run time.
+// it (NOTE [one entry per op]). Every entry is one line in its family's file under
+// sharding_prop/ops/ (pointwise_ops.cc, reduction_ops.cc, ...), so coverage is reviewable there;
+// `./x ops` prints it. Custom ops register a rule string ("mk,kn->mn") at run time.
 
 #include <c10/core/ScalarType.h>
 

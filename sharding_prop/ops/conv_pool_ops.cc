@@ -1,14 +1,14 @@
-// Rule builders for layers: convolution and its backward, group norm and its backward, and the
-// elementwise losses (op_builders_nn.cc has indexing, embedding, layer norm, nll, attention,
-// factories and view backward ops; op_builders.cc the shared helpers).
+// Convolution and its backward, and pooling, upsampling and reflection/replication padding over
+// the spatial dims of [batch, channel, spatial...] tensors (the "nn" family).
 
 #include <algorithm>
+#include <string>
+#include <vector>
 
 #include "base/error.h"
-#include "sharding_prop/op_builders.h"
+#include "sharding_prop/ops/family.h"
 
-namespace dtensor::sharding::builders {
-
+namespace dtensor::sharding::ops {
 namespace {
 
 // The factors of a convolution's tensors: batch (pass), input channels, output channels (pass,
@@ -49,8 +49,6 @@ ConvFactors conv_factors(const TensorMeta& input, const TensorMeta& weight, bool
   for (int64_t d = ch + 1; d < input.ndim(); ++d) c.output.push_back({});  // set by the caller
   return c;
 }
-
-}  // namespace
 
 // convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
 // groups): ints: transposed, groups, then len(stride), stride..., and the same for padding,
@@ -120,81 +118,99 @@ BuiltRule convolution_backward_of(const Metas& m, const LayoutArgs& a) {
   return {std::move(r), {m[1].dtype, m[2].dtype, m[2].dtype}};
 }
 
-// Elementwise losses (mse, smooth_l1, huber, soft_margin, binary_cross_entropy[_with_logits])
-// over up to `n` broadcasting tensors: ints: reduction (0 none, 1 mean, 2 sum). None is
-// elementwise. Sum and mean reduce every dim: a sharded dim leaves the loss Partial(sum), or
-// Partial(avg) when the split is even (a mean of unequal pieces' means is not the mean). A
-// backward (grad_output first, 0-dim unless none) is elementwise for none and sum; for mean it
-// scales by the element count, which a piece does not know, so its inputs stay whole.
-RuleBuilder elementwise_loss(size_t n, bool backward) {
-  return [=](const Metas& m, const LayoutArgs& a) {
-    need_inputs(m, backward ? 2 : 1, n, "loss");
-    const int64_t reduction = arg(a, 0, "loss", "reduction");
-    if (reduction < 0 || reduction > 2) throw Error("loss: reduction must be 0, 1 or 2");
-    Rule r = pointwise_rule(shapes_of(m), Linearity::kNone);
-    if (backward && reduction == 1) {
-      for (Factor& f : r.factors) f.kind = FactorKind::kReplicate;
-    } else if (!backward && reduction != 0) {
-      for (Factor& f : r.factors) {
-        f.kind = FactorKind::kContract;
-        f.reduce = reduction == 1 ? ReduceOp::kAvg : ReduceOp::kSum;
-      }
-      r.outputs = {TensorFactors{}};
+// Pooling, upsampling and padding over the last `spatial_dims` dims of [batch, channel,
+// spatial...] tensors: the batch dim passes through (every tensor input and output shares the
+// leading dims: a backward's grad, input and indices), the others stay whole, and the outputs'
+// spatial sizes come from ATen (Rule::whole_output_sizes_from_aten). Outputs after the first are
+// indices (max pooling).
+RuleBuilder spatial(size_t spatial_dims, size_t outputs = 1) {
+  return [=](const Metas& m, const LayoutArgs&) {
+    need_inputs(m, 1, 3, "spatial op");
+    const int64_t nd = m[0].ndim(), lead = nd - static_cast<int64_t>(spatial_dims);
+    if (lead < 0) throw Error("spatial op: the input has fewer dims than the op's spatial dims");
+    Rule r;
+    r.whole_output_sizes_from_aten = true;
+    // Only the batch dim of a batched input passes: ATen's kernels refuse a piece with no
+    // channels ("non-empty ... expected"), which an uneven split of the channel dim leaves on some
+    // rank, but accept an empty batch.
+    TensorFactors leading;
+    for (int64_t d = 0; d < lead; ++d) {
+      const int64_t size = m[0].shape[d];
+      const bool passes = d == 0 && lead >= 2;
+      leading.push_back(r.add_dim(size, passes ? FactorKind::kPass : FactorKind::kReplicate));
     }
-    return BuiltRule{std::move(r), {promoted(m)}};
+    auto whole = [&](int64_t size) {
+      return size <= 1 ? DimFactors{} : DimFactors{r.add_factor(size, FactorKind::kReplicate)};
+    };
+    for (const TensorMeta& t : m) {
+      TensorFactors f;
+      for (int64_t d = 0; d < t.ndim(); ++d) {
+        const bool shared = d < lead && t.ndim() == nd && t.shape[d] == m[0].shape[d];
+        f.push_back(shared ? leading[d] : whole(t.shape[d]));
+      }
+      r.inputs.push_back(std::move(f));
+    }
+    BuiltRule b{std::move(r), {}};
+    for (size_t o = 0; o < outputs; ++o) {
+      TensorFactors f = leading;
+      for (int64_t d = lead; d < nd; ++d)
+        f.push_back({b.rule.add_factor(2, FactorKind::kReplicate)});
+      b.rule.outputs.push_back(std::move(f));
+      b.out_dtypes.push_back(o == 0 ? m[0].dtype : c10::kLong);
+    }
+    return b;
   };
 }
 
-namespace {
-
-// Group norm's factors: the batch dim passes; channels, spatial dims and groups stay whole.
-struct GroupNormFactors {
-  Rule r;
-  TensorFactors input, channels, stats;  // [N, C, *], [C], [N, group]
-  DimFactors batch;
-};
-
-GroupNormFactors group_norm_factors(const TensorMeta& input, int64_t group) {
-  if (input.ndim() < 2) throw Error("native_group_norm: input must be [N, C, *]");
-  GroupNormFactors g;
-  g.batch = g.r.add_dim(input.shape[0], FactorKind::kPass);
-  g.input.push_back(g.batch);
-  const DimFactors c = g.r.add_dim(input.shape[1], FactorKind::kReplicate);
-  g.input.push_back(c);
-  for (int64_t d = 2; d < input.ndim(); ++d)
-    g.input.push_back(g.r.add_dim(input.shape[d], FactorKind::kReplicate));
-  g.channels = {c};
-  g.stats = {g.batch, g.r.add_dim(group, FactorKind::kReplicate)};
-  return g;
+// Pooling, upsampling and reflection/replication padding: the batch dim passes, channel and
+// spatial dims stay whole (their output sizes from ATen's meta kernels). Only ops with a C++ meta
+// kernel in torch 1.13 are here (a C++ program has no Python meta registrations): the others
+// (max_pool3d_with_indices, _adaptive_avg_pool2d/3d, reflection_pad2d, some pad backward ops,
+// max_unpool) are left to the replicate fallback. Convolution computes its own output sizes.
+void add_spatial(Adder& add) {
+  add("aten::convolution", "nn",
+      {int_arg("transposed"), int_arg("groups"), count_arg("stride"), ints_arg("stride"),
+       count_arg("padding"), ints_arg("padding"), count_arg("dilation"), ints_arg("dilation"),
+       count_arg("output_padding"), ints_arg("output_padding")},
+      convolution_of);
+  add("aten::convolution_backward", "nn", {int_arg("transposed"), int_arg("groups")},
+      convolution_backward_of);
+  add("aten::upsample_nearest1d.vec", "nn", {}, spatial(1));
+  add("aten::upsample_linear1d.vec", "nn", {}, spatial(1));
+  add("aten::upsample_nearest1d_backward.vec", "nn", {}, spatial(1), local_shape("input_size"));
+  add("aten::upsample_linear1d_backward.vec", "nn", {}, spatial(1), local_shape("input_size"));
+  add("aten::reflection_pad1d", "nn", {}, spatial(1));
+  add("aten::reflection_pad1d_backward", "nn", {}, spatial(1));
+  add("aten::replication_pad1d", "nn", {}, spatial(1));
+  add("aten::replication_pad1d_backward", "nn", {}, spatial(1));
+  add("aten::avg_pool2d", "nn", {}, spatial(2));
+  add("aten::avg_pool2d_backward", "nn", {}, spatial(2));
+  add("aten::max_pool2d_with_indices", "nn", {}, spatial(2, 2));
+  add("aten::max_pool2d_with_indices_backward", "nn", {}, spatial(2));
+  add("aten::adaptive_max_pool2d", "nn", {}, spatial(2, 2));
+  add("aten::adaptive_max_pool2d_backward", "nn", {}, spatial(2));
+  add("aten::upsample_nearest2d.vec", "nn", {}, spatial(2));
+  add("aten::upsample_bilinear2d.vec", "nn", {}, spatial(2));
+  add("aten::upsample_bicubic2d.vec", "nn", {}, spatial(2));
+  add("aten::upsample_nearest2d_backward.vec", "nn", {}, spatial(2), local_shape("input_size"));
+  add("aten::upsample_bilinear2d_backward.vec", "nn", {}, spatial(2), local_shape("input_size"));
+  add("aten::upsample_bicubic2d_backward.vec", "nn", {}, spatial(2), local_shape("input_size"));
+  add("aten::replication_pad2d", "nn", {}, spatial(2));
+  add("aten::avg_pool3d", "nn", {}, spatial(3));
+  add("aten::avg_pool3d_backward", "nn", {}, spatial(3));
+  add("aten::adaptive_max_pool3d", "nn", {}, spatial(3, 2));
+  add("aten::adaptive_max_pool3d_backward", "nn", {}, spatial(3));
+  add("aten::upsample_nearest3d.vec", "nn", {}, spatial(3));
+  add("aten::upsample_trilinear3d.vec", "nn", {}, spatial(3));
+  add("aten::upsample_nearest3d_backward.vec", "nn", {}, spatial(3), local_shape("input_size"));
+  add("aten::upsample_trilinear3d_backward.vec", "nn", {}, spatial(3), local_shape("input_size"));
+  add("aten::reflection_pad3d", "nn", {}, spatial(3));
+  add("aten::reflection_pad3d_backward", "nn", {}, spatial(3));
+  add("aten::replication_pad3d", "nn", {}, spatial(3));
 }
 
 }  // namespace
 
-// native_group_norm(input, weight, bias, N, C, HxW, group, eps) -> (out, mean, rstd): ints:
-// group. Statistics are per (sample, group): the batch dim passes (N is made local: the first
-// output's first size), the rest stays whole.
-BuiltRule group_norm_of(const Metas& m, const LayoutArgs& a) {
-  need_inputs(m, 1, 3, "native_group_norm");
-  GroupNormFactors g = group_norm_factors(m[0], arg(a, 0, "native_group_norm", "group"));
-  Rule r = std::move(g.r);
-  r.inputs = {g.input};
-  for (size_t i = 1; i < m.size(); ++i) r.inputs.push_back(g.channels);
-  r.outputs = {g.input, g.stats, g.stats};
-  return {std::move(r), {m[0].dtype, m[0].dtype, m[0].dtype}};
-}
+void add_conv_pool_ops(Adder& add) { add_spatial(add); }
 
-// native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, mask) ->
-// (grad_input, grad_weight, grad_bias): ints: group. The weight gradients sum over the batch:
-// a sharded batch leaves them Partial(sum).
-BuiltRule group_norm_backward_of(const Metas& m, const LayoutArgs& a) {
-  need_inputs(m, 4, 5, "native_group_norm_backward");
-  GroupNormFactors g = group_norm_factors(m[1], arg(a, 0, "native_group_norm_backward", "group"));
-  Rule r = std::move(g.r);
-  r.inputs = {g.input, g.input, g.stats, g.stats};
-  if (m.size() == 5) r.inputs.push_back(g.channels);
-  r.outputs = {g.input, g.channels, g.channels};
-  r.output_sums = {{}, g.batch, g.batch};
-  return {std::move(r), {m[1].dtype, m[1].dtype, m[1].dtype}};
-}
-
-}  // namespace dtensor::sharding::builders
+}  // namespace dtensor::sharding::ops
