@@ -207,6 +207,18 @@ at::Tensor redistribute(const at::Tensor& dtensor, const Placements& placements,
   return make_dtensor(redistribute_local(local_of(dtensor), s, dst, async_op), dst, async_op);
 }
 
+at::Tensor redistribute(const at::Tensor& dtensor, const DeviceMesh& mesh,
+                        const Placements& placements, bool async_op, const std::string& channel) {
+  const DTensorSpec& s = spec_of(dtensor, "redistribute");
+  if (mesh == s.mesh()) return redistribute(dtensor, placements, async_op);
+  const DTensorSpec dst = DTensorSpec::make(mesh, placements, s.meta());
+  collectives::CommCause cause("redistribute");
+  if (records_grad(dtensor)) return autograd::redistribute(dtensor, dst);
+  const at::Tensor piece =
+      execute_cross_mesh(*plan_cross_mesh(s, dst), local_of(dtensor), async_op, channel);
+  return make_dtensor(piece, dst, async_op);
+}
+
 at::Tensor full_tensor(const at::Tensor& dtensor) {
   const DTensorSpec& s = spec_of(dtensor, "full_tensor");
   my_coordinate(s.mesh(), "full_tensor");  // NOTE [ranks outside the mesh]: raises there

@@ -72,6 +72,16 @@ at::Tensor full_tensor(const at::Tensor& dtensor);
 // waited for on first use.
 at::Tensor redistribute(const at::Tensor& dtensor, const Placements& placements,
                         bool async_op = false);
+// The same tensor on another mesh (other ranks, another shape), laid out by `placements`:
+// NOTE [cross-mesh redistribute] (dtensor/redistribute.h). Every rank of either mesh calls it; a
+// rank outside the source mesh passes the source's absent piece (a factory or from_local there
+// makes one) and a rank outside `mesh` gets the absent piece of the result. Differentiable: the
+// gradient goes back the same way. async_op: a rank that only sends returns at once. `channel`
+// names the exchange's group among those over the same ranks (a pipeline's activations and its
+// gradients each keep their own order).
+at::Tensor redistribute(const at::Tensor& dtensor, const DeviceMesh& mesh,
+                        const Placements& placements, bool async_op = false,
+                        const std::string& channel = "");
 
 // ---- local computation (PyTorch's local_map) ----
 // Runs `fn` on this rank's pieces of `inputs` (distributed tensors; plain ones pass as they are)

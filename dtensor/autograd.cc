@@ -13,9 +13,16 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// A distributed gradient in the convention for the forward spec `forward`.
+// A distributed gradient in the convention for the forward spec `forward`, on its mesh (a
+// cross-mesh redistribute's gradient goes back the same way: NOTE [cross-mesh redistribute]).
 at::Tensor grad_moved(const at::Tensor& grad, const DTensorSpec& forward) {
-  return relaid(grad, without_partial(forward).placements());
+  if (!is_dtensor(grad) || spec_of(grad).mesh() == forward.mesh()) {
+    return relaid(grad, without_partial(forward).placements());
+  }
+  const DTensorSpec& g = spec_of(grad);
+  const DTensorSpec want = DTensorSpec::make(forward.mesh(), without_partial(forward).placements(),
+                                             g.meta(), without_partial(forward).shard_order());
+  return make_dtensor(redistribute_local(local_of(grad), g, want), want);
 }
 
 struct FromLocalFn : torch::autograd::Function<FromLocalFn> {

@@ -1,25 +1,23 @@
-// The boxed kernel behind every ATen op on distributed tensors: NOTE [DTensor dispatch] in
-// dispatch.h. (Past 600 lines on purpose: it is that kernel's pipeline, in call order: reading
-// the inputs, propagation, redistribution, the local call, wrapping the results. The parts that
-// are a concept of their own live beside it: out= arguments in dispatch_out.cc, ranks outside
-// the mesh in dispatch_outside_mesh.cc, dispatch_fallback.cc, dispatch_random.cc,
-// dispatch_metadata.cc.)
+// The boxed kernel behind every ATen op on distributed tensors (NOTE [DTensor dispatch] in
+// dispatch.h), as its pipeline in call order: reading the inputs, propagation, redistribution,
+// the local call, wrapping the results. The parts that are a concept of their own live beside
+// it: what an operator's schema says (dispatch_op_info.cc), installing the kernel
+// (dispatch_install.cc), out= arguments (dispatch_out.cc), ranks outside the mesh
+// (dispatch_outside_mesh.cc), the replicate fallback (dispatch_fallback.cc), random ops
+// (dispatch_random.cc), output metadata (dispatch_metadata.cc), the hot ops' unboxed kernels
+// (dispatch_fast.cc).
 
 #include "dtensor/dispatch.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <absl/container/flat_hash_map.h>
-#include <absl/synchronization/mutex.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <mutex>  // std::once_flag
 #include <optional>
 #include <stdexcept>
-#include <unordered_map>
 
 #include "base/error.h"
 #include "base/stable_hash.h"
@@ -133,88 +131,7 @@ using sharding::Execution;
 thread_local bool t_strict = false;
 thread_local bool t_replicate_plain = false;
 
-std::string op_name(const c10::OperatorName& n) {
-  return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
-}
-
-// Arguments torch 1.13's schemas do not mark as written although the kernels write them:
-// rrelu_with_noise's noise, and the running statistics of the batch norm kernels (annotated
-// only from torch 2.0's _native_batch_norm_legit). Without this the replicate fallback would
-// update a gathered copy and drop it.
-bool writes_unannotated(const std::string& op, const std::string& arg) {
-  if (op == "aten::rrelu_with_noise") return arg == "noise";
-  const bool batch_norm = op == "aten::native_batch_norm" || op == "aten::cudnn_batch_norm" ||
-                          op == "aten::miopen_batch_norm" || op == "aten::native_batch_norm.out";
-  return batch_norm && (arg == "running_mean" || arg == "running_var");
-}
-
-std::unique_ptr<OpInfo> make_info(const c10::OperatorHandle& op) {
-  auto info = std::make_unique<OpInfo>();
-  const c10::FunctionSchema& schema = op.schema();
-  info->name = op_name(schema.operator_name());
-  info->name_hash = fnv1a(info->name);
-  const sharding::OpEntry* entry = sharding::find_op(info->name);
-  info->entry.store(entry, std::memory_order_release);
-  info->args = OpArgs(entry, schema);
-  if (entry != nullptr) info->execution = entry->execution;
-  info->per_element = entry == nullptr && info->name.rfind("aten::_foreach_", 0) == 0;
-  info->amp_unscale = info->name == "aten::_amp_foreach_non_finite_check_and_unscale_";
-  info->same_size = info->name == "aten::is_same_size";
-  const auto& args = schema.arguments();
-  info->is_out.assign(args.size(), false);
-  info->is_scalar.assign(args.size(), false);
-  for (size_t i = 0; i < args.size(); ++i) {
-    info->is_scalar[i] = args[i].type()->kind() == c10::TypeKind::NumberType;
-    const c10::AliasInfo* a = args[i].alias_info();
-    info->is_out[i] = a != nullptr && a->isWrite() && args[i].kwarg_only();
-    if (args[i].name() == "generator") info->generator_arg = static_cast<int>(i);
-    if (args[i].name() == "pin_memory") info->pin_memory_arg = static_cast<int>(i);
-  }
-  for (const c10::Argument& r : schema.returns()) {
-    int writes = -1;
-    const c10::AliasInfo* ra = r.alias_info();
-    if (ra != nullptr && ra->isWrite()) {
-      for (size_t i = 0; i < args.size(); ++i) {
-        const c10::AliasInfo* a = args[i].alias_info();
-        if (a != nullptr && a->isWrite() && a->beforeSets() == ra->beforeSets()) {
-          writes = static_cast<int>(i);
-        }
-      }
-    }
-    info->return_alias.push_back(writes);
-    info->returns_view.push_back(ra != nullptr && !ra->isWrite());
-  }
-  for (size_t i = 0; i < args.size(); ++i) {
-    const c10::AliasInfo* a = args[i].alias_info();
-    if ((a != nullptr && a->isWrite()) || writes_unannotated(info->name, args[i].name())) {
-      info->written.push_back(static_cast<int>(i));
-    }
-  }
-  return info;
-}
-
-// Per-operator information, interned by schema for the process (an interning table, not a cache:
-// NOTE [caches]; one entry per operator ever called), with a per-thread front map that takes no
-// lock.
 }  // namespace
-
-namespace dispatch_detail {
-
-const OpInfo& info_for(const c10::OperatorHandle& op) {
-  thread_local absl::flat_hash_map<const void*, const OpInfo*> local_cache;
-  const void* key = &op.schema();
-  const auto hit = local_cache.find(key);
-  if (hit != local_cache.end()) return *hit->second;
-  static absl::Mutex mu;
-  static auto* shared = new absl::flat_hash_map<const void*, std::unique_ptr<OpInfo>>();
-  absl::MutexLock lock(&mu);
-  auto& slot = (*shared)[key];
-  if (!slot) slot = make_info(op);
-  local_cache.emplace(key, slot.get());
-  return *slot;
-}
-
-}  // namespace dispatch_detail
 
 namespace {
 
@@ -622,51 +539,6 @@ bool replicate_plain_tensors_enabled() { return t_replicate_plain; }
 
 void set_caller_lock_release(CallerLockRelease release) {
   g_release_caller_locks.store(release, std::memory_order_relaxed);
-}
-
-void ensure_dispatch_installed() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    auto* fallback = new torch::Library(torch::Library::IMPL, "_", kDTensorKey, __FILE__, __LINE__);
-    fallback->fallback(torch::CppFunction::makeFromBoxedFunction<&dispatch_detail::kernel>());
-    // Ops with no autograd kernel (custom ops of torch.library or TORCH_LIBRARY) pass through the
-    // autograd key to the kernel above, as ATen's backend fallback does for AutogradCPU (torch
-    // 1.13 has none for AutogradPrivateUse1, so without this such ops raise "Could not run ...
-    // with arguments from the 'AutogradPrivateUse1' backend" on distributed tensors).
-    auto* no_autograd = new torch::Library(
-        torch::Library::IMPL, "_", c10::DispatchKey::AutogradPrivateUse1, __FILE__, __LINE__);
-    no_autograd->fallback(torch::CppFunction::makeFallthrough());
-    auto* lib = new torch::Library(torch::Library::IMPL, "aten", kDTensorKey, __FILE__, __LINE__);
-    register_fast_kernels(*lib);  // NOTE [unboxed fast path]
-    const std::vector<std::string>& fast = fast_op_names();
-    auto is_fast = [&](const std::string& op) {
-      return std::find(fast.begin(), fast.end(), op) != fast.end();
-    };
-    auto& d = c10::Dispatcher::singleton();
-    for (const c10::OperatorName& name : d.getAllOpNames()) {
-      if (name.name.rfind("aten::", 0) != 0 || is_fast(op_name(name))) continue;
-      const auto handle = d.findOp(name);
-      if (!handle) continue;
-      if (handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-          handle->hasKernelForDispatchKey(
-              c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
-        lib->impl(op_name(name).c_str(), torch::CppFunction::makeFromBoxedFunction<&kernel>());
-      }
-    }
-    // Composite ops the engine runs itself (OpEntry::run_composite): a kernel at our key keeps
-    // ATen from decomposing them for distributed tensors.
-    // Their autograd key gets a fallthrough (ATen's composite would otherwise serve it): they are
-    // backward ops, so no graph is recorded through them (OpEntry::run_composite).
-    auto* autograd = new torch::Library(torch::Library::IMPL, "aten",
-                                        c10::DispatchKey::AutogradPrivateUse1, __FILE__, __LINE__);
-    for (const sharding::OpEntry* e : sharding::all_ops()) {
-      if (!e->run_composite) continue;
-      if (!is_fast(e->name)) {
-        lib->impl(e->name.c_str(), torch::CppFunction::makeFromBoxedFunction<&kernel>());
-      }
-      autograd->impl(e->name.c_str(), torch::CppFunction::makeFallthrough());
-    }
-  });
 }
 
 std::string explain(const std::string& op, std::vector<c10::IValue> args) {

@@ -56,7 +56,9 @@ using Inputs = absl::InlinedVector<Input, 4>;
 // This rank's coordinate on `mesh` (an error naming "DTensor op" when it is not in the mesh).
 const std::vector<int64_t>& my_coordinate(const DeviceMesh& mesh);
 
-// The operator's OpInfo (made once, then a per-thread lookup).
+// "aten::add.Tensor": an operator's name with its overload.
+std::string op_name(const c10::OperatorName& n);
+// The operator's OpInfo (made once, then a per-thread lookup; dispatch_op_info.cc).
 const OpInfo& info_for(const c10::OperatorHandle& op);
 // Its table entry, or null.
 const sharding::OpEntry* entry_of(const OpInfo& info);

@@ -21,7 +21,7 @@ namespace dtensor {
 namespace {
 
 at::Tensor move(const at::Tensor& local, DTensorSpec from, DTensorSpec to, bool async_op) {
-  return execute_plan(*plan_redistribute(from, to), local, async_op);
+  return redistribute_local(local, from, to, async_op);
 }
 
 bool records_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
@@ -125,7 +125,12 @@ at::Tensor DTensor::full_tensor() const {
 }
 
 DTensor DTensor::redistribute(const Placements& placements, bool async_op) const {
-  const DTensorSpec dst = DTensorSpec::make(spec_.mesh(), placements, spec_.meta());
+  return redistribute(spec_.mesh(), placements, async_op);
+}
+
+DTensor DTensor::redistribute(const DeviceMesh& mesh, const Placements& placements,
+                              bool async_op) const {
+  const DTensorSpec dst = DTensorSpec::make(mesh, placements, spec_.meta());
   if (dst == spec_) return *this;
   if (records_grad(local_)) {  // the one autograd stack (autograd.h)
     const at::Tensor moved =
@@ -135,14 +140,6 @@ DTensor DTensor::redistribute(const Placements& placements, bool async_op) const
   return DTensor(move(local_, spec_, dst, async_op), dst);
 }
 
-DTensor DTensor::redistribute(const DeviceMesh& mesh, const Placements& placements,
-                              bool async_op) const {
-  if (mesh != spec_.mesh()) {
-    throw Error("redistribute: target mesh " + mesh.to_string() + " is not this tensor's mesh " +
-                spec_.mesh().to_string() + " (redistribute stays on one mesh)");
-  }
-  return redistribute(placements, async_op);
-}
 
 std::string DTensor::to_string() const {
   return "DTensor(" + spec_.to_string() + ", local " +

@@ -54,7 +54,8 @@ class DTensor {
   // The same tensor laid out by `placements` on the same mesh. async_op: the local tensor may be
   // pending until to_local() (or collectives::wait_tensor); autograd forces a synchronous run.
   DTensor redistribute(const Placements& placements, bool async_op = false) const;
-  // Also checks that `mesh` is this tensor's mesh (moving between meshes is not a redistribute).
+  // On another mesh: NOTE [cross-mesh redistribute] (redistribute.h); every rank of either mesh
+  // calls it, with the absent piece where it holds none.
   DTensor redistribute(const DeviceMesh& mesh, const Placements& placements,
                        bool async_op = false) const;
 

@@ -29,6 +29,15 @@ at::Tensor slice_box(const at::Tensor& global, const LocalBox& box) {
   return out;
 }
 
+at::Tensor sub_box(const at::Tensor& piece, const LocalBox& whole, const LocalBox& part) {
+  at::Tensor out = piece;
+  for (size_t d = 0; d < part.shape.size(); ++d) {
+    const int64_t at = part.shape[d] == 0 ? 0 : part.offset[d] - whole.offset[d];
+    out = out.narrow(static_cast<int64_t>(d), at, part.shape[d]);
+  }
+  return out;
+}
+
 at::Tensor local_tensor_for(const at::Tensor& global, const DTensorSpec& spec,
                             const std::vector<int64_t>& coordinate) {
   if (global.sizes().vec() != spec.shape()) {

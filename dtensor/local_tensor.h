@@ -23,6 +23,9 @@ at::Tensor to_mesh_device_type(const at::Tensor& t, const DeviceMesh& mesh);
 
 // The view of `global` that `box` covers (narrow per dim; shares storage with `global`).
 at::Tensor slice_box(const at::Tensor& global, const LocalBox& box);
+// The part of `piece` (which holds the box `whole` of the global tensor) that the box `part`
+// covers: a view.
+at::Tensor sub_box(const at::Tensor& piece, const LocalBox& whole, const LocalBox& part);
 
 // The local tensor the rank at `coordinate` holds for `spec`, as a fresh contiguous tensor
 // (distribute_tensor with every rank holding the data). Shard dims slice. A Partial mesh dim is
@@ -37,10 +40,10 @@ at::Tensor local_tensor_for(const at::Tensor& global, const DTensorSpec& spec,
 // product (1), or `value` again for the idempotent ops (avg, min, max, band, bor). A fresh tensor.
 at::Tensor partial_share(const at::Tensor& value, ReduceOp op, bool holder);
 
-// The masked lookup of a row-sharded embedding (PyTorch's MaskPartial): `weight_piece` is this rank's
-// piece of a weight laid out by `weight_spec` (rows possibly sharded); rows this rank does not hold
-// contribute zeros, so the Partial(sum) of the ranks' results is at::embedding(weight, idx).
-// `out_shape` is this rank's output shape (used when it holds no rows).
+// The masked lookup of a row-sharded embedding (PyTorch's MaskPartial): `weight_piece` is this
+// rank's piece of a weight laid out by `weight_spec` (rows possibly sharded); rows this rank does
+// not hold contribute zeros, so the Partial(sum) of the ranks' results is at::embedding(weight,
+// idx). `out_shape` is this rank's output shape (used when it holds no rows).
 at::Tensor masked_embedding(const at::Tensor& weight_piece, const at::Tensor& idx,
                             const DTensorSpec& weight_spec, const std::vector<int64_t>& coordinate,
                             const std::vector<int64_t>& out_shape);

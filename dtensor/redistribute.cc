@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <absl/strings/str_join.h>
 
+#include <algorithm>
 #include <optional>
 #include <stdexcept>
 
@@ -67,27 +68,6 @@ at::Tensor pad_dim(const at::Tensor& x, int64_t dim, int64_t size) {
 }
 
 at::Tensor fresh(const at::Tensor& x) { return x.clone(at::MemoryFormat::Contiguous); }
-
-LocalBox intersect(const LocalBox& a, const LocalBox& b) {
-  LocalBox out{a.shape, a.offset};
-  for (size_t d = 0; d < a.shape.size(); ++d) {
-    const int64_t lo = std::max(a.offset[d], b.offset[d]);
-    const int64_t hi = std::min(a.offset[d] + a.shape[d], b.offset[d] + b.shape[d]);
-    out.offset[d] = lo;
-    out.shape[d] = std::max<int64_t>(0, hi - lo);
-  }
-  return out;
-}
-
-// The part of `local` (which covers `whole`) that `part` covers.
-at::Tensor sub_box(const at::Tensor& local, const LocalBox& whole, const LocalBox& part) {
-  at::Tensor out = local;
-  for (size_t d = 0; d < part.shape.size(); ++d) {
-    const int64_t at = part.shape[d] == 0 ? 0 : part.offset[d] - whole.offset[d];
-    out = out.narrow(static_cast<int64_t>(d), at, part.shape[d]);
-  }
-  return out;
-}
 
 at::Tensor all_to_all_v(Ctx& ctx, const PlanStep& s, const at::Tensor& x, bool async_op) {
   (void)async_op;  // unpacking follows: always synchronous
@@ -248,8 +228,70 @@ at::Tensor in_spec_layout(const at::Tensor& piece, const DTensorSpec& spec) {
   return piece;
 }
 
+at::Tensor execute_cross_mesh(const CrossMeshPlan& plan, const at::Tensor& local, bool async_op,
+                              const std::string& tag) {
+  c::RankContext& ranks = c::current_context();
+  const int64_t me = ranks.rank();
+  const bool in_src = holds_piece(plan.src.mesh()), in_dst = holds_piece(plan.dst.mesh());
+  const at::TensorOptions options = local.options().dtype(plan.dst.meta().dtype);
+  if (!in_src && !in_dst) return absent_piece(plan.dst, options);
+  at::Tensor piece = local;
+  std::optional<LocalBox> have, want;
+  if (in_src) {
+    if (plan.src_reduced != plan.src) piece = redistribute_local(piece, plan.src, plan.src_reduced);
+    have = local_box_of_rank(plan.src_reduced, me);
+    DTENSOR_CHECK(piece.sizes().vec() == have->shape, "redistribute to another mesh: rank ", me,
+                  "'s piece of ", plan.src.to_string(), " has shape ", c10::str(piece.sizes()),
+                  ", not its box's ", c10::str(c10::IntArrayRef(have->shape)));
+  }
+  if (in_dst) want = local_box_of_rank(plan.dst, me);
+  at::Tensor out = in_dst ? at::empty(want->shape, options) : absent_piece(plan.dst, options);
+  for (const CrossMeshPlan::Move& m : plan.moves) {
+    if (m.from == me && m.to == me) sub_box(out, *want, m.box).copy_(sub_box(piece, *have, m.box));
+  }
+  if (plan.max_bytes == 0) return out;  // nobody sends: every rank computed the same plan
+  const std::string group = ranks.new_group(plan.ranks, tag);
+  const std::vector<int64_t>& members = plan.ranks;
+  const auto index_of = [&](int64_t rank) {
+    return std::lower_bound(members.begin(), members.end(), rank) - members.begin();
+  };
+  const int64_t n = static_cast<int64_t>(members.size());
+  std::vector<int64_t> in_splits(n, 0), out_splits(n, 0);
+  std::vector<at::Tensor> send;
+  for (const CrossMeshPlan::Move& m : plan.moves) {  // by destination, as the splits go
+    if (m.from == m.to) continue;
+    if (m.from == me) {
+      in_splits[index_of(m.to)] += m.box.numel();
+      send.push_back(sub_box(piece, *have, m.box).reshape(-1));
+    }
+    if (m.to == me) out_splits[index_of(m.from)] += m.box.numel();
+  }
+  const at::Tensor flat = send.empty() ? at::empty({0}, options) : at::cat(send);
+  // A rank that receives nothing and holds no piece of the result need not wait: its result is
+  // the collective's empty output, waited for at its first use (a pipeline stage sending on).
+  const bool receives =
+      std::any_of(out_splits.begin(), out_splits.end(), [](int64_t s) { return s > 0; });
+  if (async_op && !receives && !in_dst && plan.dst.ndim() > 0) {
+    return c::all_to_all_single(flat, out_splits, in_splits, group, /*async_op=*/true,
+                                "redistribute");
+  }
+  const at::Tensor got = c::all_to_all_single(flat, out_splits, in_splits, group);
+  int64_t at = 0;
+  for (const int64_t p : members) {
+    for (const CrossMeshPlan::Move& m : plan.moves) {
+      if (m.to != me || m.from != p || p == me) continue;
+      sub_box(out, *want, m.box).copy_(got.narrow(0, at, m.box.numel()).view(m.box.shape));
+      at += m.box.numel();
+    }
+  }
+  return out;
+}
+
 at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src,
                               const DTensorSpec& dst, bool async_op, PlanOptions options) {
+  if (src.mesh() != dst.mesh()) {  // NOTE [cross-mesh redistribute]
+    return execute_cross_mesh(*plan_cross_mesh(src, dst), local, async_op);
+  }
   return execute_plan(*plan_redistribute(src, dst, options), local, async_op);
 }
 

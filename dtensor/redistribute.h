@@ -17,6 +17,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "collectives/rank_context.h"
+#include "sharding_prop/cross_mesh_plan.h"
 #include "sharding_prop/redistribute_plan.h"
 
 namespace dtensor {
@@ -59,9 +60,19 @@ std::string group_over_dims(const DeviceMesh& mesh, const std::vector<int64_t>& 
 // result (its collective still running) keeps the collective's row-major buffer.
 at::Tensor in_spec_layout(const at::Tensor& piece, const DTensorSpec& spec);
 
-// plan_redistribute + execute_plan.
+// plan_redistribute + execute_plan; between two meshes plan_cross_mesh + execute_cross_mesh.
 at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src,
                               const DTensorSpec& dst, bool async_op = false,
                               PlanOptions options = {});
+
+// Runs a cross-mesh plan (NOTE [cross-mesh redistribute] in sharding_prop/cross_mesh_plan.h):
+// `local` is this rank's piece of plan.src (its absent piece on a rank outside the source mesh);
+// returns its piece of plan.dst (the absent piece outside the
+// destination mesh). Every rank of either mesh calls it; `tag` names the exchange's group (two
+// tags over the same ranks are two independent FIFO channels: a pipeline's activations and
+// gradients). `async_op`: on a rank that receives nothing and holds no piece of the result, the
+// exchange is left running and the result is waited for at its first use.
+at::Tensor execute_cross_mesh(const CrossMeshPlan& plan, const at::Tensor& local,
+                              bool async_op = false, const std::string& tag = "");
 
 }  // namespace dtensor

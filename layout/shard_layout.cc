@@ -73,6 +73,17 @@ std::vector<ShardStep> shard_steps(const DTensorSpec& spec,
   return steps;
 }
 
+LocalBox intersect(const LocalBox& a, const LocalBox& b) {
+  LocalBox out{a.shape, a.offset};
+  for (size_t d = 0; d < a.shape.size(); ++d) {
+    const int64_t lo = std::max(a.offset[d], b.offset[d]);
+    const int64_t hi = std::min(a.offset[d] + a.shape[d], b.offset[d] + b.shape[d]);
+    out.offset[d] = lo;
+    out.shape[d] = std::max<int64_t>(0, hi - lo);
+  }
+  return out;
+}
+
 LocalBox local_box(const DTensorSpec& spec, const std::vector<int64_t>& coordinate) {
   LocalBox box{spec.shape(), std::vector<int64_t>(spec.ndim(), 0)};
   for (const ShardStep& s : shard_steps(spec, coordinate)) {

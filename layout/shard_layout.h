@@ -60,6 +60,9 @@ struct LocalBox {
   }
 };
 
+// The elements `a` and `b` share (a zero size along a dim where they do not meet).
+LocalBox intersect(const LocalBox& a, const LocalBox& b);
+
 // The shard steps of the rank at `coordinate`, grouped by tensor dim (ascending) and in split
 // order within a tensor dim. throws dtensor::Error when the coordinate is outside the mesh.
 std::vector<ShardStep> shard_steps(const DTensorSpec& spec, const std::vector<int64_t>& coordinate);

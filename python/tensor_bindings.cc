@@ -143,8 +143,14 @@ void bind_tensors(py::module& m) {
         Release());
   m.def("keep_grad_layout", [](at::Tensor t) { api::keep_grad_layout(t); });
   m.def("full_tensor", &api::full_tensor, py::arg("dtensor"), Release());
-  m.def("redistribute", &api::redistribute, py::arg("dtensor"), py::arg("placements"),
-        py::arg("async_op") = false, Release());
+  m.def("redistribute",
+        static_cast<at::Tensor (*)(const at::Tensor&, const Placements&, bool)>(&api::redistribute),
+        py::arg("dtensor"), py::arg("placements"), py::arg("async_op") = false, Release());
+  m.def("redistribute_to_mesh",
+        static_cast<at::Tensor (*)(const at::Tensor&, const DeviceMesh&, const Placements&, bool,
+                                   const std::string&)>(&api::redistribute),
+        py::arg("dtensor"), py::arg("mesh"), py::arg("placements"), py::arg("async_op") = false,
+        py::arg("channel") = "", Release());
 
   using Factory = at::Tensor (*)(const std::vector<int64_t>&, const DeviceMesh&, const Placements&,
                                  at::TensorOptions);

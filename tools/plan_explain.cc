@@ -3,6 +3,8 @@
 //
 //   plan_explain --mesh 2,2 --shape 8,8 --from "S(0),S(1)" --to "S(1),S(0)"
 //                [--dtype float32] [--from-order "0:1,0"] [--to-order "..."] [--names dp,tp]
+//   plan_explain --mesh 2 --to-mesh 2,2 --to-ranks 2,3,4,5 --shape 8,8 --from "S(0)" --to "S(1),R"
+//                (a cross-mesh redistribute: NOTE [cross-mesh redistribute])
 
 #include <c10/core/ScalarType.h>
 
@@ -15,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "base/error.h"
 #include "layout/shard_layout.h"
+#include "sharding_prop/cross_mesh_plan.h"
 #include "sharding_prop/redistribute_plan.h"
 #include "tools/cli_args.h"
 
@@ -34,6 +37,10 @@ ABSL_FLAG(std::string, from_order, "",
           "shard order of the source (also --from-order): \"<tensor dim>:<mesh dims>;...\", e.g. "
           "\"0:1,0\" splits tensor dim 0 by mesh dim 1 first, then mesh dim 0");
 ABSL_FLAG(std::string, to_order, "", "shard order of the target (also --to-order)");
+ABSL_FLAG(IntList, to_mesh, {},
+          "the target's mesh shape when it is another mesh (a cross-mesh redistribute)");
+ABSL_FLAG(IntList, to_ranks, {},
+          "the target mesh's ranks, row-major (default: the ranks after the source mesh's)");
 
 namespace {
 
@@ -66,6 +73,20 @@ int run() {
   };
   const DTensorSpec src =
       make(absl::GetFlag(FLAGS_from).values, absl::GetFlag(FLAGS_from_order), "--from-order");
+  const std::vector<int64_t>& to_mesh = absl::GetFlag(FLAGS_to_mesh).values;
+  if (!to_mesh.empty() || !absl::GetFlag(FLAGS_to_ranks).values.empty()) {
+    std::vector<int64_t> shape = to_mesh, ranks = absl::GetFlag(FLAGS_to_ranks).values;
+    if (shape.empty()) shape = {static_cast<int64_t>(ranks.size())};
+    int64_t n = 1;
+    for (const int64_t s : shape) n *= s;
+    if (ranks.empty()) {
+      for (int64_t r = 0; r < n; ++r) ranks.push_back(mesh.size() + r);
+    }
+    const DeviceMesh other(shape, ranks);
+    const DTensorSpec dst = DTensorSpec::make(other, absl::GetFlag(FLAGS_to).values, meta);
+    std::cout << plan_cross_mesh(src, dst)->to_string();
+    return 0;
+  }
   const DTensorSpec dst =
       make(absl::GetFlag(FLAGS_to).values, absl::GetFlag(FLAGS_to_order), "--to-order");
   const auto plan = plan_redistribute(src, dst);
@@ -103,6 +124,8 @@ int main(int argc, char** argv) {
       argc, argv,
       "./x plan: a redistribute plan, its cost and every rank's local shapes, without "
       "communicating.\n  ./x plan --mesh 2,2 --shape 8,8 --from \"S(0),S(1)\" --to \"S(1),S(0)\" "
-      "[--dtype float32] [--from-order \"0:1,0\"] [--to-order ...] [--names dp,tp]");
+      "[--dtype float32] [--from-order \"0:1,0\"] [--to-order ...] [--names dp,tp]\n  ./x plan "
+      "--mesh 2 --to-mesh 2,2 --to-ranks 2,3,4,5 --shape 8,8 --from S(0) --to S(1),R (between "
+      "meshes)");
   return dtensor::cli::guarded_main("plan", [] { return run(); });
 }

@@ -107,19 +107,25 @@ def _full_tensor(self, *, grad_placements=None):
 
 def _redistribute(self, device_mesh=None, placements=None, *, async_op=False, forward_dtype=None,
                   backward_dtype=None):
-    """The same tensor laid out by ``placements`` on the same mesh.
+    """The same tensor laid out by ``placements``, on ``device_mesh`` (default: its own).
+
+    On another mesh (other ranks, another shape) it is a cross-mesh redistribute (NOTE
+    [cross-mesh redistribute] in dtensor/redistribute.h), which PyTorch refuses: every rank of
+    either mesh calls it; a rank outside this tensor's mesh passes the tensor it has there (its
+    piece is absent: a factory or ``from_local`` with ``shape=`` on this mesh makes one), and a
+    rank outside ``device_mesh`` gets a tensor with no piece. Differentiable both ways.
 
     ``forward_dtype``: the local piece is cast to it before the redistribute (the communication
     runs in that dtype) and the result has that dtype. ``backward_dtype``: the gradient is
     redistributed in that dtype, then cast back to this tensor's dtype. As in PyTorch."""
-    if device_mesh is not None and device_mesh != self.device_mesh:
-        raise ValueError(
-            f"redistribute: target mesh {device_mesh} is not this tensor's mesh "
-            f"{self.device_mesh} (redistribute stays on one mesh)"
-        )
     if placements is None:
         raise ValueError("redistribute: placements must be given")
     c_pl = _to_c_list(placements, self.dim())
+    if device_mesh is not None and device_mesh != self.device_mesh:
+        if forward_dtype is not None or backward_dtype is not None:
+            raise NotImplementedError(
+                "redistribute to another mesh takes no forward_dtype/backward_dtype")
+        return _C.redistribute_to_mesh(self, device_mesh._mesh, c_pl, async_op)
     for name, dt in (("forward_dtype", forward_dtype), ("backward_dtype", backward_dtype)):
         if dt is not None and not isinstance(dt, torch.dtype):
             raise TypeError(f"redistribute: {name} must be a torch.dtype, got {dt!r}")

@@ -101,7 +101,7 @@ LIB_SRCS=($(ls base/*.cc | grep -v -e _test.cc -e _fuzz.cc) layout/placement.cc 
 # NOTE [Gloo headers]).
 # Listed by folder, so a new source (or package) of the engine or the extension is built here
 # too without editing this file.
-ENGINE_SRCS=(collectives/c10d_backend.cc $(ls layout/*.cc sharding_prop/*.cc dtensor/*.cc \
+ENGINE_SRCS=(collectives/c10d_backend.cc $(ls layout/*.cc sharding_prop/*.cc sharding_prop/ops/*.cc dtensor/*.cc \
   checkpoint/*.cc fsdp/*.cc | grep -v -e _test.cc -e '^layout/placement.cc$'))
 EXT_SRCS=($(ls python/*.cc))
 PYINC=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)

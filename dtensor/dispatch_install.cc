@@ -1,0 +1,70 @@
+// Installs the dispatch kernel: the distributed tensors' backend fallback, its registrations by
+// name for the ops whose composite kernels would run ahead of a fallback, and the hot ops'
+// unboxed kernels (NOTE [DTensor dispatch] in dispatch.h).
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <mutex>  // std::once_flag
+#include <string>
+#include <vector>
+
+#include "dtensor/dispatch.h"
+#include "dtensor/dispatch_internal.h"
+#include "dtensor/dtensor_impl.h"
+#include "sharding_prop/ops/registry.h"
+
+namespace dtensor {
+
+using dispatch_detail::fast_op_names;
+using dispatch_detail::kernel;
+using dispatch_detail::op_name;
+using dispatch_detail::register_fast_kernels;
+
+void ensure_dispatch_installed() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto* fallback = new torch::Library(torch::Library::IMPL, "_", kDTensorKey, __FILE__, __LINE__);
+    fallback->fallback(torch::CppFunction::makeFromBoxedFunction<&dispatch_detail::kernel>());
+    // Ops with no autograd kernel (custom ops of torch.library or TORCH_LIBRARY) pass through the
+    // autograd key to the kernel above, as ATen's backend fallback does for AutogradCPU; without
+    // it such ops raise "Could not run ... with arguments from the 'AutogradPrivateUse1' backend"
+    // on distributed tensors.
+    auto* no_autograd = new torch::Library(
+        torch::Library::IMPL, "_", c10::DispatchKey::AutogradPrivateUse1, __FILE__, __LINE__);
+    no_autograd->fallback(torch::CppFunction::makeFallthrough());
+    auto* lib = new torch::Library(torch::Library::IMPL, "aten", kDTensorKey, __FILE__, __LINE__);
+    register_fast_kernels(*lib);  // NOTE [unboxed fast path]
+    const std::vector<std::string>& fast = fast_op_names();
+    auto is_fast = [&](const std::string& op) {
+      return std::find(fast.begin(), fast.end(), op) != fast.end();
+    };
+    auto& d = c10::Dispatcher::singleton();
+    for (const c10::OperatorName& name : d.getAllOpNames()) {
+      if (name.name.rfind("aten::", 0) != 0 || is_fast(op_name(name))) continue;
+      const auto handle = d.findOp(name);
+      if (!handle) continue;
+      if (handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+          handle->hasKernelForDispatchKey(
+              c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
+        lib->impl(op_name(name).c_str(), torch::CppFunction::makeFromBoxedFunction<&kernel>());
+      }
+    }
+    // Composite ops the engine runs itself (OpEntry::run_composite): a kernel at our key keeps
+    // ATen from decomposing them for distributed tensors.
+    // Their autograd key gets a fallthrough (ATen's composite would otherwise serve it): they are
+    // backward ops, so no graph is recorded through them (OpEntry::run_composite).
+    auto* autograd = new torch::Library(torch::Library::IMPL, "aten",
+                                        c10::DispatchKey::AutogradPrivateUse1, __FILE__, __LINE__);
+    for (const sharding::OpEntry* e : sharding::all_ops()) {
+      if (!e->run_composite) continue;
+      if (!is_fast(e->name)) {
+        lib->impl(e->name.c_str(), torch::CppFunction::makeFromBoxedFunction<&kernel>());
+      }
+      autograd->impl(e->name.c_str(), torch::CppFunction::makeFallthrough());
+    }
+  });
+}
+
+}  // namespace dtensor

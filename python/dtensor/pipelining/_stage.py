@@ -1,0 +1,181 @@
+"""PipelineStage: one stage of a pipeline on this rank (torch.distributed.pipelining's name).
+
+NOTE [pipeline stages]: a stage is a module with its index among the pipeline's stages, placed on
+the pipeline group's rank (index mod group size), as PyTorch places them. Its forward takes the
+previous stage's outputs as they arrive (NOTE [pipeline transfers]): distributed tensors laid out
+as they left, on this stage's mesh; its backward runs autograd from the next stage's gradients of
+those outputs (or from the loss on the last stage) and sends its inputs' gradients back. A
+stage's inputs are leaves: autograd graphs end at stage boundaries, the gradient crosses as data.
+The ranks of every stage are those of the first moved by one offset (the pipeline dim of a mesh
+from init_device_mesh); each rank's counterpart on another stage is its pipeline group's member
+there.
+"""
+
+import torch
+import torch.distributed as dist
+
+from dtensor import _C
+from dtensor.pipelining import _transfer
+
+
+def _group_ranks(group):
+    """The pipeline group's ranks in group order: a ProcessGroup (mesh.get_group("pp")), a 1-D
+    DeviceMesh, or None (every rank of the job)."""
+    from dtensor.device_mesh import DeviceMesh
+    if group is None:
+        return list(range(_C.world_size()))
+    if isinstance(group, DeviceMesh):
+        if group.ndim != 1:
+            raise ValueError(f"PipelineStage: the pipeline group is a 1-D mesh, got {group}")
+        return [int(r) for r in group.mesh.tolist()]
+    return [int(r) for r in dist.get_process_group_ranks(group)]
+
+
+def _param_mesh(module):
+    """The mesh of the module's first distributed parameter (activations arrive there), or None."""
+    for p in module.parameters():
+        if _C.is_dtensor(p):
+            return p.device_mesh
+    return None
+
+
+def _fsdp_modules(module):
+    from dtensor.fsdp import FSDPModule
+    return [m for m in module.modules() if isinstance(m, FSDPModule)]
+
+
+class PipelineStage:
+    """``submodule`` as stage ``stage_index`` of ``num_stages`` on this rank. ``group``: the
+    pipeline group (``mesh.get_group("pp")``, a 1-D DeviceMesh, or None for every rank).
+    ``input_args``/``output_args`` are accepted for PyTorch's signature and not needed: shapes
+    travel with the tensors (NOTE [pipeline transfers])."""
+
+    def __init__(self, submodule, stage_index, num_stages, device=None, input_args=None,
+                 output_args=None, group=None, dw_builder=None):
+        if dw_builder is not None:
+            raise NotImplementedError("PipelineStage: dw_builder")
+        if not 0 <= stage_index < num_stages:
+            raise ValueError(f"PipelineStage: stage_index {stage_index} is not in "
+                             f"[0, {num_stages})")
+        self.submod = submodule
+        self.stage_index = stage_index
+        self.num_stages = num_stages
+        self.device = torch.device(device if device is not None else "cpu")
+        self.pp_ranks = _group_ranks(group)
+        self.group_size = len(self.pp_ranks)
+        if _C.rank() not in self.pp_ranks:
+            raise ValueError(f"PipelineStage: rank {_C.rank()} is not in the pipeline group "
+                             f"{self.pp_ranks}")
+        self.group_rank = self.pp_ranks.index(_C.rank())
+        if stage_index % self.group_size != self.group_rank:
+            raise ValueError(f"PipelineStage: stage {stage_index} belongs on pipeline rank "
+                             f"{stage_index % self.group_size}, this is rank {self.group_rank}")
+        self.is_first = stage_index == 0
+        self.is_last = stage_index == num_stages - 1
+        self._mesh = _param_mesh(submodule)
+        self._cache = {}      # microbatch -> (inputs, outputs) kept for the backward
+        self._grads_out = {}  # microbatch -> (outputs, their gradients), between I and W
+        self._sent = []       # asynchronous sends, waited for at the end of a step
+        self.output_chunks = {}
+        self.losses = {}
+
+    def _peer(self, stage):
+        return self.pp_ranks[stage % self.group_size]
+
+    def _channel(self, a, b, direction):
+        return f"pp{a}>{b}{direction}"
+
+    def _send(self, tensors, stage, direction):
+        self._sent += _transfer.send(tensors, self._peer(stage), self.device.type,
+                                     self._channel(self.stage_index, stage, direction)) or []
+
+    def _recv(self, stage, direction):
+        return _transfer.recv(self._peer(stage), self._mesh, self.device.type,
+                              self._channel(stage, self.stage_index, direction))
+
+    def forward_one_chunk(self, mb, args=(), kwargs=None, train=True):
+        """Microbatch ``mb``'s forward: ``args`` on the first stage, else what the previous stage
+        sent. Sends the outputs on (not from the last stage); returns them."""
+        inputs = tuple(args) if self.is_first else tuple(self._recv(self.stage_index - 1, "f"))
+        with torch.set_grad_enabled(train):
+            out = self.submod(*inputs, **(kwargs or {}))
+        outs = out if isinstance(out, tuple) else (out,)
+        if train:
+            self._cache[mb] = (inputs, outs)
+        if not self.is_last:
+            self._send(list(outs), self.stage_index + 1, "f")
+        return out
+
+    def _grad_outputs(self, mb, loss):
+        inputs, outs = self._cache[mb]
+        if self.is_last:
+            if loss is None:
+                raise RuntimeError("PipelineStage: the last stage's backward needs a loss (give "
+                                   "the schedule a loss_fn)")
+            return [loss], [None]
+        grads = self._recv(self.stage_index + 1, "b")
+        pairs = [(o, g) for o, g in zip(outs, grads)
+                 if g is not None and isinstance(o, torch.Tensor) and o.requires_grad]
+        return [o for o, _ in pairs], [g for _, g in pairs]
+
+    def _sync_fsdp(self, last):
+        # FSDP's gradient reduction (and resharding) runs once per step, at the last microbatch's
+        # backward, as PyTorch's schedules drive it; earlier ones accumulate unreduced.
+        for m in _fsdp_modules(self.submod):
+            m.set_requires_gradient_sync(last, recurse=False)
+            m.set_is_last_backward(last)
+
+    def _send_input_grads(self, mb, inputs):
+        if self.is_first:
+            return
+        grads = [x.grad if isinstance(x, torch.Tensor) and x.requires_grad else None
+                 for x in inputs]
+        self._send(grads, self.stage_index - 1, "b")
+
+    def backward_one_chunk(self, mb, loss=None, last_backward=False):
+        """Microbatch ``mb``'s whole backward (input and weight gradients); sends the inputs'
+        gradients to the previous stage."""
+        self._sync_fsdp(last_backward)
+        outs, grads = self._grad_outputs(mb, loss)
+        inputs, _ = self._cache.pop(mb)
+        if outs:
+            torch.autograd.backward(outs, grads)
+        self._send_input_grads(mb, inputs)
+
+    def backward_input(self, mb, loss=None):
+        """Zero-bubble's first half: the inputs' gradients only, sent on at once; the graph is
+        kept for backward_weight."""
+        outs, grads = self._grad_outputs(mb, loss)
+        inputs, _ = self._cache.pop(mb)
+        leaves = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
+        if outs and leaves:
+            got = torch.autograd.grad(outs, leaves, grads, retain_graph=True, allow_unused=True)
+            for x, g in zip(leaves, got):
+                x.grad = g
+        self._grads_out[mb] = (outs, grads)
+        self._send_input_grads(mb, inputs)
+
+    def backward_weight(self, mb, last_backward=False):
+        """Zero-bubble's second half: the parameters' gradients of microbatch ``mb``."""
+        self._sync_fsdp(last_backward)
+        outs, grads = self._grads_out.pop(mb)
+        params = [p for p in self.submod.parameters() if p.requires_grad]
+        if not outs or not params:
+            return
+        got = torch.autograd.grad(outs, params, grads, allow_unused=True)
+        for p, g in zip(params, got):
+            if g is None:
+                continue
+            p.grad = g if p.grad is None else p.grad + g
+
+    def scale_grads(self, factor):
+        for p in self.submod.parameters():
+            if p.grad is not None:
+                p.grad.div_(factor)
+
+    def _finish_step(self):
+        for t in self._sent:  # the asynchronous sends completed (their peers received)
+            t.to_local()
+        self._sent.clear()
+        self._cache.clear()
+        self._grads_out.clear()

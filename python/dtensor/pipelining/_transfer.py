@@ -1,0 +1,180 @@
+"""Moving a stage's tensors to another stage: NOTE [pipeline transfers].
+
+NOTE [pipeline transfers]: a value crossing a stage boundary (activations forward, their
+gradients backward) is a tuple of tensors, each plain or distributed. Each goes as a cross-mesh
+redistribute (NOTE [cross-mesh redistribute] in dtensor/redistribute.h) from the sending stage's
+ranks to the receiving stage's: a distributed tensor from its mesh to the same mesh shifted to the
+other stage (arriving laid out as it left, a Partial reduced on the way), a plain tensor from
+this rank to its peer in the pipeline group (a one-rank mesh each). The receiver must name the
+same source layout as the sender, so a fixed-size header (int64: per tensor its kind, dtype,
+shape, placements) goes first, from each rank to its peer. Every transfer of one boundary and
+direction runs on its own channel (a group of its own over the same ranks), so activations and
+gradients keep their own first-in-first-out order whatever the schedule interleaves; sends are
+asynchronous (a stage's ranks only send on a boundary), so a stage never waits for a peer to
+reach its receive, which is what keeps 1F1B and the interleaved schedules free of deadlock.
+Stages must sit on disjoint ranks, each stage's the previous one's moved by one offset (the
+pipeline dim of a mesh built by init_device_mesh).
+"""
+
+import torch
+
+from dtensor import _C
+from dtensor.device_mesh import DeviceMesh
+from dtensor.placement_types import Partial, Replicate, Shard, _StridedShard
+
+_HEADER = 256
+_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+           torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128]
+_REDUCE_OPS = ["sum", "avg", "min", "max", "product"]
+_NONE, _PLAIN, _DTENSOR = 0, 1, 2
+
+
+def _placement_code(p):
+    if isinstance(p, _StridedShard):
+        raise NotImplementedError(f"pipeline transfer of a tensor laid out by {p!r}")
+    if p.is_shard():
+        return p.dim
+    if p.is_partial():
+        if p.reduce_op not in _REDUCE_OPS or p.norm_order:
+            raise NotImplementedError(f"pipeline transfer of a tensor laid out by {p!r}")
+        return -2 - _REDUCE_OPS.index(p.reduce_op)
+    return -1
+
+
+def _placement_of(code):
+    if code >= 0:
+        return Shard(code)
+    if code == -1:
+        return Replicate()
+    return Partial(_REDUCE_OPS[-2 - code])
+
+
+def _encode(tensors):
+    out = [len(tensors)]
+    for t in tensors:
+        if t is None:
+            out.append(_NONE)
+            continue
+        if t.dtype not in _DTYPES:
+            raise NotImplementedError(f"pipeline transfer of a {t.dtype} tensor")
+        is_dt = _C.is_dtensor(t)
+        out += [_DTENSOR if is_dt else _PLAIN, _DTYPES.index(t.dtype), int(t.requires_grad),
+                t.dim(), *t.shape]
+        if is_dt:
+            mesh = t.device_mesh
+            out += [len(t.placements), *(_placement_code(p) for p in t.placements),
+                    *mesh.shape, *mesh.mesh.reshape(-1).tolist()]
+    if len(out) > _HEADER:
+        raise NotImplementedError(f"pipeline transfer: {len(tensors)} tensors do not fit the "
+                                  f"{_HEADER}-int header")
+    return torch.tensor(out + [0] * (_HEADER - len(out)), dtype=torch.int64)
+
+
+def _decode(header):
+    h = header.tolist()
+    n, at, out = h[0], 1, []
+    for _ in range(n):
+        kind = h[at]
+        at += 1
+        if kind == _NONE:
+            out.append(None)
+            continue
+        dtype, requires_grad, ndim = _DTYPES[h[at]], bool(h[at + 1]), h[at + 2]
+        shape = h[at + 3:at + 3 + ndim]
+        at += 3 + ndim
+        placements = mesh = None
+        if kind == _DTENSOR:
+            k = h[at]
+            placements = [_placement_of(c) for c in h[at + 1:at + 1 + k]]
+            mesh_shape = h[at + 1 + k:at + 1 + 2 * k]
+            size = 1
+            for m in mesh_shape:
+                size *= m
+            ranks = h[at + 1 + 2 * k:at + 1 + 2 * k + size]
+            mesh = torch.tensor(ranks, dtype=torch.long).reshape(mesh_shape)
+            at += 1 + 2 * k + size
+        out.append((dtype, requires_grad, shape, placements, mesh))
+    return out
+
+
+def _one_rank_mesh(rank, device_type):
+    return DeviceMesh(device_type, [rank])
+
+
+def _shifted(mesh, delta, device_type):
+    """The mesh of ranks ``mesh`` (a DeviceMesh or a rank tensor) moved by ``delta``: the same
+    mesh on another stage (no dim names: they do not change which elements move where)."""
+    ranks = mesh.mesh if isinstance(mesh, DeviceMesh) else mesh
+    return DeviceMesh(device_type, ranks + delta)
+
+
+def _contiguous_stride(shape):
+    stride, acc = [], 1
+    for s in reversed(shape):
+        stride.append(acc)
+        acc *= max(s, 1)
+    return list(reversed(stride))
+
+
+def _move(x, mesh, placements, async_op, channel):
+    return _C.redistribute_to_mesh(x, mesh._mesh, list(placements), async_op, channel)
+
+
+def send(tensors, peer, device_type, channel):
+    """Sends ``tensors`` to the stage of ``peer`` (this rank's counterpart there; the stages'
+    ranks differ by the same offset). Returns at once, with the results of the exchanges, which
+    complete when the peer receives (their to_local() waits)."""
+    me = _C.rank()
+    src, dst = _one_rank_mesh(me, device_type), _one_rank_mesh(peer, device_type)
+    header = _encode(tensors)
+    from dtensor._api import DTensor
+    pending = [_move(DTensor.from_local(header, src, [Replicate()]), dst, [Replicate()], True,
+                     channel + "/header")]
+    for t in tensors:
+        if t is None:
+            continue
+        t = t.detach()
+        if _C.is_dtensor(t):
+            target = [Replicate() if p.is_partial() else p for p in t.placements]
+            pending.append(_move(t, _shifted(t.device_mesh, peer - me, device_type), target, True,
+                                 channel))
+        else:
+            x = DTensor.from_local(t.contiguous(), src, [Replicate()])
+            pending.append(_move(x, dst, [Replicate()], True, channel))
+    return pending
+
+
+def recv(peer, mesh_here, device_type, channel):
+    """Receives what ``send`` sent from ``peer`` (this rank's counterpart on the sending stage).
+    Distributed tensors arrive on ``mesh_here`` when it is the sending mesh moved to this stage
+    (the mesh of this stage's parameters, with its dim names), else on that moved mesh. Returns a
+    list of tensors (None where the sender sent None); each that required grad on the sender is a
+    leaf that requires grad here."""
+    from dtensor._api import DTensor
+    me = _C.rank()
+    src, dst = _one_rank_mesh(peer, device_type), _one_rank_mesh(me, device_type)
+    absent = DTensor.from_local(torch.empty(0, dtype=torch.int64), src, [Replicate()],
+                                shape=(_HEADER,), stride=(1,))
+    header = _move(absent, dst, [Replicate()], False, channel + "/header").to_local()
+    out = []
+    for spec in _decode(header):
+        if spec is None:
+            out.append(None)
+            continue
+        dtype, requires_grad, shape, placements, ranks = spec
+        stride = tuple(_contiguous_stride(shape))
+        if placements is not None:
+            there = DeviceMesh(device_type, ranks)
+            here = _shifted(ranks, me - peer, device_type)
+            if mesh_here is not None and torch.equal(mesh_here.mesh, here.mesh):
+                here = mesh_here
+            absent = DTensor.from_local(torch.empty(0, dtype=dtype), there, placements,
+                                        shape=tuple(shape), stride=stride)
+            target = [Replicate() if p.is_partial() else p for p in placements]
+            t = _move(absent, here, target, False, channel)
+        else:
+            absent = DTensor.from_local(torch.empty(0, dtype=dtype), src, [Replicate()],
+                                        shape=tuple(shape), stride=stride)
+            t = _move(absent, dst, [Replicate()], False, channel).to_local()
+        out.append(t.requires_grad_() if requires_grad else t)
+    return out
