@@ -37,9 +37,9 @@ ABSL_FLAG(std::string, from_order, "",
           "shard order of the source (also --from-order): \"<tensor dim>:<mesh dims>;...\", e.g. "
           "\"0:1,0\" splits tensor dim 0 by mesh dim 1 first, then mesh dim 0");
 ABSL_FLAG(std::string, to_order, "", "shard order of the target (also --to-order)");
-ABSL_FLAG(IntList, to_mesh, {},
-          "the target's mesh shape when it is another mesh (a cross-mesh redistribute)");
-ABSL_FLAG(IntList, to_ranks, {},
+ABSL_FLAG(std::string, to_mesh, "",
+          "the target's mesh shape when it is another mesh (a cross-mesh redistribute), e.g. 2,2");
+ABSL_FLAG(std::string, to_ranks, "",
           "the target mesh's ranks, row-major (default: the ranks after the source mesh's)");
 
 namespace {
@@ -73,9 +73,12 @@ int run() {
   };
   const DTensorSpec src =
       make(absl::GetFlag(FLAGS_from).values, absl::GetFlag(FLAGS_from_order), "--from-order");
-  const std::vector<int64_t>& to_mesh = absl::GetFlag(FLAGS_to_mesh).values;
-  if (!to_mesh.empty() || !absl::GetFlag(FLAGS_to_ranks).values.empty()) {
-    std::vector<int64_t> shape = to_mesh, ranks = absl::GetFlag(FLAGS_to_ranks).values;
+  const std::string to_mesh = absl::GetFlag(FLAGS_to_mesh),
+                    to_ranks = absl::GetFlag(FLAGS_to_ranks);
+  if (!to_mesh.empty() || !to_ranks.empty()) {
+    std::vector<int64_t> shape, ranks;
+    if (!to_mesh.empty()) shape = cli::parse_ints("--to-mesh", to_mesh);
+    if (!to_ranks.empty()) ranks = cli::parse_ints("--to-ranks", to_ranks);
     if (shape.empty()) shape = {static_cast<int64_t>(ranks.size())};
     int64_t n = 1;
     for (const int64_t s : shape) n *= s;
