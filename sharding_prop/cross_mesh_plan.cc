@@ -121,7 +121,8 @@ std::shared_ptr<const CrossMeshPlan> plan_cross_mesh(const DTensorSpec& src,
 std::string CrossMeshPlan::to_string() const {
   std::string out =
       absl::StrCat("cross-mesh redistribute ", src.to_string(), " -> ", dst.to_string(),
-                   " over ranks [", absl::StrJoin(ranks, ","), "], cost ", cost, " us\n");
+                   " over ranks [", absl::StrJoin(ranks, ","), "], cost ", cost, " us\n  from ",
+                   src.mesh().to_string(), "\n  to   ", dst.mesh().to_string(), "\n");
   if (src_reduced != src) {
     absl::StrAppend(&out, "  reduce on the source mesh: ", src.to_string(), " -> ",
                     src_reduced.to_string(), "\n");
