@@ -14,6 +14,11 @@ x_help demo '  demo fsdp [-n N] [args]
                   processes, then FSDP x TP on (N/2, 2); loss next to one process'\''s, the
                   collectives of a step and the training state per rank (examples/llama_fsdp.py;
                   [--steps 5] [--tp 2])'
+x_help demo '  demo pp [-n N] [args]
+                  the same model in 2 pipeline stages, each tensor parallel on N/2 ranks
+                  (dtensor.pipelining over cross-mesh redistributes); loss next to one process'\''s
+                  and each rank'\''s schedule timeline (examples/llama_pp.py; [--steps 5]
+                  [--microbatches 4] [--schedule 1f1b|gpipe])'
 x_help demo '  demo layout [args]
                   lay a real tensor out on a mesh and show what each rank holds
                   (--mesh 2,2 --shape 10,7 --placements "S(0),S(1)" [--names dp,tp] [--order "0:1,0"])'
@@ -95,6 +100,15 @@ cmd_demo() {
       echo "./x demo fsdp: FSDP, then FSDP x TP, on $n processes (shm)" >&2
       PYTHONPATH="$dir" PYTHONSAFEPATH=1 "$PY" tools/launch.py -n "$n" -- \
         "$PY" examples/llama_fsdp.py "$@"
+      return ;;
+    pp)
+      shift
+      local n=4 dir
+      if [ "${1:-}" = -n ]; then n=$2; shift 2; fi
+      dir=$(stage_python -c opt)
+      echo "./x demo pp: 2 pipeline stages x tensor parallel on $n processes (shm)" >&2
+      PYTHONPATH="$dir" PYTHONSAFEPATH=1 "$PY" tools/launch.py -n "$n" -- \
+        "$PY" examples/llama_pp.py --mesh "2,$((n / 2))" "$@"
       return ;;
     cpp)
       shift
