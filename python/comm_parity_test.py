@@ -166,6 +166,10 @@ CASES = {
     "vector_norm(S(1), 3, dim=1)": (lambda X: torch.linalg.vector_norm(
         X.mod.distribute_tensor(a, X.mesh, [X.mod.Shard(1)]), 3, dim=1),
         lambda: torch.linalg.vector_norm(a, 3, dim=1), False),
+    # A norm of a Partial reduces it once, to Replicate: not a reduce_scatter whose output is
+    # Partial again (its consumer would reduce a second time).
+    "vector_norm(P(sum), 0)": (lambda X: torch.linalg.vector_norm(X.P(a), 0),
+                               lambda: torch.linalg.vector_norm(reduced(a, "sum"), 0), True),
     "dist(S(0), S(0))": (lambda X: torch.dist(X.mod.distribute_tensor(a, X.mesh, [X.mod.Shard(0)]),
                                               X.mod.distribute_tensor(b, X.mesh, [X.mod.Shard(0)])),
                          lambda: torch.dist(a, b), False),

@@ -177,12 +177,12 @@ std::vector<Choice> choices_for(const Rule& rule, const std::vector<DTensorSpec>
                                 bool compute_shardings) {
   // Shardings that follow an input cost it nothing. A Partial the op cannot keep must be reduced
   // anyway, and a reduce_scatter to any sharding costs less than an all_reduce, so then every
-  // factor is a choice. A Shard of a dim the op needs whole (softmax's dim, a cumsum's, the dims
-  // a norm normalizes) goes to Replicate or to another input's sharding, as PyTorch's: an
-  // all_to_all to some other dim moves less at this op, but its output is then sharded where no
-  // input was, and the consumers that need it whole pay the all_gather anyway (a LayerNorm over
-  // the sequence in sequence parallelism: all_to_all + all_gather where PyTorch does one
-  // all_gather). A size-1 factor is a choice only when an input is sharded on it (NOTE [size-1
+  // factor the output keeps is a choice. A Shard of a dim the op needs whole (softmax's dim, a
+  // cumsum's, the dims a norm normalizes) goes to Replicate or to another input's sharding, as
+  // PyTorch's: an all_to_all to some other dim moves less at this op, but its output is then
+  // sharded where no input was, and the consumers that need it whole pay the all_gather anyway (a
+  // LayerNorm over the sequence in sequence parallelism: all_to_all + all_gather where PyTorch does
+  // one all_gather). A size-1 factor is a choice only when an input is sharded on it (NOTE [size-1
   // factors]).
   std::set<int> factors, followed;
   bool any_partial = false, any_shard = false, keep_inputs = false;
@@ -198,7 +198,14 @@ std::vector<Choice> choices_for(const Rule& rule, const std::vector<DTensorSpec>
     }
   }
   if (any_partial) {
-    for (size_t f = 0; f < rule.factors.size(); ++f) factors.insert(static_cast<int>(f));
+    // Not a factor the op contracts (unless an input is sharded there already): that output is
+    // Partial again, and its second reduction is not priced here (vector_norm(P(sum), 0) would
+    // reduce_scatter, count, and all_reduce later, where one all_reduce serves).
+    for (size_t f = 0; f < rule.factors.size(); ++f) {
+      if (rule.factors[f].kind == FactorKind::kContract && followed.count(static_cast<int>(f)) == 0)
+        continue;
+      factors.insert(static_cast<int>(f));
+    }
   }
   std::vector<Choice> out;
   for (int f : factors) {
