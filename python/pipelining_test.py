@@ -1,7 +1,8 @@
 """dtensor.pipelining (NOTE [pipeline stages], [pipeline schedules], [pipeline transfers]):
 every schedule's loss and every gradient equal the un-pipelined model's on one device (fp32),
 with plain stages, with tensor-parallel stages whose distributed activations cross the stage
-boundary laid out as they left, and as processes on the shm backend."""
+boundary laid out as they left, with fully_shard'ed stages on pp x dp (x tp) meshes, and as
+processes on the shm backend."""
 
 import copy
 
@@ -134,6 +135,45 @@ def test_tensor_parallel_stages(schedule):
     got = dtensor.run_threads(4, fn)
     torch.testing.assert_close(torch.stack(got[2][0]).mean(), want_loss, rtol=1e-5, atol=1e-6)
     for _, grads in got:
+        for name, g in grads.items():
+            torch.testing.assert_close(g, want_grads[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_fully_sharded_stages_on_a_3d_mesh(tp):
+    """pp=2 x dp=2 (x tp=2): each stage tensor parallel on "tp" (when tp=2) and fully_shard'ed
+    on "dp", the batch split over dp; FSDP reduces each stage's gradients once, at the step's last
+    microbatch. Every gradient equals one device's on the whole batch."""
+    from dtensor import Replicate
+    from dtensor.fsdp import fully_shard
+
+    model = _model(2)
+    torch.manual_seed(1)
+    x, y = torch.randn(2 * BATCH, DIM), torch.randn(2 * BATCH, DIM)
+    _, want_grads = _reference(model, x, y)
+
+    def fn(rank):
+        shape, names = ((2, 2, 2), ("pp", "dp", "tp")) if tp == 2 else ((2, 2), ("pp", "dp"))
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+        pp, dp = mesh.get_coordinate()[:2]
+        block = copy.deepcopy(model[pp])
+        if tp == 2:
+            block = _tp_stage(block, mesh["tp"])
+        fully_shard(block, mesh=mesh["dp"])
+        stage = PipelineStage(block, pp, 2, group=mesh.get_group("pp"))
+        xs, ys = x.chunk(2)[dp], y.chunk(2)[dp]
+        if tp == 2:
+            xs = dtensor.distribute_tensor(xs, mesh["tp"], [Replicate()], src_data_rank=None)
+
+        def loss_fn(out, target):
+            return nn.functional.mse_loss(out.full_tensor() if hasattr(out, "placements")
+                                          else out, target)
+
+        Schedule1F1B(stage, 2, loss_fn=loss_fn).step(
+            *((xs,) if pp == 0 else ()), target=ys if pp == 1 else None)
+        return {f"{pp}.{n}": p.grad.full_tensor() for n, p in block.named_parameters()}
+
+    for grads in dtensor.run_threads(4 * tp, fn):
         for name, g in grads.items():
             torch.testing.assert_close(g, want_grads[name], rtol=1e-5, atol=1e-6)
 

@@ -31,12 +31,22 @@ def _group_ranks(group):
     return [int(r) for r in dist.get_process_group_ranks(group)]
 
 
-def _param_mesh(module):
-    """The mesh of the module's first distributed parameter (activations arrive there), or None."""
+def _param_meshes(module):
+    """The meshes of the module's distributed parameters and their named slices (FSDP x TP lays
+    parameters out on (dp, tp) while activations live on its tp slice): where activations may
+    arrive, each with its dim names."""
+    out = []
     for p in module.parameters():
-        if _C.is_dtensor(p):
-            return p.device_mesh
-    return None
+        if not _C.is_dtensor(p):
+            continue
+        mesh = p.device_mesh
+        candidates = [mesh]
+        if mesh.ndim > 1 and mesh.mesh_dim_names:
+            candidates += [mesh[n] for n in mesh.mesh_dim_names]
+        for m in candidates:
+            if all(m != o for o in out):
+                out.append(m)
+    return out
 
 
 def _fsdp_modules(module):
@@ -72,7 +82,7 @@ class PipelineStage:
                              f"{stage_index % self.group_size}, this is rank {self.group_rank}")
         self.is_first = stage_index == 0
         self.is_last = stage_index == num_stages - 1
-        self._mesh = _param_mesh(submodule)
+        self._meshes = _param_meshes(submodule)
         self._cache = {}      # microbatch -> (inputs, outputs) kept for the backward
         self._grads_out = {}  # microbatch -> (outputs, their gradients), between I and W
         self._sent = []       # asynchronous sends, waited for at the end of a step
@@ -90,7 +100,7 @@ class PipelineStage:
                                      self._channel(self.stage_index, stage, direction)) or []
 
     def _recv(self, stage, direction):
-        return _transfer.recv(self._peer(stage), self._mesh, self.device.type,
+        return _transfer.recv(self._peer(stage), self._meshes, self.device.type,
                               self._channel(stage, self.stage_index, direction))
 
     def forward_one_chunk(self, mb, args=(), kwargs=None, train=True):

@@ -144,10 +144,10 @@ def send(tensors, peer, device_type, channel):
     return pending
 
 
-def recv(peer, mesh_here, device_type, channel):
+def recv(peer, meshes_here, device_type, channel):
     """Receives what ``send`` sent from ``peer`` (this rank's counterpart on the sending stage).
-    Distributed tensors arrive on ``mesh_here`` when it is the sending mesh moved to this stage
-    (the mesh of this stage's parameters, with its dim names), else on that moved mesh. Returns a
+    Distributed tensors arrive on the one of ``meshes_here`` (this stage's parameters' meshes,
+    with their dim names) that is the sending mesh moved to this stage, else on that moved mesh. Returns a
     list of tensors (None where the sender sent None); each that required grad on the sender is a
     leaf that requires grad here."""
     from dtensor._api import DTensor
@@ -166,8 +166,10 @@ def recv(peer, mesh_here, device_type, channel):
         if placements is not None:
             there = DeviceMesh(device_type, ranks)
             here = _shifted(ranks, me - peer, device_type)
-            if mesh_here is not None and torch.equal(mesh_here.mesh, here.mesh):
-                here = mesh_here
+            for m in meshes_here:
+                if m.shape == here.shape and torch.equal(m.mesh, here.mesh):
+                    here = m
+                    break
             absent = DTensor.from_local(torch.empty(0, dtype=dtype), there, placements,
                                         shape=tuple(shape), stride=stride)
             target = [Replicate() if p.is_partial() else p for p in placements]
