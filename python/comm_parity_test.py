@@ -1,4 +1,4 @@
-"""Never more communication than PyTorch (NOTE [kept Partials] in sharding_prop/propagator.cc,
+"""Never more communication than PyTorch (NOTE [kept Partials] in sharding_prop/propagator_search.cc,
 NOTE [leaf gradients keep the parameter's placements] in dtensor/api.cc).
 
 Four processes run every case twice, on the engine (shm) and on PyTorch 2.11's own DTensor

@@ -49,9 +49,9 @@
 // 50 the typical figure (256x32 @ 32x256, the TP linear step's weight-gradient product, ran at
 // about 20). Only its ratio to the communication figures matters, as for them.
 // A candidate the propagator adds only for compute (an op whose inputs are all replicated on a
-// mesh dim, sharded there so each rank computes a piece: propagator.cc) is also charged the
-// all_gather that would bring its output back to Replicate, so it wins only where it cannot lose
-// even when the result is needed whole. For linear_step's weight gradient (mm of [256,32] and
+// mesh dim, sharded there so each rank computes a piece: propagator_search.cc) is also charged
+// the all_gather that would bring its output back to Replicate, so it wins only where it cannot
+// lose even when the result is needed whole. For linear_step's weight gradient (mm of [256,32] and
 // [32,256], 4.2 MFLOP) on 2 ranks: whole 83.9 us against 41.9 (half the product) + 0.4 (the
 // local chunk) + 23.1 (the all_gather charge) = 65.4 us; it would stay whole at a rate above
 // about 89e3 FLOP/us, or for a batch below about 18 rows. Copies, fills and casts count no FLOPs

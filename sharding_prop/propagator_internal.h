@@ -1,6 +1,6 @@
 #pragma once
-// Internal to the propagator: the candidate search (propagator.cc) that the cache
-// (propagation_cache.cc) runs on a miss. Not an API: propagator.h is.
+// Internal to the propagator: the candidate search (propagator_search.cc) that the entry points
+// and their cache (propagator.cc) run on a miss. Not an API: propagator.h is.
 
 #include <memory>
 #include <string>

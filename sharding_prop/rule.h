@@ -61,7 +61,8 @@ struct Factor {
 using DimFactors = std::vector<int>;
 using TensorFactors = std::vector<DimFactors>;
 
-// How Partial inputs may pass through the op unreduced (NOTE [kept Partials] in propagator.cc).
+// How Partial inputs may pass through the op unreduced (NOTE [kept Partials] in
+// propagator_search.cc).
 enum class Linearity : uint8_t {
   kNone,         // every Partial input is reduced first
   kMove,         // data movement (views, cat, clone): Partial(any op) -> the same
