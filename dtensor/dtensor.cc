@@ -140,7 +140,6 @@ DTensor DTensor::redistribute(const DeviceMesh& mesh, const Placements& placemen
   return DTensor(move(local_, spec_, dst, async_op), dst);
 }
 
-
 std::string DTensor::to_string() const {
   return "DTensor(" + spec_.to_string() + ", local " +
          std::string(c10::toString(local_.scalar_type())) + "[" +

@@ -21,7 +21,8 @@
 // "Measurements behind design choices").
 //
 // A chunk reproduces one device only where ATen's CPU kernel consumes the stream the same way
-// for a chunk as for the whole tensor (ATen's kernels, DrawOrder; random_test compares with one device):
+// for a chunk as for the whole tensor (ATen's kernels, DrawOrder; random_test compares with one
+// device):
 //  - uniform_, bernoulli_(float), random_ (all overloads), exponential_ and what is built on
 //    them (rand, rand_like, randint_like, bernoulli.p, dropout masks): one serial pass, a fixed
 //    number of 32-bit draws per element, so any chunk boundary works (kPerElement). An ATen
