@@ -103,8 +103,8 @@ def test_every_sample_of_random_like_and_meshgrid_on_four_processes():
 FAULTS = """
 import os, sys
 sys.path.insert(0, {here!r})
-import sweep
-_run_mode, _check = sweep.run_mode, sweep._check
+import sweep, sweep_check
+_run_mode, _check = sweep_check.run_mode, sweep_check._check
 current = [""]
 
 def run_mode(op, *args, **kwargs):
@@ -121,7 +121,7 @@ def check(what, got, want, mesh, compare_values, rank):
         os._exit(3)
     return _check(what, got, want, mesh, compare_values, rank)
 
-sweep.run_mode, sweep._check = run_mode, check
+sweep_check.run_mode, sweep_check._check = run_mode, check
 sys.exit(sweep.main())
 """
 TIMEOUT_MS = 15000  # a wait that ran into it would take this long

@@ -86,7 +86,6 @@ import os
 import subprocess
 import sys
 import time
-import types
 
 os.environ.setdefault("DTENSOR_COLLECTIVE_TIMEOUT_MS", "20000")
 
@@ -168,7 +167,8 @@ def _sweep_one(op, samples, full=False, seed=SEED, deadline=None):
                     return kind, (detail + " " if detail else "") + (
                         f"(stopped at the time budget in {where}sample {si})")
                 if out.attempt(f"{where}sample {si} mode {mode.name}",
-                               lambda: run_mode(op, sample, mode, want, want_grads, compare_values)):
+                               lambda: sweep_check.run_mode(op, sample, mode, want, want_grads,
+                                                            compare_values)):
                     return out.result()
     finally:
         _op_seed[0] = SEED
@@ -355,30 +355,6 @@ def main():
     say(f"summary: {counts} in {time.time() - t0:.0f}s{on} (native: passed with no op run by the "
         f"replicate fallback){stopped}", flush=True)
     return 1 if procs and _Target.broken else 0
-
-
-class _OneNamespace(types.ModuleType):
-    """sweep as its importers see it, one namespace over its parts: `sweep.WORLD` reads
-    sweep_modes.WORLD (use_cuda and use_processes rebind it), and a name assigned on sweep (a
-    stand-in for run_mode or _check, as op_db_procs_test.py's injected faults are) is assigned
-    in every part that holds the same object too, so that the sweep's own calls reach it."""
-
-    def __getattr__(self, name):  # only for names not bound here
-        if name == "WORLD":
-            return sweep_modes.WORLD
-        raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
-
-    def __setattr__(self, name, value):
-        old = self.__dict__.get(name, _UNBOUND)
-        if old is not _UNBOUND:
-            for part in (sweep_seeding, sweep_modes, sweep_ranks, sweep_check, sweep_inplace):
-                if part.__dict__.get(name, _UNBOUND) is old:
-                    setattr(part, name, value)
-        super().__setattr__(name, value)
-
-
-_UNBOUND = object()
-sys.modules[__name__].__class__ = _OneNamespace
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 import dtensor
-from sweep_check import Outcome, _check, run_mode
+import sweep_check  # run_mode and _check, looked up at each call (op_db_procs_test patches them)
+from sweep_check import Outcome
 from sweep_modes import _Target, _distribute, _is_tensor, _mode_mesh, _runnable, modes_for
 from sweep_ranks import _run_on_ranks
 from sweep_seeding import SEED, SampleInput
@@ -47,7 +48,8 @@ def run_inplace_mode(fn, sample, mode, want_self, compare_values):
         torch.manual_seed(SEED)
         fn(inp, *args, **kwargs)
         for i, (g, w) in enumerate(zip(tree_flatten(inp)[0], tree_flatten(want_self)[0])):
-            _check(f"self {i} after the in-place variant", g, w, mesh, compare_values, rank)
+            sweep_check._check(f"self {i} after the in-place variant", g, w, mesh, compare_values,
+                               rank)
         return True
 
     _run_on_ranks(world, body)
@@ -121,7 +123,8 @@ def sweep_foreach(case):
             continue
         for mode in _runnable(modes_for(sample, si == 0)):
             if out.attempt(f"sample {si} mode {mode.name}",
-                           lambda: run_mode(case.info.op, sample, mode, want, None, True)):
+                           lambda: sweep_check.run_mode(case.info.op, sample, mode, want, None,
+                                                        True)):
                 return out.result()
     if case.info.inplace_variant is not None:
         out.add(*_sweep_inplace(case.info.inplace_variant, case.samples, True))
