@@ -9,6 +9,8 @@ activations and gradients arrive in the order they are awaited (NOTE [pipeline t
 lists below are PyTorch's and Megatron's orders.
 """
 
+import time
+
 import torch
 
 from dtensor.pipelining._microbatch import merge_chunks, split_args_kwargs_into_chunks
@@ -49,7 +51,6 @@ class _PipelineSchedule:
             st.output_chunks.clear()
             st.losses.clear()
         self.timeline = []
-        import time
         for stage, kind, mb in actions:
             st = by_index[stage]
             t0 = time.perf_counter()

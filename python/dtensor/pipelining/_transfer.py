@@ -19,6 +19,7 @@ pipeline dim of a mesh built by init_device_mesh).
 import torch
 
 from dtensor import _C
+from dtensor._api import DTensor
 from dtensor.device_mesh import DeviceMesh
 from dtensor.placement_types import Partial, Replicate, Shard, _StridedShard
 
@@ -127,7 +128,6 @@ def send(tensors, peer, device_type, channel):
     me = _C.rank()
     src, dst = _one_rank_mesh(me, device_type), _one_rank_mesh(peer, device_type)
     header = _encode(tensors)
-    from dtensor._api import DTensor
     pending = [_move(DTensor.from_local(header, src, [Replicate()]), dst, [Replicate()], True,
                      channel + "/header")]
     for t in tensors:
@@ -147,10 +147,9 @@ def send(tensors, peer, device_type, channel):
 def recv(peer, meshes_here, device_type, channel):
     """Receives what ``send`` sent from ``peer`` (this rank's counterpart on the sending stage).
     Distributed tensors arrive on the one of ``meshes_here`` (this stage's parameters' meshes,
-    with their dim names) that is the sending mesh moved to this stage, else on that moved mesh. Returns a
-    list of tensors (None where the sender sent None); each that required grad on the sender is a
-    leaf that requires grad here."""
-    from dtensor._api import DTensor
+    with their dim names) that is the sending mesh moved to this stage, else on that moved mesh.
+    Returns a list of tensors (None where the sender sent None); each that required grad on the
+    sender is a leaf that requires grad here."""
     me = _C.rank()
     src, dst = _one_rank_mesh(peer, device_type), _one_rank_mesh(me, device_type)
     absent = DTensor.from_local(torch.empty(0, dtype=torch.int64), src, [Replicate()],
