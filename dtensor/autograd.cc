@@ -20,8 +20,9 @@ at::Tensor grad_moved(const at::Tensor& grad, const DTensorSpec& forward) {
     return relaid(grad, without_partial(forward).placements());
   }
   const DTensorSpec& g = spec_of(grad);
-  const DTensorSpec want = DTensorSpec::make(forward.mesh(), without_partial(forward).placements(),
-                                             g.meta(), without_partial(forward).shard_order());
+  const DTensorSpec reduced = without_partial(forward);
+  const DTensorSpec want =
+      DTensorSpec::make(forward.mesh(), reduced.placements(), g.meta(), reduced.shard_order());
   return make_dtensor(redistribute_local(local_of(grad), g, want), want);
 }
 

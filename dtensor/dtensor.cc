@@ -101,15 +101,6 @@ DTensorSpec grad_spec(const DTensorSpec& spec, const std::optional<Placements>& 
   return grad;
 }
 
-DTensorSpec without_partial(const DTensorSpec& spec) {
-  if (!spec.has_partial()) return spec;
-  Placements p = spec.placements();
-  for (Placement& x : p) {
-    if (x.is_partial()) x = Replicate();
-  }
-  return DTensorSpec::make(spec.mesh(), p, spec.meta(), spec.shard_order());
-}
-
 at::Tensor DTensor::to_local(const std::optional<Placements>& grad_placements) const {
   const at::Tensor local = collectives::wait_tensor(local_);
   if (!records_grad(local)) return local;

@@ -91,8 +91,6 @@ DTensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placem
                    const std::optional<std::vector<int64_t>>& stride = std::nullopt,
                    const ShardOrder& shard_order = {});
 
-// Partial(op) placements read as Replicate (the gradient convention of NOTE [DTensor autograd]).
-DTensorSpec without_partial(const DTensorSpec& spec);
 // The layout a local gradient is read in: `grad_placements` (checked to give this rank the same
 // local shape as `spec`), or the convention (`spec` without Partial).
 DTensorSpec grad_spec(const DTensorSpec& spec, const std::optional<Placements>& grad_placements);

@@ -142,6 +142,15 @@ bool DTensorSpec::has_partial() const {
                      [](Placement p) { return p.is_partial(); });
 }
 
+DTensorSpec without_partial(const DTensorSpec& spec) {
+  if (!spec.has_partial()) return spec;
+  Placements p = spec.placements();
+  for (Placement& x : p) {
+    if (x.is_partial()) x = Replicate();
+  }
+  return DTensorSpec::make(spec.mesh(), p, spec.meta(), spec.shard_order());
+}
+
 bool DTensorSpec::is_sharded() const {
   return std::any_of(placements().begin(), placements().end(),
                      [](Placement p) { return p.is_shard(); });

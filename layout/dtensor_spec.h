@@ -83,6 +83,10 @@ class DTensorSpec {
 // Number of interned specs (for tests and cache statistics).
 size_t interned_spec_count();
 
+// `spec` with its Partial(op) placements read as Replicate: a gradient's layout (NOTE [DTensor
+// autograd]), what a cross-mesh redistribute sends (NOTE [cross-mesh redistribute]).
+DTensorSpec without_partial(const DTensorSpec& spec);
+
 }  // namespace dtensor
 
 template <>

@@ -15,14 +15,6 @@
 namespace dtensor {
 namespace {
 
-DTensorSpec partial_as_replicate(const DTensorSpec& s) {
-  Placements p = s.placements();
-  for (Placement& q : p) {
-    if (q.is_partial()) q = Replicate();
-  }
-  return DTensorSpec::make(s.mesh(), p, s.meta(), s.shard_order());
-}
-
 // The distinct boxes of `spec` (they partition the tensor) with the ranks holding each, in rank
 // order; empty boxes left out.
 std::map<std::vector<int64_t>, std::pair<LocalBox, std::vector<int64_t>>> boxes_of(
@@ -40,7 +32,7 @@ std::map<std::vector<int64_t>, std::pair<LocalBox, std::vector<int64_t>>> boxes_
 }
 
 CrossMeshPlan compute_plan(const DTensorSpec& src, const DTensorSpec& dst) {
-  CrossMeshPlan plan{src, partial_as_replicate(src), dst, {}, {}, 0, 0};
+  CrossMeshPlan plan{src, without_partial(src), dst, {}, {}, 0, 0};
   std::vector<int64_t> ranks = src.mesh().ranks();
   ranks.insert(ranks.end(), dst.mesh().ranks().begin(), dst.mesh().ranks().end());
   std::sort(ranks.begin(), ranks.end());

@@ -83,6 +83,17 @@ cmd_run() {
     exec "$PY" "$launch" -n "$n" "${backend[@]}" -- "$PY" "${as_torch[@]}" "$@"
 }
 
+# demo_python WHAT SCRIPT [-n N] [args]: SCRIPT on N (default 4) processes (shm) with the -c opt
+# package, after a line saying WHAT runs.
+demo_python() {
+  local what=$1 script=$2 n=4 dir
+  shift 2
+  if [ "${1:-}" = -n ]; then n=$2; shift 2; fi
+  dir=$(stage_python -c opt)
+  echo "./x demo: $what, on $n processes (shm)" >&2
+  PYTHONPATH="$dir" PYTHONSAFEPATH=1 "$PY" tools/launch.py -n "$n" -- "$PY" "$script" "$@"
+}
+
 cmd_demo() {
   ensure_packages
   mkdir -p "$DISK_CACHE"
@@ -94,21 +105,14 @@ cmd_demo() {
       return ;;
     fsdp)
       shift
-      local n=4 dir
-      if [ "${1:-}" = -n ]; then n=$2; shift 2; fi
-      dir=$(stage_python -c opt)
-      echo "./x demo fsdp: FSDP, then FSDP x TP, on $n processes (shm)" >&2
-      PYTHONPATH="$dir" PYTHONSAFEPATH=1 "$PY" tools/launch.py -n "$n" -- \
-        "$PY" examples/llama_fsdp.py "$@"
+      demo_python "FSDP, then FSDP x TP" examples/llama_fsdp.py "$@"
       return ;;
     pp)
       shift
-      local n=4 dir
+      local n=4
       if [ "${1:-}" = -n ]; then n=$2; shift 2; fi
-      dir=$(stage_python -c opt)
-      echo "./x demo pp: 2 pipeline stages x tensor parallel on $n processes (shm)" >&2
-      PYTHONPATH="$dir" PYTHONSAFEPATH=1 "$PY" tools/launch.py -n "$n" -- \
-        "$PY" examples/llama_pp.py --mesh "2,$((n / 2))" "$@"
+      demo_python "2 pipeline stages x tensor parallel" examples/llama_pp.py -n "$n" \
+        --mesh "2,$((n / 2))" "$@"
       return ;;
     cpp)
       shift
