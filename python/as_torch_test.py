@@ -274,13 +274,19 @@ def test_aliases_swap_modules_and_parent_attributes(tmp_path):
     import torch.distributed.tensor._utils as u
     from torch.distributed.tensor._dtensor_spec import DTensorSpec
     from torch.distributed.tensor._api import DTensor as TorchDTensor
-    import torch.distributed.tensor.debug._comm_mode as cm
+    import torch.distributed.tensor.debug._visualize_sharding as vs
     import torch.distributed.tensor.parallel.ddp as ddp
-    for m in (u, cm, ddp):
+    for m in (u, vs, ddp):
         assert "/torch/distributed/tensor/" in m.__file__, m.__file__
     assert DTensorSpec.__module__ == "torch.distributed.tensor._dtensor_spec"
     assert TorchDTensor is not dtensor.DTensor
     assert dtensor._api.__name__ == "dtensor._api" and dtensor._api.DTensor is dtensor.DTensor
+    # A private module both have (debug._comm_mode, as _api above): the from-form is torch's,
+    # the `import ... as` form the engine's (NOTE [torch names on the engine]).
+    from torch.distributed.tensor.debug._comm_mode import CommDebugMode as TorchCommDebugMode
+    import torch.distributed.tensor.debug._comm_mode as cm
+    assert TorchCommDebugMode.__module__.startswith("torch."), TorchCommDebugMode.__module__
+    assert cm is dtensor.debug._comm_mode
     assert "dtensor" in dtensor.debug.CommDebugMode.__module__
 
     # torch.Tensor._local_tensor is the engine's piece on its tensors only.

@@ -1,6 +1,6 @@
 // dtensor._C.register_sharding: a Python function becomes a custom op's rule builder (NOTE
-// [register_sharding] in python/dtensor/experimental.py, which turns PyTorch's strategy lists
-// into the factors of a sharding_prop::Rule).
+// [register_sharding] in python/dtensor/experimental/_register_sharding.py, which turns PyTorch's
+// strategy lists into the factors of a sharding_prop::Rule).
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>

@@ -8,8 +8,8 @@ torch's module                              resolves to
 ==========================================  =============================================
 ``torch.distributed.tensor``                ``dtensor``
 ``torch.distributed.tensor.placement_types`` ``dtensor.placement_types``
-``torch.distributed.tensor.parallel``       ``dtensor.parallel`` (``.style``, ``.loss`` too;
-                                            ``.api`` is ``dtensor.parallel`` itself)
+``torch.distributed.tensor.parallel``       ``dtensor.parallel`` (``.api``, ``.style``, ``.loss``
+                                            too)
 ``torch.distributed.tensor.debug``          ``dtensor.debug``
 ``torch.distributed.tensor.experimental``   ``dtensor.experimental``
 ``torch.distributed.tensor.device_mesh``    ``dtensor.device_mesh``
@@ -81,8 +81,7 @@ ALIASES = {
     "torch.distributed.tensor.placement_types": "dtensor.placement_types",
     "torch.distributed.tensor.parallel": "dtensor.parallel",
     "torch.distributed.tensor.parallel.style": "dtensor.parallel.style",
-    # torch's module that defines parallelize_module; the engine's lives in the package.
-    "torch.distributed.tensor.parallel.api": "dtensor.parallel",
+    "torch.distributed.tensor.parallel.api": "dtensor.parallel.api",
     "torch.distributed.tensor.parallel.loss": "dtensor.parallel.loss",
     "torch.distributed.tensor.debug": "dtensor.debug",
     "torch.distributed.tensor.experimental": "dtensor.experimental",
@@ -268,10 +267,9 @@ def install():
     for torch_name, engine_name in ALIASES.items():
         engine = sys.modules[engine_name]
         if torch_name in _real_paths and not hasattr(engine, "__path__"):
-            # torch's is a package and the engine's a plain module (dtensor.debug,
-            # dtensor.experimental): an empty __path__ lets the import system ask
-            # _TorchFilesFinder for torch's submodules (torch.distributed.tensor.debug._comm_mode)
-            # instead of failing with "is not a package".
+            # torch's is a package and the engine's a plain module: an empty __path__ lets the
+            # import system ask _TorchFilesFinder for torch's submodules instead of failing with
+            # "is not a package".
             engine.__path__ = []
         sys.modules[torch_name] = engine
         parent, _, leaf = torch_name.rpartition(".")

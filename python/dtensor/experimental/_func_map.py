@@ -1,5 +1,5 @@
-"""torch.distributed.tensor.experimental's names: ``local_map``, ``implicit_replication`` and
-``register_sharding``."""
+"""torch.distributed.tensor.experimental's ``local_map`` (PyTorch keeps it in
+experimental/_func_map.py)."""
 
 import functools
 
@@ -7,18 +7,9 @@ import torch
 
 from dtensor._api import DTensor
 from dtensor.device_mesh import _current_mesh_or
-from dtensor._register_sharding import register_sharding
 from dtensor.placement_types import Placement
 
-__all__ = ["implicit_replication", "local_map", "register_sharding"]
-
-
-def implicit_replication():
-    """``with implicit_replication():`` plain tensors mixed with distributed ones are read as
-    replicated (every rank must pass the same values). PyTorch's name for
-    ``dtensor.replicate_plain_tensors()``."""
-    import dtensor
-    return dtensor.replicate_plain_tensors()
+__all__ = ["local_map"]
 
 
 def _is_placements(p):

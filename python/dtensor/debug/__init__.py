@@ -2,8 +2,8 @@
 visualize_sharding, cache statistics, explain."""
 
 from dtensor import _C
-from dtensor._comm_mode import CommDebugMode
-from dtensor._flop_counter import FlopCounterMode
+from dtensor.debug._comm_mode import CommDebugMode
+from dtensor.debug._flop_counter import FlopCounterMode
 
 __all__ = [
     "CommDebugMode",
