@@ -1,8 +1,48 @@
 #include "serving/tokenizer.h"
 
 namespace dtensor::serving {
+namespace {
 
-std::vector<int64_t> ByteTokenizer::encode(const std::string& text) const {
+// The length of `s` less a trailing UTF-8 sequence that more bytes could still complete.
+size_t complete_prefix(const std::string& s) {
+  const size_t n = s.size();
+  for (size_t back = 1; back <= 3 && back <= n; ++back) {
+    const unsigned char b = s[n - back];
+    if ((b & 0xC0) == 0x80) continue;  // a continuation byte: look for its lead byte
+    const size_t need = (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 1;
+    return need > back ? n - back : n;
+  }
+  return n;
+}
+
+bool ends_with_replacement(const std::string& s) {
+  return s.size() >= 3 && s.compare(s.size() - 3, 3, "\xEF\xBF\xBD") == 0;
+}
+
+}  // namespace
+
+std::string StreamDecoder::push(int64_t id) {
+  // NOTE [streaming decode].
+  window_.push_back(id);
+  const std::string text = tokenizer_.decode(window_);
+  if (text.size() <= prefix_.size() || complete_prefix(text) != text.size() ||
+      ends_with_replacement(text))
+    return "";
+  std::string out = text.substr(prefix_.size());
+  window_.erase(window_.begin(), window_.end() - 1);
+  prefix_ = tokenizer_.decode(window_);
+  return out;
+}
+
+std::string StreamDecoder::finish() {
+  const std::string text = tokenizer_.decode(window_);
+  std::string out = text.size() > prefix_.size() ? text.substr(prefix_.size()) : std::string();
+  window_.clear();
+  prefix_.clear();
+  return out;
+}
+
+std::vector<int64_t> ByteTokenizer::encode(const std::string& text, bool) const {
   std::vector<int64_t> ids;
   ids.reserve(text.size());
   for (unsigned char c : text) ids.push_back(c);
