@@ -208,7 +208,7 @@ PYBIND11_MODULE(_C, m) {
 
   // Collectives: the rendezvous and groups live here; the collectives themselves are the
   // dtensor_c10d operators this library registers (torch.ops.dtensor_c10d.*), wrapped by
-  // dtensor_engine.functional.
+  // dtensor._functional_collectives.
   using collectives::RankContext;
   py::class_<RankContext, std::shared_ptr<RankContext>>(m, "RankContext")
       .def_property_readonly("rank", &RankContext::rank)

@@ -9,9 +9,7 @@ import sys
 
 import torch
 
-import dtensor_engine as de
-
-F = de.functional
+from dtensor import _functional_collectives as F
 
 
 def input_for(rank, shape, dtype):

@@ -9,7 +9,7 @@ def pytest_test(name, test, srcs = [], data = [], launches_ranks = False, pytest
     (NOTE [test shards] in run_pytest.py). pytest_args: more pytest arguments (e.g. "-k" to run
     some of the file's cases in one target and the rest in another).
 
-    The test imports the package from its runfiles: :dtensor_engine's `imports = ["."]` puts
+    The test imports the package from its runfiles: //python:dtensor's `imports = ["."]` puts
     <runfiles>/<workspace>/python on sys.path, where dtensor/_C.so lies beside the .py files (the
     layout `./x pythonpath` stages in out/python). Nothing looks into bazel-bin."""
     env = dict(kwargs.pop("env", {}))
@@ -30,6 +30,6 @@ def pytest_test(name, test, srcs = [], data = [], launches_ranks = False, pytest
         main = "//python:run_pytest.py",
         python_version = "PY3",
         tags = tags,
-        deps = ["//python:dtensor_engine"],
+        deps = ["//python:dtensor"],
         **kwargs
     )

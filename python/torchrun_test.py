@@ -15,11 +15,11 @@ import sys
 
 import pytest
 
-import dtensor_engine
+import dtensor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "collectives_worker.py")
-PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(dtensor_engine.__file__)))
+PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(dtensor.__file__)))
 
 
 def _free_port():

@@ -157,7 +157,7 @@ if [ "${SKIP_ENGINE:-}" != 1 ]; then
   EXTOBJS=("${EXTOBJS[@]/*gtest*/}")
   PYPKG=$BUILD/python
   rm -rf "$PYPKG"; mkdir -p "$PYPKG"
-  cp -r python/dtensor python/dtensor_engine "$PYPKG"/
+  cp -r python/dtensor "$PYPKG"/
   if g++ -shared -o "$PYPKG/dtensor/_C.so" ${EXTOBJS[@]} $TORCH_LIBS -ltorch_python \
       "$DEPS"/lib/libabsl_*.so.* "$NCCL_SO" "$CUDART_SO" /lib/x86_64-linux-gnu/libz.so.1 \
       -Wl,-rpath,"$DEPS/lib:$(dirname "$NCCL_SO"):$(dirname "$CUDART_SO")" \

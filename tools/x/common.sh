@@ -141,20 +141,20 @@ bin_path() {
   echo "$(bazel "${bazel_startup[@]}" info "${bazel_flags[@]}" "$@" bazel-bin 2>/dev/null)/$path"
 }
 
-# stage_python [-c opt]: builds //python:dtensor_engine and lays the importable package out in
+# stage_python [-c opt]: builds //python:dtensor and lays the importable package out in
 # out/python (out/python-opt for -c opt), a folder that does not depend on where bazel-bin points:
 # out/python/dtensor/ holds symlinks to the tracked .py files (edits show at once) and to the
-# _C.so of that configuration; out/python/dtensor_engine/ likewise. Prints the folder (absolute).
+# _C.so of that configuration. Prints the folder (absolute).
 stage_python() {
   ensure_packages
   mkdir -p "$DISK_CACHE"
   local dest=out/python
   [ "$*" = "-c opt" ] && dest=out/python-opt
-  bz build "$@" //python:dtensor_engine >&2
+  bz build "$@" //python:dtensor >&2
   local so
   so=$(bin_path python/dtensor/_C.so "$@")
   if [ ! -f "$so" ]; then
-    echo "./x: built //python:dtensor_engine but found no $so" >&2
+    echo "./x: built //python:dtensor but found no $so" >&2
     exit 1
   fi
   local root=$PWD
@@ -165,16 +165,18 @@ stage_python() {
     mkdir -p "$(dirname "$1")"
     ln -sfn "$2" "$1.tmp$$" && mv -fT "$1.tmp$$" "$1"
   }
-  local pkg f
-  for pkg in dtensor dtensor_engine; do
-    [ -d "python/$pkg" ] || continue
-    while IFS= read -r -d '' f; do
-      place "$dest/${f#python/}" "$root/$f"
-    done < <(find "python/$pkg" -name __pycache__ -prune -o -type f ! -name '*.pyc' \
-               ! -name '_C*.so' -print0)
-  done
+  local f d
+  while IFS= read -r -d '' f; do
+    place "$dest/${f#python/}" "$root/$f"
+  done < <(find python/dtensor -name __pycache__ -prune -o -type f ! -name '*.pyc' \
+             ! -name '_C*.so' -print0)
   place "$dest/dtensor/_C.so" "$(realpath "$so")"
-  # Files removed from the source tree leave dangling links: drop them.
+  # Files removed from the source tree leave dangling links: drop them, and the folders of moved
+  # or removed packages, which would still import (as namespace packages) with only bytecode
+  # caches left in them.
   find "$dest" -xtype l -delete
+  while IFS= read -r -d '' d; do
+    if [ -z "$(ls -A "$d" | grep -vx __pycache__)" ]; then rm -rf "$d"; fi
+  done < <(find "$dest" -mindepth 1 -depth -type d ! -name __pycache__ -print0)
   echo "$root/$dest"
 }
