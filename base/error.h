@@ -33,7 +33,7 @@ class Error : public c10::Error {
 };
 
 // A bad value where PyTorch raises ValueError (from_local's metadata check): reaches Python as
-// ValueError through the pybind11 bindings (python/bindings.cc registers the translation).
+// ValueError through the pybind11 bindings (python/csrc/bindings.cc registers the translation).
 class InvalidValue : public Error {
  public:
   using Error::Error;

@@ -7,7 +7,7 @@ from dtensor import _C
 __all__ = ["Placement", "Shard", "Replicate", "Partial"]  # and _StridedShard, as PyTorch
 
 
-# NOTE [one Placement type] (python/bindings.cc): these classes subclass the C++ placement
+# NOTE [one Placement type] (python/csrc/bindings.cc): these classes subclass the C++ placement
 # classes, so each is the C++ value the engine takes (is_shard, is_partial, dim, reduce_op come
 # from there); only PyTorch's Python-side helpers live here.
 Placement = _C.Placement

@@ -103,7 +103,7 @@ LIB_SRCS=($(ls base/*.cc | grep -v -e _test.cc -e _fuzz.cc) layout/placement.cc 
 # too without editing this file.
 ENGINE_SRCS=(collectives/c10d_backend.cc $(ls layout/*.cc sharding_prop/*.cc sharding_prop/ops/*.cc dtensor/*.cc \
   checkpoint/*.cc fsdp/*.cc | grep -v -e _test.cc -e '^layout/placement.cc$'))
-EXT_SRCS=($(ls python/*.cc))
+EXT_SRCS=($(ls python/csrc/*.cc))
 PYINC=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
 PYBIND=$($PY -c 'import pybind11; print(pybind11.get_include())' 2>/dev/null)
 GTEST_SRCS=("$DEPS/googletest/src/gtest-all.cc" "$DEPS/googletest/src/gtest_main.cc")
