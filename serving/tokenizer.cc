@@ -1,7 +1,11 @@
 #include "serving/tokenizer.h"
 
+#include <algorithm>
+
 namespace dtensor::serving {
 namespace {
+
+constexpr size_t kMaxTail = 8;  // tokens kept for context when the window slides
 
 // The length of `s` less a trailing UTF-8 sequence that more bytes could still complete.
 size_t complete_prefix(const std::string& s) {
@@ -29,8 +33,19 @@ std::string StreamDecoder::push(int64_t id) {
       ends_with_replacement(text))
     return "";
   std::string out = text.substr(prefix_.size());
-  window_.erase(window_.begin(), window_.end() - 1);
-  prefix_ = tokenizer_.decode(window_);
+  // Keep the shortest tail of the window that decodes alone to the end of `text`: a shorter one
+  // would start inside a character (a lone continuation byte decodes as U+FFFD).
+  for (size_t k = 1; k <= std::min<size_t>(kMaxTail, window_.size()); ++k) {
+    const std::vector<int64_t> tail(window_.end() - k, window_.end());
+    std::string tail_text = tokenizer_.decode(tail);
+    if (tail_text.size() <= text.size() &&
+        text.compare(text.size() - tail_text.size(), tail_text.size(), tail_text) == 0) {
+      window_ = tail;
+      prefix_ = std::move(tail_text);
+      return out;
+    }
+  }
+  prefix_ = text;  // no short tail decodes alone: keep the whole window
   return out;
 }
 

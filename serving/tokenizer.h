@@ -41,10 +41,12 @@ class Tokenizer {
 // NOTE [streaming decode]: text streamed token by token must not split a character: a token can
 // end inside a UTF-8 sequence (byte-level BPE) or be one byte of it (byte fallback, which decodes
 // an incomplete sequence as U+FFFD per byte). push() decodes a window of ids that begins with
-// the last token already emitted, and returns the text past that token's own text only when it
-// ends in a complete character that is not U+FFFD; otherwise it holds the ids until a later
-// token completes the sequence. Decoding the window with its first token keeps tokenizer rules
-// that depend on position (a leading space stripped) the same for both texts.
+// a few tokens already emitted and returns the text past their own text only when it ends in a
+// complete character that is not U+FFFD; otherwise it holds the ids until a later token
+// completes the sequence. After emitting, the window keeps the shortest tail of ids whose text
+// alone is the end of the emitted text (so it does not begin inside a character); decoding
+// with that context keeps rules that depend on position (a leading space stripped) the same for
+// the window and its prefix.
 class StreamDecoder {
  public:
   explicit StreamDecoder(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
@@ -55,8 +57,8 @@ class StreamDecoder {
 
  private:
   const Tokenizer& tokenizer_;
-  std::vector<int64_t> window_;  // the last emitted id (if any), then the held ones
-  std::string prefix_;           // decode() of the last emitted id
+  std::vector<int64_t> window_;  // emitted ids kept for context, then the held ones
+  std::string prefix_;           // decode() of the emitted ids in window_
 };
 
 class ByteTokenizer final : public Tokenizer {

@@ -565,21 +565,20 @@ std::vector<int64_t> HfTokenizer::encode(const std::string& text, bool add_speci
 }
 
 std::string HfTokenizer::decode(const std::vector<int64_t>& ids) const {
-  std::string out;
-  std::vector<std::string> run;
+  // Added tokens go through the decoder with the model's tokens, as the reference does (its
+  // Strip and Metaspace decoders see them as the first token).
+  std::vector<std::string> tokens;
+  tokens.reserve(ids.size());
   for (int64_t id : ids) {
     auto added = added_by_id_.find(id);
     if (added != added_by_id_.end()) {
-      out += run_decoder(decoders_, std::move(run));
-      run.clear();
-      out += added_[added->second].content;
+      tokens.push_back(added_[added->second].content);
     } else if (const std::string* t = bpe_->id_to_token(id)) {
-      run.push_back(*t);
+      tokens.push_back(*t);
     }
     // Ids outside the vocabulary have no text; the reference skips them too.
   }
-  out += run_decoder(decoders_, std::move(run));
-  return out;
+  return run_decoder(decoders_, std::move(tokens));
 }
 
 }  // namespace

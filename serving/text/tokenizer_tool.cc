@@ -26,7 +26,9 @@ int main(int argc, char** argv) {
   }
   try {
     const std::unique_ptr<Tokenizer> tok = load_hf_tokenizer(argv[1]);
-    const json req = json::parse(std::istreambuf_iterator<char>(std::cin), {});
+    const std::string input((std::istreambuf_iterator<char>(std::cin)),
+                            std::istreambuf_iterator<char>());
+    const json req = json::parse(input);
     json out = json::object();
     out["vocab_size"] = tok->vocab_size();
     out["bos_id"] = tok->bos_id() ? json(*tok->bos_id()) : json(nullptr);
