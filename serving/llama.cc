@@ -140,6 +140,20 @@ void Llama::free_slot(int slot) {
   used_[slot] = false;
 }
 
+MemoryUse Llama::memory() const {
+  const auto local_bytes = [](const at::Tensor& t) {
+    const at::Tensor l = api::is_dtensor(t) ? api::local(t) : t;
+    return l.numel() * static_cast<int64_t>(l.element_size());
+  };
+  MemoryUse m;
+  for (const auto& [key, w] : weights_) {
+    m.weights_local += local_bytes(w);
+    m.weights_total += w.numel() * static_cast<int64_t>(w.element_size());
+  }
+  m.kv_cache_local = local_bytes(k_cache_) + local_bytes(v_cache_);
+  return m;
+}
+
 at::Tensor Llama::k_cache(int slot) const { return k_cache_.select(1, slot); }
 at::Tensor Llama::v_cache(int slot) const { return v_cache_.select(1, slot); }
 

@@ -30,6 +30,7 @@
 
 #include "device_mesh/device_mesh.h"
 #include "layout/placement.h"
+#include "serving/models/model.h"
 
 namespace dtensor::serving {
 
@@ -43,20 +44,12 @@ struct LlamaConfig {
   double rope_theta = 10000.0;
 };
 
-// One sequence of a forward call: its cache slot, the new token ids (the prompt for a prefill,
-// one token for a decode step) and the position of the first of them (the cache length so far).
-struct Sequence {
-  int slot = 0;
-  std::vector<int64_t> tokens;
-  int64_t start = 0;
-};
-
 // The checkpoint keys (the Python state dict's) with their global shapes and their
 // tensor-parallel placements on a 1-D mesh (NOTE [serving tensor parallelism]).
 std::map<std::string, std::vector<int64_t>> llama_shapes(const LlamaConfig& config);
 std::map<std::string, Placement> llama_placements();
 
-class Llama {
+class Llama : public Model {
  public:
   // `mesh`: a 1-D tensor-parallel mesh over the current world (heads and hidden must divide
   // evenly by its size), or std::nullopt for one process and plain tensors. The weights, the
@@ -71,15 +64,15 @@ class Llama {
   const std::map<std::string, at::Tensor>& weights() const { return weights_; }
 
   // Cache slots: alloc_slot throws when all max_batch slots are taken.
-  int alloc_slot();
-  void free_slot(int slot);
+  int alloc_slot() override;
+  void free_slot(int slot) override;
 
   // Appends each sequence's new positions to its slot's cache and returns the last position's
   // logits of each sequence: a plain float [n, vocab] CPU tensor (sampling reads it there: one
   // device-to-host copy per step on a GPU), equal on every rank. All ranks call
   // it with the same batch. When every sequence brings exactly one token the call is one batched
   // decode (NOTE [batched decode] in llama.cc); otherwise each sequence runs alone.
-  at::Tensor forward(const std::vector<Sequence>& batch);
+  at::Tensor forward(const std::vector<Sequence>& batch) override;
 
   // A slot's cache: [heads, max_seq, head_dim] (distributed Shard(0) when there is a mesh).
   at::Tensor k_cache(int slot) const;
@@ -88,8 +81,10 @@ class Llama {
   const LlamaConfig& config() const { return config_; }
   // Whether the weights are distributed tensors (a mesh was given).
   bool distributed() const { return mesh_.has_value(); }
-  // Where the model's tensors (their local pieces) live.
-  c10::Device device() const { return device_; }
+  c10::Device device() const override { return device_; }
+  int64_t vocab() const override { return config_.vocab; }
+  int64_t max_context() const override { return config_.max_seq; }
+  MemoryUse memory() const override;
 
  private:
   // A CPU-built tensor (token ids, positions, masks) on the model's device, replicated when

@@ -57,7 +57,7 @@ void Request::push(Event e) {
   cv_.notify_all();
 }
 
-Scheduler::Scheduler(Llama& model, const Tokenizer& tokenizer, Metrics& metrics,
+Scheduler::Scheduler(Model& model, const Tokenizer& tokenizer, Metrics& metrics,
                      SchedulerOptions options, bool is_rank0)
     : model_(model),
       tokenizer_(tokenizer),
@@ -252,12 +252,30 @@ void Scheduler::run_rank0() {
       while (static_cast<int64_t>(running_.size() + admitted.size()) < options_.max_batch &&
              !queue_.empty()) {
         auto r = queue_.front();
-        queue_.pop_front();
         if (r->cancelled()) {
+          queue_.pop_front();
           metrics_.request_finished("cancelled");
           continue;
         }
+        const int64_t need =
+            static_cast<int64_t>(r->params().prompt.size()) + r->params().max_tokens;
+        if (!model_.can_reserve(need)) {
+          // Waits for running requests to free cache blocks; with none running it never fits.
+          if (!running_.empty() || !admitted.empty()) break;
+          queue_.pop_front();
+          metrics_.request_finished("error");
+          r->push(
+              Event{"",
+                    {},
+                    "",
+                    400,
+                    c10::str("the request needs ", need, " positions of KV cache; the cache holds ",
+                             "fewer (raise --kv-cache-memory)")});
+          continue;
+        }
+        queue_.pop_front();
         r->slot_ = model_.alloc_slot();
+        model_.reserve(r->slot_, need);
         r->gen_ = make_request_generator(r->params().sampling.seed);
         allocs.push_back(r->slot_);
         admitted.push_back(r);

@@ -2,7 +2,8 @@
 // Continuous batching over the ranks of a tensor-parallel model (vLLM's and TGI's scheme).
 //
 // Rank 0 owns the requests: HTTP threads submit() them into a bounded queue. Every step, rank 0
-// admits queued requests into free cache slots (up to max_batch running), prefills each newly
+// admits queued requests into free cache slots (up to max_batch running, and while the model's
+// cache can reserve their prompt and max_tokens: Model::can_reserve), prefills each newly
 // admitted prompt, then runs one batched decode step for every running request; requests join
 // and leave at step boundaries, each with its own slot, sampling parameters and generator.
 //
@@ -33,8 +34,8 @@
 #include <vector>
 
 #include "serving/completions_api.h"
-#include "serving/llama.h"
 #include "serving/metrics.h"
+#include "serving/models/model.h"
 #include "serving/tokenizer.h"
 
 namespace dtensor::serving {
@@ -97,7 +98,7 @@ struct SchedulerOptions {
 
 class Scheduler {
  public:
-  Scheduler(Llama& model, const Tokenizer& tokenizer, Metrics& metrics, SchedulerOptions options,
+  Scheduler(Model& model, const Tokenizer& tokenizer, Metrics& metrics, SchedulerOptions options,
             bool is_rank0);
 
   enum class Admit { kOk, kQueueFull, kUnavailable };
@@ -123,7 +124,7 @@ class Scheduler {
   void finish(const std::shared_ptr<Request>& r, const std::string& reason);
   void fail_all(const std::string& error);
 
-  Llama& model_;
+  Model& model_;
   const Tokenizer& tokenizer_;
   Metrics& metrics_;
   SchedulerOptions options_;

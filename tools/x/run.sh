@@ -34,9 +34,11 @@ x_help pythonpath '  pythonpath [--opt]
                   PYTHONSAFEPATH=1` line that makes `import dtensor` work anywhere, e.g. under
                   python3 -m torch.distributed.run --nproc_per_node N script.py
                   (use: eval "$(./x pythonpath)")'
-x_help serve '  serve [-n N] [--checkpoint DIR] [--port P] [--device cuda]
+x_help serve '  serve [-n N] [--model HF_DIR | --checkpoint DIR] [--port P] [--device cuda]
                   the tensor-parallel inference server (OpenAI /v1/completions) on N ranks
-                  (on GPUs with --device cuda)'
+                  (on GPUs with --device cuda): a Hugging Face model directory (Llama, Mistral,
+                  Qwen2, Qwen3; [--dtype bfloat16] [--kv-cache-memory 2G] [--context N]
+                  [--prefill-chunk 512]), or the demo'\''s model'
 x_help launch '  launch -n N [--backend B] -- CMD ARGS...
                   start N local ranks of CMD with torchrun'\''s variables and a launch token,
                   output prefixed by rank; removes the job'\''s shared memory when it ends'
@@ -146,24 +148,32 @@ ensure_demo_checkpoint() {
 # serves the model ./x demo saved (out/checkpoints/llama), running the demo first when there is
 # none. SIGTERM or Ctrl-C drains: in-flight requests finish, then every rank exits 0.
 cmd_serve() {
-  local n=1 ckpt="" port=8000 rest=()
+  local n=1 ckpt="" model="" port=8000 rest=() source=()
   while [ $# -gt 0 ]; do
     case "$1" in
       -n) n=$2; shift 2 ;;
       --checkpoint) ckpt=$2; shift 2 ;;
+      --model) model=$2; shift 2 ;;
       --port) port=$2; shift 2 ;;
       *) rest+=("$1"); shift ;;
     esac
   done
-  if [ -z "$ckpt" ]; then
-    ckpt=out/checkpoints/llama
-    ensure_demo_checkpoint serve
+  if [ -n "$model" ]; then
+    # A Hugging Face model directory: relative to where ./x was called.
+    case "$model" in /*) ;; *) model="$CALLER_PWD/$model" ;; esac
+    source=(--model "$model")
+  else
+    if [ -z "$ckpt" ]; then
+      ckpt=out/checkpoints/llama
+      ensure_demo_checkpoint serve
+    fi
+    source=(--checkpoint "$ckpt")
   fi
   ensure_packages
   mkdir -p "$DISK_CACHE"
   bz build -c opt //tools:serve >&2
   DTENSOR_LAUNCH_STOP_GRACE_S=${DTENSOR_LAUNCH_STOP_GRACE_S:-120} /usr/bin/python3 tools/launch.py \
-    -n "$n" -- "$(bin_path tools/serve -c opt)" --checkpoint "$ckpt" --port "$port" "${rest[@]}"
+    -n "$n" -- "$(bin_path tools/serve -c opt)" "${source[@]}" --port "$port" "${rest[@]}"
 }
 
 cmd_launch() {

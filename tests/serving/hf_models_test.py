@@ -1,0 +1,141 @@
+"""The serving model of Hugging Face directories (serving/models/) against transformers itself.
+
+Tiny random models of each family are built with transformers and written by save_pretrained
+(the real file layout: config.json, model.safetensors, or shards with an index): Llama with
+rope_scaling llama3 and GQA, Llama with tied embeddings and one kv head (MQA) saved in shards,
+Mistral, Qwen2 with q/k/v biases, Qwen3 with q/k norms and a head_dim that is not
+hidden/heads. tests/serving/hf_logits runs each on 1, 2 and 4 launched ranks (real processes; kv
+heads sharded when they divide by the ranks, replicated otherwise) with two prompts batched
+together, a small cache block and a prefill chunk shorter than the prompts, and reports every
+prefill position's logits, every decode step's logits and the greedy tokens. They must equal
+transformers' forward on the same tokens (float32, 1e-4) and model.generate(do_sample=False)
+token for token. A bfloat16 run (weights converted at load) stays as close to float32 as
+transformers' own bfloat16 forward.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+transformers = pytest.importorskip("transformers")
+
+LAUNCH, BIN = os.environ["LAUNCH_PY"], os.environ["HF_LOGITS_BIN"]
+PROMPTS = [[3, 17, 99, 5, 64, 8, 120], [7, 1, 45, 45, 2, 90, 33, 11, 100, 6, 71]]
+STEPS = 5
+SIZES = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+             num_attention_heads=4, max_position_embeddings=64)
+
+
+def _llama3():
+    return transformers.LlamaConfig(
+        **SIZES, num_key_value_heads=2, tie_word_embeddings=False,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
+
+
+MODELS = {
+    # name: (config factory, model class, save_pretrained kwargs)
+    "llama3_gqa": (_llama3, transformers.LlamaForCausalLM, {}),
+    "llama_tied_mqa_sharded": (
+        lambda: transformers.LlamaConfig(**SIZES, num_key_value_heads=1, tie_word_embeddings=True,
+                                         rope_theta=500000.0),
+        transformers.LlamaForCausalLM, {"max_shard_size": "40KB"}),
+    "mistral": (lambda: transformers.MistralConfig(**SIZES, num_key_value_heads=1,
+                                                   sliding_window=64),
+                transformers.MistralForCausalLM, {}),
+    "qwen2_bias": (lambda: transformers.Qwen2Config(**SIZES, num_key_value_heads=2,
+                                                    tie_word_embeddings=True),
+                   transformers.Qwen2ForCausalLM, {}),
+    "qwen3_qk_norm": (lambda: transformers.Qwen3Config(**SIZES, num_key_value_heads=2,
+                                                       head_dim=32),
+                      transformers.Qwen3ForCausalLM, {}),
+}
+
+
+def _randomize(model):
+    # transformers initializes norms to 1 and biases to 0, which would hide their handling; and
+    # weights of std 0.02 give nearly flat logits. Spread them.
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            if "norm" in name:
+                p.copy_(1 + 0.2 * noise)
+            elif name.endswith("bias"):
+                p.copy_(0.3 * noise)
+            else:
+                p.copy_(0.15 * noise)
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def hf_model(request, tmp_path_factory):
+    make_config, cls, save_kwargs = MODELS[request.param]
+    torch.manual_seed(0)
+    model = cls(make_config()).eval()
+    _randomize(model)
+    path = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(str(path), **save_kwargs)
+    if save_kwargs:
+        assert (path / "model.safetensors.index.json").exists()
+        assert len(list(path.glob("model-*.safetensors"))) > 1
+    return request.param, model, str(path)
+
+
+def _run(path, n, tmp_path, *args):
+    out = str(tmp_path / f"logits-{n}.safetensors")
+    cmd = [BIN, "--model", path, "--prompts", ";".join(",".join(map(str, p)) for p in PROMPTS),
+           "--steps", str(STEPS), "--out", out, "--block_size", "4", "--prefill_chunk", "5", *args]
+    if n > 1:
+        cmd = [sys.executable, LAUNCH, "-n", str(n), "--"] + cmd
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return load_file(out)
+
+
+def _reference(model, prompt, tokens):
+    seq = torch.tensor([prompt + tokens[:STEPS]])
+    with torch.no_grad():
+        logits = model(seq).logits[0]
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    with torch.no_grad():
+        gen = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
+                                                                                dtype=torch.long),
+                             max_new_tokens=STEPS + 1, do_sample=False)
+    return logits, gen[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_logits_and_greedy_equal_transformers(hf_model, ranks, tmp_path):
+    name, model, path = hf_model
+    got = _run(path, ranks, tmp_path)
+    for i, prompt in enumerate(PROMPTS):
+        tokens = got[f"tokens.{i}"].tolist()
+        ref, generated = _reference(model, prompt, tokens)
+        S = len(prompt)
+        torch.testing.assert_close(got[f"prefill.{i}"], ref[:S], rtol=0, atol=1e-4,
+                                   msg=lambda m: f"{name} on {ranks} ranks, prefill {i}: {m}")
+        for k in range(STEPS):
+            torch.testing.assert_close(
+                got[f"decode.{i}"][k], ref[S + k], rtol=0, atol=1e-4,
+                msg=lambda m: f"{name} on {ranks} ranks, prompt {i} decode step {k}: {m}")
+        assert tokens == generated, f"{name} on {ranks} ranks, prompt {i}"
+
+
+def test_bfloat16_as_close_as_transformers(hf_model, tmp_path):
+    name, model, path = hf_model
+    got = _run(path, 2, tmp_path, "--dtype", "bfloat16")
+    bf16 = type(model)(model.config).to(torch.bfloat16).eval()
+    bf16.load_state_dict(model.state_dict())
+    for i, prompt in enumerate(PROMPTS):
+        seq = torch.tensor([prompt])
+        with torch.no_grad():
+            ref = model(seq).logits[0]
+            theirs = bf16(seq).logits[0].float()
+        err_theirs = (theirs - ref).abs().max().item()
+        err_ours = (got[f"prefill.{i}"] - ref).abs().max().item()
+        assert err_ours <= 2 * err_theirs + 1e-2, (name, i, err_ours, err_theirs)
