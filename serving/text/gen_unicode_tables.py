@@ -28,10 +28,21 @@ def is_hangul_syllable(cp):
     return 0xAC00 <= cp <= 0xD7A3
 
 
+# Other_Alphabetic code points outside the mark categories (PropList.txt: circled and squared
+# Latin letters), which unicodedata does not expose.
+OTHER_ALPHABETIC_SYMBOLS = [(0x24B6, 0x24E9), (0x1F130, 0x1F149), (0x1F150, 0x1F169),
+                            (0x1F170, 0x1F189)]
+
+
 def main():
     cat = [unicodedata.category(chr(cp)) for cp in range(MAX)]
     letters = ranges(lambda cp: cat[cp][0] == "L")
     numbers = ranges(lambda cp: cat[cp][0] == "N")
+    # Regex \w as the Rust regex crate reads it (the reference's single_word added tokens):
+    # Alphabetic, marks, decimal digits, connector punctuation, the joiners.
+    word = ranges(lambda cp: cat[cp][0] in "LM" or cat[cp] in ("Nl", "Nd", "Pc")
+                  or cp in (0x200C, 0x200D)
+                  or any(a <= cp <= b for a, b in OTHER_ALPHABETIC_SYMBOLS))
     # Canonical combining classes, as runs of equal nonzero class.
     ccc = []
     for cp in range(MAX):
@@ -78,6 +89,7 @@ def main():
 
     table("CodeRange", "kLetterRanges", letters, lambda r: "{0x%X, 0x%X}" % r)
     table("CodeRange", "kNumberRanges", numbers, lambda r: "{0x%X, 0x%X}" % r)
+    table("CodeRange", "kWordRanges", word, lambda r: "{0x%X, 0x%X}" % r)
     table("CombiningRange", "kCombiningRanges", ccc, lambda r: "{0x%X, 0x%X, %d}" % tuple(r))
     table("Decomposition", "kDecompositions", decomp, lambda r: "{0x%X, 0x%X, 0x%X}" % r)
     table("Composition", "kCompositions", sorted(compose), lambda r: "{0x%X, 0x%X, 0x%X}" % r)

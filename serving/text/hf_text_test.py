@@ -73,6 +73,14 @@ TEXTS = [
     "!!!??? ... --- ;;; ((( )))",
 ]
 
+# Random strings over the characters the patterns treat differently (letters, digits, marks,
+# apostrophes, whitespace kinds, newlines, punctuation, CJK, emoji, special-token pieces).
+_POOL = (list("aZé'sStT dD0123456789 \t\n\r.,!?-_()<>|") + ["  ", "\u00a0", "\u3000", "\u0301",
+         "\u0308", "\u1161", "\u1100", "日", "本", "ſ", "😀", "👍🏽", "‍", "١", "²", "<|eot_id|>",
+         "<|im_end|>", "<s>", "</s>", "magic", "<mask>", "words", "'LL", "'re"])
+_rng = random.Random(1)
+TEXTS += ["".join(_rng.choice(_POOL) for _ in range(_rng.randint(1, 30))) for _ in range(300)]
+
 
 def byte_level_bpe(pattern, ignore_merges, nfc, specials, template, extra_added=()):
     """A byte-level BPE like Llama 3's (pattern LLAMA3_PATTERN), Qwen2's (QWEN2_PATTERN, NFC) or

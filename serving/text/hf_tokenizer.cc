@@ -154,7 +154,6 @@ char32_t cp_after(const std::string& s, size_t begin) {
   while (e < s.size() && (static_cast<unsigned char>(s[e]) & 0xC0) == 0x80) ++e;
   return utf8_decode(s.substr(begin, e - begin))[0];
 }
-bool word_char(char32_t c) { return is_letter(c) || is_number(c) || c == '_'; }
 
 class HfTokenizer final : public Tokenizer {
  public:
@@ -415,8 +414,8 @@ std::vector<std::pair<std::string, int>> HfTokenizer::split_added(const std::str
     const AddedToken& t = added_[m.index];
     size_t begin = m.begin, end = m.end;
     if (t.single_word) {
-      const bool left_ok = begin == 0 || !word_char(cp_before(s, begin));
-      const bool right_ok = end == s.size() || !word_char(cp_after(s, end));
+      const bool left_ok = begin == 0 || !is_word_char(cp_before(s, begin));
+      const bool right_ok = end == s.size() || !is_word_char(cp_after(s, end));
       if (!left_ok || !right_ok) continue;
     }
     if (t.lstrip) {

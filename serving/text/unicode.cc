@@ -137,6 +137,12 @@ bool is_number(char32_t c) {
   return in_ranges(kNumberRanges, kNumberRangesSize, c);
 }
 
+bool is_word_char(char32_t c) {
+  if (c < 0x80)
+    return ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || (c >= '0' && c <= '9') || c == '_';
+  return in_ranges(kWordRanges, kWordRangesSize, c);
+}
+
 bool is_whitespace(char32_t c) {
   // The White_Space property (PropList.txt): what Oniguruma's \s matches in Unicode text.
   return (c >= 0x9 && c <= 0xD) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||

@@ -17,6 +17,8 @@ size_t utf8_complete_prefix(const std::string& s);
 bool is_letter(char32_t c);
 bool is_number(char32_t c);
 bool is_whitespace(char32_t c);
+// Regex \w in Unicode (the Rust regex crate's): letters, marks, decimal digits, connectors.
+bool is_word_char(char32_t c);
 
 // Unicode normalization form C (canonical decomposition, canonical order, canonical composition).
 std::u32string nfc(const std::u32string& s);

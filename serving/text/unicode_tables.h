@@ -25,6 +25,8 @@ extern const CodeRange kLetterRanges[];  // general category L*
 extern const size_t kLetterRangesSize;
 extern const CodeRange kNumberRanges[];  // general category N*
 extern const size_t kNumberRangesSize;
+extern const CodeRange kWordRanges[];  // regex \w: Alphabetic, M, Nd, Pc, Join_Control
+extern const size_t kWordRangesSize;
 extern const CombiningRange kCombiningRanges[];
 extern const size_t kCombiningRangesSize;
 extern const Decomposition kDecompositions[];  // sorted by cp; Hangul syllables are algorithmic
