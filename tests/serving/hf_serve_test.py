@@ -1,0 +1,165 @@
+"""./x serve --model DIR as users meet it: a tiny random Qwen2 model with a byte-level BPE
+tokenizer, both written by Hugging Face's own packages (save_pretrained), served by tools/serve on
+1 and 2 ranks (real processes through ./x launch's launcher) and driven over HTTP:
+
+- greedy completions (prompt as token ids and as text) equal transformers' generate(do_sample=
+  False) token for token, and their text equals the tokenizer's decode; concurrent requests
+  (continuous batching over the paged cache) each get what they get alone;
+- a KV cache too small for a request answers 400 naming the cache, and the server keeps serving;
+- a config.json the forward does not implement stops the server at start naming the field.
+"""
+
+import http.client
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+
+LAUNCH, SERVE = os.environ["LAUNCH_PY"], os.environ["SERVE_BIN"]
+WORDS = ("the quick brown fox jumps over the lazy dog tensor parallel server model hello world "
+         "shard replicate rank cache block prefill decode").split()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("qwen2")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    import random
+    rng = random.Random(0)
+    corpus = [" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(500)]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=320, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        special_tokens=["<|endoftext|>"]))
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+    fast.save_pretrained(str(path))
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(
+        vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=96,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=128, eos_token_id=None, bos_token_id=None)
+    model = transformers.Qwen2ForCausalLM(config).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            p.copy_(1 + 0.2 * noise if "norm" in name else 0.15 * noise)
+    model.save_pretrained(str(path))
+    return str(path), model, fast
+
+
+class Server:
+    def __init__(self, n, tmp_path, *args):
+        self.port_file = str(tmp_path / f"port-{n}-{time.monotonic_ns()}")
+        self.proc = subprocess.Popen(
+            [sys.executable, LAUNCH, "-n", str(n), "--", SERVE, "--port", "0", "--port-file",
+             self.port_file, *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines = []
+        threading.Thread(target=self._read, daemon=True).start()
+        deadline = time.monotonic() + 120
+        while not os.path.exists(self.port_file):
+            if self.proc.poll() is not None:
+                time.sleep(0.2)  # the reader thread takes the last lines
+                raise RuntimeError("server exited:\n" + "\n".join(self.lines))
+            assert time.monotonic() < deadline, "server did not start:\n" + "\n".join(self.lines)
+            time.sleep(0.05)
+        self.port = int(open(self.port_file).read())
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def complete(self, body):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        conn.request("POST", "/v1/completions", body=json.dumps(body),
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        text = resp.read().decode()
+        conn.close()
+        return resp.status, json.loads(text)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=60)
+
+
+def _generate(model, ids, n):
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids),
+                                                                            dtype=torch.long),
+                             max_new_tokens=n, do_sample=False)
+    return out[0, len(ids):].tolist()
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_greedy_completions_equal_transformers(model_dir, ranks, tmp_path):
+    path, model, fast = model_dir
+    prompts = [[5, 77, 300, 12, 9, 140, 2, 66, 81, 45, 101], "the quick brown fox jumps over"]
+    expected = []
+    for p in prompts:
+        ids = p if isinstance(p, list) else fast(p)["input_ids"]
+        expected.append(_generate(model, ids, 10))
+    server = Server(ranks, tmp_path, "--model", path, "--block-size", "4", "--prefill-chunk", "4",
+                    "--kv-cache-memory", "256K")
+    try:
+        def ask(p):
+            status, body = server.complete({"prompt": p, "max_tokens": 10, "temperature": 0})
+            assert status == 200, body
+            return body["choices"][0]
+        for p, want in zip(prompts, expected):
+            choice = ask(p)
+            assert choice["token_ids"] == want, (ranks, p)
+            assert choice["text"] == fast.decode(want)
+        results = [None] * 6
+
+        def one(i):
+            results[i] = ask(prompts[i % 2])["token_ids"]
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results == [expected[i % 2] for i in range(6)]
+    finally:
+        server.stop()
+
+
+def test_request_larger_than_the_cache_is_refused(model_dir, tmp_path):
+    path, model, _ = model_dir
+    # 2 layers x 2 kv heads x 16 dims x 4 bytes x 2 (k, v) = 512 bytes a position: 8 KiB hold 16.
+    server = Server(1, tmp_path, "--model", path, "--block-size", "4", "--kv-cache-memory", "8K")
+    try:
+        status, body = server.complete({"prompt": [1, 2, 3], "max_tokens": 20, "temperature": 0})
+        assert status == 400 and "KV cache" in body["error"]["message"], body
+        status, body = server.complete({"prompt": [1, 2, 3], "max_tokens": 10, "temperature": 0})
+        assert status == 200, body
+        assert body["choices"][0]["token_ids"] == _generate(model, [1, 2, 3], 10)
+    finally:
+        server.stop()
+
+
+def test_unsupported_config_stops_at_start_naming_the_field(model_dir, tmp_path):
+    path, _, _ = model_dir
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in os.listdir(path):
+        os.symlink(os.path.join(path, f), bad / f)
+    config = json.load(open(os.path.join(path, "config.json")))
+    config["hidden_act"] = "gelu"
+    os.unlink(bad / "config.json")
+    json.dump(config, open(bad / "config.json", "w"))
+    with pytest.raises(RuntimeError, match="'hidden_act'"):
+        Server(1, tmp_path, "--model", str(bad))
