@@ -2,7 +2,8 @@
 // given prompts, for hf_models_test.py to compare with transformers. All prompts are prefilled in
 // one batched forward (every position's logits), then `--steps` batched greedy decode steps
 // follow. Rank 0 writes a safetensors file: prefill.<i> [prompt_i, vocab], decode.<i>
-// [steps, vocab] (the logits of each decode step) and tokens.<i> [steps + 1] (the greedy tokens).
+// [steps, vocab] (the logits of each decode step) and tokens.<i> [steps + 1] (the greedy tokens);
+// every rank r writes <out>.bytes_read.<r>: the bytes of weights it read from the files.
 // When launched (./x launch) the launched processes are the tensor-parallel ranks; else one
 // process with plain tensors. Before the prompts, a throwaway sequence fills and frees cache
 // blocks, so the prompts run on reused blocks.
@@ -13,6 +14,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -61,7 +63,10 @@ int main(int argc, char** argv) {
     o.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
     o.block_size = absl::GetFlag(FLAGS_block_size);
     o.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_memory);
+    const int64_t read_before = dtensor::checkpoint::tensor_bytes_read_by_this_thread();
     serving::HfModel model(absl::GetFlag(FLAGS_model), mesh, o);
+    const int64_t weight_bytes_read =
+        dtensor::checkpoint::tensor_bytes_read_by_this_thread() - read_before;
 
     // Fill some blocks with another sequence's keys, then free them for the prompts to reuse.
     const int scratch = model.alloc_slot();
@@ -100,6 +105,9 @@ int main(int argc, char** argv) {
       out.emplace_back("tokens." + std::to_string(i), at::tensor(tokens[i], at::kLong));
     }
     if (rank == 0) dtensor::checkpoint::write_safetensors(absl::GetFlag(FLAGS_out), out);
+    // Every rank: the weight bytes it read from the files (its pieces only).
+    std::ofstream(absl::GetFlag(FLAGS_out) + ".bytes_read." + std::to_string(rank))
+        << weight_bytes_read << "\n";
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "hf_logits: " << e.what() << "\n";

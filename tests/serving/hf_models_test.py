@@ -10,9 +10,12 @@ together, a small cache block and a prefill chunk shorter than the prompts, and 
 prefill position's logits, every decode step's logits and the greedy tokens. They must equal
 transformers' forward on the same tokens (float32, 1e-4) and model.generate(do_sample=False)
 token for token. A bfloat16 run (weights converted at load) stays as close to float32 as
-transformers' own bfloat16 forward.
+transformers' own bfloat16 forward. Weights stored in bfloat16 and float16 and converted to float32
+at load equal transformers loading the same files in float32. Each rank reads from the files only
+the bytes of its pieces (counted by the safetensors reader).
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -96,6 +99,27 @@ def _run(path, n, tmp_path, *args):
     return load_file(out)
 
 
+def _expected_bytes_read(model, ranks, rank):
+    """The bytes of rank `rank`'s pieces under NOTE [HF tensor parallelism] (torch.chunk's
+    split of each sharded dim), from the weights' names and shapes alone."""
+    cfg = model.config
+    kv_sharded = cfg.num_key_value_heads % ranks == 0
+    total = 0
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        dim = None
+        if any(k in name for k in ("q_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head")):
+            dim = 0
+        elif any(k in name for k in ("k_proj", "v_proj")):
+            dim = 0 if kv_sharded else None
+        elif any(k in name for k in ("o_proj", "down_proj")):
+            dim = 1
+        piece = t if dim is None else torch.chunk(t, ranks, dim)[rank]
+        total += piece.numel() * t.element_size()
+    return total
+
+
 def _reference(model, prompt, tokens):
     seq = torch.tensor([prompt + tokens[:STEPS]])
     with torch.no_grad():
@@ -124,6 +148,32 @@ def test_logits_and_greedy_equal_transformers(hf_model, ranks, tmp_path):
                 got[f"decode.{i}"][k], ref[S + k], rtol=0, atol=1e-4,
                 msg=lambda m: f"{name} on {ranks} ranks, prompt {i} decode step {k}: {m}")
         assert tokens == generated, f"{name} on {ranks} ranks, prompt {i}"
+    # Each rank read only its pieces of the weights.
+    for rank in range(ranks):
+        got_bytes = int(open(str(tmp_path / f"logits-{ranks}.safetensors") +
+                             f".bytes_read.{rank}").read())
+        assert got_bytes == _expected_bytes_read(model, ranks, rank), (name, ranks, rank)
+
+
+@pytest.mark.parametrize("stored", [torch.bfloat16, torch.float16])
+def test_stored_half_precision_converted_to_float32(stored, tmp_path):
+    """Weights stored in bfloat16 / float16, served with --dtype float32: equal to transformers
+    loading the same file in float32."""
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+        **SIZES, num_key_value_heads=2, head_dim=16)).eval()
+    _randomize(model)
+    path = str(tmp_path / "half")
+    model.to(stored).save_pretrained(path)
+    assert json.load(open(os.path.join(path, "config.json")))["dtype"] == str(stored).split(".")[1]
+    ref_model = transformers.Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    got = _run(path, 2, tmp_path, "--dtype", "float32")
+    for i, prompt in enumerate(PROMPTS):
+        ref, generated = _reference(ref_model, prompt, got[f"tokens.{i}"].tolist())
+        torch.testing.assert_close(got[f"prefill.{i}"], ref[:len(prompt)], rtol=0, atol=1e-4)
+        torch.testing.assert_close(got[f"decode.{i}"], ref[len(prompt):len(prompt) + STEPS],
+                                   rtol=0, atol=1e-4)
+        assert got[f"tokens.{i}"].tolist() == generated
 
 
 def test_bfloat16_as_close_as_transformers(hf_model, tmp_path):
