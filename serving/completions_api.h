@@ -14,6 +14,15 @@
 // {"error": {"message", "type": "invalid_request_error", "param", "code": null}}.
 // Extension: each choice also carries "token_ids", the generated ids (the byte tokenizer's text
 // is not always reversible; clients comparing generations use the ids).
+//
+// NOTE [chat completions]: POST /v1/chat/completions takes OpenAI's `messages` ({role: system,
+// user or assistant; content: a string or text parts}) instead of `prompt`, and
+// max_completion_tokens as max_tokens; the other fields are the completions' (logprobs false is
+// accepted; tools and non-text response formats are refused). The messages are rendered with
+// the model's chat template (serving/text/chat_template.h) and a generation prompt, encoded
+// without added special tokens (the template holds bos), and generation stops at the family's
+// end-of-turn tokens as stop strings besides the client's. Responses are "chat.completion"
+// objects (message) or "chat.completion.chunk" events (delta; the first names the role).
 
 #include <cstdint>
 #include <optional>
@@ -32,6 +41,7 @@ struct CompletionRequest {
   SamplingParams sampling;
   std::vector<std::string> stop;
   bool stream = false;
+  bool chat = false;  // from /v1/chat/completions (NOTE [chat completions])
 };
 
 struct ApiError {
@@ -49,6 +59,12 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(const std::st
                                                                    const Tokenizer& tokenizer,
                                                                    int64_t context_length);
 
+// Parses and checks a chat request (NOTE [chat completions]): the messages rendered through the
+// tokenizer's chat template; 400 when the model has no supported template.
+std::variant<CompletionRequest, ApiError> parse_chat_request(const std::string& body,
+                                                             const Tokenizer& tokenizer,
+                                                             int64_t context_length);
+
 // Response bodies. `finish_reason` is "stop", "length", or empty while streaming.
 struct Usage {
   int64_t prompt_tokens = 0, completion_tokens = 0;
@@ -62,5 +78,13 @@ std::string stream_chunk(const std::string& id, int64_t created, const std::stri
                          const std::string& text, const std::vector<int64_t>& token_ids,
                          const std::string& finish_reason, const std::optional<Usage>& usage);
 std::string stream_done();
+// The chat forms of the two (NOTE [chat completions]); `first`: the stream's first chunk.
+std::string chat_completion_body(const std::string& id, int64_t created, const std::string& model,
+                                 const std::string& text, const std::vector<int64_t>& token_ids,
+                                 const std::string& finish_reason, const Usage& usage);
+std::string chat_stream_chunk(const std::string& id, int64_t created, const std::string& model,
+                              const std::string& text, const std::vector<int64_t>& token_ids,
+                              const std::string& finish_reason, const std::optional<Usage>& usage,
+                              bool first);
 
 }  // namespace dtensor::serving

@@ -75,8 +75,9 @@ HttpServer::HttpServer(Scheduler& scheduler, const Tokenizer& tokenizer, Metrics
                     "application/json");
   });
 
-  s.Post("/v1/completions", [this](const httplib::Request& http, httplib::Response& res) {
-    auto parsed = parse_completion_request(http.body, tokenizer_, options_.context_length);
+  // One parsed request (a completion or a chat completion) through the scheduler to the client.
+  const auto serve = [this](std::variant<CompletionRequest, ApiError> parsed,
+                            httplib::Response& res) {
     if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, metrics_, *e);
     const std::string id = next_id();
     const int64_t created = unix_now();
@@ -98,6 +99,7 @@ HttpServer::HttpServer(Scheduler& scheduler, const Tokenizer& tokenizer, Metrics
     }
     const int64_t prompt_tokens = static_cast<int64_t>(req->params().prompt.size());
     const std::string model = options_.model_name;
+    const bool chat = req->params().chat;
     if (!req->params().stream) {
       std::string text;
       std::vector<int64_t> ids;
@@ -113,9 +115,11 @@ HttpServer::HttpServer(Scheduler& scheduler, const Tokenizer& tokenizer, Metrics
           return;
         }
         if (!ev->finish_reason.empty()) {
-          res.set_content(completion_body(id, created, model, text, ids, ev->finish_reason,
-                                          {prompt_tokens, static_cast<int64_t>(ids.size())}),
-                          "application/json");
+          const Usage usage{prompt_tokens, static_cast<int64_t>(ids.size())};
+          res.set_content(
+              chat ? chat_completion_body(id, created, model, text, ids, ev->finish_reason, usage)
+                   : completion_body(id, created, model, text, ids, ev->finish_reason, usage),
+              "application/json");
           return;
         }
       }
@@ -123,7 +127,7 @@ HttpServer::HttpServer(Scheduler& scheduler, const Tokenizer& tokenizer, Metrics
     auto generated = std::make_shared<int64_t>(0);
     res.set_chunked_content_provider(
         "text/event-stream",
-        [req, id, created, model, prompt_tokens, generated](size_t, httplib::DataSink& sink) {
+        [req, id, created, model, prompt_tokens, generated, chat](size_t, httplib::DataSink& sink) {
           while (true) {
             if (!sink.is_writable()) {
               req->cancel();
@@ -136,11 +140,15 @@ HttpServer::HttpServer(Scheduler& scheduler, const Tokenizer& tokenizer, Metrics
               out = "data: " + error_body({ev->status, ev->error, "", "service_unavailable"}) +
                     "\n\n" + stream_done();
             } else {
+              const bool first = *generated == 0;
               *generated += static_cast<int64_t>(ev->token_ids.size());
-              out =
-                  stream_chunk(id, created, model, ev->text, ev->token_ids, ev->finish_reason,
-                               ev->final() ? std::optional<Usage>(Usage{prompt_tokens, *generated})
-                                           : std::nullopt);
+              const auto usage = ev->final()
+                                     ? std::optional<Usage>(Usage{prompt_tokens, *generated})
+                                     : std::nullopt;
+              out = chat ? chat_stream_chunk(id, created, model, ev->text, ev->token_ids,
+                                             ev->finish_reason, usage, first)
+                         : stream_chunk(id, created, model, ev->text, ev->token_ids,
+                                        ev->finish_reason, usage);
               if (ev->final()) out += stream_done();
             }
             if (!sink.write(out.data(), out.size())) {
@@ -156,7 +164,14 @@ HttpServer::HttpServer(Scheduler& scheduler, const Tokenizer& tokenizer, Metrics
         [req](bool success) {
           if (!success) req->cancel();
         });
+  };
+  s.Post("/v1/completions", [this, serve](const httplib::Request& http, httplib::Response& res) {
+    serve(parse_completion_request(http.body, tokenizer_, options_.context_length), res);
   });
+  s.Post("/v1/chat/completions",
+         [this, serve](const httplib::Request& http, httplib::Response& res) {
+           serve(parse_chat_request(http.body, tokenizer_, options_.context_length), res);
+         });
 
   s.set_error_handler([](const httplib::Request& http, httplib::Response& res) {
     if (!res.body.empty()) return;

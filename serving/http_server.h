@@ -1,7 +1,8 @@
 #pragma once
 // Rank 0's HTTP front end (Debian's cpp-httplib): POST /v1/completions (NOTE [completions
-// fields]; JSON or server-sent events), GET /v1/models, GET /health, GET /metrics. Requests are
-// checked here and only valid ones reach the scheduler; refusals are counted in the metrics.
+// fields]; JSON or server-sent events), POST /v1/chat/completions (NOTE [chat completions]), GET
+// /v1/models, GET /health, GET /metrics. Requests are checked here and only valid ones reach the
+// scheduler; refusals are counted in the metrics.
 
 #include <memory>
 #include <string>

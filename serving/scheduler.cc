@@ -170,7 +170,11 @@ void Scheduler::emit(const std::shared_ptr<Request>& r, int64_t token) {
   }
   r->last_token_ = now;
   r->generated_.push_back(token);
-  r->text_ = tokenizer_.decode(r->generated_);
+  // NOTE [streaming decode]: the text grows by whole characters; the last token flushes the rest.
+  if (!r->stream_) r->stream_ = std::make_unique<StreamDecoder>(tokenizer_);
+  r->text_ += r->stream_->push(token);
+  if (static_cast<int64_t>(r->generated_.size()) >= r->params().max_tokens)
+    r->text_ += r->stream_->finish();
   const auto& stops = r->params().stop;
   size_t longest = 0;
   for (const auto& s : stops) longest = std::max(longest, s.size());

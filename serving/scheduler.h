@@ -81,6 +81,7 @@ class Request {
   int slot_ = -1;
   int64_t position_ = 0;  // tokens in the cache
   std::vector<int64_t> generated_;
+  std::unique_ptr<StreamDecoder> stream_;  // generated_ to text_
   std::string text_;
   size_t emitted_ = 0;  // bytes of text_ sent
   std::optional<at::Generator> gen_;
