@@ -170,7 +170,7 @@ void Scheduler::emit(const std::shared_ptr<Request>& r, int64_t token) {
   }
   r->last_token_ = now;
   r->generated_.push_back(token);
-  // NOTE [streaming decode]: the text grows by whole characters; the last token flushes the rest.
+  // The text grows by whole characters (NOTE [streaming decode]); the last token flushes the rest.
   if (!r->stream_) r->stream_ = std::make_unique<StreamDecoder>(tokenizer_);
   r->text_ += r->stream_->push(token);
   if (static_cast<int64_t>(r->generated_.size()) >= r->params().max_tokens)

@@ -89,7 +89,7 @@ std::vector<int64_t> Bpe::tokenize(const std::string& word) const {
 }
 
 std::vector<int64_t> Bpe::merge_word(const std::string& word) const {
-  // NOTE [bpe merges]: initial symbols.
+  // The initial symbols (NOTE [bpe merges]).
   std::vector<int64_t> syms;
   bool last_unk = false;
   for (size_t i = 0; i < word.size();) {

@@ -1,4 +1,4 @@
-// NOTE [chat completions]: /v1/chat/completions' request parsing and response bodies on a model
+// /v1/chat/completions' request parsing and response bodies (NOTE [chat completions]) on a model
 // directory with a ChatML template: the prompt is the template's rendering encoded without added
 // special tokens, generation stops at <|im_end|>, and what the endpoint refuses it refuses with
 // OpenAI's 400. (The rendering itself is checked against transformers in hf_text_test.py.)

@@ -1,5 +1,6 @@
-// NOTE [streaming decode]: a 4-byte emoji split over byte tokens reaches the client whole, never
-// as U+FFFD or half a sequence, and the streamed pieces add up to decode() of all ids.
+// StreamDecoder (NOTE [streaming decode]): a 4-byte emoji split over byte tokens reaches the
+// client whole, never as U+FFFD or half a sequence, and the streamed pieces add up to decode() of
+// all ids.
 
 #include <gtest/gtest.h>
 
