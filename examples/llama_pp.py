@@ -1,15 +1,19 @@
-"""./x demo pp: the demo's Llama-style model split into 2 pipeline stages, each tensor parallel.
+"""./x demo pp: the demo's Llama-style model split into 2 pipeline stages, each tensor parallel,
+optionally data parallel with FSDP too.
 
     ./x run -n 4 examples/llama_pp.py [--mesh 2,2] [--steps 5] [--microbatches 4]
                                       [--schedule 1f1b|gpipe]
+    ./x run -n 8 examples/llama_pp.py --mesh 2,2,2      (pp, dp, tp)
 
-The mesh is (pp, tp): stage 0 (embedding, attention block) on the first pp coordinate's tp ranks,
-stage 1 (MLP block, norm, head) on the second's. Each stage is parallelized with the demo's TP
+The mesh is (pp, tp) or (pp, dp, tp): stage 0 (embedding, attention block) on the first pp
+coordinate's ranks, stage 1 (MLP block, norm, head) on the second's. With dp, each stage is
+also fully_shard'ed over "dp" (FSDP x TP) and each dp coordinate trains on its share of the
+batch; FSDP reduces the stage's gradients once per step, at its last microbatch. Each stage is parallelized with the demo's TP
 plan (examples/llama_model.py), so the activations leaving stage 0 are distributed tensors on its
 tp mesh; they reach stage 1's tp mesh laid out as they left, by a cross-mesh redistribute
 (dtensor.pipelining, NOTE [pipeline transfers]). Each step runs the schedule over the
-microbatches; the last stage's ranks print the loss next to one process's (the same model
-unsplit, on the whole batch), and every rank prints its schedule's timeline of the last step
+microbatches; the last stage prints the loss (averaged over dp) next to one process's (the same
+model unsplit, on the whole batch), and every rank prints its schedule's timeline of the last step
 (forward F / backward B per microbatch, in milliseconds from the step's start).
 """
 
@@ -25,6 +29,8 @@ import torch.nn.functional as F
 
 import dtensor
 from dtensor import Replicate, init_device_mesh
+from dtensor import _functional_collectives as fc
+from dtensor.fsdp import fully_shard
 from dtensor.parallel import parallelize_module
 from dtensor.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
@@ -81,7 +87,7 @@ def loss_fn(logits, targets):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--mesh", default="2,2", help="pp,tp (default 2,2)")
+    parser.add_argument("--mesh", default="2,2", help="pp,tp or pp,dp,tp (default 2,2)")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe"))
@@ -89,11 +95,15 @@ def main():
                         help="exit 1 when a step's loss differs from one process's by more")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    pp, tp = (int(x) for x in args.mesh.split(","))
-    if pp != 2:
-        raise SystemExit("./x demo pp: the demo model splits into 2 stages (--mesh 2,TP)")
-    mesh = init_device_mesh("cpu", (pp, tp), mesh_dim_names=("pp", "tp"))
+    sizes = [int(x) for x in args.mesh.split(",")]
+    if len(sizes) not in (2, 3) or sizes[0] != 2:
+        raise SystemExit("./x demo pp: the demo model splits into 2 stages "
+                         "(--mesh 2,TP or 2,DP,TP)")
+    names = ("pp", "tp") if len(sizes) == 2 else ("pp", "dp", "tp")
+    mesh = init_device_mesh("cpu", tuple(sizes), mesh_dim_names=names)
+    pp, dp = sizes[0], sizes[1] if len(sizes) == 3 else 1
     rank, stage_index = int(os.environ.get("RANK", "0")), mesh.get_coordinate()[0]
+    dp_index = mesh.get_local_rank("dp") if dp > 1 else 0
 
     torch.manual_seed(0)
     model = Llama()
@@ -102,6 +112,8 @@ def main():
     part = FirstStage(model, mesh["tp"]) if stage_index == 0 else LastStage(model)
     part = parallelize_module(part, mesh["tp"], stage_plan(part))
     dtensor.distribute_module(part, mesh["tp"])  # the rest (the norms' weights) replicated
+    if dp > 1:
+        fully_shard(part, mesh=mesh["dp"])
     stage = PipelineStage(part, stage_index, pp, group=mesh.get_group("pp"))
     cls = Schedule1F1B if args.schedule == "1f1b" else ScheduleGPipe
     schedule = cls(stage, args.microbatches, loss_fn=loss_fn)
@@ -110,14 +122,16 @@ def main():
     torch.manual_seed(1)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ))
     targets = torch.randint(0, VOCAB, (BATCH, SEQ))
-    d_tokens = dtensor.distribute_tensor(tokens, mesh["tp"], [Replicate()], src_data_rank=None)
+    rows = slice(dp_index * BATCH // dp, (dp_index + 1) * BATCH // dp)  # this dp share
+    d_tokens = dtensor.distribute_tensor(tokens[rows], mesh["tp"], [Replicate()],
+                                         src_data_rank=None)
     worst = 0.0
     for step in range(args.steps):
         opt.zero_grad()
         t0 = time.perf_counter()
         losses = []
         schedule.step(*((d_tokens,) if stage.is_first else ()),
-                      target=targets if stage.is_last else None, losses=losses)
+                      target=targets[rows] if stage.is_last else None, losses=losses)
         opt.step()
         ms = (time.perf_counter() - t0) * 1e3
         ref_opt.zero_grad()
@@ -125,9 +139,12 @@ def main():
         want.backward()
         ref_opt.step()
         if stage.is_last:
-            got = torch.stack(losses).mean().item()
+            got = torch.stack(losses).mean()
+            if dp > 1:  # the dp shares are equal: the whole batch's loss is their mean
+                got = fc.all_reduce(got, "avg", mesh["dp"]).wait()
+            got = got.item()
             worst = max(worst, abs(got - want.item()))
-            if mesh.get_local_rank("tp") == 0:
+            if mesh.get_local_rank("tp") == 0 and dp_index == 0:
                 print(f"step {step}: loss {got:.6f} (one process: {want.item():.6f}), "
                       f"{ms:.1f} ms", flush=True)
     start = schedule.timeline[0][3] if schedule.timeline else 0.0

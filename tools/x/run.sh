@@ -15,10 +15,11 @@ x_help demo '  demo fsdp [-n N] [args]
                   collectives of a step and the training state per rank (examples/llama_fsdp.py;
                   [--steps 5] [--tp 2])'
 x_help demo '  demo pp [-n N] [args]
-                  the same model in 2 pipeline stages, each tensor parallel on N/2 ranks
-                  (dtensor.pipelining over cross-mesh redistributes); loss next to one process'\''s
-                  and each rank'\''s schedule timeline (examples/llama_pp.py; [--steps 5]
-                  [--microbatches 4] [--schedule 1f1b|gpipe])'
+                  the same model in 2 pipeline stages, each tensor parallel (pp=2 x tp=2 on 4
+                  processes), then also fully_shard'\''ed (pp=2 x dp=2 x tp=2 on 8); -n N: only
+                  pp=2 x tp=N/2 (dtensor.pipelining over cross-mesh redistributes); loss next to
+                  one process'\''s and each rank'\''s schedule timeline (examples/llama_pp.py;
+                  [--steps 5] [--microbatches 4] [--schedule 1f1b|gpipe])'
 x_help demo '  demo layout [args]
                   lay a real tensor out on a mesh and show what each rank holds
                   (--mesh 2,2 --shape 10,7 --placements "S(0),S(1)" [--names dp,tp] [--order "0:1,0"])'
@@ -111,10 +112,17 @@ cmd_demo() {
       return ;;
     pp)
       shift
-      local n=4
-      if [ "${1:-}" = -n ]; then n=$2; shift 2; fi
-      demo_python "2 pipeline stages x tensor parallel" examples/llama_pp.py -n "$n" \
-        --mesh "2,$((n / 2))" "$@"
+      if [ "${1:-}" = -n ]; then  # one run: pp=2 x tp=N/2
+        local n=$2
+        shift 2
+        demo_python "2 pipeline stages x tensor parallel" examples/llama_pp.py -n "$n" \
+          --mesh "2,$((n / 2))" "$@"
+        return
+      fi
+      demo_python "2 pipeline stages x tensor parallel" examples/llama_pp.py -n 4 \
+        --mesh 2,2 "$@" || return
+      demo_python "2 pipeline stages x FSDP x tensor parallel" examples/llama_pp.py -n 8 \
+        --mesh 2,2,2 "$@"
       return ;;
     cpp)
       shift

@@ -47,9 +47,11 @@ class _PipelineSchedule:
         for stage, kind, mb in actions:
             if kind in (B, W):
                 last_b[stage] = mb
+        local = {}
         for st in self._stages:
             st.output_chunks.clear()
             st.losses.clear()
+            st._start_step(n, local)
         self.timeline = []
         for stage, kind, mb in actions:
             st = by_index[stage]

@@ -11,6 +11,8 @@ from init_device_mesh); each rank's counterpart on another stage is its pipeline
 there.
 """
 
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -49,6 +51,20 @@ def _param_meshes(module):
     return out
 
 
+def _shapes(args):
+    """(shape, dtype) per tensor of one microbatch's inputs or outputs (global shapes for
+    distributed tensors); None when not given."""
+    if args is None:
+        return None
+    args = args if isinstance(args, (tuple, list)) else (args,)
+    return tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else None for a in args)
+
+
+def _fmt(shapes):
+    return ", ".join("None" if s is None else f"{list(s[0])} {str(s[1]).replace('torch.', '')}"
+                     for s in shapes)
+
+
 def _fsdp_modules(module):
     from dtensor.fsdp import FSDPModule
     return [m for m in module.modules() if isinstance(m, FSDPModule)]
@@ -57,8 +73,10 @@ def _fsdp_modules(module):
 class PipelineStage:
     """``submodule`` as stage ``stage_index`` of ``num_stages`` on this rank. ``group``: the
     pipeline group (``mesh.get_group("pp")``, a 1-D DeviceMesh, or None for every rank).
-    ``input_args``/``output_args`` are accepted for PyTorch's signature and not needed: shapes
-    travel with the tensors (NOTE [pipeline transfers])."""
+    ``input_args``/``output_args`` are not needed (shapes travel with the tensors, NOTE [pipeline
+    transfers]); when given (one microbatch's inputs or outputs: tensors or a tuple of them), each
+    microbatch's received inputs and its outputs must match their shapes and dtypes, or the
+    step fails naming both stages."""
 
     def __init__(self, submodule, stage_index, num_stages, device=None, input_args=None,
                  output_args=None, group=None, dw_builder=None):
@@ -83,9 +101,18 @@ class PipelineStage:
         self.is_first = stage_index == 0
         self.is_last = stage_index == num_stages - 1
         self._meshes = _param_meshes(submodule)
+        self._expected_in = _shapes(input_args)
+        self._expected_out = _shapes(output_args)
+        self._n_microbatches = None
+        self._local = {}
         self._cache = {}      # microbatch -> (inputs, outputs) kept for the backward
         self._grads_out = {}  # microbatch -> (outputs, their gradients), between I and W
         self._sent = []       # asynchronous sends, waited for at the end of a step
+        # What the last step cost beyond compute: bytes this rank sent per direction ("f":
+        # activations, "b": their gradients; payload and headers) and seconds it waited in
+        # receives (./x bench pp's bubble).
+        self.bytes_sent = {"f": 0, "b": 0}
+        self.recv_wait_s = 0.0
         self.output_chunks = {}
         self.losses = {}
 
@@ -95,25 +122,80 @@ class PipelineStage:
     def _channel(self, a, b, direction):
         return f"pp{a}>{b}{direction}"
 
-    def _send(self, tensors, stage, direction):
-        self._sent += _transfer.send(tensors, self._peer(stage), self.device.type,
-                                     self._channel(self.stage_index, stage, direction)) or []
+    def _send(self, tensors, stage, direction, mb):
+        meta = (self.stage_index, mb, self._n_microbatches)
+        if self._peer(stage) == _C.rank():  # a stage of this rank: handed over, not sent
+            self._local.setdefault((stage, direction), []).append((meta, [
+                None if t is None else t.detach().requires_grad_(t.requires_grad)
+                for t in tensors]))
+            return
+        pending, nbytes = _transfer.send(tensors, self._peer(stage), self.device.type,
+                                         self._channel(self.stage_index, stage, direction),
+                                         meta)
+        self._sent += pending
+        self.bytes_sent[direction] += nbytes
 
-    def _recv(self, stage, direction):
-        return _transfer.recv(self._peer(stage), self._meshes, self.device.type,
-                              self._channel(stage, self.stage_index, direction))
+    def _recv(self, stage, direction, mb):
+        t0 = time.perf_counter()
+        if self._peer(stage) == _C.rank():
+            meta, out = self._local[(self.stage_index, direction)].pop(0)
+        else:
+            meta, out = _transfer.recv(self._peer(stage), self._meshes, self.device.type,
+                                       self._channel(stage, self.stage_index, direction))
+        self.recv_wait_s += time.perf_counter() - t0
+        what = "activations" if direction == "f" else "gradients"
+        if meta[2] != self._n_microbatches:
+            raise RuntimeError(f"PipelineStage {self.stage_index} (rank {_C.rank()}) runs "
+                               f"{self._n_microbatches} microbatches a step, stage {meta[0]} "
+                               f"runs {meta[2]}: their schedules differ")
+        if meta[1] != mb:
+            raise RuntimeError(f"PipelineStage {self.stage_index} (rank {_C.rank()}) awaits the "
+                               f"{what} of microbatch {mb}, stage {meta[0]} sent microbatch "
+                               f"{meta[1]}: their schedules differ")
+        return out
+
+    def _start_step(self, n_microbatches, local):
+        # local: what this rank's stages hand each other this step, by (receiving stage,
+        # direction), shared by the schedule's stages and new each step.
+        self._n_microbatches = n_microbatches
+        self._local = local
+        self.bytes_sent = {"f": 0, "b": 0}
+        self.recv_wait_s = 0.0
+
+    def _check(self, tensors, expected, what, mb):
+        # what: "inputs" (received from the previous stage) or "outputs" (for the next stage).
+        if expected is None:
+            return
+        got = _shapes(tuple(tensors))
+        if got != expected:
+            other = self.stage_index + (-1 if what == "inputs" else 1)
+            verb = "sent" if what == "inputs" else "would receive"
+            raise RuntimeError(
+                f"PipelineStage {self.stage_index} (rank {_C.rank()}) declared its microbatch "
+                f"{what} as {_fmt(expected)} ({what[:-1]}_args); for microbatch {mb} stage "
+                f"{other} {verb} {_fmt(got)}")
 
     def forward_one_chunk(self, mb, args=(), kwargs=None, train=True):
         """Microbatch ``mb``'s forward: ``args`` on the first stage, else what the previous stage
         sent. Sends the outputs on (not from the last stage); returns them."""
-        inputs = tuple(args) if self.is_first else tuple(self._recv(self.stage_index - 1, "f"))
+        if self.is_first:
+            inputs = tuple(args)
+        else:
+            inputs = tuple(self._recv(self.stage_index - 1, "f", mb))
+            self._check(inputs, self._expected_in, "inputs", mb)
         with torch.set_grad_enabled(train):
-            out = self.submod(*inputs, **(kwargs or {}))
+            try:
+                out = self.submod(*inputs, **(kwargs or {}))
+            except Exception as e:
+                raise RuntimeError(f"PipelineStage {self.stage_index} (rank {_C.rank()}): the "
+                                   f"forward of microbatch {mb} raised {type(e).__name__}: "
+                                   f"{e}") from e
         outs = out if isinstance(out, tuple) else (out,)
+        self._check(outs, self._expected_out, "outputs", mb)
         if train:
             self._cache[mb] = (inputs, outs)
         if not self.is_last:
-            self._send(list(outs), self.stage_index + 1, "f")
+            self._send(list(outs), self.stage_index + 1, "f", mb)
         return out
 
     def _grad_outputs(self, mb, loss):
@@ -123,7 +205,7 @@ class PipelineStage:
                 raise RuntimeError("PipelineStage: the last stage's backward needs a loss (give "
                                    "the schedule a loss_fn)")
             return [loss], [None]
-        grads = self._recv(self.stage_index + 1, "b")
+        grads = self._recv(self.stage_index + 1, "b", mb)
         pairs = [(o, g) for o, g in zip(outs, grads)
                  if g is not None and isinstance(o, torch.Tensor) and o.requires_grad]
         return [o for o, _ in pairs], [g for _, g in pairs]
@@ -140,7 +222,7 @@ class PipelineStage:
             return
         grads = [x.grad if isinstance(x, torch.Tensor) and x.requires_grad else None
                  for x in inputs]
-        self._send(grads, self.stage_index - 1, "b")
+        self._send(grads, self.stage_index - 1, "b", mb)
 
     def backward_one_chunk(self, mb, loss=None, last_backward=False):
         """Microbatch ``mb``'s whole backward (input and weight gradients); sends the inputs'

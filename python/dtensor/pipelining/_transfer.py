@@ -7,7 +7,9 @@ ranks to the receiving stage's: a distributed tensor from its mesh to the same m
 other stage (arriving laid out as it left, a Partial reduced on the way), a plain tensor from
 this rank to its peer in the pipeline group (a one-rank mesh each). The receiver must name the
 same source layout as the sender, so a fixed-size header (int64: per tensor its kind, dtype,
-shape, placements) goes first, from each rank to its peer. Every transfer of one boundary and
+shape, placements; and which stage sent it, for which microbatch of how many, so a receiving stage
+refuses a schedule that does not match its own, naming both stages) goes first, from each rank
+to its peer. Every transfer of one boundary and
 direction runs on its own channel (a group of its own over the same ranks), so activations and
 gradients keep their own first-in-first-out order whatever the schedule interleaves; sends are
 asynchronous (a stage's ranks only send on a boundary), so a stage never waits for a peer to
@@ -50,8 +52,8 @@ def _placement_of(code):
     return Partial(_REDUCE_OPS[-2 - code])
 
 
-def _encode(tensors):
-    out = [len(tensors)]
+def _encode(tensors, meta):
+    out = [*meta, len(tensors)]
     for t in tensors:
         if t is None:
             out.append(_NONE)
@@ -72,8 +74,10 @@ def _encode(tensors):
 
 
 def _decode(header):
+    """(meta, specs): the sender's (stage, microbatch, microbatch count) and per tensor None or
+    (dtype, requires_grad, shape, placements, mesh ranks)."""
     h = header.tolist()
-    n, at, out = h[0], 1, []
+    meta, n, at, out = tuple(h[:3]), h[3], 4, []
     for _ in range(n):
         kind = h[at]
         at += 1
@@ -95,7 +99,7 @@ def _decode(header):
             mesh = torch.tensor(ranks, dtype=torch.long).reshape(mesh_shape)
             at += 1 + 2 * k + size
         out.append((dtype, requires_grad, shape, placements, mesh))
-    return out
+    return meta, out
 
 
 def _one_rank_mesh(rank, device_type):
@@ -121,19 +125,24 @@ def _move(x, mesh, placements, async_op, channel):
     return _C.redistribute_to_mesh(x, mesh._mesh, list(placements), async_op, channel)
 
 
-def send(tensors, peer, device_type, channel):
+def send(tensors, peer, device_type, channel, meta):
     """Sends ``tensors`` to the stage of ``peer`` (this rank's counterpart there; the stages'
     ranks differ by the same offset). Returns at once, with the results of the exchanges, which
-    complete when the peer receives (their to_local() waits)."""
+    complete when the peer receives (their to_local() waits), and the bytes this rank sends
+    (its local pieces and the header). ``meta``: (this stage, the microbatch, the microbatch
+    count), checked by the receiver."""
     me = _C.rank()
     src, dst = _one_rank_mesh(me, device_type), _one_rank_mesh(peer, device_type)
-    header = _encode(tensors)
+    header = _encode(tensors, meta)
     pending = [_move(DTensor.from_local(header, src, [Replicate()]), dst, [Replicate()], True,
                      channel + "/header")]
+    nbytes = header.numel() * header.element_size()
     for t in tensors:
         if t is None:
             continue
         t = t.detach()
+        local = t.to_local() if _C.is_dtensor(t) else t
+        nbytes += local.numel() * local.element_size()
         if _C.is_dtensor(t):
             target = [Replicate() if p.is_partial() else p for p in t.placements]
             pending.append(_move(t, _shifted(t.device_mesh, peer - me, device_type), target, True,
@@ -141,22 +150,23 @@ def send(tensors, peer, device_type, channel):
         else:
             x = DTensor.from_local(t.contiguous(), src, [Replicate()])
             pending.append(_move(x, dst, [Replicate()], True, channel))
-    return pending
+    return pending, nbytes
 
 
 def recv(peer, meshes_here, device_type, channel):
     """Receives what ``send`` sent from ``peer`` (this rank's counterpart on the sending stage).
     Distributed tensors arrive on the one of ``meshes_here`` (this stage's parameters' meshes,
     with their dim names) that is the sending mesh moved to this stage, else on that moved mesh.
-    Returns a list of tensors (None where the sender sent None); each that required grad on the
-    sender is a leaf that requires grad here."""
+    Returns the sender's meta (see send) and a list of tensors (None where the sender sent None);
+    each that required grad on the sender is a leaf that requires grad here."""
     me = _C.rank()
     src, dst = _one_rank_mesh(peer, device_type), _one_rank_mesh(me, device_type)
     absent = DTensor.from_local(torch.empty(0, dtype=torch.int64), src, [Replicate()],
                                 shape=(_HEADER,), stride=(1,))
     header = _move(absent, dst, [Replicate()], False, channel + "/header").to_local()
+    meta, specs = _decode(header)
     out = []
-    for spec in _decode(header):
+    for spec in specs:
         if spec is None:
             out.append(None)
             continue
@@ -178,4 +188,4 @@ def recv(peer, meshes_here, device_type, channel):
                                         shape=tuple(shape), stride=stride)
             t = _move(absent, dst, [Replicate()], False, channel).to_local()
         out.append(t.requires_grad_() if requires_grad else t)
-    return out
+    return meta, out
