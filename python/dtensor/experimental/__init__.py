@@ -3,8 +3,11 @@
 
 from dtensor.experimental._func_map import local_map
 from dtensor.experimental._register_sharding import register_sharding
+from dtensor.experimental._attention import set_rotate_method
+from dtensor.experimental._context_parallel import context_parallel, context_parallel_unshard
 
 __all__ = ["implicit_replication", "local_map", "register_sharding"]
+__all__ += ["context_parallel", "context_parallel_unshard", "set_rotate_method"]
 
 
 def implicit_replication():

@@ -1,0 +1,218 @@
+"""Context parallelism (dtensor/experimental/_attention.py, _context_parallel.py): ring attention
+under ``context_parallel`` equals one device's ``F.scaled_dot_product_attention`` in output and
+q/k/v gradients (fp32) for causal and not, head-tail load balance and not, both rotate methods,
+2/3/4 ranks, lengths not divisible by 2W, GQA and ``scale=``; distributed q/k/v sharded on the
+sequence give a distributed result sharded on it; the collectives per forward and backward are
+counted (CommDebugMode); head-tail indices equal PyTorch's load balancer's (ranks are threads)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dtensor
+from dtensor import DTensor, Shard, distribute_tensor
+from dtensor.debug import CommDebugMode
+from dtensor.experimental import context_parallel, context_parallel_unshard, set_rotate_method
+from dtensor.experimental._attention import _cp_options, _RotateMethod
+from dtensor.experimental._context_parallel import _HeadTailLoadBalancer
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(autouse=True)
+def _restore_options():
+    saved = (_cp_options.enable_load_balance, _cp_options.rotate_method)
+    yield
+    _cp_options.enable_load_balance, _cp_options.rotate_method = saved
+
+
+def _inputs(seq, heads=2, kv_heads=None, dim=8, batch=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, seq, dim, generator=g)
+    k = torch.randn(batch, kv_heads or heads, seq, dim, generator=g)
+    v = torch.randn(batch, kv_heads or heads, seq, dim + 2, generator=g)
+    dout = torch.randn(batch, heads, seq, dim + 2, generator=g)
+    return q, k, v, dout
+
+
+def _reference(q, k, v, dout, **kw):
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, **kw)
+    out.backward(dout)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def _context_parallel(n, q, k, v, dout, **kw):
+    """Every rank's (out, dq, dk, dv), whole and in natural order (context_parallel_unshard),
+    after F.scaled_dot_product_attention inside context_parallel on the sharded buffers."""
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (n,))
+        bufs = [t.clone() for t in (q, k, v, dout)]
+        with context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2] * 4,
+                              no_restore_buffers=set(bufs)):
+            ql, kl, vl = (t.clone().requires_grad_() for t in bufs[:3])
+            out = F.scaled_dot_product_attention(ql, kl, vl, **kw)
+            out.backward(bufs[3])
+            return context_parallel_unshard(mesh, [out.detach(), ql.grad, kl.grad, vl.grad],
+                                            [2] * 4)
+
+    return dtensor.run_threads(n, rank_fn)
+
+
+def _check(results, ref):
+    for got in results:
+        for g, r, name in zip(got, ref, ("out", "dq", "dk", "dv")):
+            torch.testing.assert_close(g, r, **TOL, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("method", ["allgather", "alltoall"])
+@pytest.mark.parametrize("load_balance", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_equals_one_device(n, method, load_balance, causal):
+    set_rotate_method(method)
+    _cp_options.enable_load_balance = load_balance
+    q, k, v, dout = _inputs(4 * n, seed=n)
+    _check(_context_parallel(n, q, k, v, dout, is_causal=causal),
+           _reference(q, k, v, dout, is_causal=causal))
+
+
+@pytest.mark.parametrize("n,seq", [(2, 7), (3, 13), (4, 9), (4, 5)])
+@pytest.mark.parametrize("method", ["allgather", "alltoall"])
+@pytest.mark.parametrize("load_balance", [False, True])
+def test_uneven_lengths(n, seq, method, load_balance):
+    """Lengths not divisible by 2W (4 on 4 ranks: some chunks are empty)."""
+    set_rotate_method(method)
+    _cp_options.enable_load_balance = load_balance
+    q, k, v, dout = _inputs(seq, seed=seq)
+    for causal in (True, False):
+        _check(_context_parallel(n, q, k, v, dout, is_causal=causal),
+               _reference(q, k, v, dout, is_causal=causal))
+
+
+@pytest.mark.parametrize("method", ["allgather", "alltoall"])
+def test_gqa_and_scale(method):
+    set_rotate_method(method)
+    q, k, v, dout = _inputs(10, heads=4, kv_heads=2, seed=5)
+    kw = dict(is_causal=True, enable_gqa=True, scale=0.3)
+    _check(_context_parallel(3, q, k, v, dout, **kw), _reference(q, k, v, dout, **kw))
+
+
+def _counts(n, method, causal):
+    """Each rank's collective counts of one forward and of its backward."""
+    set_rotate_method(method)
+    q, k, v, dout = _inputs(4 * n)
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (n,))
+        bufs = [t.clone() for t in (q, k, v, dout)]
+        with context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2] * 4):
+            ql, kl, vl = (t.clone().requires_grad_() for t in bufs[:3])
+            with CommDebugMode() as fwd:
+                out = F.scaled_dot_product_attention(ql, kl, vl, is_causal=causal)
+            with CommDebugMode() as bwd:
+                out.backward(bufs[3])
+        return (fwd.get_total_counts(), fwd.get_comm_counts(), bwd.get_total_counts(),
+                bwd.get_comm_counts())
+
+    return dtensor.run_threads(n, rank_fn)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("causal", [False, True])
+def test_collective_counts(n, causal):
+    for fwd_total, fwd, bwd_total, bwd in _counts(n, "alltoall", causal):
+        # W-1 rotations forward; backward W-1 rotations of k/v with their gradients and one
+        # return of the gradients to their owner.
+        assert fwd_total == n - 1 and fwd["all_to_all_single"] == n - 1
+        assert bwd_total == n and bwd["all_to_all_single"] == n
+    for fwd_total, fwd, bwd_total, bwd in _counts(n, "allgather", causal):
+        assert fwd_total == 1 and fwd["all_gather_into_tensor"] == 1
+        assert bwd_total == 2 and bwd["all_gather_into_tensor"] == 1
+        assert bwd["reduce_scatter_tensor"] == 1
+
+
+@pytest.mark.parametrize("seq", [12, 11])
+@pytest.mark.parametrize("method", ["allgather", "alltoall"])
+def test_distributed_tensors_sharded_on_sequence(seq, method):
+    """q/k/v distributed Shard(2) on a 1-D mesh: the result is Shard(2) and equals one device;
+    gradients too."""
+    set_rotate_method(method)
+    n = 3
+    q, k, v, dout = _inputs(seq, seed=seq)
+    for causal in (False, True):
+        ref = _reference(q, k, v, dout, is_causal=causal)
+
+        def rank_fn(rank, causal=causal):
+            mesh = dtensor.init_device_mesh("cpu", (n,))
+            qd, kd, vd = (distribute_tensor(t, mesh, [Shard(2)]).requires_grad_()
+                          for t in (q, k, v))
+            with context_parallel(mesh):
+                with CommDebugMode() as fwd:
+                    out = F.scaled_dot_product_attention(qd, kd, vd, is_causal=causal)
+            assert isinstance(out, DTensor) and out.placements == (Shard(2),)
+            out.backward(distribute_tensor(dout, mesh, [Shard(2)]))
+            return (out.full_tensor().detach(), qd.grad.full_tensor(), kd.grad.full_tensor(),
+                    vd.grad.full_tensor(), fwd.get_total_counts())
+
+        results = dtensor.run_threads(n, rank_fn)
+        _check([r[:4] for r in results], ref)
+        assert all(r[4] == (1 if method == "allgather" else n - 1) for r in results)
+
+
+@pytest.mark.parametrize("seq,n", [(16, 2), (24, 3), (32, 4)])
+def test_head_tail_indices_equal_pytorch(seq, n):
+    from torch.distributed.tensor.experimental._context_parallel import \
+        _HeadTailLoadBalancer as TorchHeadTail
+    for restore in (False, True):
+        torch.testing.assert_close(
+            _HeadTailLoadBalancer(seq, n)._generate_indices(restore=restore),
+            TorchHeadTail(seq, n, "cpu")._generate_indices(restore=restore))
+
+
+@pytest.mark.parametrize("load_balance", [False, True])
+def test_buffers_sharded_in_place_and_restored(load_balance):
+    """Inside the block each buffer holds this rank's chunks (head-tail: r and 2W-1-r of
+    torch.chunk's 2W chunks); after it, the values are back except for no_restore_buffers."""
+    _cp_options.enable_load_balance = load_balance
+    n, seq = 3, 11
+    x = torch.arange(2 * seq).view(2, seq).float()
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (n,))
+        a, b = x.clone(), x.clone()
+        with context_parallel(mesh, buffers=[a, b], buffer_seq_dims=[1, 1], no_restore_buffers={b}):
+            if load_balance:
+                chunks = x.chunk(2 * n, dim=1) + (x[:, :0],) * (2 * n - len(x.chunk(2 * n, 1)))
+                want = torch.cat([chunks[rank], chunks[2 * n - 1 - rank]], 1)
+            else:
+                chunks = x.chunk(n, dim=1)
+                want = chunks[rank] if rank < len(chunks) else x[:, :0]
+            torch.testing.assert_close(a, want)
+            whole = context_parallel_unshard(mesh, [a], [1])[0]
+        return a, b, whole
+
+    for a, b, whole in dtensor.run_threads(n, rank_fn):
+        torch.testing.assert_close(a, x)
+        torch.testing.assert_close(whole, x)
+        assert b.shape[1] < seq
+
+
+def test_unsupported_arguments_raise():
+    q, k, v, _ = _inputs(8)
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (2,))
+        bufs = [t.clone() for t in (q, k, v)]
+        with context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2] * 3):
+            with pytest.raises(NotImplementedError, match="dropout_p"):
+                F.scaled_dot_product_attention(*bufs, dropout_p=0.1)
+            with pytest.raises(NotImplementedError, match="attn_mask"):
+                F.scaled_dot_product_attention(*bufs, attn_mask=torch.ones(4, 4, dtype=bool))
+        with pytest.raises(NotImplementedError, match="rotation"):
+            set_rotate_method("ring")
+        return True
+
+    assert all(dtensor.run_threads(2, rank_fn))
+    assert _cp_options.rotate_method in (_RotateMethod.ALL_GATHER, _RotateMethod.ALL_TO_ALL)
