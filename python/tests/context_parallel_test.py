@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import dtensor
-from dtensor import DTensor, Shard, distribute_tensor
+from dtensor import DTensor, Replicate, Shard, distribute_tensor
 from dtensor.debug import CommDebugMode
 from dtensor.experimental import context_parallel, context_parallel_unshard, set_rotate_method
 from dtensor.experimental._attention import _cp_options, _RotateMethod
@@ -216,3 +216,58 @@ def test_unsupported_arguments_raise():
 
     assert all(dtensor.run_threads(2, rank_fn))
     assert _cp_options.rotate_method in (_RotateMethod.ALL_GATHER, _RotateMethod.ALL_TO_ALL)
+
+
+def test_dispatcher_without_context_manager():
+    """_enable_context_parallel_dispatcher(): SDPA on distributed q/k/v sharded on the sequence
+    runs ring attention outside context_parallel (W-1 rotations forward, Shard(2) result and
+    gradients, one device's values); a mask (not taken by ring attention) runs the engine's path,
+    also one device's values; after disabling, the engine's path again."""
+    from dtensor.experimental._context_parallel import (_disable_context_parallel_dispatcher,
+                                                        _enable_context_parallel_dispatcher)
+    set_rotate_method("alltoall")
+    n = 3
+    q, k, v, dout = _inputs(11, seed=2)
+    mask = torch.rand(11, 11, generator=torch.Generator().manual_seed(3)) > 0.3
+    mask.diagonal().fill_(True)
+    ref = _reference(q, k, v, dout, is_causal=True)
+    ref_mask = _reference(q, k, v, dout, attn_mask=mask)
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (n,))
+        qd, kd, vd = (distribute_tensor(t, mesh, [Shard(2)]).requires_grad_() for t in (q, k, v))
+        with CommDebugMode() as fwd:
+            out = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True)
+        out.backward(distribute_tensor(dout, mesh, [Shard(2)]))
+        got = (out.full_tensor().detach(), qd.grad.full_tensor(), kd.grad.full_tensor(),
+               vd.grad.full_tensor())
+        placements = (out.placements, qd.grad.placements, kd.grad.placements)
+        qm, km, vm = (distribute_tensor(t, mesh, [Shard(2)]).requires_grad_() for t in (q, k, v))
+        md = distribute_tensor(mask, mesh, [Replicate()])
+        out_m = F.scaled_dot_product_attention(qm, km, vm, attn_mask=md)
+        out_m.backward(distribute_tensor(dout, mesh, [Shard(2)]))
+        got_m = (out_m.full_tensor().detach(), qm.grad.full_tensor(), km.grad.full_tensor(),
+                 vm.grad.full_tensor())
+        return got, placements, fwd.get_comm_counts(), got_m
+
+    _enable_context_parallel_dispatcher()
+    try:
+        results = dtensor.run_threads(n, rank_fn)
+    finally:
+        _disable_context_parallel_dispatcher()
+    _check([r[0] for r in results], ref)
+    _check([r[3] for r in results], ref_mask)
+    for _, placements, counts, _ in results:
+        assert placements == ((Shard(2),),) * 3
+        assert counts == {"all_to_all_single": n - 1}
+
+    def plain_engine(rank):
+        mesh = dtensor.init_device_mesh("cpu", (n,))
+        qd, kd, vd = (distribute_tensor(t, mesh, [Shard(2)]) for t in (q, k, v))
+        with CommDebugMode() as m:
+            F.scaled_dot_product_attention(qd, kd, vd)
+        return m.get_comm_counts()
+
+    # The engine gathers k/v (no rotation).
+    for counts in dtensor.run_threads(n, plain_engine):
+        assert "all_to_all_single" not in counts and counts["all_gather_into_tensor"] >= 1

@@ -10,7 +10,9 @@ function instead) and runs ring attention when
 * q, k, v are distributed tensors sharded ``Shard(dim -2)`` on a 1-D mesh: the result is a
   distributed tensor ``Shard(dim -2)`` too. Distributed tensors are plain ``torch.Tensor``
   objects with no Python-level type of their own, so outside the block their SDPA goes straight
-  to the C++ engine (which gathers k/v along the sequence, exact); only the block catches it.
+  to the C++ engine (which gathers k/v along the sequence, exact), unless
+  ``_enable_context_parallel_dispatcher()`` (PyTorch's name) registered ring attention as the
+  op's kernel for distributed tensors' autograd dispatch key.
 Other calls (other layouts, other functions) run unchanged.
 """
 
@@ -26,7 +28,8 @@ from dtensor.experimental._attention import (_check_sdpa_args, _cp_options, _gro
                                              _ring_sdpa, _RingPlan, _SeqLayout)
 from dtensor.placement_types import Shard
 
-__all__ = ["context_parallel", "context_parallel_unshard", "_HeadTailLoadBalancer"]
+__all__ = ["context_parallel", "context_parallel_unshard", "_HeadTailLoadBalancer",
+           "_enable_context_parallel_dispatcher", "_disable_context_parallel_dispatcher"]
 
 
 class _HeadTailLoadBalancer:
@@ -107,25 +110,73 @@ def _plan(group, rank, q_lay, kv_lay, is_causal, scale):
                      _cp_options.rotate_method)
 
 
-def _sdpa_dtensor(q, k, v, a):
+def _sdpa_dtensor(q, k, v, a, strict=True):
     """Ring attention on distributed q/k/v sharded on dim -2 over a 1-D mesh (None: another
-    layout, left to the engine)."""
-    seq = q.dim() - 2
+    layout, left to the engine; with ``strict=False`` also arguments ring attention does not
+    take, which the engine computes instead of refusing)."""
     mesh = q.device_mesh
     for t in (q, k, v):
-        if t.device_mesh != mesh or mesh.ndim != 1 or not t.placements[0].is_shard(t.dim() - 2):
+        if t.device_mesh != mesh or mesh.ndim != 1 or t.dim() < 2 or \
+                not t.placements[0].is_shard(t.dim() - 2):
             return None
-    scale = _check_sdpa_args(q, k, v, a["attn_mask"], a["dropout_p"], a["is_causal"],
-                             a["scale"], a["enable_gqa"])
     group, rank = _group_and_rank(mesh)
     world = mesh.size()
-    q_lay = _SeqLayout(q.shape[-2], world, False)
-    kv_lay = _SeqLayout(k.shape[-2], world, False)
-    out = _ring_sdpa(q.to_local(), k.to_local(), v.to_local(),
-                     _plan(group, rank, q_lay, kv_lay, a["is_causal"], scale))
+    try:
+        scale = _check_sdpa_args(q, k, v, a["attn_mask"], a["dropout_p"], a["is_causal"],
+                                 a["scale"], a["enable_gqa"])
+        plan = _plan(group, rank, _SeqLayout(q.shape[-2], world, False),
+                     _SeqLayout(k.shape[-2], world, False), a["is_causal"], scale)
+    except (ValueError, NotImplementedError):
+        if strict:
+            raise
+        return None
+    out = _ring_sdpa(q.to_local(), k.to_local(), v.to_local(), plan)
+    seq = q.dim() - 2
     shape = tuple(q.shape[:-1]) + (v.shape[-1],)
     return DTensor.from_local(out, mesh, [Shard(seq)], shape=shape,
                               stride=torch.empty(shape, device="meta").stride())
+
+
+# The kernel of aten::scaled_dot_product_attention for distributed tensors' autograd key while
+# the context parallel dispatcher is enabled (None: disabled).
+_dispatcher_lib = None
+
+
+def _sdpa_kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
+                 scale=None, enable_gqa=False):
+    a = _sdpa_signature(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    out = None
+    if all(isinstance(t, DTensor) for t in (query, key, value)):
+        out = _sdpa_dtensor(query, key, value, a, strict=False)
+    if out is None:
+        # What the dispatcher runs for the op otherwise: its composite decomposition.
+        out = torch.ops.aten.scaled_dot_product_attention.default.decompose(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+            enable_gqa=enable_gqa)
+    return out
+
+
+def _enable_context_parallel_dispatcher():
+    """PyTorch's name: from now on, in every thread, ``F.scaled_dot_product_attention`` on
+    distributed q/k/v sharded ``Shard(dim -2)`` on a 1-D mesh runs ring attention (rotate method
+    of ``set_rotate_method``; the result is ``Shard(dim -2)``), without ``context_parallel``.
+    Distributed tensors have no Python type to hook, so this registers a kernel of
+    ``aten::scaled_dot_product_attention`` for their autograd dispatch key
+    (``AutogradPrivateUse1``); other layouts and arguments ring attention does not take (a mask,
+    dropout) run as before (the op's composite decomposition on the engine). Under ``torch.inference_mode`` (no autograd key) the engine's own path runs."""
+    global _dispatcher_lib
+    if _dispatcher_lib is None:
+        lib = torch.library.Library("aten", "IMPL")
+        lib.impl("scaled_dot_product_attention", _sdpa_kernel, "AutogradPrivateUse1")
+        _dispatcher_lib = lib
+
+
+def _disable_context_parallel_dispatcher():
+    """Undoes ``_enable_context_parallel_dispatcher``."""
+    global _dispatcher_lib
+    if _dispatcher_lib is not None:
+        _dispatcher_lib._destroy()
+        _dispatcher_lib = None
 
 
 @contextlib.contextmanager
