@@ -343,3 +343,13 @@ def _group_and_rank(mesh):
         raise ValueError(f"context parallel: the mesh must be 1-D (the sequence's mesh dim), got "
                          f"{mesh.ndim}-D {mesh}; pass mesh[dim_name]")
     return _C.mesh_group_name(mesh._mesh, 0), mesh.get_local_rank(0)
+
+
+def __getattr__(name):
+    # PyTorch's _attention module also holds the API: ``from ..._attention import
+    # context_parallel_unshard`` works here too (a late import: _context_parallel imports this).
+    if name in ("context_parallel", "context_parallel_unshard",
+                "_enable_context_parallel_dispatcher", "_disable_context_parallel_dispatcher"):
+        from dtensor.experimental import _context_parallel
+        return getattr(_context_parallel, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
