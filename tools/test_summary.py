@@ -28,7 +28,7 @@ def count_cases(xml_path):
 
 def target_xmls(folder):
     """The target's JUnit XML: one file, or one per shard and run (shard_K_of_N/test.xml, NOTE
-    [test shards] in python/run_pytest.py; run_J_of_M/ with --runs_per_test, or both). A shard
+    [test shards] in python/tests/run_pytest.py; run_J_of_M/ with --runs_per_test, or both). A shard
     without its file makes the list empty (not fresh: counted as failed)."""
     shards = sorted(d for d in os.listdir(folder) if d.startswith(("shard_", "run_"))) \
         if os.path.isdir(folder) else []

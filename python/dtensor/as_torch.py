@@ -47,9 +47,8 @@ What it cannot cover, by construction:
   ``import torch.distributed.tensor._api as m`` (the ``import ... as`` form of a name both
   have) gives the engine's ``dtensor._api``; ``from torch.distributed.tensor._api import X``
   gives torch's.
-* Names PyTorch has and this engine does not (``torch.distributed.tensor.experimental.
-  context_parallel``, FSDP1's ``FullyShardedDataParallel``, which stays PyTorch's) raise
-  ImportError / AttributeError as the engine's modules do, or stay PyTorch's (FSDP1).
+* Names PyTorch has and this engine does not raise ImportError / AttributeError as the
+  engine's modules do, or stay PyTorch's (FSDP1's ``FullyShardedDataParallel``).
 * ``torch.distributed._functional_collectives``, ``torch.distributed.checkpoint`` and
   ``torch.distributed._composable`` are not aliased (``dtensor.checkpoint`` is the engine's).
 * Two private helpers get the engine's meaning (NOTE [private helpers for the engine's

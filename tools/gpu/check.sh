@@ -12,13 +12,13 @@
 # Then builds the whole engine and the Python extension dtensor._C the same way (no Bazel) and
 # runs tools/gpu/cuda_probe.py: the distributed tensor's user paths on a 1-rank NCCL mesh of CUDA
 # tensors, each checked against plain CUDA tensors, and per-call costs against PyTorch's DTensor;
-# then python/cuda_test.py (pytest) when the device's python has pytest; then the op_db sweep on
-# CUDA tensors (python/op_db/sweep.py --device cuda --time-budget 85, NOTE [sweep on CUDA]: each
-# OpInfo's samples made on the GPU, on a 1-rank mesh of the process, against plain CUDA tensors;
-# log op_db_cuda.log), and again on 2 processes sharing the GPU on cuda_ipc (--ranks-as
-# processes --world 2, NOTE [sweep with processes]; log op_db_cuda_2proc.log), then every sample
-# of the OpInfos a full CUDA sweep failed on once (log op_db_cuda_full.log), when the device's
-# python can import torch's op database
+# then python/tests/cuda_test.py (pytest) when the device's python has pytest; then the op_db
+# sweep on CUDA tensors (python/tests/op_db/sweep.py --device cuda --time-budget 85, NOTE [sweep
+# on CUDA]: each OpInfo's samples made on the GPU, on a 1-rank mesh of the process, against plain
+# CUDA tensors; log op_db_cuda.log), and again on 2 processes sharing the GPU on cuda_ipc
+# (--ranks-as processes --world 2, NOTE [sweep with processes]; log op_db_cuda_2proc.log), then
+# every sample of the OpInfos a full CUDA sweep failed on once (log op_db_cuda_full.log), when the
+# device's python can import torch's op database
 # (torch.testing._internal.common_methods_invocations; its `expecttest` import is met by PyPI's
 # expecttest that carry_deps.sh puts in .gpu/python): its counts and the "wrong" and "hang"
 # OpInfos, which must be 0 (as must a CUDA failure that stops the sweep; errors are allowed);
@@ -176,12 +176,12 @@ if [ "${SKIP_ENGINE:-}" != 1 ]; then
       engine=${PIPESTATUS[0]}
       summary+=("$(grep '^probe:' "$LOGS/cuda_probe.log" || echo "probe: did not finish (exit $engine)")")
     fi
-    # The package's CUDA tests (python/cuda_test.py, NOTE [mesh device]), run from the build
+    # The package's CUDA tests (python/tests/cuda_test.py, NOTE [mesh device]), run from the build
     # folder so that python/dtensor (no _C.so) does not shadow the built package.
     if ! stage cuda_test; then
       :
     elif $PY -c 'import pytest' 2>/dev/null; then
-      cp python/cuda_test.py "$BUILD/cuda_test.py"
+      cp python/tests/cuda_test.py "$BUILD/cuda_test.py"
       (cd "$BUILD" && PYTHONPATH=$PYPKG timeout 300 $PY -m pytest -q -p no:cacheprovider \
         cuda_test.py) >"$LOGS/cuda_test.log" 2>&1
       rc=$?
@@ -191,8 +191,8 @@ if [ "${SKIP_ENGINE:-}" != 1 ]; then
     else
       summary+=("cuda_test: not run (no pytest in $PY)")
     fi
-    # The op_db sweep on CUDA tensors (NOTE [sweep on CUDA] in python/op_db/sweep.py), run from
-    # the root: the built package and the carried expecttest from PYTHONPATH.
+    # The op_db sweep on CUDA tensors (NOTE [sweep on CUDA] in python/tests/op_db/sweep.py), run
+    # from the root: the built package and the carried expecttest from PYTHONPATH.
     if ! stage op_db; then
       :
     elif PYTHONPATH=$DEPS/python $PY -c 'import torch.testing._internal.common_methods_invocations' \
@@ -208,8 +208,8 @@ if [ "${SKIP_ENGINE:-}" != 1 ]; then
           "2 processes (cuda_ipc):op_db_cuda_2proc:--ranks-as processes --world 2" \
           "1-rank, every sample of 6 OpInfos:op_db_cuda_full:--full --seed 768618223 --ops torch.ops.aten._efficient_attention_forward,native_batch_norm,nn.functional.batch_norm,nn.functional.logsigmoid,nn.functional.multilabel_soft_margin_loss,nn.functional.dropout"; do
         IFS=: read -r what log flags <<<"$run"
-        PYTHONPATH=$PYPKG:$DEPS/python timeout 180 $PY python/op_db/sweep.py --device cuda $flags \
-          --time-budget 85 >"$LOGS/$log.log" 2>&1
+        PYTHONPATH=$PYPKG:$DEPS/python timeout 180 $PY python/tests/op_db/sweep.py --device cuda \
+          $flags --time-budget 85 >"$LOGS/$log.log" 2>&1
         rc=$?
         grep -E '^(wrong|hang) |^summary:' "$LOGS/$log.log" | head -20
         wrong=$(grep -c '^wrong ' "$LOGS/$log.log")

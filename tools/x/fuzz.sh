@@ -52,13 +52,13 @@ fuzz_run() {
 }
 
 # ./x fuzz ops [--time S] [--seed S] [--replay SEED,...]: the ops differential fuzzer
-# (python/op_db/fuzz_ops.py): random OpInfo x sample x placements x mesh against one device.
+# (python/tests/op_db/fuzz_ops.py): random OpInfo x sample x placements x mesh against one device.
 cmd_fuzz_ops() {
   local dir root=$PWD
   dir=$(stage_python)
   cd "$CALLER_PWD"
   PYTHONPATH="$dir" PYTHONSAFEPATH=1 DTENSOR_COLLECTIVE_TIMEOUT_MS=${DTENSOR_COLLECTIVE_TIMEOUT_MS:-20000} \
-    exec "$PY" "$root/python/op_db/fuzz_ops.py" "$@"
+    exec "$PY" "$root/python/tests/op_db/fuzz_ops.py" "$@"
 }
 
 cmd_fuzz() {

@@ -43,7 +43,7 @@ cmd_test() {
   local start tiers=(--test_tag_filters=-full)
   [ "$full" -eq 1 ] && tiers=()
   start=$(date +%s)
-  # Targets or packages given (./x test //python:api_test, ./x test python): only those.
+  # Targets or packages given (./x test //python/tests:api_test, ./x test python): only those.
   local targets=(//...) a
   if [ "$extras" -ne 0 ]; then
     targets=()
@@ -205,7 +205,7 @@ san_test() {
   # runtime at random (a segfault, or a failed 541 TB shadow mapping), with no report to act on;
   # it runs in the normal and ASan builds.
   local skip=()
-  [ "$san" = tsan ] && skip=(//python:op_db_test)
+  [ "$san" = tsan ] && skip=(//python/tests:op_db_test)
   [ "$scope" = all ] && py=$(bz_side "$san" query "kind(py_test, $set) except set(${skip[*]})" 2>/dev/null)
   local rt stdcxx opts=(--config="$san" --jobs=2 --keep_going "$@") cc_env=() py_env=()
   rt=$(realpath "$(gcc -print-file-name="lib$san.so")")

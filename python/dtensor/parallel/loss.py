@@ -17,7 +17,7 @@ rank's piece:
 
 ``cross_entropy`` runs as one fused function that keeps only the log-probabilities (one piece of
 logits' size) for backward, so a rank's peak memory of a loss step is its share of the logits
-times a small constant, as a single device's is of the whole (``python/loss_parallel_test.py``
+times a small constant, as a single device's is of the whole (``python/tests/loss_parallel_test.py``
 measures it). Other mesh dims may be Replicate or shard a row dim (batch, sequence); the target
 (class indices, plain = replicated, or distributed) is laid out as the rows. Reductions
 ``none``/``sum``/``mean``, ``weight`` (plain, replicated), ``ignore_index`` and, beyond PyTorch,

@@ -2,7 +2,7 @@
 sample of every float32 OpInfo, every tensor argument sharded in turn on every dim, on a 1-D mesh
 of 4 ranks and a 2x2 mesh (sweep.full_modes_for), samples drawn from a seed that changes per run
 (NOTE [sweep seed]): the seed is printed first and in every failure; replay one with
-`DTENSOR_SWEEP_SEED=S ./x run python/op_db/sweep.py --full --ops NAME`.
+`DTENSOR_SWEEP_SEED=S ./x run python/tests/op_db/sweep.py --full --ops NAME`.
 
 A chunk fails on any wrong answer or hang. An OpInfo that raises in the full sweep must be listed,
 with its reason, whatever sample raised: in the default tier's EXPECTED_FAILURES or in

@@ -132,7 +132,7 @@ print("ok", flush=True)
 @pytest.mark.parametrize("n", [2, 4])
 def test_tp_steps_compute_a_shard_per_rank(n, tmp_path):
     here = os.path.dirname(os.path.abspath(__file__))
-    llama_dir = os.path.join(os.path.dirname(here), "examples")
+    llama_dir = os.path.join(os.path.dirname(os.path.dirname(here)), "examples")
     assert os.path.exists(os.path.join(llama_dir, "llama_model.py")), llama_dir
     out = run_on_ranks(WORKER, n, tmp_path, name="flops_worker", LLAMA_DIR=llama_dir,
                        FLOPS_TARGET=str(TARGET))

@@ -292,13 +292,9 @@ def test_aliases_swap_modules_and_parent_attributes(tmp_path):
     # torch.Tensor._local_tensor is the engine's piece on its tensors only.
     assert not hasattr(torch.ones(2), "_local_tensor")
 
-    # Names the engine does not have are not invented.
-    try:
-        from torch.distributed.tensor.experimental import context_parallel  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        raise AssertionError("context_parallel should not resolve")
+    # torch.distributed.tensor.experimental's names are the engine's, context_parallel too.
+    from torch.distributed.tensor.experimental import context_parallel
+    assert context_parallel is dtensor.experimental.context_parallel
     print("ok")
     ''', tmp_path)
 

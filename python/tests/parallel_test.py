@@ -543,7 +543,7 @@ def test_tp_training_step_reads_no_scalar_to_the_host():
     RowwiseParallel, a residual, SGD with momentum) on 2 ranks calls no op that reads a value back
     to the host (item, _local_scalar_dense, is_nonzero, nonzero, equal: on CUDA each is a
     device-to-host copy and a sync). The profiler records every ATen call of rank 0's step, the
-    engine's own included. python/cuda_test.py counts the CUDA memcpys themselves on a GPU."""
+    engine's own included. python/tests/cuda_test.py counts the CUDA memcpys themselves on a GPU."""
     import collections
 
     from torch.profiler import ProfilerActivity, profile

@@ -23,11 +23,11 @@ def pytest_test(name, test, srcs = [], data = [], launches_ranks = False, pytest
         env.setdefault("DTENSOR_LAUNCH_PRELOAD", "1")
     native.py_test(
         name = name,
-        srcs = [test, "//python:run_pytest.py"] + srcs,
+        srcs = [test, "//python/tests:run_pytest.py"] + srcs,
         args = ["$(location %s)" % test] + pytest_args,
         data = data,
         env = env,
-        main = "//python:run_pytest.py",
+        main = "//python/tests:run_pytest.py",
         python_version = "PY3",
         tags = tags,
         deps = ["//python:dtensor"],

@@ -3,10 +3,13 @@
 import os
 import sys
 
-# Python puts the symlink-resolved folder of this script (the source tree) first on sys.path;
-# the package there has no built extension, so drop it and use the runfiles copy instead.
+# Python puts the symlink-resolved folder of this script (python/tests/ in the source tree) first
+# on sys.path: drop it, and put this script's folder in the runfiles there instead, so that the
+# tests import their helpers (launch_ranks.py, fsdp_testing.py) from the runfiles as they import
+# the package (with its built extension).
 _here = os.path.dirname(os.path.realpath(__file__))
 sys.path = [p for p in sys.path if os.path.realpath(p or ".") != _here]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import pytest  # noqa: E402
 

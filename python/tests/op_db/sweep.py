@@ -26,10 +26,11 @@ self (never a wrong answer; errors only when listed in INPLACE_EXPECTED_FAILURES
 foreach OpInfos (``torch._foreach_*`` and their in-place forms, sweep_foreach), which must pass.
 
 Used by op_db_test.py (the project test) and as a script:
-  ./x run python/op_db/sweep.py [--ops NAME,...] [--samples 2] [--verbose] [--time-budget S]
-                                [--device cuda]
-  python3 python/op_db/sweep.py --ranks-as processes [--world 2] [--backend shm] [--device cuda]
-                                [--ops ...]    (a process per rank: NOTE [sweep with processes])
+  ./x run python/tests/op_db/sweep.py [--ops NAME,...] [--samples 2] [--verbose]
+                                      [--time-budget S] [--device cuda]
+  python3 python/tests/op_db/sweep.py --ranks-as processes [--world 2] [--backend shm]
+                                      [--device cuda] [--ops ...]
+                                      (a process per rank: NOTE [sweep with processes])
 
 NOTE [sweep on CUDA]: `--device cuda` (the GPU check, tools/gpu/check.sh) sweeps the OpInfos that
 support float32 on CUDA with samples made on "cuda", on a 1-rank NCCL mesh of this process
@@ -217,7 +218,8 @@ def _launch_self(a, argv):
         _no_gpu(on)
         return 0
     here = os.path.dirname(os.path.abspath(__file__))
-    launcher = os.environ.get("LAUNCH_PY") or os.path.join(here, "..", "..", "tools", "launch.py")
+    launcher = os.environ.get("LAUNCH_PY") or os.path.join(here, "..", "..", "..", "tools",
+                                                           "launch.py")
     backend = a.backend or ("cuda_ipc" if a.device == "cuda" else "shm")
     if a.full and a.seed is None:
         argv = argv + ["--seed", str(run_seed())]

@@ -31,7 +31,8 @@ def _env(**extra):
 
 
 def _launcher():
-    return os.environ.get("LAUNCH_PY") or os.path.join(HERE, "..", "..", "tools", "launch.py")
+    return os.environ.get("LAUNCH_PY") or os.path.join(HERE, "..", "..", "..", "tools",
+                                                       "launch.py")
 
 
 def _outcomes(stdout, prefix=""):

@@ -1,4 +1,4 @@
-"""The op_db sweep as a project test (python/op_db/sweep.py says what it runs and compares).
+"""The op_db sweep as a project test (python/tests/op_db/sweep.py says what it runs and compares).
 
 Every float32 CPU OpInfo of torch's op_db runs in every mode; the OpInfos are split into chunks
 so the test log shows progress and each chunk fails on its own. A chunk fails when:
@@ -8,7 +8,7 @@ so the test log shows progress and each chunk fails on its own. A chunk fails wh
   - fewer of its OpInfos than its entry of NATIVE_AT_LEAST pass on native rules alone (no op run
     by the replicate fallback): coverage by native rules may only grow (raise the floor with it).
 The floor is per chunk, not one total, so that each chunk checks it alone: Bazel runs the test in
-shards (NOTE [test shards] in python/run_pytest.py), and no shard sees every chunk.
+shards (NOTE [test shards] in python/tests/run_pytest.py), and no shard sees every chunk.
 Each OpInfo's outcome is printed (pytest -s, or the test log).
 The in-place variants (x.add_(y): the written self) follow the same rules with their own list,
 INPLACE_EXPECTED_FAILURES; torch's foreach OpInfos (torch._foreach_* and their in-place forms,

@@ -1,4 +1,4 @@
-"""PyTorch parity, continued (python/parity_test.py has the placements, repr, styles and the
+"""PyTorch parity, continued (python/tests/parity_test.py has the placements, repr, styles and the
 current mesh): CommDebugMode's module view and tables, the functional collectives' signatures,
 group forms and autograd variants, SequenceParallel on any module, distribute_module's buffers,
 and register_sharding. Ranks are threads (simulation mode); results are compared with one
