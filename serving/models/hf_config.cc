@@ -1,6 +1,7 @@
 #include "serving/models/hf_config.h"
 
 #include <algorithm>
+#include <iterator>
 #include <fstream>
 #include <sstream>
 
@@ -77,6 +78,21 @@ void read_rope(const Fields& f, HfConfig& c) {
   DTENSOR_CHECK(r.is_object(), f.source, ": field '", key, "' must be an object, got ", r.dump());
   DTENSOR_CHECK(!r.contains("layer_types") && !r.contains("full_attention"), f.source, ": field '",
                 key, "' holds per-layer-type rope settings, which these families do not use");
+  for (const auto& item : r.items()) {
+    static const char* const kKnown[] = {"rope_type",
+                                         "type",
+                                         "rope_theta",
+                                         "factor",
+                                         "low_freq_factor",
+                                         "high_freq_factor",
+                                         "original_max_position_embeddings"};
+    const bool known = std::any_of(std::begin(kKnown), std::end(kKnown),
+                                   [&](const char* k) { return item.key() == k; });
+    const bool neutral = item.key() == "partial_rotary_factor" && item.value().is_number() &&
+                         item.value().get<double>() == 1.0;
+    DTENSOR_CHECK(known || neutral, f.source, ": field '", key, "' holds '", item.key(),
+                  "' = ", item.value().dump(), ", which this rope does not implement");
+  }
   c.rope_theta = f.number(r, "rope_theta", c.rope_theta);
   std::string type = "default";
   for (const char* k : {"rope_type", "type"}) {
@@ -164,6 +180,18 @@ HfConfig parse_hf_config(const std::string& text, const std::string& source) {
     f.refuse("hidden_act", "only silu (SwiGLU) is implemented");
   }
   read_rope(f, c);
+  // Fields of related architectures that would change the math when a config of these families
+  // carried them (NOTE [config fields that change the math]): refused unless neutral.
+  for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping",
+                          "query_pre_attn_scalar", "mrope_section"}) {
+    if (f.has(key)) f.refuse(key, "not implemented by these families' forward");
+  }
+  for (const char* key : {"partial_rotary_factor", "logits_scaling", "embedding_multiplier",
+                          "residual_multiplier", "attention_multiplier"}) {
+    if (f.has(key) && f.number(j, key, 1.0) != 1.0) {
+      f.refuse(key, "not implemented by these families' forward (only 1 is)");
+    }
+  }
 
   // Family differences (NOTE [config fields that change the math]).
   const bool attention_bias = f.boolean("attention_bias", false);

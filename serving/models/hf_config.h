@@ -11,10 +11,11 @@
 // architecture other than the four; hidden_act other than silu; rope types other than
 // default/llama3; attention_bias or mlp_bias on Llama and Mistral; attention_bias on Qwen3;
 // sliding-window layers (Qwen's use_sliding_window, any layer_types entry other than
-// full_attention). Mistral's sliding_window W is not refused: attention over at most W positions
-// is full attention, so the served context is capped at W (HfConfig::max_context).
-// transformers 5 writes rope settings as "rope_parameters" (rope_theta inside); older files
-// have "rope_theta" and "rope_scaling" at the top: both are read.
+// full_attention); fields of related architectures (logit soft-capping, partial rotary, Granite's
+// multipliers, mrope) and rope settings this rope does not read. Mistral's sliding_window W is not
+// refused: attention over at most W positions is full attention, so the served context is capped at
+// W (HfConfig::max_context). transformers 5 writes rope settings as "rope_parameters" (rope_theta
+// inside); older files have "rope_theta" and "rope_scaling" at the top: both are read.
 
 #include <cstdint>
 #include <string>

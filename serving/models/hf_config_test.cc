@@ -123,6 +123,11 @@ TEST(HfConfig, RefusesWhatChangesTheMathNamingTheField) {
       {with("torch_dtype", "float8_e4m3fn"), "'torch_dtype'"},
       {with("vocab_size", "many"), "'vocab_size'"},
       {qwen_sliding, "'use_sliding_window'"},
+      {with("final_logit_softcapping", 30.0), "'final_logit_softcapping'"},
+      {with("partial_rotary_factor", 0.5), "'partial_rotary_factor'"},
+      {with("residual_multiplier", 0.22), "'residual_multiplier'"},
+      {with("rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}, {"mrope_section", {16}}}),
+       "'mrope_section'"},
       {qwen3_bias, "'attention_bias'"},
   };
   for (const Case& c : cases) {
@@ -130,6 +135,9 @@ TEST(HfConfig, RefusesWhatChangesTheMathNamingTheField) {
     EXPECT_NE(msg.find(c.field), std::string::npos) << c.field << ": " << msg;
     EXPECT_NE(msg.find("config.json"), std::string::npos) << msg;
   }
+  // Neutral values of those fields are accepted.
+  EXPECT_EQ(refusal(with("partial_rotary_factor", 1.0)), "");
+  EXPECT_EQ(refusal(with("residual_multiplier", 1)), "");
   json missing = llama();
   missing.erase("num_hidden_layers");
   EXPECT_NE(refusal(missing).find("'num_hidden_layers' is missing"), std::string::npos);
