@@ -1,5 +1,8 @@
 #include "serving/text/chat_template.h"
 
+#include <algorithm>
+#include <ctime>
+
 #include "base/error.h"
 #include "serving/text/unicode.h"
 
@@ -72,6 +75,27 @@ bool default_system(const std::string& source, std::string& out) {
   return false;
 }
 
+// The text in `source` between `start` and the next `end`, if any.
+bool literal_after(const std::string& source, const std::string& start, const std::string& end,
+                   std::string& out) {
+  const size_t b = source.find(start);
+  if (b == std::string::npos) return false;
+  const size_t e = source.find(end, b + start.size());
+  if (e == std::string::npos) return false;
+  out = source.substr(b + start.size(), e - b - start.size());
+  return true;
+}
+
+// Today as transformers' strftime_now("%d %b %Y") gives it (local time).
+std::string today() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%d %b %Y", &tm);
+  return buf;
+}
+
 void check_alternation(const std::vector<ChatMessage>& messages, size_t first) {
   for (size_t i = first; i < messages.size(); ++i) {
     DTENSOR_CHECK((messages[i].role == "user") == ((i - first) % 2 == 0),
@@ -138,21 +162,29 @@ ChatTemplate ChatTemplate::recognize(const std::string& source, const std::strin
       t.has_default_system_ = default_system(source, t.default_system_);
     end_of_turn = "<|im_end|>";
   } else if (contains(source, "<|start_header_id|>")) {
-    if (contains(source, "Cutting Knowledge Date")) {
-      t.error_ =
-          "the chat template is Llama 3.1's (with a dated system message and tools), which is "
-          "not supported; supported: Llama 3's";
-      return t;
-    }
     t.family_ = Family::kLlama3;
+    if (contains(source, "Cutting Knowledge Date: ")) {
+      t.family_ = Family::kLlama31;
+      // The date ends at the string's newline, written as the escape \n or as a newline.
+      const std::string kKnowledge = "Cutting Knowledge Date: ";
+      const std::string rest = source.substr(source.find(kKnowledge) + kKnowledge.size(), 64);
+      t.knowledge_date_ = rest.substr(0, std::min(rest.find("\\n"), rest.find('\n')));
+      if (t.knowledge_date_.empty() ||
+          (!contains(source, "strftime_now") &&
+           !literal_after(source, "set date_string = \"", "\"", t.today_date_))) {
+        t.family_ = Family::kUnsupported;
+        t.error_ = "the Llama 3.1 chat template's dates could not be read";
+        return t;
+      }
+    }
     end_of_turn = "<|eot_id|>";
   } else if (contains(source, "[INST]")) {
     t.family_ = contains(source, "<<SYS>>") ? Family::kLlama2 : Family::kMistral;
   } else {
     t.error_ =
         "the model's chat template is not one this server renders (NOTE [chat template "
-        "families]: ChatML/Qwen2, Qwen3, Llama 3, Llama 2, Mistral); use /v1/completions with a "
-        "rendered prompt";
+        "families]: ChatML/Qwen2, Qwen3, Llama 3, Llama 3.1, Llama 2, Mistral); use "
+        "/v1/completions with a rendered prompt";
     return t;
   }
   if (!end_of_turn.empty()) t.stops_.push_back(end_of_turn);
@@ -168,6 +200,8 @@ const char* ChatTemplate::family_name() const {
       return "qwen3";
     case Family::kLlama3:
       return "llama3";
+    case Family::kLlama31:
+      return "llama3.1";
     case Family::kLlama2:
       return "llama2";
     case Family::kMistral:
@@ -195,6 +229,18 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& m,
       return out;
     case Family::kQwen3:
       return render_qwen3(m, add_generation_prompt);
+    case Family::kLlama31: {
+      // A system turn always: the dates, then the (trimmed) system message if given.
+      const bool system = !m.empty() && m[0].role == "system";
+      out = bos_ + "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: " +
+            knowledge_date_ + "\nToday Date: " + (today_date_.empty() ? today() : today_date_) +
+            "\n\n" + (system ? py_strip(m[0].content) : std::string()) + "<|eot_id|>";
+      for (size_t i = system ? 1 : 0; i < m.size(); ++i)
+        out += "<|start_header_id|>" + m[i].role + "<|end_header_id|>\n\n" +
+               py_strip(m[i].content) + "<|eot_id|>";
+      if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+      return out;
+    }
     case Family::kLlama3:
       for (size_t i = 0; i < m.size(); ++i) {
         if (i == 0) out += bos_;

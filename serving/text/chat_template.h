@@ -10,7 +10,9 @@
 //                            taken from the template's '<|im_start|>system\n...<|im_end|>' literal
 //   Qwen3                    "<|im_start|>" and "<think>": earlier assistant turns lose their
 //                            <think> blocks; the turn after the last user query keeps them
-//   Llama 3                  "<|start_header_id|>" (3.1's "Cutting Knowledge Date" is refused)
+//   Llama 3                  "<|start_header_id|>"
+//   Llama 3.1/3.2            and "Cutting Knowledge Date": a system turn always, with the
+//                            template's knowledge and today dates (3.2's strftime_now: today)
 //   Llama 2                  "[INST]" and "<<SYS>>": the system message joins the first turn
 //   Mistral                  "[INST]" without "<<SYS>>": no system role
 // Messages are {role, content} with string content; tools are not supported. A template that
@@ -28,7 +30,7 @@ struct ChatMessage {
 
 class ChatTemplate {
  public:
-  enum class Family { kUnsupported, kChatML, kQwen3, kLlama3, kLlama2, kMistral };
+  enum class Family { kUnsupported, kChatML, kQwen3, kLlama3, kLlama31, kLlama2, kMistral };
 
   // The family of template `source` (NOTE [chat template families]); `bos`/`eos`: the
   // tokenizer's bos_token and eos_token texts (empty when it has none).
@@ -55,6 +57,7 @@ class ChatTemplate {
   std::string bos_, eos_;
   std::string default_system_;  // ChatML: the system message used when none is given
   bool has_default_system_ = false;
+  std::string knowledge_date_, today_date_;  // Llama 3.1; today_date_ empty: strftime_now
   std::vector<std::string> stops_;
 };
 

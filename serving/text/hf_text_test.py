@@ -226,6 +226,34 @@ LLAMA3_TEMPLATE = (
     "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
     "{% endif %}")
+LLAMA31_TEMPLATE = r"""{{- bos_token }}
+{%- if not tools_in_user_message is defined %}{%- set tools_in_user_message = true %}{%- endif %}
+{%- if not date_string is defined %}{%- set date_string = "26 Jul 2024" %}{%- endif %}
+{%- if not tools is defined %}{%- set tools = none %}{%- endif %}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if tools is not none %}{{- "Environment: ipython\n" }}{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+{%- for message in messages %}
+    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}"""
+# Llama 3.2's form: today's date from strftime_now.
+LLAMA32_TEMPLATE = LLAMA31_TEMPLATE.replace(
+    '{%- if not date_string is defined %}{%- set date_string = "26 Jul 2024" %}{%- endif %}',
+    '{%- if not date_string is defined %}{%- if strftime_now is defined %}'
+    '{%- set date_string = strftime_now("%d %b %Y") %}{%- else %}'
+    '{%- set date_string = "26 Jul 2024" %}{%- endif %}{%- endif %}')
 QWEN2_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
     "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
@@ -319,6 +347,8 @@ CONVERSATIONS = [
 CHAT_CASES = [
     # name, tokenizer, template, bos, eos, family
     ("llama3", "llama3", LLAMA3_TEMPLATE, "<|begin_of_text|>", "<|eot_id|>", "llama3"),
+    ("llama31", "llama3", LLAMA31_TEMPLATE, "<|begin_of_text|>", "<|eot_id|>", "llama3.1"),
+    ("llama32", "llama3", LLAMA32_TEMPLATE, "<|begin_of_text|>", "<|eot_id|>", "llama3.1"),
     ("qwen2", "qwen2", QWEN2_TEMPLATE, None, "<|im_end|>", "chatml"),
     ("qwen25", "qwen2", QWEN25_TEMPLATE, None, "<|im_end|>", "chatml"),
     ("qwen3", "qwen2", QWEN3_TEMPLATE, None, "<|im_end|>", "qwen3"),
