@@ -171,6 +171,28 @@ def built():
     gpt2p.add_tokens([AddedToken("magic", single_word=True), AddedToken("<mask>", lstrip=True),
                       AddedToken("words", rstrip=True, normalized=False)])
     toks["gpt2_prefix"] = gpt2p
+    # Pre-tokenizer variants over GPT-2's byte-level model: Digits, literal Splits with each
+    # behaviour (and inverted), GPT-2's pattern as a Split; and Metaspace splitting on its own.
+    def variant(base, pre):
+        t = Tokenizer.from_str(toks[base].to_str())
+        t.pre_tokenizer = pre
+        return t
+
+    bl = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    toks["digits"] = variant("gpt2", pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]))
+    toks["digits_contiguous"] = variant("gpt2", pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=False), bl]))
+    toks["split_behaviors"] = variant("gpt2", pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(c, b) for c, b in (
+            ("e", "merged_with_previous"), ("o", "merged_with_next"), ("  ", "contiguous"),
+            ("t", "removed"), ("a", "isolated"))]
+        + [pre_tokenizers.Split("s", "isolated", invert=True), bl]))
+    toks["gpt2_split"] = variant("gpt2", pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(GPT2_PATTERN), "isolated"), bl]))
+    toks["metaspace_split"] = variant("llama2_metaspace", pre_tokenizers.Metaspace(
+        replacement="▁", prepend_scheme="always", split=True))
     paths = {}
     for name, tok in toks.items():
         paths[name] = os.path.join(d, name + ".json")
@@ -186,7 +208,8 @@ def run_tool(path, request):
     return result
 
 
-NAMES = ["llama3", "qwen2", "gpt2", "gpt2_prefix", "llama2", "llama2_metaspace"]
+NAMES = ["llama3", "qwen2", "gpt2", "gpt2_prefix", "llama2", "llama2_metaspace", "digits",
+         "digits_contiguous", "split_behaviors", "gpt2_split", "metaspace_split"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -214,7 +237,7 @@ def test_encode_decode_stream_match_tokenizers(built, name):
         # Nothing but the last piece carries a partial character.
         assert all("\ufffd" not in p for p in pieces[:-1]), (name, ids, pieces)
     # The corpus must exercise what it claims: byte fallback and multi-token characters.
-    if name.startswith("llama2"):
+    if name.startswith(("llama2", "metaspace")):
         assert any(tok.id_to_token(i).startswith("<0x") for ids in expected_ids for i in ids)
 
 
