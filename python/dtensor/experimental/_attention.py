@@ -108,8 +108,13 @@ class _RingPlan:
     method: _RotateMethod
 
 
-def _kv_shape(k, length):
-    return tuple(k.shape[:-2]) + (length, k.shape[-1])
+def _kv_sizes(plan, k, v):
+    """Functions of a rank j: the shapes of its k and v pieces, and their numel together."""
+    def shapes(j):
+        length = plan.kv_layout.lengths[j]
+        return [tuple(t.shape[:-2]) + (length, t.shape[-1]) for t in (k, v)]
+
+    return shapes, lambda j: sum(math.prod(s) for s in shapes(j))
 
 
 def _pack(*ts):
@@ -228,9 +233,7 @@ class _RingAttention(torch.autograd.Function):
         lse = torch.full(tuple(q.shape[:-1]), float("-inf"), dtype=torch.float32,
                          device=q.device)
         w, me = plan.q_layout.world, plan.rank
-        shapes = lambda j: [_kv_shape(k, plan.kv_layout.lengths[j]),  # noqa: E731
-                            _kv_shape(v, plan.kv_layout.lengths[j])]
-        numel = lambda j: sum(math.prod(s) for s in shapes(j))  # noqa: E731
+        shapes, numel = _kv_sizes(plan, k, v)
         if plan.method == _RotateMethod.ALL_GATHER:
             pieces = _gather_padded(_pack(kf, vf), [numel(j) for j in range(w)], plan)
             blocks = [(me, kf, vf)] + [(j, *_unpack(pieces[j], shapes(j)))
@@ -264,9 +267,7 @@ class _RingAttention(torch.autograd.Function):
         delta = (do * out).sum(-1)
         dq = torch.zeros_like(qf)
         w, me = plan.q_layout.world, plan.rank
-        shapes = lambda j: [_kv_shape(k, plan.kv_layout.lengths[j]),  # noqa: E731
-                            _kv_shape(v, plan.kv_layout.lengths[j])]
-        numel = lambda j: sum(math.prod(s) for s in shapes(j))  # noqa: E731
+        shapes, numel = _kv_sizes(plan, k, v)
 
         def block_grads(owner, bk, bv, dk, dv):
             blk = _Block.of(plan, owner, q.device)
