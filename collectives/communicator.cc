@@ -17,6 +17,7 @@ namespace {
 struct Registry {
   absl::Mutex mu;
   std::map<std::string, BackendFactory> factories ABSL_GUARDED_BY(mu);
+  std::map<std::string, JobLeaveHook> leave_hooks ABSL_GUARDED_BY(mu);
 };
 
 Registry& registry() {
@@ -254,12 +255,25 @@ int64_t group_rank_of(const CommunicatorOptions& options) {
               options.group.name + "'");
 }
 
-void register_backend(const std::string& name, BackendFactory factory) {
+void register_backend(const std::string& name, BackendFactory factory, JobLeaveHook on_leave) {
   Registry& reg = registry();
   absl::MutexLock lock(&reg.mu);
   if (!reg.factories.emplace(name, std::move(factory)).second) {
     throw Error("collectives backend '" + name + "' is registered twice");
   }
+  if (on_leave) reg.leave_hooks.emplace(name, std::move(on_leave));
+}
+
+void leave_job(const std::string& backend, const std::string& job, int64_t rank,
+               const std::string& why) {
+  JobLeaveHook hook;
+  {
+    Registry& reg = registry();
+    absl::MutexLock lock(&reg.mu);
+    auto it = reg.leave_hooks.find(backend);
+    if (it != reg.leave_hooks.end()) hook = it->second;
+  }
+  if (hook) hook(job, rank, why);
 }
 
 bool has_backend(const std::string& name) {

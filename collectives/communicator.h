@@ -167,8 +167,9 @@ class Communicator {
   // with an error `why` (RankContext::leave): the peers' calls that wait for it, now or later,
   // fail at once with a CollectiveError that says so, instead of waiting out the timeout (a
   // rank whose local op raised while the others went on into the next collective; NOTE [local
-  // op failures] in dtensor/dispatch_local.cc). Backends that cannot tell their peers do nothing
-  // (their peers still time out, naming the missing rank).
+  // op failures] in dtensor/dispatch_local.cc). A backend's JobLeaveHook extends this to groups
+  // the rank never joined. Backends that cannot tell their peers do nothing (their peers still
+  // time out, naming the missing rank).
   virtual void leave(const std::string& why) {}
 
  private:
@@ -209,9 +210,19 @@ int64_t group_rank_of(const CommunicatorOptions& options);
 using BackendFactory =
     std::function<std::unique_ptr<Communicator>(const CommunicatorOptions& options)>;
 
+// What a backend does when global rank `rank` of job `job` leaves it (NOTE [leaving a group]),
+// beyond Communicator::leave on the groups that rank has communicated on: the waits for it on
+// groups it never joined (a peer's first call on a group that names it) fail too.
+using JobLeaveHook =
+    std::function<void(const std::string& job, int64_t rank, const std::string& why)>;
+
 // Registers a backend under `name`; a second registration of the same name throws. Call it from
 // a static initializer in the backend's own library (see BackendRegistration).
-void register_backend(const std::string& name, BackendFactory factory);
+void register_backend(const std::string& name, BackendFactory factory,
+                      JobLeaveHook on_leave = nullptr);
+// Runs `backend`'s JobLeaveHook, if it has one.
+void leave_job(const std::string& backend, const std::string& job, int64_t rank,
+               const std::string& why);
 bool has_backend(const std::string& name);
 std::vector<std::string> backend_names();
 // Creates a communicator; throws naming the registered backends when `options.group.backend`
@@ -221,8 +232,9 @@ std::unique_ptr<Communicator> make_communicator(const CommunicatorOptions& optio
 // `static BackendRegistration reg("mybackend", factory);` in a backend's .cc file. Link such a
 // library with alwayslink = 1 so its registration runs.
 struct BackendRegistration {
-  BackendRegistration(const std::string& name, BackendFactory factory) {
-    register_backend(name, std::move(factory));
+  BackendRegistration(const std::string& name, BackendFactory factory,
+                      JobLeaveHook on_leave = nullptr) {
+    register_backend(name, std::move(factory), std::move(on_leave));
   }
 };
 

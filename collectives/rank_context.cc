@@ -222,10 +222,13 @@ void check_ranks_as_threads(int64_t world_size, const char* who) {
 }
 
 void RankContext::leave(const std::string& why) {
-  absl::MutexLock lock(&mu_);
-  for (auto& [name, endpoint] : endpoints_) {
-    if (endpoint->comm) endpoint->comm->leave(why);
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [name, endpoint] : endpoints_) {
+      if (endpoint->comm) endpoint->comm->leave(why);
+    }
   }
+  leave_job(backend_, job_, rank_, why);
 }
 
 namespace {

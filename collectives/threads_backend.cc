@@ -10,8 +10,10 @@
 #include <condition_variable>
 #include <mutex>
 
+#include "absl/algorithm/container.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -36,22 +38,68 @@ struct SharedGroup {
   std::string broken;  // set when a round failed for good (timeout): later calls fail at once
 };
 
+std::string left_message(const GroupInfo& group, int64_t global_rank, const std::string& why) {
+  return absl::StrCat("group '", group.name, "' (threads, ranks [", absl::StrJoin(group.ranks, ","),
+                      "]): global rank ", global_rank, " left with an error: ", why);
+}
+
+struct JobGroup {
+  std::weak_ptr<SharedGroup> group;
+  GroupInfo info;
+};
+
 ABSL_CONST_INIT absl::Mutex g_groups_mu(absl::kConstInit);
 // key: job + '\0' + group name
-absl::flat_hash_map<std::string, std::weak_ptr<SharedGroup>> g_groups ABSL_GUARDED_BY(g_groups_mu);
+absl::flat_hash_map<std::string, JobGroup> g_groups ABSL_GUARDED_BY(g_groups_mu);
+// The ranks that left each job, with their errors: a group made after a member left is born
+// broken (NOTE [leaving a group]).
+absl::flat_hash_map<std::string, std::vector<std::pair<int64_t, std::string>>> g_left
+    ABSL_GUARDED_BY(g_groups_mu);
 
-std::shared_ptr<SharedGroup> shared_group(const std::string& key, int64_t size) {
+std::shared_ptr<SharedGroup> shared_group(const std::string& job, const GroupInfo& info) {
   absl::MutexLock lock(&g_groups_mu);
-  auto& weak = g_groups[key];
-  auto group = weak.lock();
+  JobGroup& entry = g_groups[job + '\0' + info.name];
+  auto group = entry.group.lock();
   if (!group) {
     group = std::make_shared<SharedGroup>();
-    group->posted.assign(size, nullptr);
-    group->left.assign(size, 0);
-    weak = group;
+    group->posted.assign(info.ranks.size(), nullptr);
+    group->left.assign(info.ranks.size(), 0);
+    auto left = g_left.find(job);
+    if (left != g_left.end()) {
+      for (const auto& [rank, why] : left->second) {
+        if (absl::c_linear_search(info.ranks, rank)) {
+          group->broken = left_message(info, rank, why);
+          break;
+        }
+      }
+    }
+    entry = JobGroup{group, info};
   }
-  absl::erase_if(g_groups, [](const auto& entry) { return entry.second.expired(); });  // dead jobs
+  absl::erase_if(g_groups, [](const auto& e) { return e.second.group.expired(); });  // dead jobs
   return group;
+}
+
+// JobLeaveHook: every live group of `job` that names `rank` fails its waits, and groups made
+// later are born broken.
+void leave_threads_job(const std::string& job, int64_t rank, const std::string& why) {
+  std::vector<std::pair<std::shared_ptr<SharedGroup>, std::string>> hit;
+  {
+    absl::MutexLock lock(&g_groups_mu);
+    g_left[job].emplace_back(rank, why);
+    const std::string prefix = job + '\0';
+    for (const auto& [key, entry] : g_groups) {
+      if (!absl::StartsWith(key, prefix) || !absl::c_linear_search(entry.info.ranks, rank)) {
+        continue;
+      }
+      if (auto g = entry.group.lock())
+        hit.emplace_back(std::move(g), left_message(entry.info, rank, why));
+    }
+  }
+  for (auto& [g, msg] : hit) {
+    std::lock_guard<std::mutex> lock(g->mu);
+    if (g->broken.empty()) g->broken = msg;
+    g->cv.notify_all();
+  }
 }
 
 // How the ranks' posted calls disagree, or "" (see mismatch() in communicator.h).
@@ -113,8 +161,7 @@ void compute(const std::vector<CollectiveCall*>& calls, int64_t me) {
 class ThreadsCommunicator : public Communicator {
  public:
   explicit ThreadsCommunicator(const CommunicatorOptions& o)
-      : Communicator(o.group, group_rank_of(o), o.timeout),
-        shared_(shared_group(o.job + '\0' + o.group.name, size())) {}
+      : Communicator(o.group, group_rank_of(o), o.timeout), shared_(shared_group(o.job, o.group)) {}
 
   bool compares_calls() const override { return true; }
   void run(CollectiveCall& call) override {
@@ -214,11 +261,7 @@ class ThreadsCommunicator : public Communicator {
   void leave(const std::string& why) override {
     SharedGroup& g = *shared_;
     std::lock_guard<std::mutex> lock(g.mu);
-    if (g.broken.empty()) {
-      g.broken = absl::StrCat("group '", group().name, "' (threads, ranks [",
-                              absl::StrJoin(group().ranks, ","), "]): global rank ",
-                              group().ranks[rank()], " left with an error: ", why);
-    }
+    if (g.broken.empty()) g.broken = left_message(group(), group().ranks[rank()], why);
     g.cv.notify_all();
   }
 
@@ -227,9 +270,10 @@ class ThreadsCommunicator : public Communicator {
   std::shared_ptr<SharedGroup> shared_;
 };
 
-BackendRegistration g_threads("threads", [](const CommunicatorOptions& o) {
-  return std::make_unique<ThreadsCommunicator>(o);
-});
+BackendRegistration g_threads(
+    "threads",
+    [](const CommunicatorOptions& o) { return std::make_unique<ThreadsCommunicator>(o); },
+    leave_threads_job);
 
 }  // namespace
 }  // namespace dtensor::collectives

@@ -312,6 +312,40 @@ TEST(ThreadsFailureTest, AbsentPeerTimesOutNamingCollectiveGroupAndRanks) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
 }
 
+// A rank that leaves before it ever joined a group (its thread raised first) fails its peers'
+// waits on that group at once, those already waiting and those that come later, naming it
+// (NOTE [leaving a group]: the backend's JobLeaveHook).
+TEST(ThreadsFailureTest, LeavingFailsGroupsTheRankNeverJoined) {
+  for (const bool peers_first : {true, false}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::atomic<int> failed{0};
+    try {
+      run_threads(3, [&](int64_t r) {
+        if (r == 2) {
+          if (peers_first) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          throw Error("rank 2 gives up");
+        }
+        if (!peers_first) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        const std::string g = current_context().new_group({0, 1, 2}, "late");
+        try {
+          all_reduce(at::ones({2}), ReduceOp::kSum, g);
+        } catch (const CollectiveError& e) {
+          const std::string msg = e.what();
+          EXPECT_NE(msg.find("global rank 2 left with an error: rank 2 gives up"),
+                    std::string::npos)
+              << msg;
+          ++failed;
+        }
+      });
+      ADD_FAILURE() << "rank 2's error was not raised";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 2 gives up"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(failed.load(), 2) << "peers_first " << peers_first;
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  }
+}
+
 // NOTE [async work registry]: an async collective fails, its output is freed without a wait, and
 // a new tensor whose storage lands at the freed StorageImpl's address must not inherit the old
 // Work and its error. Keyed by the raw address alone (as before the fix), it did.
