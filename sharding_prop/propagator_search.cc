@@ -106,7 +106,9 @@ std::optional<Choice> shard_choice(const Rule& rule, int f) {
 //                other inputs Replicate (a Partial one reduced: one reduction instead of two);
 //   kShift       a Scalar added: avg, max and min;
 //   kMax, kMin   maximum/amax, minimum/amin: max, resp. min.
-// All Partial inputs must hold the same Partial. Where the op combines its inputs additively
+// All Partial inputs must hold the same Partial, and only the inputs the rule names in
+// linear_inputs (when it names any) may be Partial: an index stays Replicate. Where the op
+// combines its data inputs additively
 // (kMove, kAdditive, kMax, kMin) a Replicate input joins by being partitioned into that
 // Partial, which costs no communication: for sum one rank keeps the value and the others zero,
 // for avg, max and min every rank keeps it (partial_share), so the reduction gives the value
@@ -134,12 +136,13 @@ std::vector<Choice> kept_partials(const Rule& rule, const std::vector<DTensorSpe
   }
   std::optional<Placement> partial;
   size_t n_partial = 0;
-  for (const DTensorSpec& in : inputs) {
-    const Placement p = in.placement(m);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Placement p = inputs[i].placement(m);
     if (!p.is_partial()) {
       if (!p.is_replicate()) return {};  // a Shard input: the shard choices cover it
       continue;
     }
+    if (!rule.linear_inputs.empty() && !rule.linear_inputs[i]) return {};  // an index: reduced
     if (partial && *partial != p) return {};
     partial = p;
     ++n_partial;
@@ -166,9 +169,13 @@ std::vector<Choice> kept_partials(const Rule& rule, const std::vector<DTensorSpe
     default:
       return {};
   }
-  // Every input Partial: Replicate ones are partitioned into it.
-  return {Choice{std::vector<Placement>(inputs.size(), *partial),
-                 std::vector<Placement>(n_out, *partial)}};
+  // Every data input Partial: Replicate ones are partitioned into it. The others (indices: not
+  // in linear_inputs) stay Replicate, since a partitioned index would be a wrong index.
+  std::vector<Placement> in(inputs.size(), *partial);
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (!rule.linear_inputs.empty() && !rule.linear_inputs[i]) in[i] = Replicate();
+  }
+  return {Choice{std::move(in), std::vector<Placement>(n_out, *partial)}};
 }
 
 // The choices for mesh dim m, best-first for ties: shardings, kept Partials, replication.

@@ -144,6 +144,15 @@ TEST(PropagatorTest, ChoosesTheCheapestLayoutTable) {
        "[P(sum)];[P(sum)]",
        "[P(sum)]",
        ""},
+      // A Partial self passes through index_select; its Replicate index is not partitioned
+      // (rows picked by a zero index on all but one rank were a wrong answer).
+      {"aten::index_select",
+       {2},
+       {{"P", {3, 4}}, {"R", {2}}},
+       {{0}},
+       "[P(sum)];[R]",
+       "[P(sum)]",
+       ""},
       {"aten::sub.Tensor",
        {4},
        {{"R", {4}}, {"P(avg)", {8, 4}}},

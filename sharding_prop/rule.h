@@ -84,7 +84,9 @@ struct Rule {
   std::vector<TensorFactors> outputs;  // one per tensor output
   Linearity linearity = Linearity::kNone;
   float norm = 0;  // kNorm: the order whose Partial passes through
-  // For kMultilinear: which inputs the op is linear in (empty: all). div is linear in its first.
+  // Which inputs a Partial may pass through (empty: all): kMultilinear's linear inputs (div is
+  // linear in its first); for the other linearities the data inputs, not indices
+  // (index_select's index stays Replicate: a partitioned index would select wrong rows).
   std::vector<bool> linear_inputs;
   // Inputs that must be Partial(sum) on a mesh dim that shards a contract factor (a bias added
   // to a product: kept on one rank of the mesh dim, zero on the others). Empty: none.

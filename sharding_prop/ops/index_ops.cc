@@ -24,6 +24,7 @@ BuiltRule index_select_of(const Metas& m, const LayoutArgs& a) {
   const DimFactors idx = r.add_dim(len);
   r.outputs[0].insert(r.outputs[0].begin() + d, idx);
   r.inputs.push_back(m[1].shape.empty() ? TensorFactors{} : TensorFactors{idx});
+  r.linear_inputs = {true, false};  // a Partial self passes through; the index does not
   return {std::move(r), {m[0].dtype}};
 }
 
