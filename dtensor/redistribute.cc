@@ -228,6 +228,21 @@ at::Tensor in_spec_layout(const at::Tensor& piece, const DTensorSpec& spec) {
   return piece;
 }
 
+namespace {
+// `boxes` (views of the contiguous `base`) as one flat view of base when each is contiguous and
+// starts where the previous ended; undefined otherwise.
+at::Tensor flat_runs(const at::Tensor& base, const std::vector<at::Tensor>& boxes) {
+  if (!base.is_contiguous() || boxes.empty()) return {};
+  const int64_t start = boxes.front().storage_offset();
+  int64_t next = start;
+  for (const at::Tensor& b : boxes) {
+    if (!b.is_contiguous() || b.storage_offset() != next) return {};
+    next += b.numel();
+  }
+  return base.reshape(-1).narrow(0, start - base.storage_offset(), next - start);
+}
+}  // namespace
+
 at::Tensor execute_cross_mesh(const CrossMeshPlan& plan, const at::Tensor& local, bool async_op,
                               const std::string& tag) {
   c::RankContext& ranks = c::current_context();
@@ -257,16 +272,38 @@ at::Tensor execute_cross_mesh(const CrossMeshPlan& plan, const at::Tensor& local
   };
   const int64_t n = static_cast<int64_t>(members.size());
   std::vector<int64_t> in_splits(n, 0), out_splits(n, 0);
-  std::vector<at::Tensor> send;
+  std::vector<at::Tensor> send, recv;  // this rank's boxes, in the exchange's order
+  bool self_copies = false;
   for (const CrossMeshPlan::Move& m : plan.moves) {  // by destination, as the splits go
-    if (m.from == m.to) continue;
+    if (m.from == m.to) {
+      self_copies = self_copies || m.to == me;
+      continue;
+    }
     if (m.from == me) {
       in_splits[index_of(m.to)] += m.box.numel();
-      send.push_back(sub_box(piece, *have, m.box).reshape(-1));
+      send.push_back(sub_box(piece, *have, m.box));
     }
-    if (m.to == me) out_splits[index_of(m.from)] += m.box.numel();
   }
-  const at::Tensor flat = send.empty() ? at::empty({0}, options) : at::cat(send);
+  for (const int64_t p : members) {  // by source, as the output is laid out
+    for (const CrossMeshPlan::Move& m : plan.moves) {
+      if (m.to != me || m.from != p || p == me) continue;
+      out_splits[index_of(p)] += m.box.numel();
+      recv.push_back(sub_box(out, *want, m.box));
+    }
+  }
+  // The send buffer: the piece itself when the boxes are consecutive runs of it (a stage
+  // passing its activations on whole), else one packing copy.
+  at::Tensor flat = flat_runs(piece, send);
+  if (!flat.defined()) {
+    int64_t total = 0;
+    for (const at::Tensor& b : send) total += b.numel();
+    flat = at::empty({total}, options);
+    int64_t at = 0;
+    for (const at::Tensor& b : send) {
+      flat.narrow(0, at, b.numel()).view(b.sizes()).copy_(b);
+      at += b.numel();
+    }
+  }
   // A rank that receives nothing and holds no piece of the result need not wait: its result is
   // the collective's empty output, waited for at its first use (a pipeline stage sending on).
   const bool receives =
@@ -276,13 +313,15 @@ at::Tensor execute_cross_mesh(const CrossMeshPlan& plan, const at::Tensor& local
                                 "redistribute");
   }
   const at::Tensor got = c::all_to_all_single(flat, out_splits, in_splits, group);
+  // The received boxes tile the result in the order they arrive (a whole piece from one rank,
+  // or row blocks from each): the exchange's output is the result, no unpacking copy.
+  if (in_dst && !self_copies && got.numel() == out.numel() && flat_runs(out, recv).defined()) {
+    return got.view(out.sizes());
+  }
   int64_t at = 0;
-  for (const int64_t p : members) {
-    for (const CrossMeshPlan::Move& m : plan.moves) {
-      if (m.to != me || m.from != p || p == me) continue;
-      sub_box(out, *want, m.box).copy_(got.narrow(0, at, m.box.numel()).view(m.box.shape));
-      at += m.box.numel();
-    }
+  for (const at::Tensor& b : recv) {
+    b.copy_(got.narrow(0, at, b.numel()).view(b.sizes()));
+    at += b.numel();
   }
   return out;
 }

@@ -71,7 +71,10 @@ at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src,
 // destination mesh). Every rank of either mesh calls it; `tag` names the exchange's group (two
 // tags over the same ranks are two independent FIFO channels: a pipeline's activations and
 // gradients). `async_op`: on a rank that receives nothing and holds no piece of the result, the
-// exchange is left running and the result is waited for at its first use.
+// exchange is left running and the result is waited for at its first use; until then `local`
+// must not change (it may be the send buffer itself, as a functional collective's input is).
+// The result may be the exchange's output buffer itself (when the received boxes tile it in
+// order), so it is row-major.
 at::Tensor execute_cross_mesh(const CrossMeshPlan& plan, const at::Tensor& local,
                               bool async_op = false, const std::string& tag = "");
 
