@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "base/error.h"
+#include "serving/text/added_tokens.h"
 #include "serving/text/bpe.h"
 #include "serving/text/chat_template.h"
 #include "serving/text/decoders.h"
@@ -37,12 +38,6 @@ struct PreTokenizerStep {
   enum class Prepend { kAlways, kFirst, kNever } prepend = Prepend::kAlways;
   bool split = true;
   bool individual_digits = false;
-};
-
-struct AddedToken {
-  int64_t id;
-  std::string content;
-  bool single_word = false, lstrip = false, rstrip = false, normalized = false, special = false;
 };
 
 // A piece of text on its way to the model; `at_start`: it begins at offset 0 of the input (the
@@ -90,71 +85,6 @@ char32_t one_char(const std::string& s, const std::string& what) {
   return u[0];
 }
 
-// A byte trie of added tokens' texts, matched leftmost-longest without overlaps (the reference's
-// Aho-Corasick with MatchKind::LeftmostLongest).
-class TokenTrie {
- public:
-  void add(const std::string& s, int index) {
-    int node = 0;
-    for (unsigned char c : s) {
-      auto it = nodes_[node].next.find(c);
-      if (it == nodes_[node].next.end()) {
-        nodes_.push_back({});
-        it = nodes_[node].next.emplace(c, static_cast<int>(nodes_.size()) - 1).first;
-      }
-      node = it->second;
-    }
-    nodes_[node].index = index;
-  }
-  bool empty() const { return nodes_[0].next.empty(); }
-  struct Match {
-    size_t begin, end;
-    int index;
-  };
-  std::vector<Match> find(const std::string& s) const {
-    std::vector<Match> out;
-    for (size_t i = 0; i < s.size();) {
-      int node = 0, best = -1;
-      size_t best_end = 0;
-      for (size_t k = i; k < s.size(); ++k) {
-        auto it = nodes_[node].next.find(static_cast<unsigned char>(s[k]));
-        if (it == nodes_[node].next.end()) break;
-        node = it->second;
-        if (nodes_[node].index >= 0) {
-          best = nodes_[node].index;
-          best_end = k + 1;
-        }
-      }
-      if (best >= 0) {
-        out.push_back({i, best_end, best});
-        i = best_end;
-      } else {
-        ++i;
-      }
-    }
-    return out;
-  }
-
- private:
-  struct Node {
-    std::map<unsigned char, int> next;
-    int index = -1;
-  };
-  std::vector<Node> nodes_{1};
-};
-
-// The code point ending at byte `end` / starting at byte `begin` of valid UTF-8 `s`.
-char32_t cp_before(const std::string& s, size_t end) {
-  size_t b = end - 1;
-  while (b > 0 && (static_cast<unsigned char>(s[b]) & 0xC0) == 0x80) --b;
-  return utf8_decode(s.substr(b, end - b))[0];
-}
-char32_t cp_after(const std::string& s, size_t begin) {
-  size_t e = begin + 1;
-  while (e < s.size() && (static_cast<unsigned char>(s[e]) & 0xC0) == 0x80) ++e;
-  return utf8_decode(s.substr(begin, e - begin))[0];
-}
-
 class HfTokenizer final : public Tokenizer {
  public:
   HfTokenizer(const json& tok, const json& config, std::optional<std::string> chat_template);
@@ -172,10 +102,6 @@ class HfTokenizer final : public Tokenizer {
   void parse_normalizer(const json& j);
   void parse_pre_tokenizer(const json& j);
   void parse_post_processor(const json& j);
-  // Cuts the added tokens of `trie` out of `s` (NOTE [hf tokenizer pipeline]): pieces of text
-  // (index -1) and added tokens (their index in added_).
-  std::vector<std::pair<std::string, int>> split_added(const std::string& s,
-                                                       const TokenTrie& trie) const;
   std::u32string normalize(std::u32string s) const;
   std::vector<Piece> pre_tokenize(Piece piece) const;
   void encode_segment(const std::string& raw, bool at_start, std::vector<int64_t>& ids) const;
@@ -400,44 +326,6 @@ std::optional<int64_t> HfTokenizer::token_id(const std::string& token) const {
   return bpe_->token_to_id(token);
 }
 
-std::vector<std::pair<std::string, int>> HfTokenizer::split_added(const std::string& s,
-                                                                  const TokenTrie& trie) const {
-  std::vector<std::pair<std::string, int>> out;
-  if (s.empty()) return out;
-  if (trie.empty()) {
-    out.emplace_back(s, -1);
-    return out;
-  }
-  size_t at = 0;
-  for (const TokenTrie::Match& m : trie.find(s)) {
-    if (m.begin < at) continue;  // inside a previous token's stripped whitespace
-    const AddedToken& t = added_[m.index];
-    size_t begin = m.begin, end = m.end;
-    if (t.single_word) {
-      const bool left_ok = begin == 0 || !is_word_char(cp_before(s, begin));
-      const bool right_ok = end == s.size() || !is_word_char(cp_after(s, end));
-      if (!left_ok || !right_ok) continue;
-    }
-    if (t.lstrip) {
-      while (begin > at && is_whitespace(cp_before(s, begin))) {
-        const char32_t c = cp_before(s, begin);
-        begin -= c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
-      }
-    }
-    if (t.rstrip) {
-      while (end < s.size() && is_whitespace(cp_after(s, end))) {
-        const char32_t c = cp_after(s, end);
-        end += c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
-      }
-    }
-    if (begin > at) out.emplace_back(s.substr(at, begin - at), -1);
-    out.emplace_back(std::string(), m.index);
-    at = end;
-  }
-  if (at < s.size()) out.emplace_back(s.substr(at), -1);
-  return out;
-}
-
 std::u32string HfTokenizer::normalize(std::u32string s) const {
   for (const NormalizerStep& n : normalizers_) {
     switch (n.kind) {
@@ -533,7 +421,7 @@ void HfTokenizer::encode_segment(const std::string& raw, bool at_start,
                                  std::vector<int64_t>& ids) const {
   const std::string normalized = utf8_encode(normalize(utf8_decode(raw)));
   bool first = true;
-  for (auto& [text, index] : split_added(normalized, normalized_trie_)) {
+  for (auto& [text, index] : split_added(normalized, normalized_trie_, added_)) {
     if (index >= 0) {
       ids.push_back(added_[index].id);
     } else {
@@ -551,7 +439,7 @@ std::vector<int64_t> HfTokenizer::encode(const std::string& text, bool add_speci
   std::vector<int64_t> ids;
   if (add_special_tokens) ids = prefix_ids_;
   bool first = true;
-  for (auto& [segment, index] : split_added(text, raw_trie_)) {
+  for (auto& [segment, index] : split_added(text, raw_trie_, added_)) {
     if (index >= 0) {
       ids.push_back(added_[index].id);
     } else {
