@@ -6,7 +6,10 @@ tokenizer, both written by Hugging Face's own packages (save_pretrained), served
   False) token for token, and their text equals the tokenizer's decode; concurrent requests
   (continuous batching over the paged cache) each get what they get alone;
 - a KV cache too small for a request answers 400 naming the cache, and the server keeps serving;
-- a config.json the forward does not implement stops the server at start naming the field.
+- a config.json the forward does not implement stops the server at start naming the field;
+- a chat completion (system + user, greedy) equals transformers' generate from the ids of
+  apply_chat_template(messages, add_generation_prompt=True) and stops at the ChatML template's
+  <|im_end|> (finish_reason "stop"; the text ends before it).
 """
 
 import http.client
@@ -163,3 +166,102 @@ def test_unsupported_config_stops_at_start_naming_the_field(model_dir, tmp_path)
     json.dump(config, open(bad / "config.json", "w"))
     with pytest.raises(RuntimeError, match="'hidden_act'"):
         Server(1, tmp_path, "--model", str(bad))
+
+
+# ChatML in Qwen2.5's form (this project's own text): the server renders it as the "chatml" family
+# and stops at <|im_end|>.
+CHATML_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) or "
+    "(message.role == 'assistant') %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+CHAT = [{"role": "system", "content": "You answer in words."},
+        {"role": "user", "content": "the quick brown fox jumps over the lazy dog"}]
+
+
+@pytest.fixture(scope="module")
+def chat_model_dir(tmp_path_factory):
+    """A tiny random Qwen2 with a ChatML template whose greedy answer to CHAT ends with
+    <|im_end|> after a few tokens: <|im_end|>'s output row points along the final hidden state of
+    one answer step (found with transformers), so the stop is the model's own greedy choice."""
+    import random
+    path = tmp_path_factory.mktemp("qwen2_chat")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    rng = random.Random(1)
+    corpus = [" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(500)]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=320, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"]))
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        chat_template=CHATML_TEMPLATE)
+    end = fast.convert_tokens_to_ids("<|im_end|>")
+    prompt = fast.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True,
+                                      return_dict=False)
+    if isinstance(prompt, dict) or hasattr(prompt, "keys"):
+        prompt = prompt["input_ids"]
+    torch.manual_seed(1)
+    config = transformers.Qwen2Config(
+        vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=96,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=256, eos_token_id=None, bos_token_id=None)
+    model = transformers.Qwen2ForCausalLM(config).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            p.copy_(1 + 0.2 * noise if "norm" in name else 0.15 * noise)
+        free = _generate(model, prompt, 12)
+        # The answer's step k (k >= 3 tokens in) gets <|im_end|> as its greedy token: the row is
+        # the step's final hidden state, scaled past the step's largest logit; an earlier step
+        # that would then pick <|im_end|> too moves the choice on to the next k.
+        for k in range(3, 12):
+            hidden = model.model(torch.tensor([prompt + free[:k]])).last_hidden_state[0]
+            h = hidden[-1]
+            logits = model.lm_head(h)
+            row = h / h.norm() * ((logits.max() + 4.0) / h.norm())
+            model.lm_head.weight[end] = row
+            got = _generate(model, prompt, 12)
+            if end in got and got.index(end) == k and got[:k] == free[:k]:
+                break
+        else:
+            raise AssertionError("no answer step takes <|im_end|>")
+    fast.save_pretrained(str(path))
+    model.save_pretrained(str(path))
+    return str(path), model, fast, prompt, k
+
+
+def test_chat_completion_equals_transformers_and_stops_at_end_of_turn(chat_model_dir, tmp_path):
+    path, model, fast, prompt, k = chat_model_dir
+    end = fast.convert_tokens_to_ids("<|im_end|>")
+    # The reference: transformers' greedy generate from apply_chat_template's ids, ending at the
+    # template's end-of-turn token.
+    want = _generate(model, prompt, 24)
+    assert want.index(end) == k
+    want = want[:k]
+    server = Server(1, tmp_path, "--model", path, "--block-size", "4",
+                    "--kv-cache-memory", "256K")
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(
+            {"messages": CHAT, "max_tokens": 24, "temperature": 0}),
+            headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        body = json.loads(resp.read().decode())
+        conn.close()
+        assert resp.status == 200, body
+        choice = body["choices"][0]
+        assert choice["message"]["role"] == "assistant"
+        assert choice["message"]["content"] == fast.decode(want), (choice, want)
+        assert choice["finish_reason"] == "stop", choice
+        assert choice["token_ids"][:k] == want, choice
+        assert body["usage"]["prompt_tokens"] == len(prompt), body
+    finally:
+        server.stop()
