@@ -2,6 +2,8 @@
 
     ./x bench serve [--models demo,large] [--ranks 1,2,4] [--concurrency 1,8] [--requests 16]
                     [--max-tokens 64] [--checkpoint DIR]
+    ./x bench serve --model HF_DIR|random:NAME ...   (a Hugging Face model against transformers:
+                                                     bench/serve_hf.py)
 
 For each model (MODELS: the demo's, from the checkpoint ./x demo saved, and a larger one with
 random weights) and rank count the server starts on that many processes (shm), as ./x serve
@@ -108,13 +110,15 @@ def rss_mb(pid):
 
 
 class Server:
-    def __init__(self, n, serve_bin, checkpoint, max_batch, profile=False, model=None):
+    def __init__(self, n, serve_bin, checkpoint, max_batch, profile=False, model=None, extra=()):
+        """`checkpoint`: the demo model's; None serves what `extra` names (--model DIR ...)."""
         self.port_file = f"/tmp/dtensor_serve_bench_port_{os.getpid()}_{n}"
         if os.path.exists(self.port_file):
             os.remove(self.port_file)
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(REPO, "tools", "launch.py"), "-n", str(n), "--",
-             serve_bin, "--checkpoint", checkpoint, "--port", "0", "--port-file", self.port_file,
+             serve_bin] + (["--checkpoint", checkpoint] if checkpoint else list(extra)) +
+            ["--port", "0", "--port-file", self.port_file,
              "--max-batch", str(max_batch)] + (["--profile"] if profile else []) +
             [f"--{k}={v}" for k, v in (model or {}).items()],
             env=dict(os.environ, DTENSOR_LAUNCH_STOP_GRACE_S="60"),
@@ -149,6 +153,18 @@ class Server:
         gaps = [b - a for a, b in zip(times, times[1:])]
         return times[0] - t0, gaps, tokens
 
+    def complete(self, prompt, max_tokens):
+        """The token ids of one greedy, unstreamed completion."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        conn.request("POST", "/v1/completions", body=json.dumps(
+            {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}))
+        resp = conn.getresponse()
+        body = resp.read()
+        conn.close()
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {body[:200]}")
+        return json.loads(body)["choices"][0]["token_ids"]
+
     def metrics(self):
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
         conn.request("GET", "/metrics")
@@ -171,7 +187,8 @@ class Server:
             os.remove(self.port_file)
 
 
-def run_load(server, concurrency, requests, max_tokens):
+def run_load(server, concurrency, requests, max_tokens, prompts=None):
+    """`prompts`: request i sends prompts[i % len]; else texts of 8..40 bytes."""
     lock = threading.Lock()
     next_i, ttfts, gaps, total = [0], [], [], [0]
 
@@ -182,7 +199,8 @@ def run_load(server, concurrency, requests, max_tokens):
                 if i >= requests:
                     return
                 next_i[0] += 1
-            prompt = ("the quick brown fox jumps over " * 2)[: 8 + (i * 7) % 33]
+            prompt = (prompts[i % len(prompts)] if prompts else
+                      ("the quick brown fox jumps over " * 2)[: 8 + (i * 7) % 33])
             ttft, g, n = server.stream(prompt, max_tokens)
             with lock:
                 ttfts.append(ttft)
@@ -201,15 +219,32 @@ def run_load(server, concurrency, requests, max_tokens):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ranks", default="1,2,4")
+    parser.add_argument("--ranks", help="default 1,2,4 (--model: 1,2)")
     parser.add_argument("--concurrency", default="1,8")
-    parser.add_argument("--requests", type=int, default=16)
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--requests", type=int, help="default 16 (--model: 8)")
+    parser.add_argument("--max-tokens", type=int, help="default 64 (--model: 32)")
     parser.add_argument("--checkpoint", default=os.path.join(REPO, "out", "checkpoints", "llama"),
                         help="the demo model's checkpoint")
     parser.add_argument("--models", default="demo,large", help="demo and/or large (MODELS)")
+    parser.add_argument("--model", help="a Hugging Face model directory, or random:NAME "
+                        "(bench/serve_hf.py: against transformers' generate)")
+    parser.add_argument("--dtype", help="--model: float32 or bfloat16 (random: default float32; "
+                        "a directory: its config's)")
+    parser.add_argument("--prompt-tokens", type=int, default=32, help="--model: prompt length")
+    parser.add_argument("--c1-requests", type=int, default=4,
+                        help="--model: requests at concurrency 1 (and transformers' batch 1)")
+    parser.add_argument("--kv-cache-memory", default="512M", help="--model: per rank")
     args = parser.parse_args()
     serve_bin = os.environ["SERVE_BIN"]
+    if args.model:
+        import serve_hf
+        args.ranks = args.ranks or "1,2"
+        args.requests = args.requests or 8
+        args.max_tokens = args.max_tokens or 32
+        sys.exit(serve_hf.run(args, serve_bin))
+    args.ranks = args.ranks or "1,2,4"
+    args.requests = args.requests or 16
+    args.max_tokens = args.max_tokens or 64
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     print(f"{'model':>5} {'ranks':>5} {'conc':>4} {'tokens/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
           f"{'ttft p50':>8} {'rss MB/rank':>12} {'overhead':>9}", flush=True)
