@@ -1,4 +1,4 @@
-"""Context parallelism (dtensor/experimental/_attention.py, _context_parallel.py): ring attention
+"""Context parallelism (dtensor/experimental/_ring_attention.py, _context_parallel.py): ring attention
 under ``context_parallel`` equals one device's ``F.scaled_dot_product_attention`` in output and
 q/k/v gradients (fp32) for causal and not, head-tail load balance and not, both rotate methods,
 2/3/4 ranks, lengths not divisible by 2W, GQA and ``scale=``; distributed q/k/v sharded on the

@@ -3,7 +3,7 @@
 
 from dtensor.experimental._func_map import local_map
 from dtensor.experimental._register_sharding import register_sharding
-from dtensor.experimental._attention import set_rotate_method
+from dtensor.experimental._ring_attention import set_rotate_method
 from dtensor.experimental._context_parallel import context_parallel, context_parallel_unshard
 
 __all__ = ["implicit_replication", "local_map", "register_sharding"]

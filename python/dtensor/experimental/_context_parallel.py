@@ -1,5 +1,5 @@
 """Context parallelism: PyTorch's ``context_parallel``, ``context_parallel_unshard`` and
-``set_rotate_method`` over the engine's ring attention (described in ``_attention.py``).
+``set_rotate_method`` over the engine's ring attention (described in ``_ring_attention.py``).
 
 Inside ``with context_parallel(mesh, buffers=..., buffer_seq_dims=...)`` a ``TorchFunctionMode``
 of the calling thread catches ``F.scaled_dot_product_attention`` (PyTorch monkey-patches the
@@ -24,7 +24,7 @@ from torch.overrides import TorchFunctionMode
 
 from dtensor import _functional_collectives as fc
 from dtensor._api import DTensor
-from dtensor.experimental._attention import (_check_sdpa_args, _cp_options, _group_and_rank,
+from dtensor.experimental._ring_attention import (_check_sdpa_args, _cp_options, _group_and_rank,
                                              _ring_sdpa, _RingPlan, _SeqLayout)
 from dtensor.placement_types import Shard
 
