@@ -20,6 +20,12 @@ x_help demo '  demo pp [-n N] [args]
                   pp=2 x tp=N/2 (dtensor.pipelining over cross-mesh redistributes); loss next to
                   one process'\''s and each rank'\''s schedule timeline (examples/llama_pp.py;
                   [--steps 5] [--microbatches 4] [--schedule 1f1b|gpipe])'
+x_help demo '  demo cp [-n N] [args]
+                  the same model (attention through causal SDPA) with context parallelism
+                  (ring attention, dtensor.experimental.context_parallel) on N (default 4)
+                  processes, on a sequence 4x the demo'\''s; loss next to one process'\''s and
+                  the peak memory of a step per rank (examples/llama_cp.py; [--steps 5]
+                  [--seq 128] [--rotate allgather|alltoall])'
 x_help demo '  demo layout [args]
                   lay a real tensor out on a mesh and show what each rank holds
                   (--mesh 2,2 --shape 10,7 --placements "S(0),S(1)" [--names dp,tp] [--order "0:1,0"])'
@@ -109,6 +115,10 @@ cmd_demo() {
     fsdp)
       shift
       demo_python "FSDP, then FSDP x TP" examples/llama_fsdp.py "$@"
+      return ;;
+    cp)
+      shift
+      demo_python "context parallelism (ring attention)" examples/llama_cp.py "$@"
       return ;;
     pp)
       shift

@@ -1,0 +1,171 @@
+"""./x demo cp: the demo's Llama-style model trained with context parallelism (ring attention) on
+N ranks, on a sequence 4x the demo's, against one process trained on the whole sequence.
+
+    ./x run -n 4 examples/llama_cp.py [--steps 5] [--seq 128] [--rotate allgather|alltoall]
+                                      [--tol 1e-5]
+
+The model is examples/llama_model.py's with its attention calling
+F.scaled_dot_product_attention(is_causal=True) instead of an explicit mask (CausalLlama below;
+the weights are the demo's, drawn from the same seed), and rotary tables taken at the positions
+the model is given. Inside
+``context_parallel(mesh, buffers=[tokens, targets, positions], buffer_seq_dims=[1, 1, 1])`` each
+rank holds its pieces of the sequence (head-tail: chunks r and 2N-1-r of 2N), so its rotary
+positions are the global ones and SDPA runs ring attention over the ranks. Each rank's loss is
+its tokens' summed cross entropy / all tokens of the batch; the sum over ranks (one all_reduce)
+is the loss of the whole sequence. The parameters are plain and replicated: their gradients are
+summed over the cp ranks (the engine's functional all_reduce; PyTorch's CP users get this from
+FSDP/DDP) before AdamW's step, so every step's loss stays one process's.
+
+Rank 0 prints both losses per step (exit 1 when they differ by more than --tol) and the peak CPU
+tensor memory a training step adds per rank (NOTE [CPU memory meter]; from the second step on,
+when AdamW's state exists) next to one process's.
+"""
+
+import argparse
+import copy
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import dtensor
+from dtensor import _C
+from dtensor import _functional_collectives as fc
+from dtensor.experimental import context_parallel, set_rotate_method
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llama_model import HEADS, VOCAB, Attention, Llama, rope_tables, rotate_half  # noqa: E402
+
+BATCH, DEMO_SEQ = 4, 32  # examples/llama_train.py's batch
+
+
+class CausalAttention(Attention):
+    """Attention with the demo's weights through F.scaled_dot_product_attention(is_causal=True)
+    (what context_parallel turns into ring attention); ``positions`` [B, S] are the tokens'
+    global positions (rotary tables are indexed by them)."""
+
+    def forward(self, x, positions):
+        b, s, d = x.shape
+        hd = d // HEADS
+        q, k, v = (w(x).view(b, s, HEADS, hd).transpose(1, 2)
+                   for w in (self.wq, self.wk, self.wv))
+        cos, sin = rope_tables(int(positions.max()) + 1 if positions.numel() else 1, hd)
+        cos, sin = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)  # [B, 1, S, hd]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(b, s, d))
+
+
+class CausalLlama(Llama):
+    """The demo's model (same weights for the same seed) with CausalAttention; forward takes the
+    tokens and their positions."""
+
+    def __init__(self):
+        super().__init__()
+        causal = CausalAttention()
+        causal.load_state_dict(self.attention.state_dict())
+        self.attention = causal
+
+    def forward(self, tokens, positions):
+        h = self.tok_embeddings(tokens)
+        h = h + self.attention(self.attention_norm(h), positions)
+        h = h + self.feed_forward(self.ffn_norm(h))
+        return self.output(self.norm(h))
+
+
+def step_loss(model, tokens, targets, positions, total_tokens):
+    """This rank's summed cross entropy / all tokens of the batch (backward run)."""
+    logits = model(tokens, positions)
+    loss = F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1),
+                           reduction="sum") / total_tokens
+    loss.backward()
+    return loss.detach()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--seq", type=int, default=4 * DEMO_SEQ,
+                        help="sequence length (default: 4x the demo's %d)" % DEMO_SEQ)
+    parser.add_argument("--rotate", default="allgather", choices=("allgather", "alltoall"))
+    parser.add_argument("--tol", type=float, default=1e-5,
+                        help="exit 1 when a step's loss differs from one process's by more")
+    args = parser.parse_args()
+
+    _C.install_cpu_memory_meter()  # NOTE [CPU memory meter]: before any tensor
+    torch.set_num_threads(1)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    mesh = dtensor.init_device_mesh("cpu", (world,), mesh_dim_names=("cp",))
+    rank = mesh.get_rank()
+    set_rotate_method(args.rotate)
+    torch.manual_seed(0)
+    base = CausalLlama()
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, VOCAB, (BATCH, args.seq), generator=g)
+    targets = torch.roll(tokens, -1, dims=1)
+    positions = torch.arange(args.seq).expand(BATCH, -1).contiguous()
+    total = tokens.numel()
+    model = copy.deepcopy(base)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    single = copy.deepcopy(base) if rank == 0 else None
+    single_opt = torch.optim.AdamW(single.parameters(), lr=1e-2) if rank == 0 else None
+    if rank == 0:
+        n_params = sum(p.numel() for p in base.parameters())
+        print(f"Llama-style block (causal SDPA), {n_params / 1e6:.2f}M parameters, batch "
+              f"{BATCH}x{args.seq} (4x the demo's {DEMO_SEQ} when --seq is left), AdamW; "
+              f"context parallel on {world} ranks (head-tail load balance, rotate "
+              f"{args.rotate})\n", flush=True)
+        print(f"{'step':>4} {'loss (cp)':>12} {'loss (1 proc)':>14} {'|diff|':>9} "
+              f"{'ms/step (cp)':>13} {'ms (1 proc)':>12}", flush=True)
+    worst, cp_peak, one_peak = 0.0, 0, 0
+    for step in range(args.steps):
+        _C.reset_cpu_peak_bytes()
+        live = _C.cpu_live_bytes()
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        with context_parallel(mesh, buffers=[tokens, targets, positions],
+                              buffer_seq_dims=[1, 1, 1]):
+            piece = step_loss(model, tokens, targets, positions, total)
+        grads = [p.grad for p in model.parameters()]
+        flat = fc.all_reduce(torch.cat([gr.reshape(-1) for gr in grads]), "sum",
+                             group=mesh).wait()
+        offset = 0
+        for gr in grads:
+            gr.copy_(flat[offset:offset + gr.numel()].view_as(gr))
+            offset += gr.numel()
+        opt.step()
+        ms = (time.perf_counter() - t0) * 1e3
+        if step >= min(1, args.steps - 1):  # from the second step on: AdamW's state exists
+            cp_peak = max(cp_peak, _C.cpu_peak_bytes() - live)
+        loss = fc.all_reduce(piece.reshape(1).double(), "sum", group=mesh).wait().item()
+        if rank == 0:
+            _C.reset_cpu_peak_bytes()
+            live = _C.cpu_live_bytes()
+            t0 = time.perf_counter()
+            single_opt.zero_grad()
+            one = step_loss(single, tokens, targets, positions, total).item()
+            single_opt.step()
+            one_ms = (time.perf_counter() - t0) * 1e3
+            if step >= min(1, args.steps - 1):
+                one_peak = max(one_peak, _C.cpu_peak_bytes() - live)
+            worst = max(worst, abs(loss - one))
+            print(f"{step:>4} {loss:>12.7f} {one:>14.7f} {abs(loss - one):>9.2e} {ms:>13.1f} "
+                  f"{one_ms:>12.1f}", flush=True)
+    peaks = fc.all_gather_tensor(torch.tensor([float(cp_peak)]), 0, group=mesh).wait().tolist()
+    if rank == 0:
+        kib = ", ".join(f"{p / 1024:.0f}" for p in peaks)
+        print(f"\npeak CPU tensor memory a training step adds (KiB) per rank: {kib}; one process "
+              f"on the whole sequence: {one_peak / 1024:.0f} ({max(peaks) / one_peak:.2f}x)",
+              flush=True)
+        verdict = "equal" if worst <= args.tol else "DIFFERENT"
+        print(f"context parallel: largest |loss diff| vs one process {worst:.2e} (tolerance "
+              f"{args.tol:g}): {verdict}", flush=True)
+        if worst > args.tol:
+            sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
