@@ -266,8 +266,7 @@ class PipelineStage:
                 p.grad.div_(factor)
 
     def _finish_step(self):
-        for t in self._sent:  # the asynchronous sends completed (their peers received)
-            t.to_local()
+        _transfer.wait(self._sent)  # the asynchronous sends completed (their peers received)
         self._sent.clear()
         self._cache.clear()
         self._grads_out.clear()

@@ -1,26 +1,27 @@
 """Moving a stage's tensors to another stage: NOTE [pipeline transfers].
 
 NOTE [pipeline transfers]: a value crossing a stage boundary (activations forward, their
-gradients backward) is a tuple of tensors, each plain or distributed. Each goes as a cross-mesh
-redistribute (NOTE [cross-mesh redistribute] in dtensor/redistribute.h) from the sending stage's
-ranks to the receiving stage's: a distributed tensor from its mesh to the same mesh shifted to the
-other stage (arriving laid out as it left, a Partial reduced on the way), a plain tensor from
-this rank to its peer in the pipeline group (a one-rank mesh each). The receiver must name the
-same source layout as the sender, so a fixed-size header (int64: per tensor its kind, dtype,
+gradients backward) is a tuple of tensors, each plain or distributed. A distributed tensor goes as
+a cross-mesh redistribute (NOTE [cross-mesh redistribute] in dtensor/redistribute.h) from its mesh
+to the same mesh shifted to the other stage, arriving laid out as it left (a Partial reduced on
+the way). A plain tensor goes from this rank to its peer in the pipeline group as a bare
+all_to_all_single on the pair's group (what the redistribute between two one-rank meshes would
+run, without distributed tensors around it: a quarter of a transfer's cost). The receiver must
+know the source layout and size, so a fixed-size header (int64: per tensor its kind, dtype,
 shape, placements; and which stage sent it, for which microbatch of how many, so a receiving stage
-refuses a schedule that does not match its own, naming both stages) goes first, from each rank
-to its peer. Every transfer of one boundary and
-direction runs on its own channel (a group of its own over the same ranks), so activations and
-gradients keep their own first-in-first-out order whatever the schedule interleaves; sends are
-asynchronous (a stage's ranks only send on a boundary), so a stage never waits for a peer to
-reach its receive, which is what keeps 1F1B and the interleaved schedules free of deadlock.
-Stages must sit on disjoint ranks, each stage's the previous one's moved by one offset (the
-pipeline dim of a mesh built by init_device_mesh).
+refuses a schedule that does not match its own, naming both stages) goes first, from each rank to
+its peer. Every transfer of one boundary and direction runs on its own channel (a group of its
+own over the same ranks), so activations and gradients keep their own first-in-first-out order
+whatever the schedule interleaves; sends are asynchronous (a stage's ranks only send on a
+boundary), so a stage never waits for a peer to reach its receive, which is what keeps 1F1B and
+the interleaved schedules free of deadlock. Stages must sit on disjoint ranks, each stage's the
+previous one's moved by one offset (the pipeline dim of a mesh built by init_device_mesh).
 """
 
 import torch
 
 from dtensor import _C
+from dtensor import _functional_collectives as fc
 from dtensor._api import DTensor
 from dtensor.device_mesh import DeviceMesh
 from dtensor.placement_types import Partial, Replicate, Shard, _StridedShard
@@ -102,10 +103,6 @@ def _decode(header):
     return meta, out
 
 
-def _one_rank_mesh(rank, device_type):
-    return DeviceMesh(device_type, [rank])
-
-
 def _shifted(mesh, delta, device_type):
     """The mesh of ranks ``mesh`` (a DeviceMesh or a rank tensor) moved by ``delta``: the same
     mesh on another stage (no dim names: they do not change which elements move where)."""
@@ -132,10 +129,8 @@ def send(tensors, peer, device_type, channel, meta):
     (its local pieces and the header). ``meta``: (this stage, the microbatch, the microbatch
     count), checked by the receiver."""
     me = _C.rank()
-    src, dst = _one_rank_mesh(me, device_type), _one_rank_mesh(peer, device_type)
-    header = _encode(tensors, meta)
-    pending = [_move(DTensor.from_local(header, src, [Replicate()]), dst, [Replicate()], True,
-                     channel + "/header")]
+    header = _encode(tensors, meta).to(device_type)  # on the device: NCCL moves no host memory
+    pending = [_pair_send(header, me, peer, channel + "/header")]
     nbytes = header.numel() * header.element_size()
     for t in tensors:
         if t is None:
@@ -148,9 +143,37 @@ def send(tensors, peer, device_type, channel, meta):
             pending.append(_move(t, _shifted(t.device_mesh, peer - me, device_type), target, True,
                                  channel))
         else:
-            x = DTensor.from_local(t.contiguous(), src, [Replicate()])
-            pending.append(_move(x, dst, [Replicate()], True, channel))
+            pending.append(_pair_send(t.contiguous().reshape(-1), me, peer, channel))
     return pending, nbytes
+
+
+def wait(pending):
+    """Waits for what send returned (the peers received it)."""
+    for t in pending:
+        if _C.is_dtensor(t):
+            t.to_local()
+        else:
+            fc.wait_tensor(t)
+
+
+# A plain tensor (and every header) goes from one rank to its peer as a bare all_to_all_single
+# on the pair's group of the channel (registered with this rank's context on first use; later
+# calls find it).
+def _pair_group(a, b, channel):
+    return fc.context().new_group([min(a, b), max(a, b)], channel)
+
+
+def _pair_send(flat, me, peer, channel):
+    sizes = [0, flat.numel()] if me < peer else [flat.numel(), 0]
+    return fc.all_to_all_single(flat, [0, 0], sizes, group=_pair_group(me, peer, channel),
+                                async_op=True)
+
+
+def _pair_recv(numel, dtype, device_type, me, peer, channel):
+    sizes = [numel, 0] if peer < me else [0, numel]
+    out = fc.all_to_all_single(torch.empty(0, dtype=dtype, device=device_type), sizes, [0, 0],
+                               group=_pair_group(me, peer, channel))
+    return fc.wait_tensor(out)
 
 
 def recv(peer, meshes_here, device_type, channel):
@@ -160,11 +183,8 @@ def recv(peer, meshes_here, device_type, channel):
     Returns the sender's meta (see send) and a list of tensors (None where the sender sent None);
     each that required grad on the sender is a leaf that requires grad here."""
     me = _C.rank()
-    src, dst = _one_rank_mesh(peer, device_type), _one_rank_mesh(me, device_type)
-    absent = DTensor.from_local(torch.empty(0, dtype=torch.int64), src, [Replicate()],
-                                shape=(_HEADER,), stride=(1,))
-    header = _move(absent, dst, [Replicate()], False, channel + "/header").to_local()
-    meta, specs = _decode(header)
+    header = _pair_recv(_HEADER, torch.int64, device_type, me, peer, channel + "/header")
+    meta, specs = _decode(header.cpu())
     out = []
     for spec in specs:
         if spec is None:
@@ -184,8 +204,9 @@ def recv(peer, meshes_here, device_type, channel):
             target = [Replicate() if p.is_partial() else p for p in placements]
             t = _move(absent, here, target, False, channel)
         else:
-            absent = DTensor.from_local(torch.empty(0, dtype=dtype), src, [Replicate()],
-                                        shape=tuple(shape), stride=stride)
-            t = _move(absent, dst, [Replicate()], False, channel).to_local()
+            numel = 1
+            for n in shape:
+                numel *= n
+            t = _pair_recv(numel, dtype, device_type, me, peer, channel).view(shape)
         out.append(t.requires_grad_() if requires_grad else t)
     return meta, out
