@@ -582,21 +582,3 @@ def test_inference_mode_with_a_parallelized_module():
     assert all(dtensor.run_threads(2, fn))
 
 
-
-
-@pytest.mark.parametrize("index", [[0, 1], [2, 0], [1], [0]])
-def test_index_select_of_a_partial_keeps_its_index_whole(index):
-    """A Partial(sum) self passes through index_select unreduced; its Replicate index is not
-    partitioned like a data input (ranks other than the first selected rows by a zero index)."""
-    h = torch.randn(3, 4)
-
-    def body(rank):
-        mesh = init_device_mesh("cpu", (2,))
-        p = DTensor.from_local(h / 2, mesh, [Partial()])
-        idx = distribute_tensor(torch.tensor(index), mesh, [Replicate()])
-        y = p.index_select(0, idx)
-        assert y.placements == (Partial(),)
-        return y.full_tensor()
-
-    for got in dtensor.run_threads(2, body):
-        torch.testing.assert_close(got, h[index])

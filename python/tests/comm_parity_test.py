@@ -128,6 +128,11 @@ CASES = {
     "amax(P(max), 0)": (lambda X: torch.amax(X.P(a, "max"), 0),
                         lambda: torch.amax(reduced(a, "max"), 0), True),
     "sum(P(sum))": (lambda X: X.P(a).sum(), lambda: reduced(a, "sum").sum(), True),
+    # The index is not data: it stays whole while the Partial self passes through (partitioned
+    # like a data input, it selected row 0 on every rank but the first).
+    "index_select(P(sum), 0, R)": (lambda X: X.P(a).index_select(0, X.R(torch.tensor([3, 0, 5]))),
+                                   lambda: reduced(a, "sum").index_select(0, torch.tensor([3, 0, 5])),
+                                   False),
     "SequenceParallel LayerNorm, weight gradient": (sequence_parallel_layer_norm,
                                                     layer_norm_weight_grad, True),
     # The leaf's gradient keeps the leaf's Shard(1) on the engine; PyTorch's is Replicate.
