@@ -31,7 +31,7 @@ declare -A BENCHES=([collectives]=//bench:collectives_bench [redistribute]=//ben
   [checkpoint]=//bench:checkpoint_bench)
 # Python benchmarks: name -> script, run with the -c opt build of the dtensor package.
 declare -A PY_BENCHES=([python]=bench/python_bench.py [fsdp]=bench/fsdp_bench.py
-  [compile]=bench/compile_bench.py [pp]=bench/pipelining_bench.py)
+  [compile]=bench/compile_bench.py [pp]=bench/pipelining_bench.py [cp]=bench/cp_bench.py)
 
 log() { printf '\033[1m[x]\033[0m %s\n' "$*" >&2; }
 
