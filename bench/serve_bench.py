@@ -233,6 +233,8 @@ def main():
     parser.add_argument("--prompt-tokens", type=int, default=32, help="--model: prompt length")
     parser.add_argument("--c1-requests", type=int, default=4,
                         help="--model: requests at concurrency 1 (and transformers' batch 1)")
+    parser.add_argument("--hf-threads", type=int,
+                        help="--model: transformers' torch threads (default: the machine's cores)")
     parser.add_argument("--kv-cache-memory", default="512M", help="--model: per rank")
     args = parser.parse_args()
     serve_bin = os.environ["SERVE_BIN"]

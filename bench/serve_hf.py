@@ -2,7 +2,7 @@
 
     ./x bench serve --model random:qwen2.5-0.5b [--dtype float32|bfloat16] [--ranks 1,2]
                     [--concurrency 1,8] [--requests 8] [--c1-requests 4] [--max-tokens 32]
-                    [--prompt-tokens 32] [--kv-cache-memory 512M]
+                    [--prompt-tokens 32] [--kv-cache-memory 512M] [--hf-threads N]
 
 DIR is a Hugging Face model directory with tokenizer.json; random:NAME (RANDOM_MODELS: the configs
 of Qwen2.5 0.5B and Llama 3.2 1B) writes a model of that real shape with random weights through
@@ -17,7 +17,7 @@ Every request is a greedy completion of --max-tokens tokens from a prompt of --p
                step, and the overhead share of a decode step from a second server started with
                --profile (NOTE [step profile]);
   transformers model.generate(do_sample=False) in this process with torch threads = the
-               machine's cores: the same requests one at a time (batch 1; TTFT as the time to the
+               machine's cores (--hf-threads to change; each server rank runs one thread): the same requests one at a time (batch 1; TTFT as the time to the
                first new token through a streamer) and --requests of them in left-padded
                batches of the highest concurrency (batch 8 with the defaults; for information).
 On each rank count, before its timed load, the first request's tokens from the server must equal
@@ -185,7 +185,7 @@ def run(args, serve_bin):
     import torch
     import transformers
 
-    threads = os.cpu_count()
+    threads = args.hf_threads or os.cpu_count()
     torch.set_num_threads(threads)
     path = model_dir(args.model, args.dtype or "float32")
     label = os.path.basename(path.rstrip("/"))
