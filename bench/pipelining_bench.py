@@ -195,11 +195,13 @@ def cross_mesh(args, rank):
             else:
                 x = DTensor.from_local(torch.empty(0), a, sp, shape=shape,
                                        stride=(shape[1], 1))
-            # The bare exchange: each sender sends, as one contiguous buffer, what the plan
-            # sends from it to each receiver.
+            # The bare exchange: on the same ranks (the redistribute's group is both meshes'
+            # ranks), each sender sends, as one contiguous buffer, what the plan sends from it
+            # to each receiver.
+            members = sorted(set(src) | set(dst))
             share = whole.numel() // (len(src) * len(dst))
-            ins = [share if rank in src and r in dst else 0 for r in range(4)]
-            outs = [share if rank in dst and r in src else 0 for r in range(4)]
+            ins = [share if rank in src and r in dst else 0 for r in members]
+            outs = [share if rank in dst and r in src else 0 for r in members]
             buf = torch.randn(sum(ins))
 
             def move():
@@ -207,7 +209,9 @@ def cross_mesh(args, rank):
                 return y.to_local()
 
             def bare():
-                return fc.all_to_all_single(buf, outs, ins, group=[0, 1, 2, 3])
+                if rank not in members:
+                    return None
+                return fc.all_to_all_single(buf, outs, ins, group=members)
 
             got = move()
             if rank in dst:  # the destination pieces are one device's
