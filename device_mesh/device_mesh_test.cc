@@ -38,7 +38,9 @@ TEST(DeviceMeshTest, CoordinatesFollowRowMajorRankArray) {
                         {1, V{1, 1}}, {0, std::nullopt}, {8, std::nullopt}};
   for (const auto& c : cases) {
     EXPECT_EQ(mesh.coordinate(c.rank), c.coord) << "rank " << c.rank;
-    if (c.coord) EXPECT_EQ(mesh.rank_at(*c.coord), c.rank);
+    if (c.coord) {
+      EXPECT_EQ(mesh.rank_at(*c.coord), c.rank);
+    }
   }
   EXPECT_FALSE(mesh.contains(2));
   expect_error([&] { mesh.rank_at({2, 0}); }, "outside mesh shape (2,2)");
