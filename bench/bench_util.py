@@ -28,6 +28,32 @@ def free_port():
         return s.getsockname()[1]
 
 
+def rank_env(rank, world, port, extra_env=None):
+    """The variables torchrun gives rank `rank` of a `world`-rank job on this host."""
+    return dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port), OMP_NUM_THREADS="1", **(extra_env or {}))
+
+
+def run_job(cmd, world, timeout=900):
+    """Runs `cmd` as each rank of a `world`-rank job (torchrun's variables); returns the exit
+    codes and each rank's output (stdout and stderr together)."""
+    port = free_port()
+    outs = [tempfile.TemporaryFile() for _ in range(world)]
+    try:
+        procs = [subprocess.Popen(cmd, env=rank_env(rank, world, port), stdout=outs[rank],
+                                  stderr=subprocess.STDOUT) for rank in range(world)]
+        codes = [p.wait(timeout=timeout) for p in procs]
+        texts = []
+        for out in outs:
+            out.seek(0)
+            texts.append(out.read().decode(errors="replace"))
+        return codes, texts
+    finally:
+        for out in outs:
+            out.close()
+
+
 def launch_self(argv, args, script, n=2, extra_env=None):
     """Starts `script` as rank 0 (output here) and ranks 1.. (output kept, shown if something
     fails); `args.backend`, when set, is the engine's collectives backend."""
@@ -35,9 +61,7 @@ def launch_self(argv, args, script, n=2, extra_env=None):
     procs = []
     with tempfile.TemporaryFile() as log1:
         for rank in range(n):
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank),
-                       LOCAL_WORLD_SIZE=str(n), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(port), OMP_NUM_THREADS="1", **(extra_env or {}))
+            env = rank_env(rank, n, port, extra_env)
             if args.backend:
                 env["DTENSOR_BACKEND"] = args.backend
             out = None if rank == 0 else log1

@@ -42,13 +42,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_util import free_port  # noqa: E402
+from bench_util import free_port, run_job  # noqa: E402
 
 SIDES = ("engine_allgather", "engine_alltoall", "pytorch_allgather", "pytorch_alltoall",
          "one_process", "one_process_shard")
@@ -163,30 +161,18 @@ def side_main(args):
 
 def launch(args, argv, side, world):
     """One job of `world` processes running `side`; returns rank 0's JSON row (or an error)."""
-    port, anchor = free_port(), free_port()
-    procs = []
-    with tempfile.TemporaryFile() as out0, tempfile.TemporaryFile() as others:
-        for rank in range(world):
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                       LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-            cmd = [sys.executable, os.path.abspath(__file__), "--side", side, "--seq",
-                   str(args.seq), "--anchor-port", str(anchor)] + argv
-            procs.append(subprocess.Popen(cmd, env=env, stdout=out0 if rank == 0 else others,
-                                          stderr=subprocess.STDOUT))
-        codes = [p.wait() for p in procs]
-        out0.seek(0)
-        text = out0.read().decode(errors="replace")
-        rows = [json.loads(x) for x in text.splitlines() if x.startswith('{"bench"')]
-        if any(codes) or not rows:
-            others.seek(0)
-            lines = (text + others.read().decode(errors="replace")).strip().splitlines()
-            # The exception's own line (the last one naming an Error), else the last lines.
-            errs = [x for x in lines if "Error" in x and not x.startswith(" ")]
-            why = errs[-1] if errs else " | ".join(lines[-3:])
-            return {"bench": "cp", "side": side, "ranks": args.ranks, "seq": args.seq,
-                    "error": f"exit codes {codes}: " + why[:400]}
-        return rows[0]
+    cmd = [sys.executable, os.path.abspath(__file__), "--side", side, "--seq", str(args.seq),
+           "--anchor-port", str(free_port())] + argv
+    codes, texts = run_job(cmd, world)
+    rows = [json.loads(x) for x in texts[0].splitlines() if x.startswith('{"bench"')]
+    if any(codes) or not rows:
+        lines = "\n".join(texts).strip().splitlines()
+        # The exception's own line (the last one naming an Error), else the last lines.
+        errs = [x for x in lines if "Error" in x and not x.startswith(" ")]
+        why = errs[-1] if errs else " | ".join(lines[-3:])
+        return {"bench": "cp", "side": side, "ranks": args.ranks, "seq": args.seq,
+                "error": f"exit codes {codes}: " + why[:400]}
+    return rows[0]
 
 
 def _median_run(rows):

@@ -38,13 +38,11 @@ import copy
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_util import free_port  # noqa: E402
+from bench_util import free_port, run_job  # noqa: E402
 
 
 def model(args):
@@ -249,27 +247,15 @@ SIDES = ("fsdp", "replicated", "pytorch", "one_process")
 
 def launch(args, argv, side, world, dp):
     """One job of `world` processes running `side`; returns rank 0's JSON row (or an error)."""
-    port, anchor = free_port(), free_port()
-    procs = []
-    with tempfile.TemporaryFile() as out0, tempfile.TemporaryFile() as others:
-        for rank in range(world):
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                       LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-            cmd = [sys.executable, os.path.abspath(__file__), "--side", side, "--dp", str(dp),
-                   "--anchor-port", str(anchor)] + argv
-            procs.append(subprocess.Popen(cmd, env=env, stdout=out0 if rank == 0 else others,
-                                          stderr=subprocess.STDOUT))
-        codes = [p.wait() for p in procs]
-        out0.seek(0)
-        text = out0.read().decode(errors="replace")
-        rows = [json.loads(x) for x in text.splitlines() if x.startswith('{"bench"')]
-        if any(codes) or not rows:
-            others.seek(0)
-            why = (text + others.read().decode(errors="replace")).strip().splitlines()
-            return {"bench": "fsdp", "side": side, "ranks": dp,
-                    "error": f"exit codes {codes}: " + " | ".join(why[-3:])[:400]}
-        return rows[0]
+    cmd = [sys.executable, os.path.abspath(__file__), "--side", side, "--dp", str(dp),
+           "--anchor-port", str(free_port())] + argv
+    codes, texts = run_job(cmd, world)
+    rows = [json.loads(x) for x in texts[0].splitlines() if x.startswith('{"bench"')]
+    if any(codes) or not rows:
+        why = "\n".join(texts).strip().splitlines()
+        return {"bench": "fsdp", "side": side, "ranks": dp,
+                "error": f"exit codes {codes}: " + " | ".join(why[-3:])[:400]}
+    return rows[0]
 
 
 def _median_run(rows):

@@ -38,13 +38,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_util import free_port  # noqa: E402
+from bench_util import free_port, run_job  # noqa: E402
 
 SCHEDULES = {  # name -> (class name in both libraries, stages per rank)
     "gpipe": ("ScheduleGPipe", 1),
@@ -251,26 +249,11 @@ def side_main(args):
 
 def launch(args, argv, side, schedule, world):
     """One job of `world` processes running `side`; returns its ranks' rows or an error text."""
-    port, anchor = free_port(), free_port()
-    procs, outs = [], []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        cmd = [sys.executable, os.path.abspath(__file__), "--side", side, "--schedule", schedule,
-               "--anchor-port", str(anchor)] + argv
-        out = tempfile.TemporaryFile()
-        outs.append(out)
-        procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT))
-    codes = [p.wait(timeout=600) for p in procs]
-    rows, texts = [], []
-    for out in outs:
-        out.seek(0)
-        text = out.read().decode(errors="replace")
-        out.close()
-        texts.append(text)
-        rows += [json.loads(x)["bench_rank"] for x in text.splitlines()
-                 if x.startswith('{"bench_rank"')]
+    cmd = [sys.executable, os.path.abspath(__file__), "--side", side, "--schedule", schedule,
+           "--anchor-port", str(free_port())] + argv
+    codes, texts = run_job(cmd, world, timeout=600)
+    rows = [json.loads(x)["bench_rank"] for text in texts for x in text.splitlines()
+            if x.startswith('{"bench_rank"')]
     if any(codes) or len(rows) != world:
         why = "\n".join(texts).strip().splitlines()
         return f"exit codes {codes}: " + " | ".join(why[-4:])[:500]

@@ -1,8 +1,8 @@
 #include "serving/models/hf_config.h"
 
 #include <algorithm>
-#include <iterator>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "base/error.h"
