@@ -52,7 +52,9 @@ ABSL_CONST_INIT absl::Mutex g_groups_mu(absl::kConstInit);
 // key: job + '\0' + group name
 absl::flat_hash_map<std::string, JobGroup> g_groups ABSL_GUARDED_BY(g_groups_mu);
 // The ranks that left each job, with their errors: a group made after a member left is born
-// broken (NOTE [leaving a group]).
+// broken (NOTE [leaving a group]). Kept for the process's life (an entry per rank that failed; a
+// job's name is never reused), since a peer may make its first group after every group of the
+// job has gone.
 absl::flat_hash_map<std::string, std::vector<std::pair<int64_t, std::string>>> g_left
     ABSL_GUARDED_BY(g_groups_mu);
 
