@@ -31,6 +31,23 @@ WORDS = ("the quick brown fox jumps over the lazy dog tensor parallel server mod
          "shard replicate rank cache block prefill decode").split()
 
 
+def _tiny_qwen2(vocab, max_positions, seed):
+    """A 2-layer Qwen2 (grouped kv heads) with random weights large enough that greedy choices
+    are clear: norms near 1, the rest N(0, 0.15)."""
+    torch.manual_seed(seed)
+    config = transformers.Qwen2Config(
+        vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+        eos_token_id=None, bos_token_id=None)
+    model = transformers.Qwen2ForCausalLM(config).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            p.copy_(1 + 0.2 * noise if "norm" in name else 0.15 * noise)
+    return model
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("qwen2")
@@ -45,17 +62,7 @@ def model_dir(tmp_path_factory):
         special_tokens=["<|endoftext|>"]))
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
     fast.save_pretrained(str(path))
-    torch.manual_seed(0)
-    config = transformers.Qwen2Config(
-        vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=96,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=128, eos_token_id=None, bos_token_id=None)
-    model = transformers.Qwen2ForCausalLM(config).eval()
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            p.copy_(1 + 0.2 * noise if "norm" in name else 0.15 * noise)
+    model = _tiny_qwen2(tok.get_vocab_size(), 128, seed=0)
     model.save_pretrained(str(path))
     return str(path), model, fast
 
@@ -207,17 +214,8 @@ def chat_model_dir(tmp_path_factory):
                                       return_dict=False)
     if isinstance(prompt, dict) or hasattr(prompt, "keys"):
         prompt = prompt["input_ids"]
-    torch.manual_seed(1)
-    config = transformers.Qwen2Config(
-        vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=96,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=256, eos_token_id=None, bos_token_id=None)
-    model = transformers.Qwen2ForCausalLM(config).eval()
-    g = torch.Generator().manual_seed(1)
+    model = _tiny_qwen2(tok.get_vocab_size(), 256, seed=1)
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            p.copy_(1 + 0.2 * noise if "norm" in name else 0.15 * noise)
         free = _generate(model, prompt, 12)
         # The answer's step k (k >= 3 tokens in) gets <|im_end|> as its greedy token: the row is
         # the step's final hidden state, scaled past the step's largest logit; an earlier step
