@@ -160,7 +160,9 @@ CallSignature signature_of(const CollectiveCall& call) {
   s.op = call.op;
   if (call.input.defined()) {
     s.dtype = call.input.scalar_type();
-    s.numel = call.input.numel();
+    // A boxed call's input is empty: it sends its boxes, its input splits' sum.
+    s.numel =
+        call.boxed() ? offset_of(call.input_splits, call.input_splits.size()) : call.input.numel();
   }
   s.src = call.src;
   s.input_splits = call.input_splits;

@@ -61,6 +61,12 @@ struct CollectiveCall {
   // CUDA tensors: the issuing thread's current stream on their device, which the backend orders
   // itself after (NOTE [nccl stream order]); unset otherwise.
   std::optional<c10::Stream> stream;
+  // A boxed all_to_all (NOTE [boxed all_to_all] in functional.h), only for backends whose
+  // takes_boxes() holds: send_boxes[r] (CPU views, any strides, each read row-major, one after
+  // another) go to group rank r, and what rank r sends lands in recv_boxes[r]. input and output
+  // are then empty 1-D tensors that carry the dtype, and the splits count the boxes' elements.
+  std::vector<std::vector<at::Tensor>> send_boxes, recv_boxes;
+  bool boxed() const { return !send_boxes.empty(); }
 };
 
 // NOTE [interrupts]
@@ -162,6 +168,11 @@ class Communicator {
   // differ. Callers may then leave a check to the call itself instead of exchanging metadata
   // first (distribute_tensor names the tensor's shape and dtype in its call's purpose).
   virtual bool compares_calls() const { return false; }
+
+  // Whether run() takes boxed all_to_all calls (CollectiveCall::send_boxes): the backend copies
+  // straight between the boxes and its transport. The functional layer packs the boxes into flat
+  // buffers for every other backend (NOTE [boxed all_to_all] in functional.h).
+  virtual bool takes_boxes() const { return false; }
 
   // NOTE [leaving a group]: this rank leaves the group for good, its thread or process ending
   // with an error `why` (RankContext::leave): the peers' calls that wait for it, now or later,

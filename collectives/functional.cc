@@ -5,6 +5,7 @@
 #include "collectives/functional.h"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/function.h>
 
@@ -17,6 +18,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "base/error.h"
+#include "collectives/boxes.h"
 #include "collectives/rank_context.h"
 #include "collectives/reduce.h"
 
@@ -109,14 +111,17 @@ thread_local uint64_t t_program_ops = 0, t_program = 0;  // NOTE [program digest
 
 void count_calls(const std::string& group, const Job& job) {
   for (const CollectiveCall& c : job.calls) {
-    const auto bytes = [](const at::Tensor& t) {
-      return t.defined() ? static_cast<int64_t>(t.nbytes()) : int64_t{0};
+    // A boxed all_to_all's input and output are empty: its splits count what it moves.
+    const auto bytes = [&c](const at::Tensor& t, const std::vector<int64_t>& splits) {
+      if (!t.defined()) return int64_t{0};
+      return c.boxed() ? offset_of(splits, splits.size()) * static_cast<int64_t>(t.element_size())
+                       : static_cast<int64_t>(t.nbytes());
     };
     const CommRecord r{c.kind,
                        c.label.empty() ? collective_name(c.kind) : c.label,
                        group,
-                       bytes(c.input),
-                       bytes(c.output),
+                       bytes(c.input, c.input_splits),
+                       bytes(c.output, c.output_splits),
                        t_cause ? t_cause : "",
                        torch::autograd::get_current_node() != nullptr};
     for (CommCounter* counter : t_counters) counter->record(r);
@@ -519,6 +524,71 @@ at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>
   auto job = std::make_shared<Job>();
   job->calls.push_back(std::move(c));
   return submit_one(group, job, result, async_op);
+}
+
+at::Tensor all_to_all_boxes(const std::vector<BoxList>& send, const std::vector<BoxList>& recv,
+                            const at::Tensor& result, const std::string& group, bool async_op,
+                            const char* label) {
+  const int64_t n = group_size(group);
+  const at::TensorOptions options = result.options();
+  const auto where = [&] {
+    return c10::str(label, " on group '", group, "' (global rank ", current_context().rank(), ")");
+  };
+  DTENSOR_CHECK(static_cast<int64_t>(send.size()) == n && static_cast<int64_t>(recv.size()) == n,
+                where(), ": needs one list of send boxes and one of receive boxes per rank of the ",
+                n, "-rank group, got ", send.size(), " and ", recv.size());
+  const auto check = [&](const at::Tensor& b, const char* side) {
+    DTENSOR_CHECK(
+        b.defined() && b.scalar_type() == result.scalar_type() && b.device() == result.device(),
+        where(), ": a ", side, " box is ",
+        b.defined() ? c10::str(b.scalar_type(), " on ", b.device()) : "undefined", ", not ",
+        result.scalar_type(), " on ", result.device(), " as the result");
+  };
+  CollectiveCall c;
+  c.kind = CollectiveKind::kAllToAll;
+  c.label = label;
+  for (int64_t r = 0; r < n; ++r) {
+    for (const at::Tensor& b : send[r]) check(b, "send");
+    for (const at::Tensor& b : recv[r]) {
+      check(b, "receive");
+      DTENSOR_CHECK(!b.is_conj() && !b.is_neg(), where(),
+                    ": a receive box has a pending conjugation or negation (a lazy view)");
+      DTENSOR_CHECK(at::has_internal_overlap(b) != at::MemOverlap::Yes, where(),
+                    ": a receive box of shape ", b.sizes(), " overlaps itself");
+      for (const BoxList& list : send) {
+        for (const at::Tensor& s : list) {
+          DTENSOR_CHECK(b.numel() == 0 || s.numel() == 0 || !b.is_alias_of(s), where(),
+                        ": a receive box shares storage with a send box");
+        }
+      }
+    }
+    c.input_splits.push_back(numel_of(send[r]));
+    c.output_splits.push_back(numel_of(recv[r]));
+  }
+  auto job = std::make_shared<Job>();
+  if (options.device().is_cpu() && current_context().endpoint(group).comm->takes_boxes()) {
+    c.input = at::empty({0}, options);
+    c.output = at::empty({0}, options);
+    for (const BoxList& list : send) {  // NOTE [lazy conjugate and negative views]
+      BoxList& mine = c.send_boxes.emplace_back();
+      for (const at::Tensor& b : list) mine.push_back(b.resolve_conj().resolve_neg());
+    }
+    c.recv_boxes = recv;
+    job->calls.push_back(std::move(c));
+    return submit_one(group, std::move(job), result, async_op);
+  }
+  // The packing fallback: one flat input, one flat output (the receive boxes' own memory when
+  // they are consecutive runs of one tensor).
+  BoxList all_send, all_recv;
+  for (const BoxList& list : send) all_send.insert(all_send.end(), list.begin(), list.end());
+  for (const BoxList& list : recv) all_recv.insert(all_recv.end(), list.begin(), list.end());
+  c.input = pack(all_send, options);
+  c.output = flat_view(all_recv);
+  const bool unpacks = !c.output.defined();
+  if (unpacks) c.output = at::empty({numel_of(all_recv)}, options);
+  if (unpacks) job->epilogue = [out = c.output, all_recv] { unpack(out, all_recv); };
+  job->calls.push_back(std::move(c));
+  return submit_one(group, std::move(job), result, async_op);
 }
 
 at::Tensor all_to_all(const at::Tensor& input, int64_t split_dim, int64_t concat_dim,

@@ -65,6 +65,27 @@ inline constexpr char kScatterLabel[] = "scatter";
 at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>& output_splits,
                              const std::vector<int64_t>& input_splits, const std::string& group,
                              bool async_op = false, const char* label = "all_to_all_single");
+// NOTE [boxed all_to_all]
+// all_to_all_single with views for buffers: send[r] lists the views ("boxes", any strides) whose
+// elements, each box row-major, one box after another, go to group rank r; what rank r sends
+// lands in the boxes recv[r], in the same order. A sender whose pieces are strided parts of a
+// tensor (a cross-mesh redistribute: NOTE [cross-mesh redistribute]) then copies each element
+// once into the transport and each receiver once out of it, as a flat buffer would, with no
+// packing copy into a fresh buffer and no unpacking copy out of one. The backends that can
+// (Communicator::takes_boxes: shm and threads) copy between the boxes and their own memory; for
+// every other backend (c10d, nccl, cuda_ipc) and for tensors off the CPU, this function packs the
+// boxes into a flat input and unpacks the flat output (no copy on a side whose boxes are
+// consecutive runs of one contiguous tensor): correct everywhere, fast where ranks share memory.
+// Ranks pair by the element counts alone, as all_to_all_single: a boxed call pairs with a flat
+// one of the same splits. Every box has `result`'s dtype and device (a rank with no boxes passes
+// a `result` of its peers' dtype). Receive boxes must not overlap one another, nor share storage
+// with a send box, nor carry a lazy conjugation or negation. Returns `result`; with async_op the
+// receive boxes are written, and the send boxes may change, once wait_tensor(result) returned
+// (`result`: typically the tensor the receive boxes view).
+at::Tensor all_to_all_boxes(const std::vector<std::vector<at::Tensor>>& send,
+                            const std::vector<std::vector<at::Tensor>>& recv,
+                            const at::Tensor& result, const std::string& group,
+                            bool async_op = false, const char* label = "all_to_all_boxes");
 // Split-dim / concat-dim form: `input` is cut into group-size equal chunks along `split_dim`,
 // chunk i goes to rank i, and the chunks received are concatenated along `concat_dim` in rank
 // order (the step behind Shard(i) -> Shard(j)).

@@ -31,6 +31,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "base/error.h"
+#include "collectives/boxes.h"
 #include "collectives/communicator.h"
 #include "collectives/reduce.h"
 #include "collectives/shm_communicator.h"
@@ -85,9 +86,13 @@ void check_call(const CollectiveCall& c, int64_t n, int64_t me, const std::strin
   bool ok = c.input.defined() && c.output.defined() && c.input.dim() == 1 && c.output.dim() == 1 &&
             c.input.is_contiguous() && c.output.is_contiguous() && c.input.is_cpu() &&
             c.output.is_cpu() && c.input.scalar_type() == c.output.scalar_type();
-  const int64_t in = ok ? c.input.numel() : 0, out = ok ? c.output.numel() : 0;
+  // A boxed all_to_all (NOTE [boxed all_to_all] in functional.h) moves its boxes' elements.
+  const bool boxed = ok && c.boxed();
+  ok = ok && (!boxed || boxes_fit(c, n));
   const auto& is = c.input_splits;
   const auto& os = c.output_splits;
+  const int64_t in = !ok ? 0 : boxed ? sum(is) : c.input.numel();
+  const int64_t out = !ok ? 0 : boxed ? sum(os) : c.output.numel();
   switch (c.kind) {
     case CollectiveKind::kAllReduce:
       ok = ok && out == in;
@@ -109,8 +114,9 @@ void check_call(const CollectiveCall& c, int64_t n, int64_t me, const std::strin
   }
   if (!ok) {
     throw Error(label_of(c) + " on group '" + group + "' (shm)" +
-                ": needs flat contiguous CPU tensors of one dtype whose sizes "
-                "match the split sizes (one per rank) and the source rank");
+                ": needs flat contiguous CPU tensors (a boxed all_to_all: one list of CPU boxes "
+                "per rank) of one dtype whose sizes match the split sizes (one per rank) and the "
+                "source rank");
   }
 }
 
@@ -125,7 +131,7 @@ Desc describe(const CollectiveCall& c, int64_t n) {
   d.src = c.src;
   if (c.kind != CollectiveKind::kBarrier) {
     d.dtype = static_cast<int32_t>(c.input.scalar_type());
-    d.numel = c.input.numel();
+    d.numel = c.boxed() ? offset_of(c.input_splits, n) : c.input.numel();
   }
   d.seq = c.seq;
   d.thread_seq = c.thread_seq;
@@ -278,7 +284,8 @@ void ShmCommunicator::exchange(const Op& op, CollectiveCall& call) {
   const int64_t per_round = static_cast<int64_t>(half_ / isz);  // elements per step
   const bool sym = find_symmetric_buffers(call);                // NOTE [symmetric collectives]
   const bool cma = !sym && cma_ == Cma::kYes && call.kind != CollectiveKind::kBarrier &&
-                   !in_place(call) && std::max(call.input.nbytes(), call.output.nbytes()) > half_;
+                   !in_place(call) && !call.boxed() &&
+                   std::max(call.input.nbytes(), call.output.nbytes()) > half_;
   uint64_t t = step_ + 1;
   // Step 1 carries the descriptors: check that the calls agree before computing anything.
   await(op, &Ctrl::consumed, t >= 2 ? t - 2 : 0, "did not finish");
@@ -357,8 +364,12 @@ void ShmCommunicator::post(const CollectiveCall& call, const Desc& mine, uint64_
           call.kind == CollectiveKind::kAllToAll ? call.input_splits : call.output_splits;
       for (int64_t d = 0, first = 0; d < size(); first += parts[d], ++d) {
         const int64_t len = std::clamp<int64_t>(parts[d] - c * k, 0, k);
-        if (d != rank() && len > 0) {
-          std::memcpy(buf + slot(d, rank()) * k * isz, in + (first + c * k) * isz, len * isz);
+        if (d == rank() || len == 0) continue;
+        char* to = buf + slot(d, rank()) * k * isz;
+        if (call.boxed()) {
+          pack_range(call.send_boxes[d], c * k, len, to);
+        } else {
+          std::memcpy(to, in + (first + c * k) * isz, len * isz);
         }
       }
     } else {
@@ -485,9 +496,16 @@ void ShmCommunicator::consume(CollectiveCall& call, uint64_t t, int64_t c, int64
         // Rank s sends this rank elements [from, from + count) of its input.
         const int64_t from = offset_of(snaps_[s].in, me), count = snaps_[s].in[me];
         const int64_t len = std::clamp<int64_t>(count - c * k, 0, k);
-        const char* src =
-            s == me ? in + (from + c * k) * isz : buffer(s, t) + slot(me, s) * k * isz;
-        if (len > 0) std::memcpy(out + (dst + c * k) * isz, src, len * isz);
+        if (len == 0) continue;
+        if (call.boxed() && s == me) {  // its own part, whole in the first round
+          if (c == 0) copy_boxes(call.send_boxes[me], call.recv_boxes[me]);
+        } else if (call.boxed()) {
+          unpack_range(call.recv_boxes[s], c * k, len, buffer(s, t) + slot(me, s) * k * isz);
+        } else {
+          const char* src =
+              s == me ? in + (from + c * k) * isz : buffer(s, t) + slot(me, s) * k * isz;
+          std::memcpy(out + (dst + c * k) * isz, src, len * isz);
+        }
       }
       break;
     }

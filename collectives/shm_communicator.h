@@ -97,6 +97,7 @@ class ShmCommunicator : public Communicator {
   ~ShmCommunicator() override;
 
   bool compares_calls() const override { return true; }
+  bool takes_boxes() const override { return true; }
   void run(CollectiveCall& call) override;
 
  private:
@@ -168,7 +169,7 @@ class ShmCommunicator : public Communicator {
     return static_cast<const char*>(call.input.data_ptr()) + lo * call.input.element_size();
   }
   static bool in_place(const CollectiveCall& call) {
-    return call.input.defined() && call.input.data_ptr() == call.output.data_ptr();
+    return call.input.defined() && !call.boxed() && call.input.data_ptr() == call.output.data_ptr();
   }
   int64_t window(int64_t r, int64_t lo, int64_t per_round) const {
     return std::clamp<int64_t>(payload_of(snaps_[r].d, r) - lo, 0, per_round);
@@ -179,7 +180,9 @@ class ShmCommunicator : public Communicator {
   // c, rank r's buffer holds chunk c (share_step elements) of the part for each other rank, in
   // slots by destination (r's own part is skipped: slot(d, r)); each rank takes chunk c of its
   // part from the peers' slots, and from its own input. The part for rank d is d's share of the
-  // input (reduce_scatter: output splits) or its input split (all_to_all).
+  // input (reduce_scatter: output splits) or its input split (all_to_all). A boxed all_to_all
+  // (NOTE [boxed all_to_all] in functional.h) copies chunk c of its boxes for d into the slot, and
+  // chunk c from the peers' slots into its boxes for them: the same bytes, no packed copy.
   static bool scatters(const CollectiveCall& call) {
     return call.kind == CollectiveKind::kReduceScatter || call.kind == CollectiveKind::kAllToAll;
   }

@@ -75,7 +75,7 @@ size_t stream_bytes() {
 bool ShmCommunicator::find_symmetric_buffers(const CollectiveCall& call) {
   sym_in_.reset();
   sym_out_.reset();
-  if (size() == 1 || call.kind == CollectiveKind::kBarrier ||
+  if (size() == 1 || call.kind == CollectiveKind::kBarrier || call.boxed() ||
       std::max(call.input.nbytes(), call.output.nbytes()) < symmetric_min_bytes_) {
     return false;
   }

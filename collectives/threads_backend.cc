@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "collectives/boxes.h"
 #include "collectives/communicator.h"
 #include "collectives/reduce.h"
 
@@ -146,11 +147,9 @@ void compute(const std::vector<CollectiveCall*>& calls, int64_t me) {
       break;
     }
     case CollectiveKind::kAllToAll:
-      for (int64_t r = 0; r < n; ++r) {
-        const CollectiveCall& src = *calls[r];
-        mine.output.narrow(0, offset_of(mine.output_splits, r), mine.output_splits[r])
-            .copy_(src.input.narrow(0, offset_of(src.input_splits, me), src.input_splits[me]));
-      }
+      // Straight from the sender's input or boxes into this rank's output or boxes (NOTE [boxed
+      // all_to_all]); a boxed call pairs with a flat one of the same splits.
+      for (int64_t r = 0; r < n; ++r) copy_boxes(sent_to(*calls[r], me), received_from(mine, r));
       break;
     case CollectiveKind::kBroadcast:
       mine.output.copy_(calls[mine.src]->input);
@@ -166,6 +165,7 @@ class ThreadsCommunicator : public Communicator {
       : Communicator(o.group, group_rank_of(o), o.timeout), shared_(shared_group(o.job, o.group)) {}
 
   bool compares_calls() const override { return true; }
+  bool takes_boxes() const override { return true; }
   void run(CollectiveCall& call) override {
     // One call of this rank at a time: two threads sharing a rank's context take turns (their
     // calls are told apart by NOTE [issuing thread]).

@@ -228,21 +228,6 @@ at::Tensor in_spec_layout(const at::Tensor& piece, const DTensorSpec& spec) {
   return piece;
 }
 
-namespace {
-// `boxes` (views of the contiguous `base`) as one flat view of base when each is contiguous and
-// starts where the previous ended; undefined otherwise.
-at::Tensor flat_runs(const at::Tensor& base, const std::vector<at::Tensor>& boxes) {
-  if (!base.is_contiguous() || boxes.empty()) return {};
-  const int64_t start = boxes.front().storage_offset();
-  int64_t next = start;
-  for (const at::Tensor& b : boxes) {
-    if (!b.is_contiguous() || b.storage_offset() != next) return {};
-    next += b.numel();
-  }
-  return base.reshape(-1).narrow(0, start - base.storage_offset(), next - start);
-}
-}  // namespace
-
 at::Tensor execute_cross_mesh(const CrossMeshPlan& plan, const at::Tensor& local, bool async_op,
                               const std::string& tag) {
   c::RankContext& ranks = c::current_context();
@@ -270,60 +255,23 @@ at::Tensor execute_cross_mesh(const CrossMeshPlan& plan, const at::Tensor& local
   const auto index_of = [&](int64_t rank) {
     return std::lower_bound(members.begin(), members.end(), rank) - members.begin();
   };
-  const int64_t n = static_cast<int64_t>(members.size());
-  std::vector<int64_t> in_splits(n, 0), out_splits(n, 0);
-  std::vector<at::Tensor> send, recv;  // this rank's boxes, in the exchange's order
-  bool self_copies = false;
-  for (const CrossMeshPlan::Move& m : plan.moves) {  // by destination, as the splits go
-    if (m.from == m.to) {
-      self_copies = self_copies || m.to == me;
-      continue;
-    }
-    if (m.from == me) {
-      in_splits[index_of(m.to)] += m.box.numel();
-      send.push_back(sub_box(piece, *have, m.box));
-    }
-  }
-  for (const int64_t p : members) {  // by source, as the output is laid out
-    for (const CrossMeshPlan::Move& m : plan.moves) {
-      if (m.to != me || m.from != p || p == me) continue;
-      out_splits[index_of(p)] += m.box.numel();
-      recv.push_back(sub_box(out, *want, m.box));
-    }
-  }
-  // The send buffer: the piece itself when the boxes are consecutive runs of it (a stage
-  // passing its activations on whole), else one packing copy.
-  at::Tensor flat = flat_runs(piece, send);
-  if (!flat.defined()) {
-    int64_t total = 0;
-    for (const at::Tensor& b : send) total += b.numel();
-    flat = at::empty({total}, options);
-    int64_t at = 0;
-    for (const at::Tensor& b : send) {
-      flat.narrow(0, at, b.numel()).view(b.sizes()).copy_(b);
-      at += b.numel();
+  // This rank's boxes per peer, as views of its piece and of its result: the exchange copies
+  // each straight into its transport and out of it (NOTE [boxed all_to_all]). Both sides list a
+  // pair's boxes in the plan's order.
+  std::vector<std::vector<at::Tensor>> send(members.size()), recv(members.size());
+  bool receives = false;
+  for (const CrossMeshPlan::Move& m : plan.moves) {
+    if (m.from == m.to || m.box.numel() == 0) continue;  // self moves were copied above
+    if (m.from == me) send[index_of(m.to)].push_back(sub_box(piece, *have, m.box));
+    if (m.to == me) {
+      recv[index_of(m.from)].push_back(sub_box(out, *want, m.box));
+      receives = true;
     }
   }
   // A rank that receives nothing and holds no piece of the result need not wait: its result is
-  // the collective's empty output, waited for at its first use (a pipeline stage sending on).
-  const bool receives =
-      std::any_of(out_splits.begin(), out_splits.end(), [](int64_t s) { return s > 0; });
-  if (async_op && !receives && !in_dst && plan.dst.ndim() > 0) {
-    return c::all_to_all_single(flat, out_splits, in_splits, group, /*async_op=*/true,
-                                "redistribute");
-  }
-  const at::Tensor got = c::all_to_all_single(flat, out_splits, in_splits, group);
-  // The received boxes tile the result in the order they arrive (a whole piece from one rank,
-  // or row blocks from each): the exchange's output is the result, no unpacking copy.
-  if (in_dst && !self_copies && got.numel() == out.numel() && flat_runs(out, recv).defined()) {
-    return got.view(out.sizes());
-  }
-  int64_t at = 0;
-  for (const at::Tensor& b : recv) {
-    b.copy_(got.narrow(0, at, b.numel()).view(b.sizes()));
-    at += b.numel();
-  }
-  return out;
+  // the absent piece, pending until its sends are done (a pipeline stage sending on).
+  const bool detach = async_op && !receives && !in_dst && plan.dst.ndim() > 0;
+  return c::all_to_all_boxes(send, recv, out, group, detach, "redistribute");
 }
 
 at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src,
