@@ -117,8 +117,16 @@ def _kv_sizes(plan, k, v):
     return shapes, lambda j: sum(math.prod(s) for s in shapes(j))
 
 
-def _pack(*ts):
-    return torch.cat([t.reshape(-1) for t in ts])
+def _pack(ts, dtype=None, zeros=0):
+    """One new flat buffer (``dtype``: ts[0]'s by default) holding ``ts`` and ``zeros`` zeros."""
+    n = [t.numel() for t in ts]
+    buf = torch.empty(sum(n) + zeros, dtype=dtype or ts[0].dtype, device=ts[0].device)
+    at = 0
+    for t, size in zip(ts, n):
+        buf[at:at + size].view(t.shape).copy_(t)
+        at += size
+    buf[at:].zero_()
+    return buf
 
 
 def _unpack(flat, shapes):
@@ -152,72 +160,144 @@ def _gather_padded(flat, numels, plan):
 
 class _Block:
     """The part of (local q) x (k/v block of ``owner``) that needs computing: row range, column
-    range and mask (None: fully visible); ``None`` from ``of`` when nothing is visible."""
+    range and its mask: ``causal`` (exactly top-left causal within the box, the fused kernel's
+    ``is_causal``), ``mask`` (bool, True where visible), or neither (all visible). ``None`` from
+    ``of`` when nothing is visible.
 
-    def __init__(self, rows, cols, mask):
-        self.rows, self.cols, self.mask = rows, cols, mask
+    Every layout's positions increase along a piece (natural: one chunk; head-tail: chunk r, then
+    chunk 2W-1-r), so the rows that see a key are a suffix of the piece and the keys seen a
+    prefix, found by binary search (no Lq x Lk matrix). Every row of the box sees at least the
+    box's first key, so no row of a block is fully masked. With q and k/v in the same layout (what
+    ``context_parallel`` and distributed q/k/v give) the own block is exactly top-left causal and
+    the others are unmasked; ``mask`` arises only from q and k/v in different layouts."""
+
+    def __init__(self, rows, cols, causal=False, mask=None):
+        self.rows, self.cols, self.causal, self.mask = rows, cols, causal, mask
+        self._additive = {}
 
     @staticmethod
-    def of(plan, owner, device):
+    def of(plan, owner):
         lq, lk = plan.q_layout.lengths[plan.rank], plan.kv_layout.lengths[owner]
         if lq == 0 or lk == 0:
             return None
         if not plan.is_causal:
-            return _Block(slice(0, lq), slice(0, lk), None)
-        pq = plan.q_layout.positions(plan.rank, device)
-        pk = plan.kv_layout.positions(owner, device)
-        vis = pk.unsqueeze(0) <= pq.unsqueeze(1)
-        rows = vis.any(1).nonzero()
-        if rows.numel() == 0:
+            return _Block(slice(0, lq), slice(0, lk))
+        pq, pk = plan.q_layout.positions(plan.rank), plan.kv_layout.positions(owner)
+        r0 = int(torch.searchsorted(pq, pk[:1]))
+        c1 = int(torch.searchsorted(pk, pq[-1:], right=True))
+        if r0 == lq or c1 == 0:
             return None
-        cols = vis.any(0).nonzero()
-        r = slice(int(rows[0]), int(rows[-1]) + 1)
-        c = slice(int(cols[0]), int(cols[-1]) + 1)
-        sub = vis[r, c]
-        return _Block(r, c, None if bool(sub.all()) else sub)
+        seen = torch.searchsorted(pk[:c1], pq[r0:], right=True)  # keys each row sees, a prefix
+        rows, cols = slice(r0, lq), slice(0, c1)
+        if bool((seen == c1).all()):
+            return _Block(rows, cols)
+        if torch.equal(seen, torch.arange(1, lq - r0 + 1).clamp(max=c1)):
+            return _Block(rows, cols, causal=True)
+        return _Block(rows, cols, mask=torch.arange(c1).unsqueeze(0) < seen.unsqueeze(1))
+
+    def kernel_mask(self, dtype):
+        """``attn_mask`` for the fused kernel: additive, of the query's dtype (it refuses bool)."""
+        if self.mask is None:
+            return None
+        if dtype not in self._additive:
+            self._additive[dtype] = torch.zeros(self.mask.shape, dtype=dtype).masked_fill_(
+                ~self.mask, float("-inf"))
+        return self._additive[dtype]
 
 
-def _expand_heads(t, groups):
-    return t if groups == 1 else t.repeat_interleave(groups, dim=-3)
+# NOTE [ring attention blocks]: each block runs ATen's fused CPU flash-attention kernel in the
+# inputs' dtype (no Lq x Lk tensor outside the kernel). Forward: the block's (out_b, lse_b) merge
+# into fp32 out/lse. Backward: the kernel's backward given the FINAL out and lse (the block's
+# rows) returns the block's exact gradients, since it recomputes P = exp(S - lse), which is then
+# the true probability, and delta = rowsum(dO * out) from the final output. The kernel takes
+# fewer k/v heads (GQA) and returns dk/dv with those heads. It needs one head dim for q, k and
+# v: an odd v is padded with zeros (or q and k, with the scale given), which changes no value.
+# On other devices the block is computed with explicit fp32 score matrices (_explicit_fwd/_bwd).
+_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+_FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
 
 
-def _sum_heads(t, groups):
-    return t if groups == 1 else t.unflatten(-3, (-1, groups)).sum(-3)
+def _fused_fwd(q, k, v, blk, scale):
+    return _FLASH(q, k, v, 0.0, blk.causal, attn_mask=blk.kernel_mask(q.dtype), scale=scale)
 
 
-def _scores(q, k, blk, scale):
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale
-    if blk.mask is not None:
-        s = s.masked_fill(~blk.mask, float("-inf"))
-    return s
+def _fused_bwd(do, q, k, v, out, lse, blk, scale):
+    return _FLASH_BWD(do, q, k, v, out, lse, 0.0, blk.causal, attn_mask=blk.kernel_mask(q.dtype),
+                      scale=scale)
 
 
-def _finite(x):
-    return torch.where(torch.isfinite(x), x, torch.zeros((), dtype=x.dtype, device=x.device))
+def _explicit_scores(q, k, blk, scale):
+    groups = q.shape[-3] // k.shape[-3]
+    k = k.float().repeat_interleave(groups, dim=-3)
+    s = torch.matmul(q.float(), k.transpose(-1, -2)) * scale
+    mask = blk.mask
+    if blk.causal:
+        mask = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+    return s if mask is None else s.masked_fill(~mask.to(s.device), float("-inf")), groups
 
 
-def _forward_block(q, k, v, blk, scale, out, lse):
-    """Merges the block's attention into ``out``/``lse`` (fp32, in place, rows ``blk.rows``)."""
-    qb, kb, vb = q[..., blk.rows, :], k[..., blk.cols, :], v[..., blk.cols, :]
-    s = _scores(qb, kb, blk, scale)
-    b_lse = torch.logsumexp(s, -1)
-    b_out = torch.matmul(torch.exp(s - _finite(b_lse).unsqueeze(-1)), vb)
-    o, m = out[..., blk.rows, :], lse[..., blk.rows]
+def _explicit_fwd(q, k, v, blk, scale):
+    s, groups = _explicit_scores(q, k, blk, scale)
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - lse.unsqueeze(-1))
+    return torch.matmul(p, v.float().repeat_interleave(groups, dim=-3)).to(q.dtype), lse
+
+
+def _explicit_bwd(do, q, k, v, out, lse, blk, scale):
+    s, groups = _explicit_scores(q, k, blk, scale)
+    p = torch.exp(s - lse.unsqueeze(-1))
+    do, ve = do.float(), v.float().repeat_interleave(groups, dim=-3)
+    dv = torch.matmul(p.transpose(-1, -2), do)
+    ds = p * (torch.matmul(do, ve.transpose(-1, -2)) - (do * out.float()).sum(-1, keepdim=True))
+    dq = torch.matmul(ds, k.float().repeat_interleave(groups, dim=-3)) * scale
+    dk = torch.matmul(ds.transpose(-1, -2), q.float()) * scale
+
+    def heads(t):
+        return t.unflatten(-3, (-1, groups)).sum(-3) if groups > 1 else t
+    return dq.to(q.dtype), heads(dk).to(k.dtype), heads(dv).to(v.dtype)
+
+
+def _block_ops(device):
+    return (_fused_fwd, _fused_bwd) if device.type == "cpu" else (_explicit_fwd, _explicit_bwd)
+
+
+def _as_4d(t):
+    """``[..., H, L, E]`` as the kernel's ``[B, H, L, E]`` (a view where strides allow)."""
+    if t.dim() == 2:
+        return t.unsqueeze(0).unsqueeze(0)
+    if t.dim() == 3:
+        return t.unsqueeze(0)
+    return t if t.dim() == 4 else t.flatten(0, -4)
+
+
+def _pad_last(t, size):
+    return t if t.shape[-1] == size else torch.nn.functional.pad(t, (0, size - t.shape[-1]))
+
+
+def _merge(out, lse, rows, b_out, b_lse):
+    """Merges a block's attention into fp32 ``out``/``lse`` (in place, rows ``rows``);
+    ``None`` ``out``: the block is the first, over every row. Returns out, lse."""
+    if out is None:
+        return b_out.float(), b_lse
+    o, m = out[..., rows, :], lse[..., rows]
     new = torch.logaddexp(m, b_lse)
-    ref = _finite(new)
-    o.mul_(torch.exp(m - ref).unsqueeze(-1)).add_(b_out * torch.exp(b_lse - ref).unsqueeze(-1))
+    ref = torch.where(torch.isfinite(new), new, torch.zeros((), dtype=new.dtype))
+    o.mul_(torch.exp(m - ref).unsqueeze(-1))
+    o.add_(b_out.float().mul_(torch.exp(b_lse - ref).unsqueeze(-1)))
     m.copy_(new)
+    return out, lse
 
 
-def _backward_block(q, k, v, do, lse, delta, blk, scale, dq, dk, dv):
-    """Adds the block's gradients to ``dq`` (rows) and ``dk``/``dv`` (columns), fp32."""
-    qb, kb, vb = q[..., blk.rows, :], k[..., blk.cols, :], v[..., blk.cols, :]
-    dob = do[..., blk.rows, :]
-    p = torch.exp(_scores(qb, kb, blk, scale) - _finite(lse[..., blk.rows]).unsqueeze(-1))
-    dv[..., blk.cols, :] += torch.matmul(p.transpose(-1, -2), dob)
-    ds = p * (torch.matmul(dob, vb.transpose(-1, -2)) - delta[..., blk.rows].unsqueeze(-1))
-    dq[..., blk.rows, :] += torch.matmul(ds, kb) * scale
-    dk[..., blk.cols, :] += torch.matmul(ds.transpose(-1, -2), qb) * scale
+def _add_rows(acc, rows, grad, full):
+    """``acc[..., rows, :] += grad`` into an fp32 accumulator; ``None`` ``acc`` takes ``grad``
+    (fp32) when it covers every row (``full``)."""
+    if acc is None:
+        if rows.start == 0 and rows.stop == full:
+            return grad.float()
+        acc = torch.zeros(grad.shape[:-2] + (full, grad.shape[-1]), dtype=torch.float32,
+                          device=grad.device)
+    acc[..., rows, :] += grad
+    return acc
 
 
 class _RingAttention(torch.autograd.Function):
@@ -226,88 +306,122 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, plan):
-        groups = q.shape[-3] // k.shape[-3] if q.dim() >= 3 else 1
-        qf, kf, vf = q.float(), k.float(), v.float()
-        out = torch.zeros(tuple(q.shape[:-1]) + (v.shape[-1],), dtype=torch.float32,
-                          device=q.device)
-        lse = torch.full(tuple(q.shape[:-1]), float("-inf"), dtype=torch.float32,
-                         device=q.device)
+        out_shape = tuple(q.shape[:-1]) + (v.shape[-1],)
+        dim = max(q.shape[-1], v.shape[-1])
+        q4, k4, v4 = (_pad_last(_as_4d(t), dim) for t in (q, k, v))
         w, me = plan.q_layout.world, plan.rank
-        shapes, numel = _kv_sizes(plan, k, v)
-        if plan.method == _RotateMethod.ALL_GATHER:
-            pieces = _gather_padded(_pack(kf, vf), [numel(j) for j in range(w)], plan)
-            blocks = [(me, kf, vf)] + [(j, *_unpack(pieces[j], shapes(j)))
-                                       for j in ((me - i) % w for i in range(1, w))]
-        else:
-            blocks = None
-        cur_k, cur_v = kf, vf
-        for i in range(w):
-            owner = (me - i) % w
-            if blocks is not None:
-                _, cur_k, cur_v = blocks[i]
-            else:
-                nxt = _rotate(_pack(cur_k, cur_v), numel((owner - 1) % w), plan) \
-                    if i < w - 1 else None
-            blk = _Block.of(plan, owner, q.device)
+        blocks = {j: _Block.of(plan, j) for j in range(w)}
+        fwd, _ = _block_ops(q.device)
+        out = lse = None
+
+        def compute(owner, bk, bv):
+            nonlocal out, lse
+            blk = blocks[owner]
             if blk is not None:
-                _forward_block(qf, _expand_heads(cur_k, groups), _expand_heads(cur_v, groups), blk,
-                               plan.scale, out, lse)
-            if blocks is None and nxt is not None:
-                cur_k, cur_v = _unpack(nxt.wait(), shapes((owner - 1) % w))
-        ctx.plan, ctx.groups = plan, groups
-        result = out.to(q.dtype)
+                b_out, b_lse = fwd(q4[..., blk.rows, :], bk[..., blk.cols, :],
+                                   bv[..., blk.cols, :], blk, plan.scale)
+                if out is None and blk.rows.stop - blk.rows.start < q4.shape[-2]:
+                    out = q4.new_zeros(q4.shape[:-1] + (dim,), dtype=torch.float32)
+                    lse = torch.full(q4.shape[:-1], float("-inf"), device=q.device)
+                out, lse = _merge(out, lse, blk.rows, b_out, b_lse)
+
+        _kv_blocks(plan, k4, v4, compute)
+        if out is None:  # no key visible to any local query (or no local query)
+            out = q4.new_zeros(q4.shape[:-1] + (dim,), dtype=torch.float32)
+            lse = torch.full(q4.shape[:-1], float("-inf"), device=q.device)
+        out = out.to(q.dtype)
+        ctx.plan, ctx.blocks, ctx.shapes = plan, blocks, (out_shape, q4.shape, k4.shape)
         ctx.save_for_backward(q, k, v, out, lse)
-        return result
+        return out[..., :v.shape[-1]].reshape(out_shape)
 
     @staticmethod
     def backward(ctx, g):
         q, k, v, out, lse = ctx.saved_tensors
-        plan, groups = ctx.plan, ctx.groups
-        qf, kf, vf, do = q.float(), k.float(), v.float(), g.float()
-        delta = (do * out).sum(-1)
-        dq = torch.zeros_like(qf)
-        w, me = plan.q_layout.world, plan.rank
-        shapes, numel = _kv_sizes(plan, k, v)
+        plan, blocks = ctx.plan, ctx.blocks
+        dim = out.shape[-1]
+        q4, k4, v4, do = (_pad_last(_as_4d(t), dim) for t in (q, k, v, g.to(q.dtype)))
+        _, bwd = _block_ops(q.device)
+        lq = q4.shape[-2]
+        dq = None
 
-        def block_grads(owner, bk, bv, dk, dv):
-            blk = _Block.of(plan, owner, q.device)
+        def grads(owner, bk, bv, dk, dv):
+            """The block's gradients: dq (local) added to ``dq``, dk/dv to ``dk``/``dv``."""
+            nonlocal dq
+            blk = blocks[owner]
             if blk is None:
                 return
-            ek, ev = _expand_heads(bk, groups), _expand_heads(bv, groups)
-            dke, dve = torch.zeros_like(ek), torch.zeros_like(ev)
-            _backward_block(qf, ek, ev, do, lse, delta, blk, plan.scale, dq, dke, dve)
-            dk += _sum_heads(dke, groups)
-            dv += _sum_heads(dve, groups)
+            r, c = blk.rows, blk.cols
+            b_dq, b_dk, b_dv = bwd(do[..., r, :], q4[..., r, :], bk[..., c, :].to(q.dtype),
+                                   bv[..., c, :].to(q.dtype), out[..., r, :], lse[..., r], blk,
+                                   plan.scale)
+            dq = _add_rows(dq, r, b_dq, lq)
+            dk[..., c, :] += b_dk
+            dv[..., c, :] += b_dv
 
-        if plan.method == _RotateMethod.ALL_GATHER:
-            pieces = _gather_padded(_pack(kf, vf), [numel(j) for j in range(w)], plan)
-            grads = []
-            for j in range(w):
-                bk, bv = (kf, vf) if j == me else _unpack(pieces[j], shapes(j))
-                dk, dv = torch.zeros_like(bk), torch.zeros_like(bv)
-                block_grads(j, bk, bv, dk, dv)
-                grads.append(_pack(dk, dv))
-            pad = max(numel(j) for j in range(w))
-            buf = torch.zeros(w * pad, dtype=torch.float32, device=q.device)
-            for j, t in enumerate(grads):
-                buf[j * pad:j * pad + t.numel()] = t
-            mine = fc.reduce_scatter_tensor(buf, "sum", 0, plan.group).wait()
-            dk, dv = _unpack(mine[:numel(me)], shapes(me))
-        else:
-            cur_k, cur_v = kf, vf
-            dk, dv = torch.zeros_like(kf), torch.zeros_like(vf)
-            for i in range(w):
-                owner = (me - i) % w
-                block_grads(owner, cur_k, cur_v, dk, dv)
-                if i < w - 1:
-                    # The block and its gradient so far go on to the next rank together.
-                    nxt = _rotate(_pack(cur_k, cur_v, dk, dv), 2 * numel((owner - 1) % w), plan)
-                    s = shapes((owner - 1) % w)
-                    cur_k, cur_v, dk, dv = _unpack(nxt.wait(), s + s)
-            # The accumulator held now is that of rank me+1's block: return it to its owner.
-            back = _rotate(_pack(dk, dv), numel(me), plan).wait()
-            dk, dv = _unpack(back, shapes(me))
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+        dk, dv = _kv_grads(plan, k4, v4, grads)
+        if dq is None:
+            dq = torch.zeros(q4.shape, dtype=torch.float32, device=q.device)
+        return (dq[..., :q.shape[-1]].reshape(q.shape).to(q.dtype),
+                dk[..., :k.shape[-1]].reshape(k.shape).to(k.dtype),
+                dv[..., :v.shape[-1]].reshape(v.shape).to(v.dtype), None)
+
+
+def _kv_blocks(plan, k, v, compute):
+    """Calls ``compute(owner, k_j, v_j)`` for every rank j's k/v block (4-D), this rank's first:
+    all gathered at once, or rotated around the ring (W-1 steps, the next block in flight while
+    one is computed: two blocks live)."""
+    w, me = plan.q_layout.world, plan.rank
+    shapes, numel = _kv_sizes(plan, k, v)
+    if plan.method == _RotateMethod.ALL_GATHER:
+        pieces = _gather_padded(_pack([k, v]), [numel(j) for j in range(w)], plan)
+        compute(me, k, v)
+        for j in ((me - i) % w for i in range(1, w)):
+            compute(j, *_unpack(pieces[j], shapes(j)))
+        return
+    flat = None
+    for i in range(w):
+        owner = (me - i) % w
+        nxt = None
+        if i < w - 1:
+            flat = _pack([k, v]) if flat is None else flat
+            nxt = _rotate(flat, numel((owner - 1) % w), plan)
+        compute(owner, *((k, v) if i == 0 else _unpack(flat, shapes(owner))))
+        if nxt is not None:
+            flat = nxt.wait()
+
+
+def _kv_grads(plan, k, v, grads):
+    """Calls ``grads(owner, k_j, v_j, dk_j, dv_j)`` for every rank j's k/v block (4-D), which
+    adds the block's k/v gradients to the fp32 ``dk_j``/``dv_j``; returns this rank's dk, dv
+    summed over every rank. ``"allgather"``: k/v gathered once, every block's dk/dv
+    reduce-scattered (sum) to its owner. ``"alltoall"``: one buffer holds the block and its
+    dk/dv accumulator and goes on to the next rank after each step (W-1 steps); a last step
+    returns each accumulator to its owner."""
+    w, me = plan.q_layout.world, plan.rank
+    shapes, numel = _kv_sizes(plan, k, v)
+    if plan.method == _RotateMethod.ALL_GATHER:
+        pieces = _gather_padded(_pack([k, v]), [numel(j) for j in range(w)], plan)
+        pad = max(numel(j) for j in range(w))
+        buf = torch.zeros(w * pad, dtype=torch.float32, device=k.device)
+        for j in range(w):
+            bk, bv = (k, v) if j == me else _unpack(pieces[j], shapes(j))
+            grads(j, bk, bv, *_unpack(buf[j * pad:j * pad + numel(j)], shapes(j)))
+        del pieces
+        mine = fc.reduce_scatter_tensor(buf, "sum", 0, plan.group).wait()
+        return _unpack(mine[:numel(me)], shapes(me))
+    msg = _pack([k, v], torch.float32, zeros=numel(me))
+    for i in range(w):
+        owner = (me - i) % w
+        s = shapes(owner)
+        bk, bv, dk, dv = _unpack(msg, s + s)
+        grads(owner, k if i == 0 else bk, v if i == 0 else bv, dk, dv)
+        del bk, bv, dk, dv
+        if i < w - 1:
+            msg = _rotate(msg, 2 * numel((owner - 1) % w), plan).wait()
+    # The accumulator held now is that of rank me+1's block: return it to its owner.
+    acc = msg[numel((me + 1) % w):]
+    del msg
+    return _unpack(_rotate(acc, numel(me), plan).wait(), shapes(me))
 
 
 def _ring_sdpa(q, k, v, plan):
