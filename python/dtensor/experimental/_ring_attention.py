@@ -274,6 +274,12 @@ def _pad_last(t, size):
     return t if t.shape[-1] == size else torch.nn.functional.pad(t, (0, size - t.shape[-1]))
 
 
+def _empty_attention(q4):
+    """fp32 out and lse of rows that see no key yet: zeros and -inf."""
+    return (torch.zeros(q4.shape, dtype=torch.float32, device=q4.device),
+            torch.full(q4.shape[:-1], float("-inf"), device=q4.device))
+
+
 def _merge(out, lse, rows, b_out, b_lse):
     """Merges a block's attention into fp32 ``out``/``lse`` (in place, rows ``rows``);
     ``None`` ``out``: the block is the first, over every row. Returns out, lse."""
@@ -309,28 +315,39 @@ class _RingAttention(torch.autograd.Function):
         out_shape = tuple(q.shape[:-1]) + (v.shape[-1],)
         dim = max(q.shape[-1], v.shape[-1])
         q4, k4, v4 = (_pad_last(_as_4d(t), dim) for t in (q, k, v))
-        w, me = plan.q_layout.world, plan.rank
-        blocks = {j: _Block.of(plan, j) for j in range(w)}
+        blocks = {j: _Block.of(plan, j) for j in range(plan.q_layout.world)}
         fwd, _ = _block_ops(q.device)
+        groups = q4.shape[1] // k4.shape[1]
+        heads = _head_groups(plan, k4, 2 * k4.element_size())
         out = lse = None
+        for hs in heads:
+            h_q = q4[:, hs.start * groups:hs.stop * groups]
+            h_out = h_lse = None
 
-        def compute(owner, bk, bv):
-            nonlocal out, lse
-            blk = blocks[owner]
-            if blk is not None:
-                b_out, b_lse = fwd(q4[..., blk.rows, :], bk[..., blk.cols, :],
+            def compute(owner, bk, bv):
+                nonlocal h_out, h_lse
+                blk = blocks[owner]
+                if blk is None:
+                    return
+                b_out, b_lse = fwd(h_q[..., blk.rows, :], bk[..., blk.cols, :],
                                    bv[..., blk.cols, :], blk, plan.scale)
-                if out is None and blk.rows.stop - blk.rows.start < q4.shape[-2]:
-                    out = q4.new_zeros(q4.shape[:-1] + (dim,), dtype=torch.float32)
-                    lse = torch.full(q4.shape[:-1], float("-inf"), device=q.device)
-                out, lse = _merge(out, lse, blk.rows, b_out, b_lse)
+                if h_out is None and blk.rows.stop - blk.rows.start < h_q.shape[-2]:
+                    h_out, h_lse = _empty_attention(h_q)
+                h_out, h_lse = _merge(h_out, h_lse, blk.rows, b_out, b_lse)
 
-        _kv_blocks(plan, k4, v4, compute)
-        if out is None:  # no key visible to any local query (or no local query)
-            out = q4.new_zeros(q4.shape[:-1] + (dim,), dtype=torch.float32)
-            lse = torch.full(q4.shape[:-1], float("-inf"), device=q.device)
+            _kv_blocks(plan, k4[:, hs], v4[:, hs], compute)
+            if h_out is None:  # no key visible to any local query (or no local query)
+                h_out, h_lse = _empty_attention(h_q)
+            if len(heads) == 1:
+                out, lse = h_out, h_lse
+                break
+            if out is None:
+                out, lse = _empty_attention(q4)
+            out[:, hs.start * groups:hs.stop * groups] = h_out
+            lse[:, hs.start * groups:hs.stop * groups] = h_lse
+            del h_out, h_lse
         out = out.to(q.dtype)
-        ctx.plan, ctx.blocks, ctx.shapes = plan, blocks, (out_shape, q4.shape, k4.shape)
+        ctx.plan, ctx.blocks = plan, blocks
         ctx.save_for_backward(q, k, v, out, lse)
         return out[..., :v.shape[-1]].reshape(out_shape)
 
@@ -341,29 +358,65 @@ class _RingAttention(torch.autograd.Function):
         dim = out.shape[-1]
         q4, k4, v4, do = (_pad_last(_as_4d(t), dim) for t in (q, k, v, g.to(q.dtype)))
         _, bwd = _block_ops(q.device)
-        lq = q4.shape[-2]
-        dq = None
+        lq, groups = q4.shape[-2], q4.shape[1] // k4.shape[1]
+        heads = _head_groups(plan, k4, 4 * 4)
+        dq = dk = dv = None
+        for hs in heads:
+            qs = slice(hs.start * groups, hs.stop * groups)
+            h_q, h_do, h_out, h_lse = q4[:, qs], do[:, qs], out[:, qs], lse[:, qs]
+            h_dq = None
 
-        def grads(owner, bk, bv, dk, dv):
-            """The block's gradients: dq (local) added to ``dq``, dk/dv to ``dk``/``dv``."""
-            nonlocal dq
-            blk = blocks[owner]
-            if blk is None:
-                return
-            r, c = blk.rows, blk.cols
-            b_dq, b_dk, b_dv = bwd(do[..., r, :], q4[..., r, :], bk[..., c, :].to(q.dtype),
-                                   bv[..., c, :].to(q.dtype), out[..., r, :], lse[..., r], blk,
-                                   plan.scale)
-            dq = _add_rows(dq, r, b_dq, lq)
-            dk[..., c, :] += b_dk
-            dv[..., c, :] += b_dv
+            def grads(owner, bk, bv, dk_j, dv_j):
+                """The block's gradients: dq (local) added to ``h_dq``, dk/dv to ``dk_j``/``dv_j``."""
+                nonlocal h_dq
+                blk = blocks[owner]
+                if blk is None:
+                    return
+                r, c = blk.rows, blk.cols
+                b_dq, b_dk, b_dv = bwd(h_do[..., r, :], h_q[..., r, :], bk[..., c, :].to(q.dtype),
+                                       bv[..., c, :].to(q.dtype), h_out[..., r, :],
+                                       h_lse[..., r], blk, plan.scale)
+                h_dq = _add_rows(h_dq, r, b_dq, lq)
+                dk_j[..., c, :] += b_dk
+                dv_j[..., c, :] += b_dv
 
-        dk, dv = _kv_grads(plan, k4, v4, grads)
-        if dq is None:
-            dq = torch.zeros(q4.shape, dtype=torch.float32, device=q.device)
+            h_dk, h_dv = _kv_grads(plan, k4[:, hs], v4[:, hs], grads)
+            if h_dq is None:
+                h_dq = torch.zeros(h_q.shape, dtype=torch.float32, device=q.device)
+            if len(heads) == 1:
+                dq, dk, dv = h_dq, h_dk, h_dv
+                break
+            if dq is None:
+                dq = torch.empty(q4.shape, dtype=torch.float32, device=q.device)
+                dk = torch.empty(k4.shape, dtype=torch.float32, device=q.device)
+                dv = torch.empty(v4.shape, dtype=torch.float32, device=q.device)
+            dq[:, qs], dk[:, hs], dv[:, hs] = h_dq, h_dk, h_dv
+            del h_dq, h_dk, h_dv
         return (dq[..., :q.shape[-1]].reshape(q.shape).to(q.dtype),
                 dk[..., :k.shape[-1]].reshape(k.shape).to(k.dtype),
                 dv[..., :v.shape[-1]].reshape(v.shape).to(v.dtype), None)
+
+
+# NOTE [ring attention backward memory]: the "alltoall" backward's ring message holds a k/v block
+# and its dk/dv accumulators (fp32): 4x a local k, and two are live while one travels, which
+# alone would be 8x a local k on top of out, dq and the final dk/dv (one process at S/W holds
+# those and the kernel's buffers, about 5x). Above _RING_MESSAGE_BYTES the backward therefore
+# runs one ring per group of k/v heads (the heads are independent), each group's message at most
+# that size (or one head's): W all_to_all_single per group. The forward's message (k/v only) is
+# not split: out and one block's kernel buffers are all it adds.
+_RING_MESSAGE_BYTES = 1 << 19
+
+
+def _head_groups(plan, k4, head_bytes):
+    """The k/v head ranges of the rings (NOTE [ring attention memory]), a message holding
+    ``head_bytes`` per element of one head's piece; the same on every rank (the longest
+    piece's size)."""
+    hk = k4.shape[1]
+    if plan.method != _RotateMethod.ALL_TO_ALL:
+        return [slice(0, hk)]
+    per_head = head_bytes * k4.shape[0] * max(plan.kv_layout.lengths) * k4.shape[-1]
+    n = max(1, min(hk, _RING_MESSAGE_BYTES // per_head))
+    return [slice(a, min(a + n, hk)) for a in range(0, hk, n)]
 
 
 def _kv_blocks(plan, k, v, compute):
