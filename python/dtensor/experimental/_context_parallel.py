@@ -6,27 +6,44 @@ of the calling thread catches ``F.scaled_dot_product_attention`` (PyTorch monkey
 function instead) and runs ring attention when
 * q, k, v are plain tensors: this rank's pieces along dim -2, laid out as the buffers were
   sharded (head-tail when ``_cp_options.enable_load_balance``, else natural order); the global
-  length is the one of a buffer whose piece on this rank has q's length, else W times it;
-* q, k, v are distributed tensors sharded ``Shard(dim -2)`` on a 1-D mesh: the result is a
-  distributed tensor ``Shard(dim -2)`` too. Distributed tensors are plain ``torch.Tensor``
-  objects with no Python-level type of their own, so outside the block their SDPA goes straight
-  to the C++ engine (which gathers k/v along the sequence, exact), unless
+  length is the one of a buffer whose piece on this rank has q's length, else W times it. The
+  ring is ``mesh``'s group (1-D: on a 2-D or 3-D world, ``world["cp"]``), so pieces that are
+  also a TP rank's heads (``parallelize_module``'s local outputs) work as they are;
+* q, k, v are distributed tensors laid out as NOTE [ring attention on an n-D mesh] says: the
+  result is a distributed tensor in q's placements. Distributed tensors are plain
+  ``torch.Tensor`` objects with no Python-level type of their own, so outside the block their
+  SDPA goes straight to the C++ engine (which gathers k/v along the sequence, exact), unless
   ``_enable_context_parallel_dispatcher()`` (PyTorch's name) registered ring attention as the
   op's kernel for distributed tensors' autograd dispatch key.
-Other calls (other layouts, other functions) run unchanged.
+Other calls (other layouts, other functions) run unchanged: a distributed tensor whose mesh
+does not shard the sequence is a whole sequence to the engine, so inside the block TP's
+projections hand SDPA their local pieces (``use_local_output=True``, torchtitan's way).
+
+NOTE [ring attention on an n-D mesh]: distributed q, k, v on one mesh, with the same placements
+(compared by tensor dim), run ring attention when exactly one mesh dim shards the sequence
+(``Shard(dim -2)``, natural order) and every other mesh dim is ``Replicate`` or ``Shard`` of a
+head dim (-3) or a batch dim (< -3). Those dims only pick which heads and batch rows a rank
+holds, the same for all ranks of one ring (the ranks that differ only along the sequence's mesh
+dim), so the ring runs on the local pieces over that mesh dim's group and the local output is
+this rank's piece of the result in q's placements. With GQA and heads sharded, the k/v heads
+must divide by the number of head pieces so that every q head finds its k/v head on the same
+rank. Any other layout with the sequence sharded (``Shard`` of the head size, ``Partial``, the
+sequence on two mesh dims, q/k/v placed differently) is refused inside ``context_parallel`` and
+left to the engine (exact, gathering k/v) by the dispatcher.
 """
 
 import contextlib
+import sys
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from dtensor import _C
 from dtensor import _functional_collectives as fc
 from dtensor._api import DTensor
-from dtensor.experimental._ring_attention import (_check_sdpa_args, _cp_options, _group_and_rank,
-                                             _ring_sdpa, _RingPlan, _SeqLayout)
-from dtensor.placement_types import Shard
+from dtensor.experimental._ring_attention import (_check_sdpa_args, _cp_options, _ring_sdpa,
+                                             _RingPlan, _SeqLayout)
 
 __all__ = ["context_parallel", "context_parallel_unshard", "_HeadTailLoadBalancer",
            "_enable_context_parallel_dispatcher", "_disable_context_parallel_dispatcher"]
@@ -70,15 +87,48 @@ def _plain_layout(local_len, world, rank, load_balance, seq_lens):
     return lay
 
 
+def _mesh_dim_group(mesh, dim):
+    """The group of mesh dim ``dim`` that holds this rank, this rank's index in it and its
+    size: what a ring over that mesh dim runs on."""
+    return _C.mesh_group_name(mesh._mesh, dim), mesh.get_local_rank(dim), mesh.size(dim)
+
+
+def _cp_group(mesh):
+    """The ring of ``context_parallel(mesh)``: ``mesh`` is 1-D (PyTorch's rule)."""
+    if mesh.ndim != 1:
+        raise ValueError(f"context_parallel: the mesh must be 1-D (the context-parallel dim), "
+                         f"got {mesh.ndim}-D {mesh}; pass the sequence's dim, mesh['cp']")
+    return _mesh_dim_group(mesh, 0)
+
+
+def _eager(fn):
+    """``fn``, run eagerly under torch.compile when Dynamo is imported (NOTE [context parallel
+    under torch.compile]); ``fn`` itself otherwise."""
+    if "torch._dynamo" not in sys.modules:
+        return fn
+    return sys.modules["torch._dynamo"].disable(
+        fn, reason="context parallel: ring attention runs eagerly (its collectives and layout "
+                   "arithmetic are engine calls Dynamo cannot trace)")
+
+
 class _ContextParallelMode(TorchFunctionMode):
+    # NOTE [context parallel under torch.compile]: Dynamo traces a TorchFunctionMode's
+    # __torch_function__ for every call of a compiled region, so the SDPA call would be traced
+    # into ring attention, whose collectives and layout arithmetic are the engine's C++ calls:
+    # a graph break at each (about ten graphs per call, each rank's answer still right). The
+    # call runs eagerly instead (torch._dynamo.disable, one graph break): the code before and
+    # after SDPA compiles, and the backward of ring attention is its autograd Function's.
+    # Dynamo is looked up when the block is entered, not imported (importing it costs seconds):
+    # in a block entered before anything imported it, Dynamo traces the call as above.
     def __init__(self, mesh, load_balance, seq_lens):
         super().__init__()
         self.mesh, self.load_balance, self.seq_lens = mesh, load_balance, seq_lens
+        self.sdpa = _eager(_sdpa)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
-            out = _sdpa(self, _sdpa_signature(*args, **kwargs))
+            out = self.sdpa(self, _sdpa_signature(*args, **kwargs))
             if out is not None:
                 return out
         return func(*args, **kwargs)
@@ -94,8 +144,7 @@ def _sdpa(mode, a):
         return _sdpa_dtensor(q, k, v, a)
     scale = _check_sdpa_args(q, k, v, a["attn_mask"], a["dropout_p"], a["is_causal"],
                              a["scale"], a["enable_gqa"])
-    group, rank = _group_and_rank(mode.mesh)
-    world = mode.mesh.size()
+    group, rank, world = _cp_group(mode.mesh)
     q_lay = _plain_layout(q.shape[-2], world, rank, mode.load_balance, mode.seq_lens)
     kv_lay = q_lay if k.shape[-2] == q.shape[-2] else \
         _plain_layout(k.shape[-2], world, rank, mode.load_balance, mode.seq_lens)
@@ -110,18 +159,68 @@ def _plan(group, rank, q_lay, kv_lay, is_causal, scale):
                      _cp_options.rotate_method)
 
 
+def _ring_mesh_dim(q, k, v):
+    """The mesh dim whose group runs ring attention on distributed q/k/v (NOTE [ring attention
+    on an n-D mesh]); None when no mesh dim shards the sequence (another layout, the engine's).
+    Raises ValueError for a sequence-sharded layout ring attention does not take."""
+    mesh, n = q.device_mesh, q.dim()
+    if n < 2:
+        return None
+    seq_dims = [m for m, p in enumerate(q.placements) if _shards(p, n) == n - 2]
+    if not seq_dims:
+        return None
+    what = (f"q, k, v placed {list(q.placements)}, {list(k.placements)}, {list(v.placements)} "
+            f"on {mesh}, shapes {list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
+
+    def refuse(why):
+        raise ValueError(f"context parallel attention: {why}; got {what}. Ring attention takes "
+                         f"Shard(seq) (dim -2) on one mesh dim and, on the others, Replicate or "
+                         f"Shard of the heads (dim -3) or a batch dim, the same on q, k and v")
+
+    if any(t.device_mesh != mesh for t in (k, v)):
+        refuse("q, k, v are on different meshes")
+    if k.dim() != n or v.dim() != n:
+        refuse("q, k, v have different numbers of dims")
+    key = [_placement_key(p, n) for p in q.placements]
+    if any([_placement_key(p, n) for p in t.placements] != key for t in (k, v)):
+        refuse("q, k, v are placed differently")
+    if len(seq_dims) != 1:
+        refuse(f"the sequence is sharded on {len(seq_dims)} mesh dims")
+    head_pieces = 1
+    for m, p in enumerate(q.placements):
+        d = _shards(p, n)
+        if m == seq_dims[0] or (d is None and p.is_replicate()):
+            continue
+        if d is None or d >= n - 2:
+            refuse(f"mesh dim {m} is placed {p}")
+        if d == n - 3:
+            head_pieces *= mesh.size(m)
+    if head_pieces > 1 and k.shape[-3] != q.shape[-3] and k.shape[-3] % head_pieces:
+        refuse(f"GQA with the heads cut in {head_pieces} pieces needs k/v heads divisible by "
+               f"{head_pieces}")
+    return seq_dims[0]
+
+
+def _shards(p, ndim):
+    """The tensor dim (non-negative) a plain ``Shard`` placement cuts, else None."""
+    return p.dim % ndim if p.is_shard() else None
+
+
+def _placement_key(p, ndim):
+    d = _shards(p, ndim)
+    return ("shard", d) if d is not None else str(p)
+
+
 def _sdpa_dtensor(q, k, v, a, strict=True):
-    """Ring attention on distributed q/k/v sharded on dim -2 over a 1-D mesh (None: another
-    layout, left to the engine; with ``strict=False`` also arguments ring attention does not
-    take, which the engine computes instead of refusing)."""
-    mesh = q.device_mesh
-    for t in (q, k, v):
-        if t.device_mesh != mesh or mesh.ndim != 1 or t.dim() < 2 or \
-                not t.placements[0].is_shard(t.dim() - 2):
-            return None
-    group, rank = _group_and_rank(mesh)
-    world = mesh.size()
+    """Ring attention on distributed q/k/v (NOTE [ring attention on an n-D mesh]); None for
+    another layout, left to the engine. With ``strict=False`` a sequence-sharded layout or
+    arguments ring attention does not take give None too (the engine computes them) instead of
+    an error."""
     try:
+        mesh_dim = _ring_mesh_dim(q, k, v)
+        if mesh_dim is None:
+            return None
+        group, rank, world = _mesh_dim_group(q.device_mesh, mesh_dim)
         scale = _check_sdpa_args(q, k, v, a["attn_mask"], a["dropout_p"], a["is_causal"],
                                  a["scale"], a["enable_gqa"])
         plan = _plan(group, rank, _SeqLayout(q.shape[-2], world, False),
@@ -131,9 +230,8 @@ def _sdpa_dtensor(q, k, v, a, strict=True):
             raise
         return None
     out = _ring_sdpa(q.to_local(), k.to_local(), v.to_local(), plan)
-    seq = q.dim() - 2
     shape = tuple(q.shape[:-1]) + (v.shape[-1],)
-    return DTensor.from_local(out, mesh, [Shard(seq)], shape=shape,
+    return DTensor.from_local(out, q.device_mesh, list(q.placements), shape=shape,
                               stride=torch.empty(shape, device="meta").stride())
 
 
@@ -158,12 +256,14 @@ def _sdpa_kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
 
 def _enable_context_parallel_dispatcher():
     """PyTorch's name: from now on, in every thread, ``F.scaled_dot_product_attention`` on
-    distributed q/k/v sharded ``Shard(dim -2)`` on a 1-D mesh runs ring attention (rotate method
-    of ``set_rotate_method``; the result is ``Shard(dim -2)``), without ``context_parallel``.
+    distributed q/k/v sharded ``Shard(dim -2)`` on a mesh dim (NOTE [ring attention on an n-D
+    mesh]) runs ring attention (rotate method of ``set_rotate_method``; the result is placed as
+    q), without ``context_parallel``.
     Distributed tensors have no Python type to hook, so this registers a kernel of
     ``aten::scaled_dot_product_attention`` for their autograd dispatch key
     (``AutogradPrivateUse1``); other layouts and arguments ring attention does not take (a mask,
-    dropout) run as before (the op's composite decomposition on the engine). Under ``torch.inference_mode`` (no autograd key) the engine's own path runs."""
+    dropout) run as before (the op's composite decomposition on the engine). Under
+    ``torch.inference_mode`` (no autograd key) the engine's own path runs."""
     global _dispatcher_lib
     if _dispatcher_lib is None:
         lib = torch.library.Library("aten", "IMPL")
@@ -185,9 +285,11 @@ def context_parallel(mesh, *, buffers=None, buffer_seq_dims=None, no_restore_buf
     in place along its sequence dim (head-tail when ``_cp_options.enable_load_balance``, the
     default, as PyTorch), keeping this rank's piece, and runs ``F.scaled_dot_product_attention``
     as ring attention (this module's docstring); at exit the buffers get their values
-    back, except those in ``no_restore_buffers``. ``mesh`` is 1-D (the context-parallel dim).
+    back, except those in ``no_restore_buffers``. ``mesh`` is 1-D (the context-parallel dim;
+    ``world["cp"]`` of a 2-D or 3-D world, whose other dims, TP's or FSDP's, it ignores).
     Beyond PyTorch: lengths need not divide by 2W; non-causal attention on a head-tail layout is
-    exact (PyTorch refuses it); calls on distributed tensors sharded on the sequence work too."""
+    exact (PyTorch refuses it); calls on distributed tensors sharded on the sequence work too,
+    on any mesh (NOTE [ring attention on an n-D mesh])."""
     buffers = [] if buffers is None else list(buffers)
     seq_dims = [] if buffer_seq_dims is None else list(buffer_seq_dims)
     no_restore = [] if no_restore_buffers is None else list(no_restore_buffers)
@@ -196,8 +298,7 @@ def context_parallel(mesh, *, buffers=None, buffer_seq_dims=None, no_restore_buf
     for b in no_restore:
         if not any(b is x for x in buffers):
             raise ValueError("`no_restore_buffers` must be a subset of `buffers`.")
-    _, rank = _group_and_rank(mesh)
-    world = mesh.size()
+    _, rank, world = _cp_group(mesh)
     load_balance = _cp_options.enable_load_balance
     seq_lens = []
     originals = []
@@ -230,8 +331,7 @@ def context_parallel_unshard(mesh, buffers, seq_dims, load_balancer=None):
         raise ValueError("`seq_dims` must have the same number of elements as `buffers`.")
     if not buffers:
         return []
-    group, rank = _group_and_rank(mesh)
-    world = mesh.size()
+    group, rank, world = _cp_group(mesh)
     load_balance = load_balancer is not None or _cp_options.enable_load_balance
     mine = torch.tensor([b.shape[d] for b, d in zip(buffers, seq_dims)], dtype=torch.long)
     lengths = fc.all_gather_tensor(mine, 0, group).wait().view(world, -1)
