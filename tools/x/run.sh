@@ -22,9 +22,10 @@ x_help demo '  demo pp [-n N] [args]
                   [--steps 5] [--microbatches 4] [--schedule 1f1b|gpipe])'
 x_help demo '  demo cp [-n N] [args]
                   the same model (attention through causal SDPA) with context parallelism
-                  (ring attention, dtensor.experimental.context_parallel) on N (default 4)
-                  processes, on a sequence 4x the demo'\''s; loss next to one process'\''s and
-                  the peak memory of a step per rank (examples/llama_cp.py; [--steps 5]
+                  (ring attention, dtensor.experimental.context_parallel) on 4 processes, on a
+                  sequence 4x the demo'\''s, then composed with FSDP and tensor parallelism
+                  (dp=2 x cp=2 x tp=2 on 8); -n N: only cp on N; loss next to one process'\''s
+                  and the peak memory of a step per rank (examples/llama_cp.py; [--steps 5]
                   [--seq 128] [--rotate allgather|alltoall])'
 x_help demo '  demo layout [args]
                   lay a real tensor out on a mesh and show what each rank holds
@@ -118,7 +119,13 @@ cmd_demo() {
       return ;;
     cp)
       shift
-      demo_python "context parallelism (ring attention)" examples/llama_cp.py "$@"
+      if [ "${1:-}" = -n ]; then  # one run: cp=N
+        demo_python "context parallelism (ring attention)" examples/llama_cp.py "$@"
+        return
+      fi
+      demo_python "context parallelism (ring attention)" examples/llama_cp.py -n 4 "$@" || return
+      demo_python "dp x cp x tp (FSDP, ring attention, tensor parallel)" examples/llama_cp.py \
+        -n 8 --mesh 2,2,2 "$@"
       return ;;
     pp)
       shift
