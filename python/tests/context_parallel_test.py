@@ -1,9 +1,17 @@
 """Context parallelism (dtensor/experimental/_ring_attention.py, _context_parallel.py): ring attention
 under ``context_parallel`` equals one device's ``F.scaled_dot_product_attention`` in output and
 q/k/v gradients (fp32) for causal and not, head-tail load balance and not, both rotate methods,
-2/3/4 ranks, lengths not divisible by 2W, GQA and ``scale=``; distributed q/k/v sharded on the
-sequence give a distributed result sharded on it; the collectives per forward and backward are
-counted (CommDebugMode); head-tail indices equal PyTorch's load balancer's (ranks are threads)."""
+2/3/4 ranks, lengths not divisible by 2W, GQA and ``scale=``, 2-D to 5-D inputs; bf16/fp16 inputs
+against one device in that dtype; blocks masked neither all nor causally (q and k/v in different
+layouts); distributed q/k/v sharded on the sequence give a distributed result sharded on it; the
+collectives per forward and backward are counted (CommDebugMode), also with one ring per head
+group; head-tail indices equal PyTorch's load balancer's (ranks are threads). The peak memory a
+forward + backward adds per rank is measured on 4 processes against one process at S/4."""
+
+import os
+import socket
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -271,3 +279,205 @@ def test_dispatcher_without_context_manager():
     # The engine gathers k/v (no rotation).
     for counts in dtensor.run_threads(n, plain_engine):
         assert "all_to_all_single" not in counts and counts["all_gather_into_tensor"] >= 1
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("method", ["allgather", "alltoall"])
+def test_low_precision_inputs(dtype, method):
+    """bf16/fp16 q/k/v: each block runs in that dtype, the merge and the gradient sums in fp32;
+    one device's SDPA in that dtype is the reference, at the dtype's tolerance."""
+    set_rotate_method(method)
+    q, k, v, dout = (t.to(dtype) for t in _inputs(13, heads=4, kv_heads=2, dim=16, seed=7))
+    kw = dict(is_causal=True, enable_gqa=True)
+    for got in _context_parallel(3, q, k, v, dout, **kw):
+        for g, r, name in zip(got, _reference(q, k, v, dout, **kw), ("out", "dq", "dk", "dv")):
+            assert g.dtype == dtype
+            torch.testing.assert_close(g, r, rtol=2e-2, atol=2e-2,
+                                       msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("lead", [(), (3,), (2, 1, 3)])
+def test_input_ranks_and_head_dims(lead):
+    """2-D, 3-D and 5-D q/k/v (the kernel takes 4-D), with v's head dim below q's (the kernel
+    takes one head dim: padded and cut back)."""
+    set_rotate_method("alltoall")
+    g = torch.Generator().manual_seed(11)
+    q, k = (torch.randn(*lead, 11, 8, generator=g) for _ in range(2))
+    v, dout = (torch.randn(*lead, 11, 5, generator=g) for _ in range(2))
+    seq_dim = len(lead)
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (3,))
+        bufs = [t.clone() for t in (q, k, v, dout)]
+        with context_parallel(mesh, buffers=bufs, buffer_seq_dims=[seq_dim] * 4,
+                              no_restore_buffers=set(bufs)):
+            ql, kl, vl = (t.clone().requires_grad_() for t in bufs[:3])
+            out = F.scaled_dot_product_attention(ql, kl, vl, is_causal=True)
+            out.backward(bufs[3])
+            return context_parallel_unshard(mesh, [out.detach(), ql.grad, kl.grad, vl.grad],
+                                            [seq_dim] * 4)
+
+    _check(dtensor.run_threads(3, rank_fn), _reference(q, k, v, dout, is_causal=True))
+
+
+def _direct_ring(n, q, k, v, dout, q_balance, kv_balance, monkeypatch=None):
+    """_ring_sdpa on every rank's pieces, q in one layout and k/v in another (causal); returns
+    per rank (out, dq, dk, dv, fwd counts, bwd counts) and the ranks' blocks' masks."""
+    from dtensor import _C
+    from dtensor.experimental._ring_attention import _Block, _ring_sdpa, _RingPlan, _SeqLayout
+    seq = q.shape[-2]
+    q_lay, kv_lay = _SeqLayout(seq, n, q_balance), _SeqLayout(seq, n, kv_balance)
+    method = _cp_options.rotate_method
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (n,))
+        plan = _RingPlan(_C.mesh_group_name(mesh._mesh, 0), rank, q_lay, kv_lay, True,
+                         q.shape[-1] ** -0.5, method)
+        pq, pk = q_lay.positions(rank), kv_lay.positions(rank)
+        ql = q[..., pq, :].clone().requires_grad_()
+        kl, vl = (t[..., pk, :].clone().requires_grad_() for t in (k, v))
+        with CommDebugMode() as fwd:
+            out = _ring_sdpa(ql, kl, vl, plan)
+        with CommDebugMode() as bwd:
+            out.backward(dout[..., pq, :])
+        kinds = [None if b is None else ("mask" if b.mask is not None else
+                                         "causal" if b.causal else "none")
+                 for b in (_Block.of(plan, j) for j in range(n))]
+        return (out.detach(), ql.grad, kl.grad, vl.grad, fwd.get_comm_counts(),
+                bwd.get_comm_counts(), kinds)
+
+    return dtensor.run_threads(n, rank_fn), q_lay, kv_lay
+
+
+@pytest.mark.parametrize("method", ["allgather", "alltoall"])
+@pytest.mark.parametrize("n,seq", [(2, 7), (3, 13), (4, 14)])
+def test_block_masks_neither_none_nor_causal(method, n, seq):
+    """q in natural order and k/v head-tail (uneven lengths): blocks whose visible part is
+    neither all nor top-left causal run the kernel with an additive mask; every rank's pieces
+    equal one device's rows (out, dq) and columns (dk, dv)."""
+    set_rotate_method(method)
+    q, k, v, dout = _inputs(seq, seed=seq)
+    ref = _reference(q, k, v, dout, is_causal=True)
+    results, q_lay, kv_lay = _direct_ring(n, q, k, v, dout, False, True)
+    kinds = set()
+    for rank, (out, dq, dk, dv, _, _, blk_kinds) in enumerate(results):
+        pq, pk = q_lay.positions(rank), kv_lay.positions(rank)
+        for g, r, name in ((out, ref[0][..., pq, :], "out"), (dq, ref[1][..., pq, :], "dq"),
+                           (dk, ref[2][..., pk, :], "dk"), (dv, ref[3][..., pk, :], "dv")):
+            torch.testing.assert_close(g, r, **TOL, msg=lambda m, name=name: f"{name}: {m}")
+        kinds.update(blk_kinds)
+    assert "mask" in kinds
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_groups_above_the_message_size(causal, monkeypatch):
+    """alltoall messages above _RING_MESSAGE_BYTES: one ring per k/v head (NOTE [ring attention
+    memory]): (W-1) rotations forward and W backward per head, one device's values (GQA)."""
+    from dtensor.experimental import _ring_attention
+    monkeypatch.setattr(_ring_attention, "_RING_MESSAGE_BYTES", 1)
+    set_rotate_method("alltoall")
+    n, kv_heads = 3, 2
+    q, k, v, dout = _inputs(11, heads=4, kv_heads=kv_heads, seed=4)
+    kw = dict(is_causal=causal, enable_gqa=True)
+    _check(_context_parallel(n, q, k, v, dout, **kw), _reference(q, k, v, dout, **kw))
+    for _, _, _, _, fwd, bwd, _ in _direct_ring(n, q, k, v, dout, True, True)[0]:
+        assert fwd == {"all_to_all_single": kv_heads * (n - 1)}
+        assert bwd == {"all_to_all_single": kv_heads * n}
+
+
+def test_explicit_block_path(monkeypatch):
+    """The explicit fp32 block computation (devices other than the CPU) equals one device."""
+    from dtensor.experimental import _ring_attention
+    monkeypatch.setattr(_ring_attention, "_block_ops",
+                        lambda device: (_ring_attention._explicit_fwd,
+                                        _ring_attention._explicit_bwd))
+    set_rotate_method("alltoall")
+    q, k, v, dout = _inputs(10, heads=4, kv_heads=2, seed=5)
+    for causal in (False, True):
+        kw = dict(is_causal=causal, enable_gqa=True)
+        _check(_context_parallel(3, q, k, v, dout, **kw), _reference(q, k, v, dout, **kw))
+    results, q_lay, kv_lay = _direct_ring(4, *_inputs(9, seed=9), False, True)
+    ref = _reference(*_inputs(9, seed=9), is_causal=True)
+    for rank, got in enumerate(results):
+        pq = q_lay.positions(rank)
+        torch.testing.assert_close(got[0], ref[0][..., pq, :], **TOL)
+
+
+_MEMORY_WORKER = '''
+import os, sys
+import torch
+import torch.nn.functional as F
+from dtensor import _C
+_C.install_cpu_memory_meter()  # NOTE [CPU memory meter]: before any tensor
+torch.set_num_threads(1)
+import dtensor
+from dtensor import _functional_collectives as fc
+from dtensor.experimental import context_parallel, set_rotate_method
+seq, world = int(sys.argv[1]), int(os.environ["WORLD_SIZE"])
+g = torch.Generator().manual_seed(0)
+
+def draw(s):
+    return [torch.randn(1, 8, s, 64, generator=g) for _ in range(4)]
+
+def peak(q, k, v, dout):
+    """The CPU tensor bytes a causal forward + backward adds (the second of two)."""
+    for _ in range(2):
+        ql, kl, vl = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        _C.reset_cpu_peak_bytes()
+        live = _C.cpu_live_bytes()
+        F.scaled_dot_product_attention(ql, kl, vl, is_causal=True).backward(dout)
+        got = _C.cpu_peak_bytes() - live
+        del ql, kl, vl
+    return got
+
+bufs = draw(seq)
+mesh = dtensor.init_device_mesh("cpu", (world,))
+set_rotate_method("alltoall")
+with context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2] * 4, no_restore_buffers=set(bufs)):
+    mine = peak(*bufs)
+ring = fc.all_gather_tensor(torch.tensor([float(mine)]), 0, group=mesh).wait().max().item()
+one = peak(*draw(seq // world))
+print(f"peak per rank {ring:.0f} one process at S/W {one:.0f} ratio {ring / one:.3f}")
+assert ring <= 1.3 * one, (ring, one)
+print("ok")
+'''
+
+
+def test_peak_memory_per_rank_near_one_process_at_s_over_w(tmp_path):
+    """The CPU tensor memory a causal forward + backward adds per rank (4 processes, alltoall,
+    head-tail, S=2048, [1, 8, S, 64] fp32) is <= 1.3x one process's at S/4 (NOTE [CPU memory
+    meter]; NOTE [ring attention memory])."""
+    script = tmp_path / "memory_worker.py"
+    script.write_text(_MEMORY_WORKER)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    world = 4
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   OMP_NUM_THREADS="1", PYTHONSAFEPATH="1",
+                   PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        procs.append(subprocess.Popen([sys.executable, str(script), "2048"], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        outs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for rank, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and out.rstrip().endswith("ok"), f"rank {rank}:\n{out}"
+    print(outs[0])
+
+
+def test_float64_inputs_merge_in_float64():
+    """float64 q/k/v: the kernel runs in float64 and the merge and gradient sums too (1e-12)."""
+    set_rotate_method("alltoall")
+    q, k, v, dout = (t.double() for t in _inputs(13, seed=6))
+    ref = _reference(q, k, v, dout, is_causal=True)
+    for got in _context_parallel(3, q, k, v, dout, is_causal=True):
+        for g, r in zip(got, ref):
+            assert g.dtype == torch.float64
+            torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)

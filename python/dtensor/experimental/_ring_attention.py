@@ -4,24 +4,26 @@ Each rank holds pieces of the sequence of q, k and v (dim -2 of
 ``[..., heads, seq, dim]``); ``_SeqLayout`` says which global positions every rank holds, so every
 rank knows every other rank's piece sizes without asking. The query never moves. The keys and
 values move, either by rotation (``"alltoall"``: W-1 ``all_to_all_single`` steps, rank r sends
-to r+1) or by one ``all_gather`` (``"allgather"``; pieces padded to the longest). For each k/v
-block (this rank's own first) the block's output and log-sum-exp are computed in fp32 and
-merged (``out = sum_b exp(lse_b - lse) * out_b``, ``lse = logaddexp_b lse_b``).
+to r+1) or by one ``all_gather`` (``"allgather"``; pieces padded to the longest: every rank then
+holds all of k/v, O(S) by nature). For each k/v block (this rank's own first) the block's output
+and log-sum-exp come from ATen's fused CPU flash-attention kernel (NOTE [ring attention blocks])
+and are merged in fp32 (``out = sum_b exp(lse_b - lse) * out_b``, ``lse = logaddexp_b lse_b``).
 
 Causal masks use global positions: query i sees key j iff ``pos_k[j] <= pos_q[i]``. A block
 whose keys are all in the future of every local query is skipped; otherwise only the bounding
-box of the visible (row, column) pairs is computed, masked only where it is not fully visible
-(so with head-tail load balance the off-diagonal blocks need half the work and no mask, as in
-PyTorch's algorithm). Any layout is correct, in particular sequence lengths not divisible by 2W.
+box of the visible (row, column) pairs is computed: unmasked where all of it is visible, with the
+kernel's ``is_causal`` where it is exactly top-left causal (the own block), with an additive mask
+otherwise (so with head-tail load balance the off-diagonal blocks need half the work and no mask,
+as in PyTorch's algorithm). Any layout is correct, in particular sequence lengths not divisible
+by 2W.
 
-Backward is flash attention's, per block, from the saved output and log-sum-exp: with
-``P = exp(S - lse)`` (the final lse, so P is the exact probability), ``dV = P^T dO``,
-``dS = P * (dO V^T - rowsum(dO * O))``, ``dQ += dS K scale``, ``dK = dS^T Q scale``. dq stays
-local; for ``"alltoall"`` the k/v block travels again with its dk/dv accumulator (one message per
-step, W-1 steps) and a last step returns each accumulator to its owner (W ``all_to_all_single``
-in all); for ``"allgather"`` k/v are gathered once and dk/dv of every block are
-reduce-scattered (sum) to their owners. GQA (``enable_gqa=True``, fewer k/v heads) repeats k/v
-heads as torch does and sums their gradients back.
+Backward is the kernel's, per block, given the final output and log-sum-exp (NOTE [ring
+attention blocks]). dq stays local; for ``"alltoall"`` the k/v block travels again with its dk/dv
+accumulator (one message per step, W-1 steps) and a last step returns each accumulator to its
+owner (W ``all_to_all_single`` in all); for ``"allgather"`` k/v are gathered once and dk/dv of
+every block are reduce-scattered (sum) to their owners. Large ``"alltoall"`` messages go head
+group by head group (NOTE [ring attention memory]). GQA (``enable_gqa=True``, fewer k/v heads)
+runs in the kernel, which returns dk/dv with the k/v heads.
 """
 
 import math
@@ -227,12 +229,12 @@ def _fused_bwd(do, q, k, v, out, lse, blk, scale):
 
 
 def _explicit_scores(q, k, blk, scale):
-    groups = q.shape[-3] // k.shape[-3]
-    k = k.float().repeat_interleave(groups, dim=-3)
-    s = torch.matmul(q.float(), k.transpose(-1, -2)) * scale
+    acc, groups = _acc_dtype(q.dtype), q.shape[-3] // k.shape[-3]
+    s = torch.matmul(q.to(acc), k.to(acc).repeat_interleave(groups, dim=-3).transpose(-1, -2))
     mask = blk.mask
     if blk.causal:
-        mask = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+        mask = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
+    s = s * scale
     return s if mask is None else s.masked_fill(~mask.to(s.device), float("-inf")), groups
 
 
@@ -240,17 +242,18 @@ def _explicit_fwd(q, k, v, blk, scale):
     s, groups = _explicit_scores(q, k, blk, scale)
     lse = torch.logsumexp(s, -1)
     p = torch.exp(s - lse.unsqueeze(-1))
-    return torch.matmul(p, v.float().repeat_interleave(groups, dim=-3)).to(q.dtype), lse
+    return torch.matmul(p, v.to(p.dtype).repeat_interleave(groups, dim=-3)).to(q.dtype), lse
 
 
 def _explicit_bwd(do, q, k, v, out, lse, blk, scale):
     s, groups = _explicit_scores(q, k, blk, scale)
     p = torch.exp(s - lse.unsqueeze(-1))
-    do, ve = do.float(), v.float().repeat_interleave(groups, dim=-3)
+    do = do.to(p.dtype)
     dv = torch.matmul(p.transpose(-1, -2), do)
-    ds = p * (torch.matmul(do, ve.transpose(-1, -2)) - (do * out.float()).sum(-1, keepdim=True))
-    dq = torch.matmul(ds, k.float().repeat_interleave(groups, dim=-3)) * scale
-    dk = torch.matmul(ds.transpose(-1, -2), q.float()) * scale
+    ve, ke = (t.to(p.dtype).repeat_interleave(groups, dim=-3) for t in (v, k))
+    ds = p * (torch.matmul(do, ve.transpose(-1, -2)) - (do * out.to(p.dtype)).sum(-1, True))
+    dq = torch.matmul(ds, ke) * scale
+    dk = torch.matmul(ds.transpose(-1, -2), q.to(p.dtype)) * scale
 
     def heads(t):
         return t.unflatten(-3, (-1, groups)).sum(-3) if groups > 1 else t
@@ -274,22 +277,28 @@ def _pad_last(t, size):
     return t if t.shape[-1] == size else torch.nn.functional.pad(t, (0, size - t.shape[-1]))
 
 
+def _acc_dtype(dtype):
+    """What merges and gradient sums run in: fp32, or the inputs' dtype when wider."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def _empty_attention(q4):
     """fp32 out and lse of rows that see no key yet: zeros and -inf."""
-    return (torch.zeros(q4.shape, dtype=torch.float32, device=q4.device),
-            torch.full(q4.shape[:-1], float("-inf"), device=q4.device))
+    acc = _acc_dtype(q4.dtype)
+    return (torch.zeros(q4.shape, dtype=acc, device=q4.device),
+            torch.full(q4.shape[:-1], float("-inf"), dtype=acc, device=q4.device))
 
 
 def _merge(out, lse, rows, b_out, b_lse):
     """Merges a block's attention into fp32 ``out``/``lse`` (in place, rows ``rows``);
     ``None`` ``out``: the block is the first, over every row. Returns out, lse."""
     if out is None:
-        return b_out.float(), b_lse
+        return b_out.to(_acc_dtype(b_out.dtype)), b_lse
     o, m = out[..., rows, :], lse[..., rows]
     new = torch.logaddexp(m, b_lse)
     ref = torch.where(torch.isfinite(new), new, torch.zeros((), dtype=new.dtype))
     o.mul_(torch.exp(m - ref).unsqueeze(-1))
-    o.add_(b_out.float().mul_(torch.exp(b_lse - ref).unsqueeze(-1)))
+    o.add_(b_out.to(o.dtype).mul_(torch.exp(b_lse - ref).unsqueeze(-1)))
     m.copy_(new)
     return out, lse
 
@@ -299,8 +308,8 @@ def _add_rows(acc, rows, grad, full):
     (fp32) when it covers every row (``full``)."""
     if acc is None:
         if rows.start == 0 and rows.stop == full:
-            return grad.float()
-        acc = torch.zeros(grad.shape[:-2] + (full, grad.shape[-1]), dtype=torch.float32,
+            return grad.to(_acc_dtype(grad.dtype))
+        acc = torch.zeros(grad.shape[:-2] + (full, grad.shape[-1]), dtype=_acc_dtype(grad.dtype),
                           device=grad.device)
     acc[..., rows, :] += grad
     return acc
@@ -382,14 +391,13 @@ class _RingAttention(torch.autograd.Function):
 
             h_dk, h_dv = _kv_grads(plan, k4[:, hs], v4[:, hs], grads)
             if h_dq is None:
-                h_dq = torch.zeros(h_q.shape, dtype=torch.float32, device=q.device)
+                h_dq = torch.zeros(h_q.shape, dtype=_acc_dtype(q.dtype), device=q.device)
             if len(heads) == 1:
                 dq, dk, dv = h_dq, h_dk, h_dv
                 break
             if dq is None:
-                dq = torch.empty(q4.shape, dtype=torch.float32, device=q.device)
-                dk = torch.empty(k4.shape, dtype=torch.float32, device=q.device)
-                dv = torch.empty(v4.shape, dtype=torch.float32, device=q.device)
+                dq, dk, dv = (torch.empty(t.shape, dtype=_acc_dtype(q.dtype), device=q.device)
+                              for t in (q4, k4, v4))
             dq[:, qs], dk[:, hs], dv[:, hs] = h_dq, h_dk, h_dv
             del h_dq, h_dk, h_dv
         return (dq[..., :q.shape[-1]].reshape(q.shape).to(q.dtype),
@@ -397,13 +405,14 @@ class _RingAttention(torch.autograd.Function):
                 dv[..., :v.shape[-1]].reshape(v.shape).to(v.dtype), None)
 
 
-# NOTE [ring attention backward memory]: the "alltoall" backward's ring message holds a k/v block
-# and its dk/dv accumulators (fp32): 4x a local k, and two are live while one travels, which
-# alone would be 8x a local k on top of out, dq and the final dk/dv (one process at S/W holds
-# those and the kernel's buffers, about 5x). Above _RING_MESSAGE_BYTES the backward therefore
-# runs one ring per group of k/v heads (the heads are independent), each group's message at most
-# that size (or one head's): W all_to_all_single per group. The forward's message (k/v only) is
-# not split: out and one block's kernel buffers are all it adds.
+# NOTE [ring attention memory]: the "alltoall" backward's ring message holds a k/v block and its
+# dk/dv accumulators (fp32), 4x a local k, and two are live while one travels: 8x a local k on
+# top of out, dq and the final dk/dv, where one process at S/W holds out, dq, dk, dv and its
+# kernel's buffers (about 5x). The forward's message (k/v, 2x) in flight with the block's kernel
+# output adds as much. So a ring whose message exceeds _RING_MESSAGE_BYTES runs per group of k/v
+# heads (the heads are independent), each group's message at most that size or one head's:
+# (W-1) all_to_all_single forward and W backward per group, and the peak per rank stays near one
+# process's at S/W. "allgather" holds every rank's k/v anyway and is not split.
 _RING_MESSAGE_BYTES = 1 << 19
 
 
@@ -455,14 +464,14 @@ def _kv_grads(plan, k, v, grads):
     if plan.method == _RotateMethod.ALL_GATHER:
         pieces = _gather_padded(_pack([k, v]), [numel(j) for j in range(w)], plan)
         pad = max(numel(j) for j in range(w))
-        buf = torch.zeros(w * pad, dtype=torch.float32, device=k.device)
+        buf = torch.zeros(w * pad, dtype=_acc_dtype(k.dtype), device=k.device)
         for j in range(w):
             bk, bv = (k, v) if j == me else _unpack(pieces[j], shapes(j))
             grads(j, bk, bv, *_unpack(buf[j * pad:j * pad + numel(j)], shapes(j)))
         del pieces
         mine = fc.reduce_scatter_tensor(buf, "sum", 0, plan.group).wait()
         return _unpack(mine[:numel(me)], shapes(me))
-    msg = _pack([k, v], torch.float32, zeros=numel(me))
+    msg = _pack([k, v], _acc_dtype(k.dtype), zeros=numel(me))
     for i in range(w):
         owner = (me - i) % w
         s = shapes(owner)
