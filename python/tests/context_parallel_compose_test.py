@@ -17,6 +17,7 @@ mesh] in dtensor/experimental/_context_parallel.py), each against one process's 
 Ranks are threads, except the 8-rank run and torch.compile (processes: Dynamo does not compile
 on two threads of one process at once)."""
 
+import contextlib
 import copy
 
 import pytest
@@ -98,7 +99,7 @@ def test_distributed_qkv_on_2d_mesh(layout, method, causal, seq):
     def rank_fn(rank, inside):
         mesh = dtensor.init_device_mesh("cpu", (2, 2), mesh_dim_names=names)
         qd, kd, vd = (distribute_tensor(t, mesh, placements).requires_grad_() for t in (q, k, v))
-        block = context_parallel(mesh["cp"]) if inside else _nothing()
+        block = context_parallel(mesh["cp"]) if inside else contextlib.nullcontext()
         with block, CommDebugMode() as fwd:
             out = F.scaled_dot_product_attention(qd, kd, vd, **kw)
         out.backward(distribute_tensor(dout, mesh, placements))
@@ -116,14 +117,6 @@ def test_distributed_qkv_on_2d_mesh(layout, method, causal, seq):
         _disable_context_parallel_dispatcher()
     for got in results:
         _check(got, ref, ("out", "dq", "dk", "dv"))
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 # Layouts with the sequence sharded that ring attention does not take: (q heads, kv heads,
