@@ -6,10 +6,13 @@
 // every rank r writes <out>.bytes_read.<r>: the bytes of weights it read from the files.
 // When launched (./x launch) the launched processes are the tensor-parallel ranks; else one
 // process with plain tensors. Before the prompts, a throwaway sequence fills and frees cache
-// blocks, so the prompts run on reused blocks.
+// blocks, so the prompts run on reused blocks. With --device cuda the model runs on this rank's
+// GPU (launched ranks on NCCL, or cuda_ipc when they share one: tools/llama_flags.h), what
+// tools/gpu/check.sh's hf stage compares with transformers' logits computed on the CPU.
 //
 //   hf_logits --model DIR --prompts "1,2,3;4,5" --steps 4 --out logits.safetensors
 //             [--dtype float32] [--prefill_chunk 3] [--block_size 4] [--kv_cache_memory BYTES]
+//             [--device cpu|cuda]
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -22,11 +25,10 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_split.h"
 #include "checkpoint/safetensors.h"
-#include "collectives/launch_env.h"
-#include "dtensor/api.h"
 #include "serving/llama.h"
 #include "serving/models/hf_model.h"
 #include "tools/cli_args.h"
+#include "tools/llama_flags.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
 ABSL_FLAG(std::string, prompts, "", "prompts: token ids, comma-separated; prompts ';'-separated");
@@ -48,17 +50,15 @@ int main(int argc, char** argv) {
     }
     at::set_num_threads(1);
     // The launched processes as ranks (./x launch), else one process with plain tensors.
-    std::optional<dtensor::DeviceMesh> mesh;
-    int64_t rank = 0;
-    if (dtensor::collectives::launch_env_from_environ()) {
-      const auto ctx = dtensor::api::init_from_env();
-      rank = ctx->rank();
-      if (ctx->world_size() > 1) mesh = dtensor::api::init_device_mesh({ctx->world_size()});
-    }
+    const dtensor::tools::LaunchedRanks ranks =
+        dtensor::tools::join_launched_ranks(dtensor::tools::device_type_from_flags());
+    const int64_t rank = ranks.rank();
+    const std::optional<dtensor::DeviceMesh>& mesh = ranks.mesh;
     serving::HfModelOptions o;
     if (!absl::GetFlag(FLAGS_dtype).empty()) {
       o.dtype = serving::dtype_from_name(absl::GetFlag(FLAGS_dtype));
     }
+    o.device = ranks.device;
     o.max_batch = static_cast<int64_t>(prompts.size()) + 1;
     o.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
     o.block_size = absl::GetFlag(FLAGS_block_size);

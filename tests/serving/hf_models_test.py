@@ -25,61 +25,16 @@ import torch
 from safetensors.torch import load_file
 
 transformers = pytest.importorskip("transformers")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_tiny import MODELS, PROMPTS, SIZES, STEPS, build, randomize, reference  # noqa: E402
 
 LAUNCH, BIN = os.environ["LAUNCH_PY"], os.environ["HF_LOGITS_BIN"]
-PROMPTS = [[3, 17, 99, 5, 64, 8, 120], [7, 1, 45, 45, 2, 90, 33, 11, 100, 6, 71]]
-STEPS = 5
-SIZES = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-             num_attention_heads=4, max_position_embeddings=64)
-
-
-def _llama3():
-    return transformers.LlamaConfig(
-        **SIZES, num_key_value_heads=2, tie_word_embeddings=False,
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                      "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
-
-
-MODELS = {
-    # name: (config factory, model class, save_pretrained kwargs)
-    "llama3_gqa": (_llama3, transformers.LlamaForCausalLM, {}),
-    "llama_tied_mqa_sharded": (
-        lambda: transformers.LlamaConfig(**SIZES, num_key_value_heads=1, tie_word_embeddings=True,
-                                         rope_theta=500000.0),
-        transformers.LlamaForCausalLM, {"max_shard_size": "40KB"}),
-    "mistral": (lambda: transformers.MistralConfig(**SIZES, num_key_value_heads=1,
-                                                   sliding_window=64),
-                transformers.MistralForCausalLM, {}),
-    "qwen2_bias": (lambda: transformers.Qwen2Config(**SIZES, num_key_value_heads=2,
-                                                    tie_word_embeddings=True),
-                   transformers.Qwen2ForCausalLM, {}),
-    "qwen3_qk_norm": (lambda: transformers.Qwen3Config(**SIZES, num_key_value_heads=2,
-                                                       head_dim=32),
-                      transformers.Qwen3ForCausalLM, {}),
-}
-
-
-def _randomize(model):
-    # transformers initializes norms to 1 and biases to 0, which would hide their handling; and
-    # weights of std 0.02 give nearly flat logits. Spread them.
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if "norm" in name:
-                p.copy_(1 + 0.2 * noise)
-            elif name.endswith("bias"):
-                p.copy_(0.3 * noise)
-            else:
-                p.copy_(0.15 * noise)
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def hf_model(request, tmp_path_factory):
-    make_config, cls, save_kwargs = MODELS[request.param]
-    torch.manual_seed(0)
-    model = cls(make_config()).eval()
-    _randomize(model)
+    save_kwargs = MODELS[request.param][2]
+    model = build(request.param)
     path = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(str(path), **save_kwargs)
     if save_kwargs:
@@ -120,26 +75,13 @@ def _expected_bytes_read(model, ranks, rank):
     return total
 
 
-def _reference(model, prompt, tokens):
-    seq = torch.tensor([prompt + tokens[:STEPS]])
-    with torch.no_grad():
-        logits = model(seq).logits[0]
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
-    with torch.no_grad():
-        gen = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
-                                                                                dtype=torch.long),
-                             max_new_tokens=STEPS + 1, do_sample=False)
-    return logits, gen[0, len(prompt):].tolist()
-
-
 @pytest.mark.parametrize("ranks", [1, 2, 4])
 def test_logits_and_greedy_equal_transformers(hf_model, ranks, tmp_path):
     name, model, path = hf_model
     got = _run(path, ranks, tmp_path)
     for i, prompt in enumerate(PROMPTS):
         tokens = got[f"tokens.{i}"].tolist()
-        ref, generated = _reference(model, prompt, tokens)
+        ref, generated = reference(model, prompt, tokens)
         S = len(prompt)
         torch.testing.assert_close(got[f"prefill.{i}"], ref[:S], rtol=0, atol=1e-4,
                                    msg=lambda m: f"{name} on {ranks} ranks, prefill {i}: {m}")
@@ -162,14 +104,14 @@ def test_stored_half_precision_converted_to_float32(stored, tmp_path):
     torch.manual_seed(0)
     model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
         **SIZES, num_key_value_heads=2, head_dim=16)).eval()
-    _randomize(model)
+    randomize(model)
     path = str(tmp_path / "half")
     model.to(stored).save_pretrained(path)
     assert json.load(open(os.path.join(path, "config.json")))["dtype"] == str(stored).split(".")[1]
     ref_model = transformers.Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     got = _run(path, 2, tmp_path, "--dtype", "float32")
     for i, prompt in enumerate(PROMPTS):
-        ref, generated = _reference(ref_model, prompt, got[f"tokens.{i}"].tolist())
+        ref, generated = reference(ref_model, prompt, got[f"tokens.{i}"].tolist())
         torch.testing.assert_close(got[f"prefill.{i}"], ref[:len(prompt)], rtol=0, atol=1e-4)
         torch.testing.assert_close(got[f"decode.{i}"], ref[len(prompt):len(prompt) + STEPS],
                                    rtol=0, atol=1e-4)

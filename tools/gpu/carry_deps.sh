@@ -21,4 +21,7 @@ cp /usr/include/zlib.h /usr/include/zconf.h .gpu/include/
 mkdir -p .gpu/python
 cp -r "$(.venv/bin/python3 -c 'import expecttest, os; print(os.path.dirname(expecttest.__file__))')" \
   .gpu/python/
+# Tiny random Hugging Face models and transformers' logits for them (the hf stage; the device
+# machine has no transformers).
+PYTHONPATH= .venv/bin/python3 tools/gpu/hf_reference.py .gpu/hf >/dev/null 2>&1
 du -sh .gpu

@@ -31,7 +31,11 @@
 # on 2 and 4 ranks sharing the GPU (cuda_ipc), random ops on 2 processes against one device's
 # draw (stage random, tools/gpu/random_ranks.py), the inference server's model on the GPU (stage
 # serve: serving/llama_test and tools/llama_generate, 1 and 2 processes, tokens against the CPU's)
-# and tools/gpu/ipc_bandwidth.py (its bus bandwidth against a device copy). Logs go to the build folder, and
+# then Hugging Face models in the server's model (stage hf: tests/serving/hf_logits on tiny random
+# Llama 3 and Qwen2 models that tools/gpu/hf_reference.py wrote with transformers into .gpu/hf,
+# float32 on 1 process and on 2 sharing the GPU, bfloat16 on 1; tools/gpu/hf_compare.py holds
+# each to transformers' CPU logits and greedy tokens) and tools/gpu/ipc_bandwidth.py (its bus
+# bandwidth against a device copy). Logs go to the build folder, and
 # all of them as one file to $OUT when that is set (the device run's folder that comes back).
 # Ends with one summary line per stage; exits non-zero when something failed to build or a test
 # failed. SKIP_ENGINE=1 stops after the collectives' tests.
@@ -52,7 +56,7 @@ NCCL_BACKEND_SRC=${NCCL_BACKEND_SRC:-collectives/nccl_backend.cc}
 TESTS=("$@")
 [ ${#TESTS[@]} -gt 0 ] || TESTS=(nccl_link_test symmetric_memory_cuda_test cuda_ipc_test)
 # STAGES: which stages run (all by default), e.g. STAGES=tp,bench for a short rerun.
-STAGES=${STAGES:-tests,probe,cuda_test,op_db,tp,tp_shared,random,serve,ipc_bench,bench}
+STAGES=${STAGES:-tests,probe,cuda_test,op_db,tp,tp_shared,random,serve,hf,ipc_bench,bench}
 stage() { [[ ",$STAGES," == *",$1,"* ]]; }
 stage tests || TESTS=()
 rm -rf "$LOGS"
@@ -123,6 +127,10 @@ SRCS=("${LIB_SRCS[@]}" "${GTEST_SRCS[@]}")
 # The serving model and its programs (stage serve).
 SERVE_SRCS=(serving/llama.cc tools/llama_flags.cc serving/llama_test.cc tools/llama_generate.cc)
 [ "${SKIP_ENGINE:-}" != 1 ] && stage serve && SRCS+=("${SERVE_SRCS[@]}")
+# Hugging Face models (stage hf): the serving model's families and hf_logits.
+HF_SRCS=(serving/llama.cc tools/llama_flags.cc $(ls serving/models/*.cc | grep -v _test.cc)
+  tests/serving/hf_logits.cc)
+[ "${SKIP_ENGINE:-}" != 1 ] && stage hf && SRCS+=("${HF_SRCS[@]}")
 for t in "${TESTS[@]}"; do SRCS+=("collectives/$t.cc"); done
 t0=$(date +%s)
 printf '%s\n' "${SRCS[@]}" | xargs -P "$JOBS" -I{} bash -c 'compile "$@"' _ {}
@@ -257,6 +265,14 @@ if [ "${SKIP_ENGINE:-}" != 1 ]; then
       summary+=("$(grep -o 'random ops on.*' "$LOGS/random_ranks.log" || echo "random ops on 2 cuda ranks: did not finish") (exit $rc)")
       [ $rc -eq 0 ] || engine=1
     fi
+    # Linking a program of the engine (stages serve and hf). libstdc++ before libtorch: pip's
+    # libtorch.so exports a partial std::filesystem whose remove_all jumps to 0 (llama_test's
+    # teardown crashed here, resolving it there).
+    NOGTEST=("${LIBOBJS[@]/*gtest*/}")
+    LINK_TAIL=(-lstdc++ $TORCH_LIBS "$DEPS"/lib/libabsl_*.so.* "$NCCL_SO" "$CUDART_SO"
+      /lib/x86_64-linux-gnu/libz.so.1
+      -Wl,-rpath,"$DEPS/lib:$(dirname "$NCCL_SO"):$(dirname "$CUDART_SO")"
+      -Wl,--disable-new-dtags -lrt -ldl -pthread)
     # The inference server's model on CUDA (serving/llama.h, what ./x serve --device cuda runs;
     # the C++ API with no Python): serving's tests (llama_test, its CUDA case against the CPU),
     # then llama_generate's greedy tokens on the GPU, in one process and in 2 processes sharing
@@ -267,13 +283,6 @@ if [ "${SKIP_ENGINE:-}" != 1 ]; then
       for s in "${ENGINE_SRCS[@]}" serving/llama.cc tools/llama_flags.cc; do
         SERVE_OBJS+=("$(obj_of "$s")")
       done
-      NOGTEST=("${LIBOBJS[@]/*gtest*/}")
-      # libstdc++ before libtorch: pip's libtorch.so exports a partial std::filesystem whose
-      # remove_all jumps to 0 (llama_test's teardown crashed here, resolving it there).
-      LINK_TAIL=(-lstdc++ $TORCH_LIBS "$DEPS"/lib/libabsl_*.so.* "$NCCL_SO" "$CUDART_SO"
-        /lib/x86_64-linux-gnu/libz.so.1
-        -Wl,-rpath,"$DEPS/lib:$(dirname "$NCCL_SO"):$(dirname "$CUDART_SO")"
-        -Wl,--disable-new-dtags -lrt -ldl -pthread)
       if g++ -o "$BUILD/llama_test" "${LIBOBJS[@]}" "${SERVE_OBJS[@]}" \
             "$(obj_of serving/llama_test.cc)" "${LINK_TAIL[@]}" >"$LOGS/link-llama_test.log" 2>&1 \
           && g++ -o "$BUILD/llama_generate" ${NOGTEST[@]} "${SERVE_OBJS[@]}" \
@@ -309,6 +318,42 @@ if [ "${SKIP_ENGINE:-}" != 1 ]; then
       else
         echo "FAILED to link llama_test or llama_generate"; tail -20 "$LOGS"/link-llama_*.log
         summary+=("serving model: FAILED to link"); engine=1
+      fi
+    fi
+    # Hugging Face models on the GPU against transformers' CPU logits (NOTE [GPU check] above).
+    if stage hf; then
+      HF_OBJS=()
+      for s in "${ENGINE_SRCS[@]}" "${HF_SRCS[@]}"; do HF_OBJS+=("$(obj_of "$s")"); done
+      if [ ! -d "$DEPS/hf" ]; then
+        summary+=("hf models on cuda: no $DEPS/hf (run tools/gpu/carry_deps.sh here)"); engine=1
+      elif g++ -o "$BUILD/hf_logits" ${NOGTEST[@]} "${HF_OBJS[@]}" "${LINK_TAIL[@]}" \
+          >"$LOGS/link-hf_logits.log" 2>&1; then
+        hf_ok=0 hf_runs=0
+        for dir in "$DEPS"/hf/*/; do
+          name=$(basename "$dir")
+          prompts=$($PY -c "import torch; r = torch.load('$dir/reference.pt'); \
+print(';'.join(','.join(map(str, p)) for p in r['prompts']), r['steps'])")
+          for run in "float32 1" "float32 2" "bfloat16 1"; do
+            set -- $run
+            out="$BUILD/hf-$name-$1-$2.safetensors"
+            cmd=("$BUILD/hf_logits" --model "$dir" --prompts "${prompts% *}" --steps "${prompts#* }"
+              --out "$out" --dtype "$1" --device cuda --block_size 4 --prefill_chunk 5)
+            [ "$2" -gt 1 ] && cmd=($PY tools/launch.py -n "$2" -- "${cmd[@]}")
+            hf_runs=$((hf_runs + 1))
+            if timeout 180 "${cmd[@]}" >>"$LOGS/hf.log" 2>&1 &&
+                $PY tools/gpu/hf_compare.py "$dir" "$out" "$1" "$name $1 on $2 cuda rank(s)" \
+                  | tee -a "$LOGS/hf.log"; then
+              hf_ok=$((hf_ok + 1))
+            else
+              echo "$name $1 on $2 cuda rank(s): FAILED (log hf.log)"
+            fi
+          done
+        done
+        summary+=("hf models on cuda: $hf_ok of $hf_runs runs equal transformers' (log hf.log)")
+        [ "$hf_ok" -eq "$hf_runs" ] || engine=1
+      else
+        echo "FAILED to link hf_logits"; tail -20 "$LOGS/link-hf_logits.log"
+        summary+=("hf models: FAILED to link"); engine=1
       fi
     fi
     # cuda_ipc's bus bandwidth on 2 ranks sharing the GPU against a device copy (64 MiB).
