@@ -3,7 +3,7 @@ torch.distributed.pipelining, in one run.
 
     ./x bench pp [--ranks 4] [--schedules gpipe,1f1b,interleaved_1f1b,zero_bubble]
                  [--microbatches 8] [--layers 16] [--dim 512] [--rows 32] [--steps 6]
-                 [--repeats 3]
+                 [--repeats 3] [--only cross_mesh]
 
 A model of --layers Linear(dim, dim) + Tanh blocks, split into equal stages: one stage per rank
 for gpipe and 1f1b, two per rank for the interleaved schedules (stage k on rank k mod ranks), a
@@ -22,7 +22,9 @@ the rank does not compute (the step's time less its actions' time, plus its acti
 waiting in receives), against the schedule's theory (p-1)/(v*m + p-1) for p ranks, v stages per
 rank and m microbatches (zero-bubble's theory is lower; the interleaved figure is printed as its
 bound); and the bytes each boundary's sender sent per step forward (activations) against the
-activations' size (microbatch rows x dim x 4 bytes x m).
+activations' size (microbatch rows x dim x 4 bytes x m). --only cross_mesh runs the first part
+alone: the cross-mesh redistribute against a bare all_to_all_single of the same bytes
+(--cross-mib, --cross-iters, --cross-windows).
 
 On this 2-core VM, p > 2 ranks share two cores: a rank computing in the steady state, where every
 rank computes, runs slower than in warm-up and cool-down, where some wait, so the measured bubble
@@ -216,15 +218,15 @@ def cross_mesh(args, rank):
                 want = whole.chunk(len(dst), 1)[dst.index(rank)] if dp[0].is_shard() else whole
                 assert torch.equal(got, want), name
             times = {}
-            for label, fn in (("redistribute", move), ("bare", bare)) * 2:
+            for label, fn in (("redistribute", move), ("bare", bare)) * args.cross_windows:
                 fn()
                 t0 = time.perf_counter()
                 for _ in range(args.cross_iters):
                     fn()
                 times.setdefault(label, []).append((time.perf_counter() - t0) / args.cross_iters)
             rows.append({"case": name, "bytes": whole.numel() * 4,
-                         "us_redistribute": min(times["redistribute"]) * 1e6,
-                         "us_bare": min(times["bare"]) * 1e6})
+                         "us_redistribute": [t * 1e6 for t in times["redistribute"]],
+                         "us_bare": [t * 1e6 for t in times["bare"]]})
     return {"rank": rank, "cross": rows}
 
 
@@ -287,22 +289,31 @@ def median_run(runs):
 
 def report_cross_mesh(args, argv):
     """Runs the cross-mesh measurement on 4 processes; prints its table and JSON lines. The
-    time of a case is the slowest rank's (best of two windows each)."""
+    sides run in --cross-windows interleaved windows of --cross-iters calls (NOTE [ratios per
+    window]: on a shared 2-core VM four spinning ranks make windows vary several-fold); a window's
+    time is its slowest rank's (the ranks run each window in lockstep), the ratio is the median of
+    the windows' ratios, the times the medians of the windows'."""
     rows = launch(args, argv, "cross_mesh", "none", 4)
     if isinstance(rows, str):
         print(f"cross-mesh redistribute did not run: {rows}")
         return False
     print("\ncross-mesh redistribute against a bare all_to_all_single of the same bytes "
           "(4 processes, shm)")
-    print(f"{'case':<18} {'MiB':>6} {'redistribute us':>16} {'bare us':>9} {'ratio':>6}")
+    print(f"{'case':<18} {'MiB':>6} {'redistribute us':>16} {'bare us':>9} {'ratio':>6}"
+          f"   (medians of {args.cross_windows} windows of {args.cross_iters} calls)")
     for i, case in enumerate(rows[0]["cross"]):
-        red = max(r["cross"][i]["us_redistribute"] for r in rows)
-        bare = max(r["cross"][i]["us_bare"] for r in rows)
+        def slowest(side):  # per window, the slowest rank's time
+            return [max(ts) for ts in zip(*(r["cross"][i][side] for r in rows))]
+
+        reds, bares = slowest("us_redistribute"), slowest("us_bare")
+        red, bare = statistics.median(reds), statistics.median(bares)
+        ratio = statistics.median(r / b for r, b in zip(reds, bares))
         row = {"bench": "pp", "side": "cross_mesh", "case": case["case"], "bytes": case["bytes"],
                "us_redistribute": round(red, 1), "us_bare": round(bare, 1),
-               "ratio_to_bare": round(red / bare, 4)}
+               "ratio_to_bare": round(ratio, 4), "windows": len(reds),
+               "best_us_redistribute": round(min(reds), 1), "best_us_bare": round(min(bares), 1)}
         print(f"{case['case']:<18} {case['bytes'] / 2**20:>6.1f} {red:>16.1f} {bare:>9.1f} "
-              f"{red / bare:>5.2f}x")
+              f"{ratio:>5.2f}x")
         print(json.dumps(row, separators=(",", ":")))
     return True
 
@@ -319,7 +330,11 @@ def main(argv):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cross-mib", default="1,16",
                    help="tensor sizes (MiB) of the cross-mesh redistribute measurement")
-    p.add_argument("--cross-iters", type=int, default=20)
+    p.add_argument("--cross-iters", type=int, default=10, help="calls per cross-mesh window")
+    p.add_argument("--cross-windows", type=int, default=15,
+                   help="interleaved timing windows per side of a cross-mesh case")
+    p.add_argument("--only", choices=("cross_mesh",),
+                   help="run only this part (cross_mesh: the cross-mesh redistribute alone)")
     p.add_argument("--side", choices=("engine", "pytorch", "one_process", "cross_mesh"),
                    help=argparse.SUPPRESS)
     p.add_argument("--schedule", default="1f1b", help=argparse.SUPPRESS)
@@ -330,6 +345,8 @@ def main(argv):
         return side_main(args)
     if not report_cross_mesh(args, argv):
         return 1
+    if args.only == "cross_mesh":
+        return 0
     schedules = [s for s in args.schedules.split(",") if s]
     for s in schedules:
         if s not in SCHEDULES:
