@@ -178,6 +178,40 @@ def test_fully_sharded_stages_on_a_3d_mesh(tp):
             torch.testing.assert_close(g, want_grads[name], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("reshard_after_forward", [True, False])
+@pytest.mark.parametrize("schedule", MULTI, ids=lambda s: s.__name__)
+def test_fully_sharded_stages_with_every_multi_stage_schedule(schedule, reshard_after_forward):
+    """pp=2 x dp=2, two fully_shard'ed stages per rank: zero bubble's weight pass (deferred,
+    after other microbatches' forwards resharded the parameters) gives FSDP's unsharded
+    parameters their gradients, reduced once at the step's last weight pass. Every gradient
+    equals one device's on the whole batch."""
+    from dtensor.fsdp import fully_shard
+
+    model = _model(4)
+    torch.manual_seed(1)
+    x, y = torch.randn(2 * BATCH, DIM), torch.randn(2 * BATCH, DIM)
+    _, want_grads = _reference(model, x, y)
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
+        pp, dp = mesh.get_coordinate()
+        mine = copy.deepcopy(model)
+        stages = []
+        for k in (pp, pp + 2):
+            fully_shard(mine[k], mesh=mesh["dp"], reshard_after_forward=reshard_after_forward)
+            stages.append(PipelineStage(mine[k], k, 4, group=mesh.get_group("pp")))
+        xs, ys = x.chunk(2)[dp], y.chunk(2)[dp]
+        schedule(stages, MICRO, loss_fn=nn.functional.mse_loss).step(
+            *((xs,) if pp == 0 else ()), target=ys if pp == 1 else None)
+        return {f"{k}.{n}": p.grad.full_tensor() for k in (pp, pp + 2)
+                for n, p in mine[k].named_parameters()}
+
+    for grads in dtensor.run_threads(4, fn):
+        assert len(grads) == 8
+        for name, g in grads.items():
+            torch.testing.assert_close(g, want_grads[name], rtol=1e-5, atol=1e-6)
+
+
 WORKER = r'''
 import copy, os, torch
 from torch import nn

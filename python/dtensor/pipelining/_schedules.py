@@ -185,15 +185,8 @@ class ScheduleInterleaved1F1B(PipelineScheduleMulti):
 class ScheduleInterleavedZeroBubble(PipelineScheduleMulti):
     """The interleaved order with each backward split (zero bubble, ZB-H1): the inputs' gradient
     (I) goes to the previous stage at once, and the weights' gradient (W) is deferred by as many
-    steps as the rank would otherwise wait, filling the cool-down bubble."""
-
-    def __init__(self, stages, n_microbatches, loss_fn=None, scale_grads=True, **kw):
-        super().__init__(stages, n_microbatches, loss_fn, scale_grads, **kw)
-        from dtensor.pipelining._stage import _fsdp_modules
-        if any(_fsdp_modules(s.submod) for s in self._stages):
-            raise NotImplementedError("ScheduleInterleavedZeroBubble with fully_shard stages "
-                                      "(FSDP reduces gradients when they accumulate; the split "
-                                      "weight pass computes them without accumulating)")
+    steps as the rank would otherwise wait, filling the cool-down bubble. fully_shard'ed stages
+    reduce their gradients once, at the last weight pass (NOTE [zero bubble with FSDP])."""
 
     def _actions(self):
         fwd, bwd, warmup = _interleaved_orders(self._stages, self._n_microbatches,

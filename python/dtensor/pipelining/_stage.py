@@ -237,6 +237,7 @@ class PipelineStage:
     def backward_input(self, mb, loss=None):
         """Zero-bubble's first half: the inputs' gradients only, sent on at once; the graph is
         kept for backward_weight."""
+        self._sync_fsdp(False)
         outs, grads = self._grad_outputs(mb, loss)
         inputs, _ = self._cache.pop(mb)
         leaves = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
@@ -248,17 +249,35 @@ class PipelineStage:
         self._send_input_grads(mb, inputs)
 
     def backward_weight(self, mb, last_backward=False):
-        """Zero-bubble's second half: the parameters' gradients of microbatch ``mb``."""
+        """Zero-bubble's second half: the parameters' gradients of microbatch ``mb``,
+        accumulated into their ``.grad`` (NOTE [zero bubble with FSDP])."""
         self._sync_fsdp(last_backward)
         outs, grads = self._grads_out.pop(mb)
-        params = [p for p in self.submod.parameters() if p.requires_grad]
-        if not outs or not params:
-            return
-        got = torch.autograd.grad(outs, params, grads, allow_unused=True)
-        for p, g in zip(params, got):
-            if g is None:
-                continue
-            p.grad = g if p.grad is None else p.grad + g
+        leaves = self._weight_leaves()
+        if outs and leaves:
+            torch.autograd.backward(outs, grads, inputs=leaves)
+
+    def _weight_leaves(self):
+        # NOTE [zero bubble with FSDP]: the graph's leaves for a fully_shard'ed module are its
+        # unsharded parameters, which FSDP registers only between unshard and reshard; by the
+        # deferred weight pass other microbatches' forwards may have resharded them. So the weight
+        # pass differentiates the unsharded parameter objects themselves (FSDP keeps one per
+        # parameter for the module's life, refilling its storage at each unshard; its
+        # pre-backward hook, on the stage's outputs, unshards again), and accumulates into their
+        # .grad as a whole backward would: FSDP's post-backward then keeps the gradient unreduced
+        # or, at the step's last weight pass, reduce-scatters the sum, as PyTorch's schedules drive
+        # FSDP. The input pass runs with gradient sync off and computes no parameter gradient.
+        from dtensor.fsdp._fsdp_state import _state_of
+        sharded, leaves = set(), []
+        for m in _fsdp_modules(self.submod):
+            group = _state_of(m).group
+            for fp in group.fsdp_params if group is not None else ():
+                sharded.add(id(fp.sharded_param))
+                if fp.unsharded_param is not None and fp.unsharded_param.requires_grad:
+                    leaves.append(fp.unsharded_param)
+        fsdp = {id(t) for t in leaves} | sharded
+        leaves += [p for p in self.submod.parameters() if p.requires_grad and id(p) not in fsdp]
+        return leaves
 
     def scale_grads(self, factor):
         for p in self.submod.parameters():
