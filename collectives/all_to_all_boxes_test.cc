@@ -247,6 +247,8 @@ TEST(AllToAllBoxes, BadCallsNameTheCollectiveGroupAndRank) {
       all_to_all_boxes({{a}, {}}, {{b.expand({2, 4})}, {}}, b, RankContext::kWorld);
     });
     EXPECT_TRUE(contains(err, where) && contains(err, "overlaps itself")) << err;
+    err = error([&] { all_to_all_boxes({{}, {}}, {{}, {}}, at::Tensor(), RankContext::kWorld); });
+    EXPECT_TRUE(contains(err, where) && contains(err, "defined result")) << err;
     const at::Tensor c = at::zeros({2}, at::kComplexFloat);
     err = error([&] { all_to_all_boxes({{}, {}}, {{c.conj()}, {}}, c, RankContext::kWorld); });
     EXPECT_TRUE(contains(err, where) && contains(err, "conjugation")) << err;

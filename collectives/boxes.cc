@@ -1,10 +1,13 @@
 #include "collectives/boxes.h"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 
 #include <algorithm>
 #include <array>
 #include <cstring>
+
+#include "base/error.h"
 
 namespace dtensor::collectives {
 namespace {
@@ -170,6 +173,40 @@ void copy_boxes(const BoxList& src, const BoxList& dst) {
   }
   TORCH_INTERNAL_ASSERT(i == src.size() && j == dst.size(),
                         "boxes: copy between lists of different sizes");
+}
+
+void check_box_lists(const std::vector<BoxList>& send, const std::vector<BoxList>& recv,
+                     const at::Tensor& result, int64_t n,
+                     const std::function<std::string()>& where) {
+  DTENSOR_CHECK(result.defined(), where(), ": needs a defined result tensor");
+  DTENSOR_CHECK(static_cast<int64_t>(send.size()) == n && static_cast<int64_t>(recv.size()) == n,
+                where(), ": needs one list of send boxes and one of receive boxes per rank of the ",
+                n, "-rank group, got ", send.size(), " and ", recv.size());
+  const auto check = [&](const at::Tensor& b, const char* side) {
+    DTENSOR_CHECK(
+        b.defined() && b.scalar_type() == result.scalar_type() && b.device() == result.device(),
+        where(), ": a ", side, " box is ",
+        b.defined() ? c10::str(b.scalar_type(), " on ", b.device()) : "undefined", ", not ",
+        result.scalar_type(), " on ", result.device(), " as the result");
+  };
+  for (const BoxList& list : send) {
+    for (const at::Tensor& b : list) check(b, "send");
+  }
+  for (const BoxList& list : recv) {
+    for (const at::Tensor& b : list) {
+      check(b, "receive");
+      DTENSOR_CHECK(!b.is_conj() && !b.is_neg(), where(),
+                    ": a receive box has a pending conjugation or negation (a lazy view)");
+      DTENSOR_CHECK(at::has_internal_overlap(b) != at::MemOverlap::Yes, where(),
+                    ": a receive box of shape ", b.sizes(), " overlaps itself");
+      for (const BoxList& sent : send) {
+        for (const at::Tensor& s : sent) {
+          DTENSOR_CHECK(b.numel() == 0 || s.numel() == 0 || !b.is_alias_of(s), where(),
+                        ": a receive box shares storage with a send box");
+        }
+      }
+    }
+  }
 }
 
 at::Tensor flat_view(const BoxList& boxes) {

@@ -7,6 +7,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "collectives/communicator.h"
@@ -32,6 +34,14 @@ BoxList sent_to(const CollectiveCall& call, int64_t d);
 // Where `call` (an all_to_all) receives what group rank s sends: its boxes for s, or its output's
 // split.
 BoxList received_from(const CollectiveCall& call, int64_t s);
+
+// Checks all_to_all_boxes's arguments for a group of n ranks (NOTE [boxed all_to_all] in
+// functional.h): one list per rank on each side, every box defined with `result`'s dtype and
+// device, receive boxes without lazy conjugation or negation, not overlapping themselves, sharing
+// no storage with a send box. Throws dtensor::Error starting with where() (built only on failure).
+void check_box_lists(const std::vector<BoxList>& send, const std::vector<BoxList>& recv,
+                     const at::Tensor& result, int64_t n,
+                     const std::function<std::string()>& where);
 
 // The packing fallback for backends that take flat buffers only (functional.cc):
 // One flat view of the boxes when each non-empty one is contiguous, carries no lazy conjugation

@@ -5,7 +5,6 @@
 #include "collectives/functional.h"
 
 #include <ATen/ATen.h>
-#include <ATen/MemoryOverlap.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/function.h>
 
@@ -530,38 +529,14 @@ at::Tensor all_to_all_boxes(const std::vector<BoxList>& send, const std::vector<
                             const at::Tensor& result, const std::string& group, bool async_op,
                             const char* label) {
   const int64_t n = group_size(group);
-  const at::TensorOptions options = result.options();
-  const auto where = [&] {
+  check_box_lists(send, recv, result, n, [&] {
     return c10::str(label, " on group '", group, "' (global rank ", current_context().rank(), ")");
-  };
-  DTENSOR_CHECK(static_cast<int64_t>(send.size()) == n && static_cast<int64_t>(recv.size()) == n,
-                where(), ": needs one list of send boxes and one of receive boxes per rank of the ",
-                n, "-rank group, got ", send.size(), " and ", recv.size());
-  const auto check = [&](const at::Tensor& b, const char* side) {
-    DTENSOR_CHECK(
-        b.defined() && b.scalar_type() == result.scalar_type() && b.device() == result.device(),
-        where(), ": a ", side, " box is ",
-        b.defined() ? c10::str(b.scalar_type(), " on ", b.device()) : "undefined", ", not ",
-        result.scalar_type(), " on ", result.device(), " as the result");
-  };
+  });
+  const at::TensorOptions options = result.options();
   CollectiveCall c;
   c.kind = CollectiveKind::kAllToAll;
   c.label = label;
   for (int64_t r = 0; r < n; ++r) {
-    for (const at::Tensor& b : send[r]) check(b, "send");
-    for (const at::Tensor& b : recv[r]) {
-      check(b, "receive");
-      DTENSOR_CHECK(!b.is_conj() && !b.is_neg(), where(),
-                    ": a receive box has a pending conjugation or negation (a lazy view)");
-      DTENSOR_CHECK(at::has_internal_overlap(b) != at::MemOverlap::Yes, where(),
-                    ": a receive box of shape ", b.sizes(), " overlaps itself");
-      for (const BoxList& list : send) {
-        for (const at::Tensor& s : list) {
-          DTENSOR_CHECK(b.numel() == 0 || s.numel() == 0 || !b.is_alias_of(s), where(),
-                        ": a receive box shares storage with a send box");
-        }
-      }
-    }
     c.input_splits.push_back(numel_of(send[r]));
     c.output_splits.push_back(numel_of(recv[r]));
   }
