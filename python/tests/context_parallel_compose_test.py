@@ -270,6 +270,46 @@ def test_cp_x_tp_parallelize_module(method, load_balance):
         assert bwd == {**ring_bwd, "all_reduce": 3}, bwd
 
 
+@pytest.mark.parametrize("method", ["allgather", "alltoall"])
+def test_cp_x_tp_with_distributed_projections(method):
+    """NOTE [pieces on another mesh]: Colwise q/k/v with use_local_output=False hand SDPA
+    distributed tensors on "tp" (heads sharded) whose sequence is this cp rank's piece: ring
+    attention over cp runs on them (left to the engine, each rank would attend within its
+    piece). Output, input gradient and weight gradients equal one process's."""
+    set_rotate_method(method)
+    torch.manual_seed(0)
+    base = Attention()
+    g = torch.Generator().manual_seed(1)
+    x, dout = torch.randn(2, 12, DIM, generator=g), torch.randn(2, 12, DIM, generator=g)
+    ref = copy.deepcopy(base)
+    xr = x.clone().requires_grad_()
+    out_ref = ref(xr)
+    out_ref.backward(dout)
+    plan = {"wq": ColwiseParallel(use_local_output=False),
+            "wk": ColwiseParallel(use_local_output=False),
+            "wv": ColwiseParallel(use_local_output=False), "wo": RowwiseParallel()}
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (2, 2), mesh_dim_names=("cp", "tp"))
+        model = parallelize_module(copy.deepcopy(base), mesh["tp"], plan)
+        bufs = [x.clone(), dout.clone()]
+        with context_parallel(mesh["cp"], buffers=bufs, buffer_seq_dims=[1, 1],
+                              no_restore_buffers=set(bufs)):
+            xl = bufs[0].clone().requires_grad_()
+            out = model(xl)
+            out.backward(bufs[1])
+            whole = context_parallel_unshard(mesh["cp"], [out.detach(), xl.grad], [1, 1])
+        grads = {n: DTensor.from_local(fc.all_reduce(p.grad.to_local(), "sum", mesh["cp"]).wait(),
+                                       mesh["tp"], p.placements).full_tensor()
+                 for n, p in model.named_parameters()}
+        return whole, grads
+
+    for (out, dx), grads in dtensor.run_threads(4, rank_fn):
+        _check((out, dx), (out_ref.detach(), xr.grad), ("out", "dx"))
+        for n, p in ref.named_parameters():
+            torch.testing.assert_close(grads[n], p.grad, **TOL, msg=n)
+
+
 # ---- CP x FSDP, and dp x cp x tp ----------------------------------------------------------------
 
 BATCH, SEQ, STEPS = 4, 16, 2

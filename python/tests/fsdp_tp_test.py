@@ -87,6 +87,30 @@ def test_fsdp_over_tp_parity(hidden, reshard_after_forward):
 
 
 
+def test_fsdp_over_tp_on_a_flattened_dim():
+    """fully_shard over a flattened dim of a 3-D world (world["dp", "cp"]._flatten("dp_cp"), as
+    torchtitan shards FSDP over dp x cp) with TP on "tp": the parameters live on the (dp_cp, tp)
+    mesh and 3 AdamW steps equal one process's."""
+    from dtensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    torch.manual_seed(0)
+    base = TPMLP(16)
+    batches = _batches(2, 3)
+    reference = _reference(base, batches, 2)
+
+    def rank_fn(rank):
+        world = dtensor.init_device_mesh("cpu", (1, 2, 2), mesh_dim_names=("dp", "cp", "tp"))
+        dp_cp = world["dp", "cp"]._flatten("dp_cp")
+        model = copy.deepcopy(base)
+        parallelize_module(model, world["tp"], {"w_in": ColwiseParallel(use_local_output=False),
+                                                 "w_out": RowwiseParallel()})
+        fully_shard(model, mesh=dp_cp)
+        for p in model.parameters():
+            assert tuple(p.device_mesh.mesh_dim_names) == ("dp_cp", "tp")
+        _train_like_one_process(model, batches, dp_cp.get_local_rank(0), reference)
+
+    dtensor.run_threads(4, rank_fn)
+
+
 def test_hsdp_over_tp_parity():
     """3-D (torchtitan's dp_replicate x dp_shard x tp): parallelize_module on "tp", fully_shard on
     the 2-D ("rep", "shard") mesh (HSDP) over it, 8 ranks: placements (Replicate(), FSDP's, TP's),

@@ -15,9 +15,20 @@ function instead) and runs ring attention when
   SDPA goes straight to the C++ engine (which gathers k/v along the sequence, exact), unless
   ``_enable_context_parallel_dispatcher()`` (PyTorch's name) registered ring attention as the
   op's kernel for distributed tensors' autograd dispatch key.
-Other calls (other layouts, other functions) run unchanged: a distributed tensor whose mesh
-does not shard the sequence is a whole sequence to the engine, so inside the block TP's
-projections hand SDPA their local pieces (``use_local_output=True``, torchtitan's way).
+* q, k, v are distributed tensors on a mesh that shares no rank but this one with ``mesh`` (TP's
+  projections with ``use_local_output=False``: heads on "tp", each tp rank's tensors built
+  from this cp rank's piece of the sequence): their local tensors are pieces as plain ones
+  are, so ring attention runs on them and the result is placed as q (NOTE [pieces on another
+  mesh]).
+Other calls (other layouts, other functions) run unchanged.
+
+NOTE [pieces on another mesh]: a distributed tensor's global shape is global over its own mesh
+only. Inside the block the sequence of every tensor built from a buffer is this cp rank's piece,
+and a mesh that holds none of the other cp ranks cannot say otherwise, so its tensors' sequence
+is a piece, as a plain tensor's is (PyTorch's context_parallel treats every SDPA input in the
+block as a piece too). Left to the engine, SDPA would attend within the piece only: a silent
+wrong answer. A mesh that holds other cp ranks says by its placements whether the sequence is
+sharded (the case above) or whole (the engine's).
 
 NOTE [ring attention on an n-D mesh]: distributed q, k, v on one mesh, with the same placements
 (compared by tensor dim), run ring attention when exactly one mesh dim shards the sequence
@@ -141,7 +152,38 @@ def _sdpa(mode, a):
         if not all(dist):
             raise ValueError("context_parallel: scaled_dot_product_attention got distributed "
                              "and plain tensors among q, k, v; pass all of one kind")
-        return _sdpa_dtensor(q, k, v, a)
+        out = _sdpa_dtensor(q, k, v, a)
+        if out is None and _beside(q.device_mesh, mode.mesh):
+            out = _sdpa_pieces_on_another_mesh(mode, q, k, v, a)
+        return out
+    return _sdpa_pieces(mode, q, k, v, a)
+
+
+def _beside(mesh, cp_mesh):
+    """Whether ``mesh`` holds no rank of ``cp_mesh`` but this one (NOTE [pieces on another
+    mesh])."""
+    return len(set(mesh.mesh.flatten().tolist()) & set(cp_mesh.mesh.flatten().tolist())) == 1
+
+
+def _sdpa_pieces_on_another_mesh(mode, q, k, v, a):
+    """NOTE [pieces on another mesh]: ring attention on the local tensors, placed as q."""
+    n = q.dim()
+    if any(t.dim() != n or t.device_mesh != q.device_mesh for t in (k, v)) or any(
+            [_placement_key(p, n) for p in t.placements] !=
+            [_placement_key(p, n) for p in q.placements] for t in (k, v)) or any(
+            p.is_partial() or (p.is_shard() and p.dim % n >= n - 2) for p in q.placements):
+        raise ValueError(f"context_parallel: distributed q, k, v on {q.device_mesh} (beside the "
+                         f"context-parallel mesh {mode.mesh}) must be placed alike, with the "
+                         f"sequence and the head size whole; got {list(q.placements)}, "
+                         f"{list(k.placements)}, {list(v.placements)}")
+    out = _sdpa_pieces(mode, q.to_local(), k.to_local(), v.to_local(), a)
+    shape = tuple(q.shape[:-1]) + (v.shape[-1],)
+    return DTensor.from_local(out, q.device_mesh, list(q.placements), shape=shape,
+                              stride=torch.empty(shape, device="meta").stride())
+
+
+def _sdpa_pieces(mode, q, k, v, a):
+    """Ring attention on plain pieces of the block's sequence."""
     scale = _check_sdpa_args(q, k, v, a["attn_mask"], a["dropout_p"], a["is_causal"],
                              a["scale"], a["enable_gqa"])
     group, rank, world = _cp_group(mode.mesh)

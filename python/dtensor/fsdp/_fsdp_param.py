@@ -4,13 +4,14 @@ that all-gathers and reduce-scatters them together is ``_param_group.py``'s, as 
 ``_fsdp_param.py`` / ``_fsdp_param_group.py``)."""
 
 import enum
+import warnings
 
 import torch
 from torch import nn
 
 from dtensor import _C
 from dtensor._api import DTensor, distribute_tensor
-from dtensor.device_mesh import DeviceMesh, _root_mesh
+from dtensor.device_mesh import DeviceMesh, _mesh_resources, _root_mesh
 from dtensor.placement_types import Replicate, Shard, _StridedShard
 
 
@@ -41,17 +42,24 @@ def _fsdp_tp_mesh(mesh, tp_mesh, what):
     PyTorch requires)."""
     root = _root_mesh(tp_mesh)
     names = (mesh.mesh_dim_names or ()) + (tp_mesh.mesh_dim_names or ())
+    # A name _flatten made on a slice of the root (world["dp", "cp"]._flatten("dp_cp")) stands
+    # for the root's dims it merges (NOTE [flattened dims]).
+    flat = _mesh_resources.flattened.get(root._mesh, {})
+    dims = [d for n in names for d in (flat[n][0] if n in flat else (n,))]
     if (root == tp_mesh or _root_mesh(mesh) != root or not root.mesh_dim_names
-            or len(set(names)) != len(names)):
+            or len(set(dims)) != len(dims)
+            or any(d not in root.mesh_dim_names for d in dims)):
         raise ValueError(f"fully_shard: {what} is distributed on {tp_mesh}; FSDP over it needs "
-                         f"fully_shard's mesh and that mesh sliced by name from one mesh "
-                         f"(world['dp'] and world['tp']), got {mesh}")
-    where = [root.mesh_dim_names.index(n) for n in names]
+                         f"fully_shard's mesh and that mesh sliced by name (or flattened) from "
+                         f"one mesh (world['dp'] and world['tp']), got {mesh}")
+    where = [root.mesh_dim_names.index(d) for d in dims]
     if where != sorted(where):
         raise NotImplementedError(f"fully_shard: the data-parallel dims {mesh.mesh_dim_names} "
                                   f"must come before the tensor-parallel dims "
                                   f"{tp_mesh.mesh_dim_names} in {root}")
-    return root[names]
+    with warnings.catch_warnings():  # slicing a flattened dim from the root: our own use
+        warnings.simplefilter("ignore")
+        return root[names]
 
 
 def _cpu_twin(mesh):
