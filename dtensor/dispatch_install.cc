@@ -3,6 +3,7 @@
 // unboxed kernels (NOTE [DTensor dispatch] in dispatch.h).
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_scaled_dot_product_attention_math_native.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -16,6 +17,25 @@
 #include "sharding_prop/ops/registry.h"
 
 namespace dtensor {
+
+namespace {
+// NOTE [SDPA's math path]: scaled_dot_product_attention takes its math path where no fused
+// kernel applies (v's head size differs from q's, a float mask, dropout on the CPU); that path is
+// a composite that makes plain tensors of its own (the causal mask) and mixes them with its
+// distributed inputs, which the engine refuses (NOTE [DTensor dispatch]). A plain tensor the
+// composite makes is the same on every rank, one device's value, so it runs here with plain
+// tensors read as Replicate; its ops record autograd as the composite's would.
+std::tuple<at::Tensor, at::Tensor> sdpa_math(const at::Tensor& q, const at::Tensor& k,
+                                             const at::Tensor& v,
+                                             const std::optional<at::Tensor>& attn_mask,
+                                             double dropout_p, bool is_causal,
+                                             const std::optional<at::Tensor>& dropout_mask,
+                                             std::optional<double> scale, bool enable_gqa) {
+  const ReplicatePlainTensorsGuard made_inside(true);
+  return at::native::_scaled_dot_product_attention_math(q, k, v, attn_mask, dropout_p, is_causal,
+                                                        dropout_mask, scale, enable_gqa);
+}
+}  // namespace
 
 using dispatch_detail::fast_op_names;
 using dispatch_detail::kernel;
@@ -64,6 +84,7 @@ void ensure_dispatch_installed() {
       }
       autograd->impl(e->name.c_str(), torch::CppFunction::makeFallthrough());
     }
+    autograd->impl("_scaled_dot_product_attention_math", TORCH_FN(sdpa_math));
   });
 }
 

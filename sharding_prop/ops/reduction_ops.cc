@@ -253,6 +253,8 @@ void add_reductions(Adder& add) {
   // Softmax: ints = dim.
   add("aten::_softmax", "softmax", {int_arg("dim")}, softmax(1));
   add("aten::_log_softmax", "softmax", {int_arg("dim")}, softmax(1));
+  // SDPA's math path: softmax with fully masked rows 0 instead of NaN.
+  add("aten::_safe_softmax", "softmax", {int_arg("dim")}, softmax(1));
   add("aten::_softmax_backward_data", "softmax", {int_arg("dim")}, softmax(2));
   add("aten::_log_softmax_backward_data", "softmax", {int_arg("dim")}, softmax(2));
 }
