@@ -133,6 +133,24 @@ TEST(CrossMeshTest, RanksOutsideBothMeshesTakeNoPart) {
   });
 }
 
+// With async_op, a rank that only sends (a pipeline stage passing activations on) may return at
+// once with a pending absent piece (waited by wait_tensor); its strided boxes are read until the
+// exchange is done, and the receivers hold one device's pieces, call after call.
+TEST(CrossMeshTest, PureSendersMayGoOnAsynchronously) {
+  const DeviceMesh a = mesh({2}, {0, 1}), b = mesh({2}, {2, 3});
+  const TensorMeta meta = TensorMeta::make({6, 10}, at::kDouble);
+  const DTensorSpec src = DTensorSpec::make(a, {Shard(0)}, meta);
+  const DTensorSpec dst = DTensorSpec::make(b, {Shard(1)}, meta);
+  const at::Tensor global = at::arange(60, at::kDouble).reshape({6, 10});
+  collectives::run_threads(4, [&](int64_t rank) {
+    for (int i = 0; i < 3; ++i) {
+      const at::Tensor got = execute_cross_mesh(*plan_cross_mesh(src, dst),
+                                                piece_of(global, src, rank), /*async_op=*/true);
+      EXPECT_TRUE(at::equal(collectives::wait_tensor(got), piece_of(global, dst, rank))) << rank;
+    }
+  });
+}
+
 TEST(CrossMeshTest, RefusesAnotherTensorOrAPartialTarget) {
   const DeviceMesh a = mesh({2}, {0, 1}), b = mesh({2}, {2, 3});
   const DTensorSpec src = DTensorSpec::make(a, {Shard(0)}, TensorMeta::make({4, 2}, at::kFloat));

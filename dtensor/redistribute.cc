@@ -270,8 +270,8 @@ at::Tensor execute_cross_mesh(const CrossMeshPlan& plan, const at::Tensor& local
   }
   // A rank that receives nothing and holds no piece of the result need not wait: its result is
   // the absent piece, pending until its sends are done (a pipeline stage sending on).
-  const bool detach = async_op && !receives && !in_dst && plan.dst.ndim() > 0;
-  return c::all_to_all_boxes(send, recv, out, group, detach, "redistribute");
+  const bool send_async = async_op && !receives && !in_dst && plan.dst.ndim() > 0;
+  return c::all_to_all_boxes(send, recv, out, group, send_async, "redistribute");
 }
 
 at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src,
