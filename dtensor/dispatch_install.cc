@@ -4,6 +4,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_scaled_dot_product_attention_math_native.h>
+#include <ATen/ops/scaled_dot_product_attention_native.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -24,7 +25,9 @@ namespace {
 // a composite that makes plain tensors of its own (the causal mask) and mixes them with its
 // distributed inputs, which the engine refuses (NOTE [DTensor dispatch]). A plain tensor the
 // composite makes is the same on every rank, one device's value, so it runs here with plain
-// tensors read as Replicate; its ops record autograd as the composite's would.
+// tensors read as Replicate; its ops record autograd as the composite's would. A plain mask the
+// user passes with distributed q/k/v is taken as replicated at the op's entry (sdpa below), so
+// the fused kernels and every backward see distributed tensors only.
 std::tuple<at::Tensor, at::Tensor> sdpa_math(const at::Tensor& q, const at::Tensor& k,
                                              const at::Tensor& v,
                                              const std::optional<at::Tensor>& attn_mask,
@@ -34,6 +37,20 @@ std::tuple<at::Tensor, at::Tensor> sdpa_math(const at::Tensor& q, const at::Tens
   const ReplicatePlainTensorsGuard made_inside(true);
   return at::native::_scaled_dot_product_attention_math(q, k, v, attn_mask, dropout_p, is_causal,
                                                         dropout_mask, scale, enable_gqa);
+}
+
+// A plain attn_mask given with distributed q/k/v is one device's mask over the whole sequences:
+// the kernels (fused or math) and their backward take it as a replicated distributed tensor.
+at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                std::optional<double> scale, bool enable_gqa) {
+  std::optional<at::Tensor> mask = attn_mask;
+  if (mask && mask->defined() && !is_dtensor(*mask) && is_dtensor(q)) {
+    const DeviceMesh& mesh = spec_of(q, "scaled_dot_product_attention query").mesh();
+    mask = make_dtensor(*mask, DTensorSpec::replicated(mesh, dispatch_detail::meta_of(*mask)));
+  }
+  return at::native::scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale,
+                                                  enable_gqa);
 }
 }  // namespace
 
@@ -85,6 +102,7 @@ void ensure_dispatch_installed() {
       autograd->impl(e->name.c_str(), torch::CppFunction::makeFallthrough());
     }
     autograd->impl("_scaled_dot_product_attention_math", TORCH_FN(sdpa_math));
+    autograd->impl("scaled_dot_product_attention", TORCH_FN(sdpa));
   });
 }
 

@@ -310,6 +310,32 @@ def test_cp_x_tp_with_distributed_projections(method):
             torch.testing.assert_close(grads[n], p.grad, **TOL, msg=n)
 
 
+@pytest.mark.parametrize("kind", ["dropout", "mask"])
+def test_distributed_qkv_with_dropout_or_a_mask_inside_the_block(kind):
+    """Inside context_parallel, SDPA on distributed q/k/v sharded on the sequence with arguments
+    ring attention does not take (dropout, a mask) runs on the engine: output and gradients equal
+    one device's, dropout drawn as one device draws it for the same seed."""
+    import dtensor.random
+    q, k, v, dout = _qkv(12, v_dim=8)
+    mask = torch.rand(12, 12, generator=torch.Generator().manual_seed(3)) > 0.3
+    kw = dict(dropout_p=0.25, is_causal=True) if kind == "dropout" else dict(attn_mask=mask)
+    torch.manual_seed(7)
+    want = _reference(q, k, v, dout, **kw)
+
+    def rank_fn(rank):
+        mesh = dtensor.init_device_mesh("cpu", (2,))
+        qd, kd, vd = (dtensor.distribute_tensor(t, mesh, [Shard(2)]).requires_grad_()
+                      for t in (q, k, v))
+        with context_parallel(mesh):
+            dtensor.random.manual_seed(7, mesh)
+            out = F.scaled_dot_product_attention(qd, kd, vd, **kw)
+            out.backward(dtensor.distribute_tensor(dout, mesh, [Shard(2)]))
+        return [t.full_tensor() for t in (out, qd.grad, kd.grad, vd.grad)]
+
+    for got in dtensor.run_threads(2, rank_fn):
+        _check(got, want, ("out", "dq", "dk", "dv"))
+
+
 # ---- CP x FSDP, and dp x cp x tp ----------------------------------------------------------------
 
 BATCH, SEQ, STEPS = 4, 16, 2

@@ -115,9 +115,11 @@ def _cp_group(mesh):
 def _eager(fn):
     """``fn``, run eagerly under torch.compile when Dynamo is imported (NOTE [context parallel
     under torch.compile]); ``fn`` itself otherwise."""
-    if "torch._dynamo" not in sys.modules:
+    # A module another thread is still importing is in sys.modules without its attributes.
+    disable = getattr(sys.modules.get("torch._dynamo"), "disable", None)
+    if disable is None:
         return fn
-    return sys.modules["torch._dynamo"].disable(
+    return disable(
         fn, reason="context parallel: ring attention runs eagerly (its collectives and layout "
                    "arithmetic are engine calls Dynamo cannot trace)")
 
@@ -152,8 +154,13 @@ def _sdpa(mode, a):
         if not all(dist):
             raise ValueError("context_parallel: scaled_dot_product_attention got distributed "
                              "and plain tensors among q, k, v; pass all of one kind")
+        beside = _beside(q.device_mesh, mode.mesh)
+        if not beside and (a["attn_mask"] is not None or a["dropout_p"]):
+            # Arguments ring attention does not take: the engine's SDPA, exact (k/v gathered),
+            # dropout drawn as one device draws it (NOTE [SDPA's math path]).
+            return None
         out = _sdpa_dtensor(q, k, v, a)
-        if out is None and _beside(q.device_mesh, mode.mesh):
+        if out is None and beside:
             out = _sdpa_pieces_on_another_mesh(mode, q, k, v, a)
         return out
     return _sdpa_pieces(mode, q, k, v, a)
