@@ -69,8 +69,10 @@ at::Tensor pad_dim(const at::Tensor& x, int64_t dim, int64_t size) {
 
 at::Tensor fresh(const at::Tensor& x) { return x.clone(at::MemoryFormat::Contiguous); }
 
+// Each rank's boxes go straight from views of its piece into views of the result (NOTE [boxed
+// all_to_all]); its own box is copied directly.
 at::Tensor all_to_all_v(Ctx& ctx, const PlanStep& s, const at::Tensor& x, bool async_op) {
-  (void)async_op;  // unpacking follows: always synchronous
+  (void)async_op;  // the result is written by the exchange: always synchronous
   const DeviceMesh& mesh = s.before.mesh();
   int64_t me = 0;
   const std::string group = group_over(ctx, mesh, s.mesh_dims, &me);
@@ -82,30 +84,19 @@ at::Tensor all_to_all_v(Ctx& ctx, const PlanStep& s, const at::Tensor& x, bool a
     before[i] = local_box(s.before, coord);
     after[i] = local_box(s.after, coord);
   }
-  std::vector<at::Tensor> send;
-  std::vector<int64_t> in_splits(n, 0), out_splits(n, 0);
-  for (int64_t p = 0; p < n; ++p) {
-    if (p == me) continue;  // this rank's own part is copied directly below
-    const LocalBox out_box = intersect(before[me], after[p]);
-    in_splits[p] = out_box.numel();
-    if (in_splits[p] > 0) send.push_back(sub_box(x, before[me], out_box).reshape(-1));
-    out_splits[p] = intersect(before[p], after[me]).numel();
-  }
-  const at::Tensor flat = send.empty() ? at::empty({0}, x.options()) : at::cat(send);
-  const at::Tensor got = c::all_to_all_single(flat, out_splits, in_splits, group);
   at::Tensor out = at::empty(after[me].shape, x.options());
-  int64_t at = 0;
+  std::vector<std::vector<at::Tensor>> send(n), recv(n);
   for (int64_t p = 0; p < n; ++p) {
-    const LocalBox box = intersect(before[p], after[me]);
-    if (box.numel() == 0) continue;
-    at::Tensor dst = sub_box(out, after[me], box);
+    const LocalBox sent = intersect(before[me], after[p]);
+    const LocalBox got = intersect(before[p], after[me]);
     if (p == me) {
-      dst.copy_(sub_box(x, before[me], box));
-    } else {
-      dst.copy_(got.narrow(0, at, box.numel()).view(box.shape));
-      at += box.numel();
+      if (got.numel() > 0) sub_box(out, after[me], got).copy_(sub_box(x, before[me], got));
+      continue;
     }
+    if (sent.numel() > 0) send[p].push_back(sub_box(x, before[me], sent));
+    if (got.numel() > 0) recv[p].push_back(sub_box(out, after[me], got));
   }
+  c::all_to_all_boxes(send, recv, out, group);
   return out;
 }
 

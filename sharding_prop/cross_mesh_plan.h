@@ -11,8 +11,9 @@
 // redistribute never creates one). Ranks outside both meshes take no part. A rank in one of the
 // meshes only calls it with what it has there: a source rank outside the destination mesh gets
 // the destination's absent piece, a destination rank outside the source mesh passes the source's
-// absent piece (NOTE [ranks outside the mesh]). The exchange is one all_to_all_v over both
-// meshes' ranks, so it runs on every backend; a pure sender (a rank that receives nothing) may
+// absent piece (NOTE [ranks outside the mesh]). The exchange is one all_to_all over both meshes'
+// ranks of each rank's boxes as views (NOTE [boxed all_to_all]), so it runs on every backend and
+// packs nothing where ranks share memory; a pure sender (a rank that receives nothing) may
 // issue it asynchronously (a pipeline stage sending activations on). PyTorch refuses a move
 // between meshes ("Cross device mesh comm not supported yet!").
 
