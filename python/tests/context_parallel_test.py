@@ -131,10 +131,11 @@ def _counts(n, method, causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_collective_counts(n, causal):
     for fwd_total, fwd, bwd_total, bwd in _counts(n, "alltoall", causal):
-        # W-1 rotations forward; backward W-1 rotations of k/v with their gradients and one
-        # return of the gradients to their owner.
+        # W-1 rotations forward; backward W-1 rotations of k/v, each sent ahead of its block's
+        # compute, and W of the dk/dv accumulators, the last reaching their owners (NOTE [ring
+        # attention backward overlap]).
         assert fwd_total == n - 1 and fwd["all_to_all_single"] == n - 1
-        assert bwd_total == n and bwd["all_to_all_single"] == n
+        assert bwd_total == 2 * n - 1 and bwd["all_to_all_single"] == 2 * n - 1
     for fwd_total, fwd, bwd_total, bwd in _counts(n, "allgather", causal):
         assert fwd_total == 1 and fwd["all_gather_into_tensor"] == 1
         assert bwd_total == 2 and bwd["all_gather_into_tensor"] == 1
@@ -372,7 +373,7 @@ def test_block_masks_neither_none_nor_causal(method, n, seq):
 @pytest.mark.parametrize("causal", [False, True])
 def test_head_groups_above_the_message_size(causal, monkeypatch):
     """alltoall messages above _RING_MESSAGE_BYTES: one ring per k/v head (NOTE [ring attention
-    memory]): (W-1) rotations forward and W backward per head, one device's values (GQA)."""
+    memory]): (W-1) rotations forward and 2W-1 backward per head, one device's values (GQA)."""
     from dtensor.experimental import _ring_attention
     monkeypatch.setattr(_ring_attention, "_RING_MESSAGE_BYTES", 1)
     set_rotate_method("alltoall")
@@ -382,7 +383,7 @@ def test_head_groups_above_the_message_size(causal, monkeypatch):
     _check(_context_parallel(n, q, k, v, dout, **kw), _reference(q, k, v, dout, **kw))
     for _, _, _, _, fwd, bwd, _ in _direct_ring(n, q, k, v, dout, True, True)[0]:
         assert fwd == {"all_to_all_single": kv_heads * (n - 1)}
-        assert bwd == {"all_to_all_single": kv_heads * n}
+        assert bwd == {"all_to_all_single": kv_heads * (2 * n - 1)}
 
 
 def test_explicit_block_path(monkeypatch):

@@ -18,12 +18,12 @@ as in PyTorch's algorithm). Any layout is correct, in particular sequence length
 by 2W.
 
 Backward is the kernel's, per block, given the final output and log-sum-exp (NOTE [ring
-attention blocks]). dq stays local; for ``"alltoall"`` the k/v block travels again with its dk/dv
-accumulator (one message per step, W-1 steps) and a last step returns each accumulator to its
-owner (W ``all_to_all_single`` in all); for ``"allgather"`` k/v are gathered once and dk/dv of
-every block are reduce-scattered (sum) to their owners. Large ``"alltoall"`` messages go head
-group by head group (NOTE [ring attention memory]). GQA (``enable_gqa=True``, fewer k/v heads)
-runs in the kernel, which returns dk/dv with the k/v heads.
+attention blocks]). dq stays local; for ``"alltoall"`` the k/v block travels again, sent ahead of
+the block's compute, and its dk/dv accumulator follows one step behind (NOTE [ring attention
+backward overlap]: 2W-1 ``all_to_all_single``); for ``"allgather"`` k/v are gathered once and
+dk/dv of every block are reduce-scattered (sum) to their owners. Large ``"alltoall"`` messages go
+head group by head group (NOTE [ring attention memory]). GQA (``enable_gqa=True``, fewer k/v
+heads) runs in the kernel, which returns dk/dv with the k/v heads.
 """
 
 import math
@@ -375,19 +375,19 @@ class _RingAttention(torch.autograd.Function):
             h_q, h_do, h_out, h_lse = q4[:, qs], do[:, qs], out[:, qs], lse[:, qs]
             h_dq = None
 
-            def grads(owner, bk, bv, dk_j, dv_j):
-                """The block's gradients: dq added to ``h_dq``, dk/dv to ``dk_j``/``dv_j``."""
+            def grads(owner, bk, bv):
+                """The block's gradients: dq added to ``h_dq``; returns (columns, dk, dv) of the
+                block, or None when it is skipped."""
                 nonlocal h_dq
                 blk = blocks[owner]
                 if blk is None:
-                    return
+                    return None
                 r, c = blk.rows, blk.cols
-                b_dq, b_dk, b_dv = bwd(h_do[..., r, :], h_q[..., r, :], bk[..., c, :].to(q.dtype),
-                                       bv[..., c, :].to(q.dtype), h_out[..., r, :],
-                                       h_lse[..., r], blk, plan.scale)
+                b_dq, b_dk, b_dv = bwd(h_do[..., r, :], h_q[..., r, :], bk[..., c, :],
+                                       bv[..., c, :], h_out[..., r, :], h_lse[..., r], blk,
+                                       plan.scale)
                 h_dq = _add_rows(h_dq, r, b_dq, lq)
-                dk_j[..., c, :] += b_dk
-                dv_j[..., c, :] += b_dv
+                return c, b_dk, b_dv
 
             h_dk, h_dv = _kv_grads(plan, k4[:, hs], v4[:, hs], grads)
             if h_dq is None:
@@ -405,16 +405,17 @@ class _RingAttention(torch.autograd.Function):
                 dv[..., :v.shape[-1]].reshape(v.shape).to(v.dtype), None)
 
 
-# NOTE [ring attention memory]: the "alltoall" backward's ring message holds a k/v block and its
-# dk/dv accumulators (fp32, or the inputs' dtype when wider), 4x a local k, and two are live while
-# one travels: 8x a local k on top of out, dq and the final dk/dv, where one process at S/W holds
-# out, dq, dk, dv and its kernel's buffers (about 5x). The forward's message (k/v, 2x) in flight
-# with the block's kernel output adds as much. So a ring whose message exceeds
+# NOTE [ring attention memory]: the "alltoall" backward holds, per step, the block's k/v and the
+# next one in flight (the inputs' dtype, 2x a local k each), the block's kernel gradients and
+# its dk/dv accumulator arriving or leaving (fp32, or the inputs' dtype when wider; 2x each):
+# about 8x a local k on top of out, dq and the final dk/dv, where one process at S/W holds out,
+# dq, dk, dv and its kernel's buffers (about 5x). The forward's message (k/v, 2x) in flight with
+# the block's kernel output adds as much. So a ring whose k/v and dk/dv messages together exceed
 # _RING_MESSAGE_BYTES runs per group of k/v heads (the heads are independent), each group's
-# message at most that size or one head's: (W-1) all_to_all_single forward and W backward per
-# group, and the peak per rank stays near one process's at S/W (0.98x at S=2048 and 4096 on 4
-# ranks, 8 heads of 64). Messages of 512 KiB keep the collectives' latency small beside their
-# transfer. "allgather" holds every rank's k/v anyway and is not split.
+# messages at most that size or one head's: (W-1) all_to_all_single forward and 2W-1 backward per
+# group, and the peak per rank stays near one process's at S/W. Messages of 512 KiB keep the
+# collectives' latency small beside their transfer. "allgather" holds every rank's k/v anyway
+# and is not split.
 _RING_MESSAGE_BYTES = 1 << 19
 
 
@@ -454,38 +455,73 @@ def _kv_blocks(plan, k, v, compute):
             flat = nxt.wait()
 
 
+# NOTE [ring attention backward overlap]: the "alltoall" backward moves two things around the
+# ring, as PyTorch's does: the k/v blocks, each step's rotation issued before the block's
+# compute (W-1 all_to_all_single, the next block arriving while one is computed), and the dk/dv
+# accumulators, one step behind: at step i rank r computes the gradients of block r-i, then
+# takes the accumulator rank r-1 sent at the end of step i-1 (that same block's, arriving while
+# rank r computed), adds them and sends it on to rank r+1 (W all_to_all_single; the first step's
+# is the own block's, new; after the last, each accumulator has reached its owner). Each rank
+# waits only for transfers issued a whole block's compute earlier, and the k/v travel in the
+# inputs' dtype. The sums are exact: every block's gradients are added once, in ring order.
 def _kv_grads(plan, k, v, grads):
-    """Calls ``grads(owner, k_j, v_j, dk_j, dv_j)`` for every rank j's k/v block (4-D), which
-    adds the block's k/v gradients to the fp32 ``dk_j``/``dv_j``; returns this rank's dk, dv
-    summed over every rank. ``"allgather"``: k/v gathered once, every block's dk/dv
-    reduce-scattered (sum) to its owner. ``"alltoall"``: one buffer holds the block and its
-    dk/dv accumulator and goes on to the next rank after each step (W-1 steps); a last step
-    returns each accumulator to its owner."""
+    """Calls ``grads(owner, k_j, v_j)`` for every rank j's k/v block (4-D), which returns None or
+    the block's (columns, dk, dv); returns this rank's dk, dv (``_acc_dtype``) summed over every
+    rank. ``"allgather"``: k/v gathered once, every block's dk/dv reduce-scattered (sum) to its
+    owner. ``"alltoall"``: NOTE [ring attention backward overlap]."""
     w, me = plan.q_layout.world, plan.rank
     shapes, numel = _kv_sizes(plan, k, v)
+    acc_dtype = _acc_dtype(k.dtype)
     if plan.method == _RotateMethod.ALL_GATHER:
         pieces = _gather_padded(_pack([k, v]), [numel(j) for j in range(w)], plan)
         pad = max(numel(j) for j in range(w))
-        buf = torch.zeros(w * pad, dtype=_acc_dtype(k.dtype), device=k.device)
+        buf = torch.zeros(w * pad, dtype=acc_dtype, device=k.device)
         for j in range(w):
             bk, bv = (k, v) if j == me else _unpack(pieces[j], shapes(j))
-            grads(j, bk, bv, *_unpack(buf[j * pad:j * pad + numel(j)], shapes(j)))
+            _add_block(_unpack(buf[j * pad:j * pad + numel(j)], shapes(j)), grads(j, bk, bv))
         del pieces
         mine = fc.reduce_scatter_tensor(buf, "sum", 0, plan.group).wait()
         return _unpack(mine[:numel(me)], shapes(me))
-    msg = _pack([k, v], _acc_dtype(k.dtype), zeros=numel(me))
+    flat = acc_in = None
     for i in range(w):
         owner = (me - i) % w
-        s = shapes(owner)
-        bk, bv, dk, dv = _unpack(msg, s + s)
-        grads(owner, k if i == 0 else bk, v if i == 0 else bv, dk, dv)
-        del bk, bv, dk, dv
+        nxt = None
         if i < w - 1:
-            msg = _rotate(msg, 2 * numel((owner - 1) % w), plan).wait()
-    # The accumulator held now is that of rank me+1's block: return it to its owner.
-    acc = msg[numel((me + 1) % w):]
-    del msg
-    return _unpack(_rotate(acc, numel(me), plan).wait(), shapes(me))
+            flat = _pack([k, v]) if flat is None else flat
+            nxt = _rotate(flat, numel((owner - 1) % w), plan)
+        got = grads(owner, *((k, v) if i == 0 else _unpack(flat, shapes(owner))))
+        if i == 0:
+            acc = _own_accumulator(got, shapes(me), acc_dtype, k.device)
+        else:
+            acc = acc_in.wait()
+            _add_block(_unpack(acc, shapes(owner)), got)
+        del got
+        # Rank me+1 computes this block next; after the last step the accumulator this rank
+        # receives is its own block's, from rank me-1, which computed that block last.
+        acc_in = _rotate(acc, numel((owner - 1) % w), plan)
+        del acc
+        if nxt is not None:
+            flat = nxt.wait()
+    return _unpack(acc_in.wait(), shapes(me))
+
+
+def _add_block(acc, got):
+    """Adds a block's (columns, dk, dv) (``grads``' result; None: nothing) to the dk/dv
+    accumulators ``acc``."""
+    if got is not None:
+        cols, b_dk, b_dv = got
+        acc[0][..., cols, :] += b_dk
+        acc[1][..., cols, :] += b_dv
+
+
+def _own_accumulator(got, shapes, dtype, device):
+    """The flat dk/dv accumulator of this rank's own block, holding the block's gradients: their
+    copy when they cover every column, else zeros with them added."""
+    if got is not None and got[0].start == 0 and got[0].stop == shapes[0][-2]:
+        return _pack(list(got[1:]), dtype)
+    acc = torch.zeros(sum(math.prod(s) for s in shapes), dtype=dtype, device=device)
+    _add_block(_unpack(acc, shapes), got)
+    return acc
 
 
 def _ring_sdpa(q, k, v, plan):
