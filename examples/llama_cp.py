@@ -5,6 +5,7 @@ the same composed with FSDP and tensor parallelism on a 3-D mesh.
     ./x run -n 4 examples/llama_cp.py [--steps 5] [--seq 128] [--rotate allgather|alltoall]
                                       [--tol 1e-5]
     ./x run -n 8 examples/llama_cp.py --mesh 2,2,2       (dp, cp, tp)
+    python3 tools/launch.py -n 4 -- python3 examples/llama_cp.py --device cuda
 
 The model is examples/llama_model.py's with its attention calling
 F.scaled_dot_product_attention(is_causal=True) instead of an explicit mask (CausalLlama below;
@@ -33,6 +34,11 @@ Either way every step's loss is one process's.
 Rank 0 prints both losses per step (exit 1 when they differ by more than --tol) and the peak CPU
 tensor memory a training step adds per rank (NOTE [CPU memory meter]; from the second step on,
 when AdamW's state exists) next to one process's.
+
+``--device cuda``: the meshes are CUDA meshes (NCCL, or cuda_ipc when ranks share a GPU), the
+model, the batch and the one-process reference are on each rank's GPU (ring attention's blocks
+then take its explicit path, NOTE [ring attention blocks]), and the memory is the CUDA caching
+allocator's peak (torch.cuda.max_memory_allocated) instead of the CPU meter's.
 """
 
 import argparse
@@ -68,7 +74,8 @@ class CausalAttention(Attention):
         hd = d // HEADS
         q, k, v = (w(x).view(b, s, -1, hd).transpose(1, 2)
                    for w in (self.wq, self.wk, self.wv))
-        cos, sin = rope_tables(int(positions.max()) + 1 if positions.numel() else 1, hd)
+        cos, sin = (t.to(positions.device) for t in
+                    rope_tables(int(positions.max()) + 1 if positions.numel() else 1, hd))
         cos, sin = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)  # [B, 1, S, hd]
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
@@ -108,16 +115,16 @@ TP_PLAN = {"attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
            "feed_forward.w2": RowwiseParallel()}
 
 
-def parallelize(base, dp, cp, tp):
+def parallelize(base, dp, cp, tp, device):
     """This rank's model, the mesh of its sequence pieces ("cp"), the group its losses and
     gradients are summed over (None: FSDP sums the gradients) and this rank's rows of the
-    batch (the module docstring's two cases)."""
+    batch (the module docstring's two cases); the meshes are ``device``'s."""
     model = copy.deepcopy(base)
     if dp == 1 and tp == 1:
-        mesh = dtensor.init_device_mesh("cpu", (cp,), mesh_dim_names=("cp",))
+        mesh = dtensor.init_device_mesh(device, (cp,), mesh_dim_names=("cp",))
         return model, mesh, mesh, slice(None)
-    world = dtensor.init_device_mesh("cpu", (dp, cp, tp), mesh_dim_names=("dp", "cp", "tp"))
-    fsdp_tp = dtensor.init_device_mesh("cpu", (dp * cp, tp), mesh_dim_names=("dp_cp", "tp"))
+    world = dtensor.init_device_mesh(device, (dp, cp, tp), mesh_dim_names=("dp", "cp", "tp"))
+    fsdp_tp = dtensor.init_device_mesh(device, (dp * cp, tp), mesh_dim_names=("dp_cp", "tp"))
     if tp > 1:
         parallelize_module(model, fsdp_tp["tp"], TP_PLAN)
     fully_shard(model, mesh=fsdp_tp["dp_cp"])
@@ -136,6 +143,28 @@ def sum_grads(model, mesh):
         offset += gr.numel()
 
 
+class Meter:
+    """Tensor memory of this process on ``device``: the bytes live now and the peak since
+    ``reset`` (CPU: NOTE [CPU memory meter], installed before any tensor; CUDA: the caching
+    allocator's counters of the current device)."""
+
+    def __init__(self, device):
+        self.cuda = device == "cuda"
+        if not self.cuda:
+            _C.install_cpu_memory_meter()
+
+    def reset(self):
+        """Starts a new peak; returns the bytes live now."""
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+            return torch.cuda.memory_allocated()
+        _C.reset_cpu_peak_bytes()
+        return _C.cpu_live_bytes()
+
+    def peak(self):
+        return torch.cuda.max_memory_allocated() if self.cuda else _C.cpu_peak_bytes()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=5)
@@ -144,11 +173,15 @@ def main():
     parser.add_argument("--mesh", default=None,
                         help="dp,cp,tp (default: 1,N,1, context parallel on every rank)")
     parser.add_argument("--rotate", default="allgather", choices=("allgather", "alltoall"))
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="the meshes' device (cuda: the model, data and one-process "
+                             "reference on the GPU)")
     parser.add_argument("--tol", type=float, default=1e-5,
                         help="exit 1 when a step's loss differs from one process's by more")
     args = parser.parse_args()
 
-    _C.install_cpu_memory_meter()  # NOTE [CPU memory meter]: before any tensor
+    device = args.device
+    meter = Meter(device)  # before any tensor
     torch.set_num_threads(1)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     sizes = [1, world, 1] if args.mesh is None else [int(x) for x in args.mesh.split(",")]
@@ -158,13 +191,13 @@ def main():
     dp, cp, tp = sizes
     set_rotate_method(args.rotate)
     torch.manual_seed(0)
-    base = CausalLlama()
-    model, cp_mesh, sum_mesh, rows = parallelize(base, dp, cp, tp)
+    base = CausalLlama().to(device)
+    model, cp_mesh, sum_mesh, rows = parallelize(base, dp, cp, tp, device)
     rank = cp_mesh.get_rank()
     g = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, VOCAB, (BATCH, args.seq), generator=g)
+    tokens = torch.randint(0, VOCAB, (BATCH, args.seq), generator=g).to(device)
     targets = torch.roll(tokens, -1, dims=1)
-    positions = torch.arange(args.seq).expand(BATCH, -1).contiguous()
+    positions = torch.arange(args.seq, device=device).expand(BATCH, -1).contiguous()
     total = tokens.numel()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     single = copy.deepcopy(base) if rank == 0 else None
@@ -181,8 +214,7 @@ def main():
               f"{'ms/step (cp)':>13} {'ms (1 proc)':>12}", flush=True)
     worst, cp_peak, one_peak = 0.0, 0, 0
     for step in range(args.steps):
-        _C.reset_cpu_peak_bytes()
-        live = _C.cpu_live_bytes()
+        live = meter.reset()
         t0 = time.perf_counter()
         opt.zero_grad()
         bufs = [t[rows].clone() for t in (tokens, targets, positions)]
@@ -194,30 +226,31 @@ def main():
         opt.step()
         ms = (time.perf_counter() - t0) * 1e3
         if step >= min(1, args.steps - 1):  # from the second step on: AdamW's state exists
-            cp_peak = max(cp_peak, _C.cpu_peak_bytes() - live)
+            cp_peak = max(cp_peak, meter.peak() - live)
         loss = fc.all_reduce(piece.reshape(1).double(), "sum", group=sum_mesh).wait().item()
         if rank == 0:
-            _C.reset_cpu_peak_bytes()
-            live = _C.cpu_live_bytes()
+            live = meter.reset()
             t0 = time.perf_counter()
             single_opt.zero_grad()
             one = step_loss(single, tokens, targets, positions, total).item()
             single_opt.step()
             one_ms = (time.perf_counter() - t0) * 1e3
             if step >= min(1, args.steps - 1):
-                one_peak = max(one_peak, _C.cpu_peak_bytes() - live)
+                one_peak = max(one_peak, meter.peak() - live)
             worst = max(worst, abs(loss - one))
             print(f"{step:>4} {loss:>12.7f} {one:>14.7f} {abs(loss - one):>9.2e} {ms:>13.1f} "
                   f"{one_ms:>12.1f}", flush=True)
-    everyone = dtensor.init_device_mesh("cpu", (world,))
-    peaks = fc.all_gather_tensor(torch.tensor([float(cp_peak)]), 0, group=everyone).wait()
+    everyone = dtensor.init_device_mesh(device, (world,))
+    peaks = fc.all_gather_tensor(torch.tensor([float(cp_peak)], device=device), 0,
+                                 group=everyone).wait()
     if rank == 0:
         kib = ", ".join(f"{p / 1024:.0f}" for p in peaks.tolist())
-        print(f"\npeak CPU tensor memory a training step adds (KiB) per rank: {kib}; one process "
+        what = "CUDA memory (caching allocator)" if meter.cuda else "CPU tensor memory"
+        print(f"\npeak {what} a training step adds (KiB) per rank: {kib}; one process "
               f"on the whole sequence: {one_peak / 1024:.0f} "
               f"({max(peaks.tolist()) / one_peak:.2f}x)", flush=True)
         verdict = "equal" if worst <= args.tol else "DIFFERENT"
-        print(f"{label}: largest |loss diff| vs one process {worst:.2e} (tolerance "
+        print(f"{label} on {device}: largest |loss diff| vs one process {worst:.2e} (tolerance "
               f"{args.tol:g}): {verdict}", flush=True)
         if worst > args.tol:
             sys.exit(1)
