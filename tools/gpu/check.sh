@@ -28,9 +28,13 @@
 # Tests: nccl_link_test (world size 1: NCCL refuses two ranks on one GPU),
 # symmetric_memory_cuda_test (2 processes sharing the GPU) and cuda_ipc_test (every collective on
 # 2 and 3 processes sharing the GPU, NOTE [cuda_ipc backend]); after the 1-rank TP demo, the demo
-# on 2 and 4 ranks sharing the GPU (cuda_ipc), random ops on 2 processes against one device's
-# draw (stage random, tools/gpu/random_ranks.py), the inference server's model on the GPU (stage
-# serve: serving/llama_test and tools/llama_generate, 1 and 2 processes, tokens against the CPU's)
+# on 2 and 4 ranks sharing the GPU (cuda_ipc), then ./x demo pp's and ./x demo cp's two runs each
+# on ranks sharing the GPU (stages pp and cp: examples/llama_pp.py and examples/llama_cp.py
+# --device cuda, 3 steps, on 4 ranks and on 8 as pp x dp x tp or dp x cp x tp; each loss equal
+# to one process's on the GPU within the script's --tol), random ops on 2 processes against one
+# device's draw (stage random, tools/gpu/random_ranks.py), the inference server's model on the
+# GPU (stage serve: serving/llama_test and tools/llama_generate, 1 and 2 processes, tokens
+# against the CPU's)
 # then Hugging Face models in the server's model (stage hf: tests/serving/hf_logits on tiny random
 # Llama 3 and Qwen2 models that tools/gpu/hf_reference.py wrote with transformers into .gpu/hf,
 # float32 on 1 process and on 2 sharing the GPU, bfloat16 on 1; tools/gpu/hf_compare.py holds
@@ -56,7 +60,7 @@ NCCL_BACKEND_SRC=${NCCL_BACKEND_SRC:-collectives/nccl_backend.cc}
 TESTS=("$@")
 [ ${#TESTS[@]} -gt 0 ] || TESTS=(nccl_link_test symmetric_memory_cuda_test cuda_ipc_test)
 # STAGES: which stages run (all by default), e.g. STAGES=tp,bench for a short rerun.
-STAGES=${STAGES:-tests,probe,cuda_test,op_db,tp,tp_shared,random,serve,hf,ipc_bench,bench}
+STAGES=${STAGES:-tests,probe,cuda_test,op_db,tp,tp_shared,pp,cp,random,serve,hf,ipc_bench,bench}
 stage() { [[ ",$STAGES," == *",$1,"* ]]; }
 stage tests || TESTS=()
 rm -rf "$LOGS"
@@ -254,6 +258,33 @@ if [ "${SKIP_ENGINE:-}" != 1 ]; then
           "$LOGS/tp_demo_cuda_$n.log" || echo "did not finish (exit $rc)")")
         [ $rc -eq 0 ] || engine=1
       done
+    fi
+    # ./x demo pp's and ./x demo cp's runs on CUDA ranks sharing the one GPU (cuda_ipc), 3 steps:
+    # WHAT LOG N SCRIPT [ARGS]; the script exits 1 and says DIFFERENT when a step's loss is off
+    # one process's by more than its --tol, and its last line names the largest difference.
+    demo_on_shared_gpu() {
+      local what=$1 log=$2 n=$3 t0 rc line
+      shift 3
+      t0=$(date +%s)
+      PYTHONPATH=$PYPKG timeout 90 $PY tools/launch.py -n "$n" -- $PY "$@" --device cuda \
+        --steps 3 >"$LOGS/$log.log" 2>&1
+      rc=$?
+      grep -v ' timeline, ms: ' "$LOGS/$log.log" | tail -4
+      line=$(sed -n 's/^\[rank [0-9]*\] //; /largest |loss diff|/p' "$LOGS/$log.log" | head -1)
+      summary+=("$what ($n ranks sharing the GPU, $(($(date +%s) - t0)) s): \
+${line:-did not finish} (exit $rc)")
+      [ $rc -eq 0 ] && [ -n "$line" ] || engine=1
+    }
+    # Pipeline parallelism: 2 stages x TP (pp=2 x tp=2), then with FSDP (pp=2 x dp=2 x tp=2).
+    if stage pp; then
+      demo_on_shared_gpu "PP demo" pp_demo_cuda_4 4 examples/llama_pp.py --mesh 2,2
+      demo_on_shared_gpu "PP demo" pp_demo_cuda_8 8 examples/llama_pp.py --mesh 2,2,2
+    fi
+    # Context parallelism (ring attention's explicit blocks on CUDA: NOTE [ring attention
+    # blocks]): cp on 4, then dp=2 x cp=2 x tp=2.
+    if stage cp; then
+      demo_on_shared_gpu "CP demo" cp_demo_cuda_4 4 examples/llama_cp.py
+      demo_on_shared_gpu "CP demo" cp_demo_cuda_8 8 examples/llama_cp.py --mesh 2,2,2
     fi
     # Random ops across 2 processes sharing the GPU against one device's draw, bit for bit, with
     # the generator ending where one device's does (NOTE [random on a CUDA mesh]).
