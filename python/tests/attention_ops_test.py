@@ -63,3 +63,43 @@ def test_composite_paths_equal_one_device(case, placement):
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
         for name, g, w in zip("qkv", grads, want_grads):
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, msg=lambda m: f"d{name}: {m}")
+
+
+@pytest.mark.parametrize("placement", list(PLACEMENTS))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kv_heads", [H, H // 2])
+def test_fused_cpu_kernel_runs_on_pieces(placement, causal, kv_heads):
+    """The fused CPU kernel's path (q, k, v of one head size) has its own rule: batch and heads
+    (q and k/v heads alike) shard, the query rows too when not causal; forward and backward
+    communicate nothing for those layouts, and output and gradients equal one device's."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(B, H, L, E, generator=g)
+    k, v = (torch.randn(B, kv_heads, S, E, generator=g) for _ in range(2))
+    kw = dict(is_causal=causal, enable_gqa=kv_heads != H)
+    qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+    want = F.scaled_dot_product_attention(qq, kk, vv, **kw)
+    want.backward(torch.ones_like(want))
+    q_pl, kv_pl = PLACEMENTS[placement]
+    local = (placement == "batch" or (placement == "heads" and kv_heads == H)
+             or (placement == "query_rows" and not causal))
+
+    def rank_fn(rank):
+        from dtensor.debug import CommDebugMode
+        mesh = dtensor.init_device_mesh("cpu", (2,))
+        qd, kd, vd = (dtensor.distribute_tensor(t, mesh, [pl]).requires_grad_()
+                      for t, pl in zip((q, k, v), (q_pl, kv_pl, kv_pl)))
+        with CommDebugMode() as comms:
+            out = F.scaled_dot_product_attention(qd, kd, vd, **kw)
+            out.backward(torch.ones_like(out))
+        return (out.full_tensor(), [t.grad.full_tensor() for t in (qd, kd, vd)],
+                comms.get_total_counts(), out.placements)
+
+    for out, grads, count, placements in dtensor.run_threads(2, rank_fn):
+        torch.testing.assert_close(out, want.detach(), rtol=1e-5, atol=1e-5)
+        for name, got, t in zip("qkv", grads, (qq, kk, vv)):
+            torch.testing.assert_close(got, t.grad, rtol=1e-5, atol=1e-5,
+                                       msg=lambda m: f"d{name}: {m}")
+        if local:
+            # dk/dv of row pieces are Partial sums: their reduction is the only collective.
+            assert count == (2 if placement == "query_rows" else 0), count
+            assert placements == (q_pl,), placements

@@ -181,6 +181,75 @@ BuiltRule nll_loss_backward_of(const Metas& m, const LayoutArgs& a) {
   return {std::move(r), {m[1].dtype}};
 }
 
+// ATen's fused CPU attention (SDPA's flash path on the CPU) and its backward:
+//   forward   q [b, hq, s, d], k [b, hk, t, d], v [b, hk, t, e][, mask] -> out [b, hq, s, e],
+//             logsumexp [b, hq, s] (float32)
+//   backward  grad_out, q, k, v, out, logsumexp[, mask] -> dq, dk, dv
+// The batch shards; the heads shard when q and k/v have as many (with fewer k/v heads, GQA, a
+// piece of q's heads needs other k/v heads than the same piece of k/v's: whole). The query rows s
+// shard only without a mask and not causal: the kernel's causal mask counts rows from the
+// piece's first, and a mask spans (s, t). Without a mask each query row's attention reads its
+// own row only, so a rank with some rows computes exactly their output and log-sum-exp, and in
+// backward their dq and their share of dk/dv: those sum over s. t, d and e stay whole.
+// With a mask every factor stays whole (the mask's dims would need the same pieces).
+struct FlashFactors {
+  TensorFactors q, k, v, out, lse, mask;
+  int s = -1;
+};
+
+FlashFactors flash_factors(Rule& r, const Metas& m, size_t at, bool causal, bool masked,
+                           const char* op) {
+  const auto &q = m[at].shape, &k = m[at + 1].shape, &v = m[at + 2].shape;
+  if (q.size() != 4 || k.size() != 4 || v.size() != 4 || q[0] != k[0] || k[0] != v[0] ||
+      k[1] != v[1] || k[2] != v[2] || q[3] != k[3]) {
+    throw Error(std::string(op) + ": q, k, v must be [b, h, s, d], [b, h, t, d], [b, h, t, e]");
+  }
+  const FactorKind whole = FactorKind::kReplicate;
+  FlashFactors f;
+  const DimFactors b = r.add_dim(q[0], masked ? whole : FactorKind::kPass);
+  const bool shared_heads = q[1] == k[1] && !masked;
+  const DimFactors hq = r.add_dim(q[1], shared_heads ? FactorKind::kPass : whole);
+  const DimFactors hk = shared_heads ? hq : r.add_dim(k[1], whole);
+  f.s = r.add_factor(q[2], causal || masked ? whole : FactorKind::kPass);
+  const DimFactors t = r.add_dim(k[2], whole), d = r.add_dim(q[3], whole),
+                   e = r.add_dim(v[3], whole);
+  f.q = {b, hq, {f.s}, d};
+  f.k = {b, hk, t, d};
+  f.v = {b, hk, t, e};
+  f.out = {b, hq, {f.s}, e};
+  f.lse = {b, hq, {f.s}};
+  if (masked) {
+    for (const int64_t size : m[m.size() - 1].shape) f.mask.push_back(r.add_dim(size, whole));
+  }
+  return f;
+}
+
+// ints: is_causal, whether attn_mask is given.
+BuiltRule flash_cpu_of(const Metas& m, const LayoutArgs& a) {
+  const char* op = "_scaled_dot_product_flash_attention_for_cpu";
+  const bool causal = arg(a, 0, op, "is_causal") != 0, masked = arg(a, 1, op, "attn_mask") != 0;
+  need_inputs(m, masked ? 4 : 3, masked ? 4 : 3, op);
+  Rule r;
+  FlashFactors f = flash_factors(r, m, 0, causal, masked, op);
+  r.inputs = {f.q, f.k, f.v};
+  if (masked) r.inputs.push_back(f.mask);
+  r.outputs = {f.out, f.lse};
+  return {std::move(r), {m[0].dtype, c10::kFloat}};
+}
+
+BuiltRule flash_cpu_backward_of(const Metas& m, const LayoutArgs& a) {
+  const char* op = "_scaled_dot_product_flash_attention_for_cpu_backward";
+  const bool causal = arg(a, 0, op, "is_causal") != 0, masked = arg(a, 1, op, "attn_mask") != 0;
+  need_inputs(m, masked ? 7 : 6, masked ? 7 : 6, op);
+  Rule r;
+  FlashFactors f = flash_factors(r, m, 1, causal, masked, op);
+  r.inputs = {f.out, f.q, f.k, f.v, f.out, f.lse};
+  if (masked) r.inputs.push_back(f.mask);
+  r.outputs = {f.q, f.k, f.v};
+  r.output_sums = {{}, {f.s}, {f.s}};  // dk and dv sum over the query rows; dq keeps them
+  return {std::move(r), {m[1].dtype, m[2].dtype, m[3].dtype}};
+}
+
 // _scaled_dot_product_attention(q [.., s, d], k [.., t, d], v [.., t, e]) -> (out [.., s, e],
 // attn [.., s, t]): batch and head dims and the query rows shard; t (softmax) and d stay whole.
 BuiltRule sdpa_of(const Metas& m, const LayoutArgs&) {
@@ -383,6 +452,10 @@ void add_nn(Adder& add) {
   add("aten::nll_loss2d_backward", "loss", {int_arg("reduction")}, nll_loss_backward_of);
   add("aten::_scaled_dot_product_attention", "attention", {}, sdpa_of);
   add("aten::_scaled_dot_product_attention_math", "attention", {}, sdpa_of);
+  add("aten::_scaled_dot_product_flash_attention_for_cpu", "attention",
+      {int_arg("is_causal"), present_arg("attn_mask")}, flash_cpu_of);
+  add("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "attention",
+      {int_arg("is_causal"), present_arg("attn_mask")}, flash_cpu_backward_of);
 }
 
 // Elementwise losses and their backward ops (reduction decides: elementwise_loss).
