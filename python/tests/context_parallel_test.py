@@ -274,12 +274,15 @@ def test_dispatcher_without_context_manager():
         mesh = dtensor.init_device_mesh("cpu", (n,))
         qd, kd, vd = (distribute_tensor(t, mesh, [Shard(2)]) for t in (q, k, v))
         with CommDebugMode() as m:
-            F.scaled_dot_product_attention(qd, kd, vd)
-        return m.get_comm_counts()
+            out = F.scaled_dot_product_attention(qd, kd, vd)
+        return out.full_tensor(), m.get_comm_counts()
 
-    # The engine gathers k/v (no rotation).
-    for counts in dtensor.run_threads(n, plain_engine):
-        assert "all_to_all_single" not in counts and counts["all_gather_into_tensor"] >= 1
+    # The engine's own path: it gathers k/v (its sharding rules choose the other collectives),
+    # not the ring's W-1 rotations, and gives one device's output.
+    want = F.scaled_dot_product_attention(q, k, v)
+    for out, counts in dtensor.run_threads(n, plain_engine):
+        assert counts != {"all_to_all_single": n - 1} and counts["all_gather_into_tensor"] >= 1
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
