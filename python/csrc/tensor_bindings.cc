@@ -282,6 +282,9 @@ void bind_tensors(py::module& m) {
   m.def("op_flops", [](const std::string& op, const std::vector<at::Tensor>& tensors) {
     return op_flops(op, tensors);
   });
+  // The engine's kernels registered now (they are at the first distributed tensor otherwise):
+  // a Python kernel for the same op and key registered after them wins over them.
+  m.def("ensure_dispatch_installed", &ensure_dispatch_installed);
   m.def("explain", [](const std::string& op, const std::vector<py::object>& args) {
     std::vector<c10::IValue> ivalues;
     for (const py::object& a : args) ivalues.push_back(to_ivalue(a));

@@ -315,6 +315,9 @@ def _enable_context_parallel_dispatcher():
     ``torch.inference_mode`` (no autograd key) the engine's own path runs."""
     global _dispatcher_lib
     if _dispatcher_lib is None:
+        # The engine's own kernel for the op and key (a plain mask taken as replicated) must be
+        # registered first, or it would replace this one at the first distributed tensor.
+        _C.ensure_dispatch_installed()
         lib = torch.library.Library("aten", "IMPL")
         lib.impl("scaled_dot_product_attention", _sdpa_kernel, "AutogradPrivateUse1")
         _dispatcher_lib = lib
