@@ -19,3 +19,9 @@
 #define DTENSOR_ALLOCATOR_ALLOCATE(n) c10::DataPtr allocate(size_t n) const override
 #define DTENSOR_ALLOCATOR_COPY_DATA
 #endif
+
+// scaled_dot_product_attention's native composites with enable_gqa (torch >= 2.5), which the
+// engine registers for distributed tensors (NOTE [SDPA's math path] in
+// dtensor/dispatch_install.cc).
+#define DTENSOR_TORCH_HAS_SDPA_GQA \
+  (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5))

@@ -3,9 +3,13 @@
 // unboxed kernels (NOTE [DTensor dispatch] in dispatch.h).
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include "base/torch_compat.h"
+#if DTENSOR_TORCH_HAS_SDPA_GQA
 #include <ATen/ops/_scaled_dot_product_attention_math_native.h>
 #include <ATen/ops/scaled_dot_product_attention_native.h>
-#include <torch/library.h>
+#endif
 
 #include <algorithm>
 #include <mutex>  // std::once_flag
@@ -19,6 +23,7 @@
 
 namespace dtensor {
 
+#if DTENSOR_TORCH_HAS_SDPA_GQA
 namespace {
 // NOTE [SDPA's math path]: scaled_dot_product_attention takes its math path where no fused
 // kernel applies (v's head size differs from q's, a float mask, dropout on the CPU); that path is
@@ -53,6 +58,7 @@ at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                   enable_gqa);
 }
 }  // namespace
+#endif
 
 using dispatch_detail::fast_op_names;
 using dispatch_detail::kernel;
@@ -101,8 +107,10 @@ void ensure_dispatch_installed() {
       }
       autograd->impl(e->name.c_str(), torch::CppFunction::makeFallthrough());
     }
+#if DTENSOR_TORCH_HAS_SDPA_GQA
     autograd->impl("_scaled_dot_product_attention_math", TORCH_FN(sdpa_math));
     autograd->impl("scaled_dot_product_attention", TORCH_FN(sdpa));
+#endif
   });
 }
 

@@ -58,8 +58,6 @@ EXPECTED_FAILURES = {
         "a sparse CSR input: distributed tensors are strided (Sparse CSR tensors do not have strides)",
     "to_sparse":
         "its result is a sparse tensor: distributed tensors are strided (Cannot access storage of SparseTensorImpl)",
-    "nn.functional.scaled_dot_product_attention":
-        "a formula inside the op (composite or backward) makes a plain tensor and passes it to aten::add_.Tensor as 'other' [3, 6] with distributed tensors; plain tensors that are not scalars are refused (PyTorch's DTensor refuses them too; torch 2.x's math attention builds its bias as a plain tensor)",
     "as_strided.partial_views":
         "uses aten::as_strided, refused on distributed tensors (no single storage to address)",
     "as_strided_copy":
