@@ -35,16 +35,9 @@ from dtensor.experimental._context_parallel import (_disable_context_parallel_di
                                                     _enable_context_parallel_dispatcher)
 from dtensor.fsdp import FSDPModule, fully_shard
 from dtensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from cp_testing import TOL, reference, restore_cp_options  # noqa: F401
 from launch_ranks import run_on_ranks
 
-TOL = dict(rtol=1e-5, atol=1e-5)
-
-
-@pytest.fixture(autouse=True)
-def _restore_options():
-    saved = (_cp_options.enable_load_balance, _cp_options.rotate_method)
-    yield
-    _cp_options.enable_load_balance, _cp_options.rotate_method = saved
 
 
 def _qkv(seq, heads=4, kv_heads=None, batch=2, dim=8, v_dim=10, seed=0):
@@ -54,13 +47,6 @@ def _qkv(seq, heads=4, kv_heads=None, batch=2, dim=8, v_dim=10, seed=0):
     v = torch.randn(batch, kv_heads or heads, seq, v_dim, generator=g)
     dout = torch.randn(batch, heads, seq, v_dim, generator=g)
     return q, k, v, dout
-
-
-def _reference(q, k, v, dout, **kw):
-    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
-    out = F.scaled_dot_product_attention(q, k, v, **kw)
-    out.backward(dout)
-    return out.detach(), q.grad, k.grad, v.grad
 
 
 def _check(got, ref, names):
@@ -93,7 +79,7 @@ def test_distributed_qkv_on_2d_mesh(layout, method, causal, seq):
     set_rotate_method(method)
     q, k, v, dout = _qkv(seq, kv_heads=kv_heads, seed=seq)
     kw = dict(is_causal=causal, enable_gqa=kv_heads is not None)
-    ref = _reference(q, k, v, dout, **kw)
+    ref = reference(q, k, v, dout, **kw)
     ring = {"all_gather_into_tensor": 1} if method == "allgather" else {"all_to_all_single": 1}
 
     def rank_fn(rank, inside):
@@ -138,7 +124,7 @@ def test_layouts_ring_attention_does_not_take(case):
     heads, kv_heads, placements, words = _REFUSED[case]
     q, k, v, dout = _qkv(12, heads=heads, kv_heads=kv_heads, v_dim=8)
     kw = dict(is_causal=True, enable_gqa=heads != kv_heads)
-    ref = _reference(q, k, v, dout, **kw)
+    ref = reference(q, k, v, dout, **kw)
 
     def rank_fn(rank, inside):
         mesh = dtensor.init_device_mesh("cpu", (2, 2), mesh_dim_names=("cp", "tp"))
@@ -215,6 +201,20 @@ class Block(nn.Module):
         return x + self.w2(F.gelu(self.w1(self.ffn_norm(x))))
 
 
+def _attention_case():
+    """An Attention, its input and output gradient [2, 12, DIM], and one process's run of it
+    (the reference module after backward, its input with .grad, its output)."""
+    torch.manual_seed(0)
+    base = Attention()
+    g = torch.Generator().manual_seed(1)
+    x, dout = torch.randn(2, 12, DIM, generator=g), torch.randn(2, 12, DIM, generator=g)
+    ref = copy.deepcopy(base)
+    xr = x.clone().requires_grad_()
+    out_ref = ref(xr)
+    out_ref.backward(dout)
+    return base, x, dout, ref, xr, out_ref
+
+
 def _tp_plan(prefix=""):
     return {f"{prefix}wq": ColwiseParallel(), f"{prefix}wk": ColwiseParallel(),
             f"{prefix}wv": ColwiseParallel(), f"{prefix}wo": RowwiseParallel()}
@@ -231,14 +231,7 @@ def test_cp_x_tp_parallelize_module(method, load_balance):
     input, as PyTorch's ColwiseParallel: 3)."""
     set_rotate_method(method)
     _cp_options.enable_load_balance = load_balance
-    torch.manual_seed(0)
-    base = Attention()
-    g = torch.Generator().manual_seed(1)
-    x, dout = torch.randn(2, 12, DIM, generator=g), torch.randn(2, 12, DIM, generator=g)
-    ref = copy.deepcopy(base)
-    xr = x.clone().requires_grad_()
-    out_ref = ref(xr)
-    out_ref.backward(dout)
+    base, x, dout, ref, xr, out_ref = _attention_case()
 
     def rank_fn(rank):
         mesh = dtensor.init_device_mesh("cpu", (2, 2), mesh_dim_names=("cp", "tp"))
@@ -279,14 +272,7 @@ def test_cp_x_tp_with_distributed_projections(method):
     attention over cp runs on them (left to the engine, each rank would attend within its
     piece). Output, input gradient and weight gradients equal one process's."""
     set_rotate_method(method)
-    torch.manual_seed(0)
-    base = Attention()
-    g = torch.Generator().manual_seed(1)
-    x, dout = torch.randn(2, 12, DIM, generator=g), torch.randn(2, 12, DIM, generator=g)
-    ref = copy.deepcopy(base)
-    xr = x.clone().requires_grad_()
-    out_ref = ref(xr)
-    out_ref.backward(dout)
+    base, x, dout, ref, xr, out_ref = _attention_case()
     plan = {"wq": ColwiseParallel(use_local_output=False),
             "wk": ColwiseParallel(use_local_output=False),
             "wv": ColwiseParallel(use_local_output=False), "wo": RowwiseParallel()}
@@ -322,7 +308,7 @@ def test_distributed_qkv_with_dropout_or_a_mask_inside_the_block(kind):
     mask = torch.rand(12, 12, generator=torch.Generator().manual_seed(3)) > 0.3
     kw = dict(dropout_p=0.25, is_causal=True) if kind == "dropout" else dict(attn_mask=mask)
     torch.manual_seed(7)
-    want = _reference(q, k, v, dout, **kw)
+    want = reference(q, k, v, dout, **kw)
 
     def rank_fn(rank):
         mesh = dtensor.init_device_mesh("cpu", (2,))

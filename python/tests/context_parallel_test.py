@@ -24,14 +24,7 @@ from dtensor.experimental import context_parallel, context_parallel_unshard, set
 from dtensor.experimental._attention import _cp_options, _RotateMethod
 from dtensor.experimental._context_parallel import _HeadTailLoadBalancer
 
-TOL = dict(rtol=1e-5, atol=1e-5)
-
-
-@pytest.fixture(autouse=True)
-def _restore_options():
-    saved = (_cp_options.enable_load_balance, _cp_options.rotate_method)
-    yield
-    _cp_options.enable_load_balance, _cp_options.rotate_method = saved
+from cp_testing import TOL, reference, restore_cp_options  # noqa: F401
 
 
 def _inputs(seq, heads=2, kv_heads=None, dim=8, batch=2, seed=0):
@@ -41,13 +34,6 @@ def _inputs(seq, heads=2, kv_heads=None, dim=8, batch=2, seed=0):
     v = torch.randn(batch, kv_heads or heads, seq, dim + 2, generator=g)
     dout = torch.randn(batch, heads, seq, dim + 2, generator=g)
     return q, k, v, dout
-
-
-def _reference(q, k, v, dout, **kw):
-    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
-    out = F.scaled_dot_product_attention(q, k, v, **kw)
-    out.backward(dout)
-    return out.detach(), q.grad, k.grad, v.grad
 
 
 def _context_parallel(n, q, k, v, dout, **kw):
@@ -83,7 +69,7 @@ def test_equals_one_device(n, method, load_balance, causal):
     _cp_options.enable_load_balance = load_balance
     q, k, v, dout = _inputs(4 * n, seed=n)
     _check(_context_parallel(n, q, k, v, dout, is_causal=causal),
-           _reference(q, k, v, dout, is_causal=causal))
+           reference(q, k, v, dout, is_causal=causal))
 
 
 @pytest.mark.parametrize("n,seq", [(2, 7), (3, 13), (4, 9), (4, 5)])
@@ -96,7 +82,7 @@ def test_uneven_lengths(n, seq, method, load_balance):
     q, k, v, dout = _inputs(seq, seed=seq)
     for causal in (True, False):
         _check(_context_parallel(n, q, k, v, dout, is_causal=causal),
-               _reference(q, k, v, dout, is_causal=causal))
+               reference(q, k, v, dout, is_causal=causal))
 
 
 @pytest.mark.parametrize("method", ["allgather", "alltoall"])
@@ -104,7 +90,7 @@ def test_gqa_and_scale(method):
     set_rotate_method(method)
     q, k, v, dout = _inputs(10, heads=4, kv_heads=2, seed=5)
     kw = dict(is_causal=True, enable_gqa=True, scale=0.3)
-    _check(_context_parallel(3, q, k, v, dout, **kw), _reference(q, k, v, dout, **kw))
+    _check(_context_parallel(3, q, k, v, dout, **kw), reference(q, k, v, dout, **kw))
 
 
 def _counts(n, method, causal):
@@ -151,7 +137,7 @@ def test_distributed_tensors_sharded_on_sequence(seq, method):
     n = 3
     q, k, v, dout = _inputs(seq, seed=seq)
     for causal in (False, True):
-        ref = _reference(q, k, v, dout, is_causal=causal)
+        ref = reference(q, k, v, dout, is_causal=causal)
 
         def rank_fn(rank, causal=causal):
             mesh = dtensor.init_device_mesh("cpu", (n,))
@@ -239,8 +225,8 @@ def test_dispatcher_without_context_manager():
     q, k, v, dout = _inputs(11, seed=2)
     mask = torch.rand(11, 11, generator=torch.Generator().manual_seed(3)) > 0.3
     mask.diagonal().fill_(True)
-    ref = _reference(q, k, v, dout, is_causal=True)
-    ref_mask = _reference(q, k, v, dout, attn_mask=mask)
+    ref = reference(q, k, v, dout, is_causal=True)
+    ref_mask = reference(q, k, v, dout, attn_mask=mask)
 
     def rank_fn(rank):
         mesh = dtensor.init_device_mesh("cpu", (n,))
@@ -294,7 +280,7 @@ def test_low_precision_inputs(dtype, method):
     q, k, v, dout = (t.to(dtype) for t in _inputs(13, heads=4, kv_heads=2, dim=16, seed=7))
     kw = dict(is_causal=True, enable_gqa=True)
     for got in _context_parallel(3, q, k, v, dout, **kw):
-        for g, r, name in zip(got, _reference(q, k, v, dout, **kw), ("out", "dq", "dk", "dv")):
+        for g, r, name in zip(got, reference(q, k, v, dout, **kw), ("out", "dq", "dk", "dv")):
             assert g.dtype == dtype
             torch.testing.assert_close(g, r, rtol=2e-2, atol=2e-2,
                                        msg=lambda m, name=name: f"{name}: {m}")
@@ -321,7 +307,7 @@ def test_input_ranks_and_head_dims(lead):
             return context_parallel_unshard(mesh, [out.detach(), ql.grad, kl.grad, vl.grad],
                                             [seq_dim] * 4)
 
-    _check(dtensor.run_threads(3, rank_fn), _reference(q, k, v, dout, is_causal=True))
+    _check(dtensor.run_threads(3, rank_fn), reference(q, k, v, dout, is_causal=True))
 
 
 def _direct_ring(n, q, k, v, dout, q_balance, kv_balance, monkeypatch=None):
@@ -361,7 +347,7 @@ def test_block_masks_neither_none_nor_causal(method, n, seq):
     equal one device's rows (out, dq) and columns (dk, dv)."""
     set_rotate_method(method)
     q, k, v, dout = _inputs(seq, seed=seq)
-    ref = _reference(q, k, v, dout, is_causal=True)
+    ref = reference(q, k, v, dout, is_causal=True)
     results, q_lay, kv_lay = _direct_ring(n, q, k, v, dout, False, True)
     kinds = set()
     for rank, (out, dq, dk, dv, _, _, blk_kinds) in enumerate(results):
@@ -383,7 +369,7 @@ def test_head_groups_above_the_message_size(causal, monkeypatch):
     n, kv_heads = 3, 2
     q, k, v, dout = _inputs(11, heads=4, kv_heads=kv_heads, seed=4)
     kw = dict(is_causal=causal, enable_gqa=True)
-    _check(_context_parallel(n, q, k, v, dout, **kw), _reference(q, k, v, dout, **kw))
+    _check(_context_parallel(n, q, k, v, dout, **kw), reference(q, k, v, dout, **kw))
     for _, _, _, _, fwd, bwd, _ in _direct_ring(n, q, k, v, dout, True, True)[0]:
         assert fwd == {"all_to_all_single": kv_heads * (n - 1)}
         assert bwd == {"all_to_all_single": kv_heads * (2 * n - 1)}
@@ -399,9 +385,9 @@ def test_explicit_block_path(monkeypatch):
     q, k, v, dout = _inputs(10, heads=4, kv_heads=2, seed=5)
     for causal in (False, True):
         kw = dict(is_causal=causal, enable_gqa=True)
-        _check(_context_parallel(3, q, k, v, dout, **kw), _reference(q, k, v, dout, **kw))
+        _check(_context_parallel(3, q, k, v, dout, **kw), reference(q, k, v, dout, **kw))
     results, q_lay, kv_lay = _direct_ring(4, *_inputs(9, seed=9), False, True)
-    ref = _reference(*_inputs(9, seed=9), is_causal=True)
+    ref = reference(*_inputs(9, seed=9), is_causal=True)
     for rank, got in enumerate(results):
         pq = q_lay.positions(rank)
         torch.testing.assert_close(got[0], ref[0][..., pq, :], **TOL)
@@ -480,7 +466,7 @@ def test_float64_inputs_merge_in_float64():
     """float64 q/k/v: the kernel runs in float64 and the merge and gradient sums too (1e-12)."""
     set_rotate_method("alltoall")
     q, k, v, dout = (t.double() for t in _inputs(13, seed=6))
-    ref = _reference(q, k, v, dout, is_causal=True)
+    ref = reference(q, k, v, dout, is_causal=True)
     for got in _context_parallel(3, q, k, v, dout, is_causal=True):
         for g, r in zip(got, ref):
             assert g.dtype == torch.float64

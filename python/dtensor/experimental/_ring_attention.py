@@ -443,6 +443,16 @@ def _kv_blocks(plan, k, v, compute):
         for j in ((me - i) % w for i in range(1, w)):
             compute(j, *_unpack(pieces[j], shapes(j)))
         return
+    for _, owner, bk, bv in _ring(plan, k, v):
+        compute(owner, bk, bv)
+
+
+def _ring(plan, k, v):
+    """The "alltoall" ring: yields (step, owner, k_j, v_j) for every rank j's k/v block, this
+    rank's first, each step's rotation to rank+1 issued before the block is yielded and waited
+    when the caller comes back for the next (the next block in flight while one is computed)."""
+    w, me = plan.q_layout.world, plan.rank
+    shapes, numel = _kv_sizes(plan, k, v)
     flat = None
     for i in range(w):
         owner = (me - i) % w
@@ -450,7 +460,7 @@ def _kv_blocks(plan, k, v, compute):
         if i < w - 1:
             flat = _pack([k, v]) if flat is None else flat
             nxt = _rotate(flat, numel((owner - 1) % w), plan)
-        compute(owner, *((k, v) if i == 0 else _unpack(flat, shapes(owner))))
+        yield (i, owner) + ((k, v) if i == 0 else tuple(_unpack(flat, shapes(owner))))
         if nxt is not None:
             flat = nxt.wait()
 
@@ -482,14 +492,9 @@ def _kv_grads(plan, k, v, grads):
         del pieces
         mine = fc.reduce_scatter_tensor(buf, "sum", 0, plan.group).wait()
         return _unpack(mine[:numel(me)], shapes(me))
-    flat = acc_in = None
-    for i in range(w):
-        owner = (me - i) % w
-        nxt = None
-        if i < w - 1:
-            flat = _pack([k, v]) if flat is None else flat
-            nxt = _rotate(flat, numel((owner - 1) % w), plan)
-        got = grads(owner, *((k, v) if i == 0 else _unpack(flat, shapes(owner))))
+    acc_in = None
+    for i, owner, bk, bv in _ring(plan, k, v):
+        got = grads(owner, bk, bv)
         if i == 0:
             acc = _own_accumulator(got, shapes(me), acc_dtype, k.device)
         else:
@@ -500,8 +505,6 @@ def _kv_grads(plan, k, v, grads):
         # receives is its own block's, from rank me-1, which computed that block last.
         acc_in = _rotate(acc, numel((owner - 1) % w), plan)
         del acc
-        if nxt is not None:
-            flat = nxt.wait()
     return _unpack(acc_in.wait(), shapes(me))
 
 
