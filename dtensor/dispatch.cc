@@ -475,6 +475,11 @@ void kernel_body(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     run_replicated(op, info, stack, args, inputs.at(0));
     return;
   }
+  if ((info.execution == Execution::kRingAttention ||
+       info.execution == Execution::kRingAttentionBackward) &&
+      run_ring_attention(op, info, stack, args, n, inputs)) {
+    return;
+  }
   if (entry_of(info) == nullptr) {
     if (run_in_place_view(info, stack, n, originals)) return;
     run_fallback(op, info, stack, args, n, inputs, originals);

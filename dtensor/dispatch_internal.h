@@ -127,6 +127,12 @@ void run_random(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::S
 void run_dropout(const c10::IValue* args, torch::jit::Stack* stack, size_t n,
                  const at::Tensor& input, const sharding::OpSharding& s);
 
+// NOTE [ring attention in the engine] (dispatch_attention.cc): the fused CPU attention op or its
+// backward on q/k/v sharded along the sequence runs as ring attention; false for other layouts
+// and arguments (the op's rule runs them).
+bool run_ring_attention(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
+                        c10::IValue* args, size_t n, const Inputs& inputs);
+
 // out= arguments (dispatch_out.cc): each out= piece put in the arguments before the local op
 // (one of another shape replaced, NOTE [resized out= arguments]); after it, the out= tensor
 // given the result, keeping its own placements (NOTE [out= keeps its layout]).

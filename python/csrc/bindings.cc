@@ -24,6 +24,7 @@ void bind_checkpoint(py::module& m);        // checkpoint_bindings.cc
 void bind_sharding(py::module& m);          // sharding_bindings.cc
 void bind_symmetric_memory(py::module& m);  // symmetric_memory_bindings.cc
 void bind_fsdp(py::module& m);              // fsdp_bindings.cc
+void bind_attention(py::module& m);         // attention_bindings.cc
 
 namespace {
 
@@ -55,6 +56,7 @@ PYBIND11_MODULE(_C, m) {
   bind_sharding(m);
   bind_symmetric_memory(m);
   bind_fsdp(m);
+  bind_attention(m);
   // NOTE [error convention]: the bad values PyTorch reports as ValueError.
   py::register_exception_translator([](std::exception_ptr p) {
     try {

@@ -310,11 +310,11 @@ def test_input_ranks_and_head_dims(lead):
     _check(dtensor.run_threads(3, rank_fn), reference(q, k, v, dout, is_causal=True))
 
 
-def _direct_ring(n, q, k, v, dout, q_balance, kv_balance, monkeypatch=None):
+def _direct_ring(n, q, k, v, dout, q_balance, kv_balance):
     """_ring_sdpa on every rank's pieces, q in one layout and k/v in another (causal); returns
-    per rank (out, dq, dk, dv, fwd counts, bwd counts) and the ranks' blocks' masks."""
+    per rank (out, dq, dk, dv, fwd counts, bwd counts)."""
     from dtensor import _C
-    from dtensor.experimental._ring_attention import _Block, _ring_sdpa, _RingPlan, _SeqLayout
+    from dtensor.experimental._ring_attention import _ring_sdpa, _RingPlan, _SeqLayout
     seq = q.shape[-2]
     q_lay, kv_lay = _SeqLayout(seq, n, q_balance), _SeqLayout(seq, n, kv_balance)
     method = _cp_options.rotate_method
@@ -330,67 +330,30 @@ def _direct_ring(n, q, k, v, dout, q_balance, kv_balance, monkeypatch=None):
             out = _ring_sdpa(ql, kl, vl, plan)
         with CommDebugMode() as bwd:
             out.backward(dout[..., pq, :])
-        kinds = [None if b is None else ("mask" if b.mask is not None else
-                                         "causal" if b.causal else "none")
-                 for b in (_Block.of(plan, j) for j in range(n))]
         return (out.detach(), ql.grad, kl.grad, vl.grad, fwd.get_comm_counts(),
-                bwd.get_comm_counts(), kinds)
+                bwd.get_comm_counts())
 
     return dtensor.run_threads(n, rank_fn), q_lay, kv_lay
 
 
 @pytest.mark.parametrize("method", ["allgather", "alltoall"])
 @pytest.mark.parametrize("n,seq", [(2, 7), (3, 13), (4, 14)])
-def test_block_masks_neither_none_nor_causal(method, n, seq):
-    """q in natural order and k/v head-tail (uneven lengths): blocks whose visible part is
-    neither all nor top-left causal run the kernel with an additive mask; every rank's pieces
-    equal one device's rows (out, dq) and columns (dk, dv)."""
+def test_q_and_kv_in_different_layouts(method, n, seq):
+    """q in natural order and k/v head-tail (uneven lengths: blocks whose visible part is
+    neither all nor top-left causal, which the kernel runs with an additive mask): every rank's
+    pieces equal one device's rows (out, dq) and columns (dk, dv)."""
     set_rotate_method(method)
     q, k, v, dout = _inputs(seq, seed=seq)
     ref = reference(q, k, v, dout, is_causal=True)
     results, q_lay, kv_lay = _direct_ring(n, q, k, v, dout, False, True)
-    kinds = set()
-    for rank, (out, dq, dk, dv, _, _, blk_kinds) in enumerate(results):
+    for rank, (out, dq, dk, dv, fwd, bwd) in enumerate(results):
         pq, pk = q_lay.positions(rank), kv_lay.positions(rank)
         for g, r, name in ((out, ref[0][..., pq, :], "out"), (dq, ref[1][..., pq, :], "dq"),
                            (dk, ref[2][..., pk, :], "dk"), (dv, ref[3][..., pk, :], "dv")):
             torch.testing.assert_close(g, r, **TOL, msg=lambda m, name=name: f"{name}: {m}")
-        kinds.update(blk_kinds)
-    assert "mask" in kinds
-
-
-@pytest.mark.parametrize("causal", [False, True])
-def test_head_groups_above_the_message_size(causal, monkeypatch):
-    """alltoall messages above _RING_MESSAGE_BYTES: one ring per k/v head (NOTE [ring attention
-    memory]): (W-1) rotations forward and 2W-1 backward per head, one device's values (GQA)."""
-    from dtensor.experimental import _ring_attention
-    monkeypatch.setattr(_ring_attention, "_RING_MESSAGE_BYTES", 1)
-    set_rotate_method("alltoall")
-    n, kv_heads = 3, 2
-    q, k, v, dout = _inputs(11, heads=4, kv_heads=kv_heads, seed=4)
-    kw = dict(is_causal=causal, enable_gqa=True)
-    _check(_context_parallel(n, q, k, v, dout, **kw), reference(q, k, v, dout, **kw))
-    for _, _, _, _, fwd, bwd, _ in _direct_ring(n, q, k, v, dout, True, True)[0]:
-        assert fwd == {"all_to_all_single": kv_heads * (n - 1)}
-        assert bwd == {"all_to_all_single": kv_heads * (2 * n - 1)}
-
-
-def test_explicit_block_path(monkeypatch):
-    """The explicit fp32 block computation (devices other than the CPU) equals one device."""
-    from dtensor.experimental import _ring_attention
-    monkeypatch.setattr(_ring_attention, "_block_ops",
-                        lambda device: (_ring_attention._explicit_fwd,
-                                        _ring_attention._explicit_bwd))
-    set_rotate_method("alltoall")
-    q, k, v, dout = _inputs(10, heads=4, kv_heads=2, seed=5)
-    for causal in (False, True):
-        kw = dict(is_causal=causal, enable_gqa=True)
-        _check(_context_parallel(3, q, k, v, dout, **kw), reference(q, k, v, dout, **kw))
-    results, q_lay, kv_lay = _direct_ring(4, *_inputs(9, seed=9), False, True)
-    ref = reference(*_inputs(9, seed=9), is_causal=True)
-    for rank, got in enumerate(results):
-        pq = q_lay.positions(rank)
-        torch.testing.assert_close(got[0], ref[0][..., pq, :], **TOL)
+        if method == "alltoall":
+            assert fwd == {"all_to_all_single": n - 1}
+            assert bwd == {"all_to_all_single": 2 * n - 1}
 
 
 _MEMORY_WORKER = '''

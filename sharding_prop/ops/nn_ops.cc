@@ -453,9 +453,11 @@ void add_nn(Adder& add) {
   add("aten::_scaled_dot_product_attention", "attention", {}, sdpa_of);
   add("aten::_scaled_dot_product_attention_math", "attention", {}, sdpa_of);
   add("aten::_scaled_dot_product_flash_attention_for_cpu", "attention",
-      {int_arg("is_causal"), present_arg("attn_mask")}, flash_cpu_of);
+      {int_arg("is_causal"), present_arg("attn_mask")}, flash_cpu_of, same_shape,
+      Execution::kRingAttention);
   add("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "attention",
-      {int_arg("is_causal"), present_arg("attn_mask")}, flash_cpu_backward_of);
+      {int_arg("is_causal"), present_arg("attn_mask")}, flash_cpu_backward_of, same_shape,
+      Execution::kRingAttentionBackward);
 }
 
 // Elementwise losses and their backward ops (reduction decides: elementwise_loss).

@@ -109,6 +109,10 @@ enum class Execution : uint8_t {
                      // may have a size-1 dim the global tensor has not)
   kSliceBackwardAtOffset,  // slice_backward of a grad piece: its start moved by the piece's
                            // offset along the sliced dim
+  // The fused CPU attention and its backward: ring attention where q/k/v are sharded along the
+  // sequence (NOTE [ring attention in the engine]), else the rule on the pieces.
+  kRingAttention,
+  kRingAttentionBackward,
 };
 
 // How an op's FLOPs follow from its rule's factors (NOTE [compute in the cost model]).

@@ -10,11 +10,12 @@ function instead) and runs ring attention when
   ring is ``mesh``'s group (1-D: on a 2-D or 3-D world, ``world["cp"]``), so pieces that are
   also a TP rank's heads (``parallelize_module``'s local outputs) work as they are;
 * q, k, v are distributed tensors laid out as NOTE [ring attention on an n-D mesh] says: the
-  result is a distributed tensor in q's placements. Distributed tensors are plain
-  ``torch.Tensor`` objects with no Python-level type of their own, so outside the block their
-  SDPA goes straight to the C++ engine (which gathers k/v along the sequence, exact), unless
-  ``_enable_context_parallel_dispatcher()`` (PyTorch's name) registered ring attention as the
-  op's kernel for distributed tensors' autograd dispatch key.
+  result is a distributed tensor in q's placements. Outside the block the C++ engine runs
+  the same ring for such distributed q/k/v when SDPA takes ATen's fused CPU kernel (4-D, one
+  head size, no mask, no dropout: NOTE [ring attention in the engine]); for other shapes
+  ``_enable_context_parallel_dispatcher()`` (PyTorch's name) registers ring attention as the
+  op's kernel for distributed tensors' autograd dispatch key (distributed tensors are plain
+  ``torch.Tensor`` objects with no Python-level type of their own to hook).
 * q, k, v are distributed tensors on a mesh that shares no rank but this one with ``mesh`` (TP's
   projections with ``use_local_output=False``: heads on "tp", each tp rank's tensors built
   from this cp rank's piece of the sequence): their local tensors are pieces as plain ones
@@ -40,7 +41,7 @@ this rank's piece of the result in q's placements. With GQA and heads sharded, t
 must divide by the number of head pieces so that every q head finds its k/v head on the same
 rank. Any other layout with the sequence sharded (``Shard`` of the head size, ``Partial``, the
 sequence on two mesh dims, q/k/v placed differently) is refused inside ``context_parallel`` and
-left to the engine (exact, gathering k/v) by the dispatcher.
+left to the engine's rule (exact, gathering k/v) by the dispatcher.
 """
 
 import contextlib
