@@ -1,25 +1,27 @@
-// NOTE [ring attention in the engine]: ATen's fused CPU attention and its backward
-// (_scaled_dot_product_flash_attention_for_cpu[_backward], what scaled_dot_product_attention
-// runs on the CPU and its autograd calls) run as ring attention (ring_attention.h) when q, k
-// and v are sharded along the sequence on exactly one mesh dim, so a C++ program gets context
-// parallelism from a plain at::scaled_dot_product_attention call, with no Python:
-// * q, k, v (4-D [b, h, s, d]) are on one mesh with the same placements: Shard(2) on one mesh
-//   dim m, and on every other mesh dim Replicate or a Shard of the batch (0) or the heads (1);
-//   those only pick which rows and heads a rank holds, the same on every rank of one ring (the
-//   ranks differing only along m). With GQA and the heads cut into pieces, the k/v heads divide
-//   by the number of pieces, so every q head finds its k/v head on the same rank;
-// * no attn_mask and no dropout (the rule below computes those);
-// * the backward's grad_out, out and logsumexp take q's placements (moved there if they are not).
+// NOTE [ring attention in the engine]: scaled_dot_product_attention on distributed q, k, v
+// sharded along the sequence runs as ring attention (ring_attention.h), so a C++ program gets
+// context parallelism from a plain at::scaled_dot_product_attention call, with no Python. Two
+// entries: SDPA's kernel at the autograd key (ring_sdpa: q/k/v of any rank >= 2, a value head
+// size unlike the query's, GQA, any device: off the CPU the blocks are explicit fp32), and ATen's
+// fused CPU attention op and its backward (run_ring_attention: what SDPA runs where the autograd
+// key is skipped, under inference mode, or a direct call of the op). Both take:
+// * q, k, v ([..., h, s, d]) on one mesh with the same placements: Shard(s) on exactly one mesh
+//   dim m, and on every other mesh dim Replicate or a Shard of the heads or of a batch dim; those
+//   only pick which rows and heads a rank holds, the same on every rank of one ring (the ranks
+//   differing only along m). With GQA and the heads cut into pieces, the k/v heads divide by the
+//   number of pieces, so every q head finds its k/v head on the same rank;
+// * no attn_mask and no dropout (the table's rule and SDPA's math path compute those).
 // The pieces are natural order (Shard's chunks), so a causal mask leaves the last rank the most
-// work; Python's context_parallel shards head-tail for balance. Outputs: out and logsumexp in
-// q's placements, dq/dk/dv in their inputs'. The ring's collectives count under the op's name.
-// k/v move by one all_gather or by W-1 rotations (rotate_method(), PyTorch's default
-// "allgather": the cost model prices one gather below W-1 rotations of the same bytes; the
-// rotation keeps memory per rank O(S/W)). The query never moves and a causal block nobody sees
-// is skipped, where the table's rule (nn_ops.cc) would gather q for a causal mask. Any other
-// layout runs by that rule.
+// work; Python's context_parallel shards head-tail for balance. The output (and logsumexp) take
+// q's placements, dq/dk/dv their inputs'; a gradient of the output in another layout is moved to
+// q's first. The ring's collectives count under the op's name. k/v move by one all_gather or by
+// W-1 rotations (rotate_method(); PyTorch's default "allgather": the cost model prices one
+// gather below W-1 rotations of the same bytes, and the rotation keeps memory per rank O(S/W)).
+// The query never moves and a causal block nobody sees is skipped, where the fused op's rule
+// (nn_ops.cc) would gather q for a causal mask. Any other layout runs as before.
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 #include <string>
@@ -27,16 +29,20 @@
 
 #include "base/error.h"
 #include "collectives/functional.h"
+#include "dtensor/autograd.h"
 #include "dtensor/dispatch_internal.h"
+#include "dtensor/dtensor_impl.h"
 #include "dtensor/redistribute.h"
 #include "dtensor/ring_attention.h"
 
 namespace dtensor::dispatch_detail {
 namespace {
 
-// The mesh dim whose groups run ring attention on q, k, v of these specs, or -1 (the rule's).
+// The mesh dim whose groups run ring attention on q, k, v of these specs ([..., h, s, d], the
+// sequence at dim n-2, the heads at n-3, batch dims before), or -1 (the rule's).
 int64_t ring_mesh_dim(const DTensorSpec& q, const DTensorSpec& k, const DTensorSpec& v) {
-  if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4) return -1;
+  const int64_t n = q.ndim();
+  if (n < 2 || k.ndim() != n || v.ndim() != n) return -1;
   if (q.mesh() != k.mesh() || q.mesh() != v.mesh()) return -1;
   if (q.placements() != k.placements() || q.placements() != v.placements()) return -1;
   if (!q.has_default_shard_order() || !k.has_default_shard_order() ||
@@ -46,20 +52,35 @@ int64_t ring_mesh_dim(const DTensorSpec& q, const DTensorSpec& k, const DTensorS
   int64_t seq = -1, head_pieces = 1;
   for (int64_t m = 0; m < q.mesh().ndim(); ++m) {
     const Placement p = q.placement(m);
-    if (p.is_shard(2)) {
+    if (p.is_shard(n - 2)) {
       if (seq >= 0) return -1;  // the sequence cut on two mesh dims
       seq = m;
-    } else if (p.is_shard(1)) {
+    } else if (p.is_shard(n - 3)) {
       head_pieces *= q.mesh().size(m);
-    } else if (!p.is_replicate() && !p.is_shard(0)) {
+    } else if (!p.is_replicate() && !(p.is_shard() && p.dim() < n - 3)) {
       return -1;  // Partial, or a cut head size
     }
   }
-  if (seq >= 0 && head_pieces > 1 && q.shape()[1] != k.shape()[1] &&
-      k.shape()[1] % head_pieces != 0) {
+  if (seq >= 0 && head_pieces > 1 && q.shape()[n - 3] != k.shape()[n - 3] &&
+      k.shape()[n - 3] % head_pieces != 0) {
     return -1;
   }
   return seq;
+}
+
+// The ring over mesh dim m for q/k/v of these specs (natural order: Shard's chunks).
+attention::RingPlan plan_for(const DTensorSpec& q, const DTensorSpec& k, int64_t m, bool causal,
+                             std::optional<double> scale) {
+  const DeviceMesh& mesh = q.mesh();
+  const int64_t n = q.ndim();
+  attention::RingPlan plan;
+  plan.group = group_over_dims(mesh, {m}, &plan.rank);
+  plan.q = attention::SeqLayout::natural(q.shape()[n - 2], mesh.size(m));
+  plan.kv = attention::SeqLayout::natural(k.shape()[n - 2], mesh.size(m));
+  plan.causal = causal;
+  plan.scale = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(q.shape()[n - 1]));
+  plan.method = attention::rotate_method();
+  return plan;
 }
 
 const Input* input_at(const Inputs& inputs, int arg) {
@@ -99,15 +120,10 @@ bool run_ring_attention(const c10::OperatorHandle& op, const OpInfo& info, torch
   if (m < 0) return false;
 
   const DeviceMesh& mesh = q->spec.mesh();
-  attention::RingPlan plan;
-  plan.group = group_over_dims(mesh, {m}, &plan.rank);
-  plan.q = attention::SeqLayout::natural(q->spec.shape()[2], mesh.size(m));
-  plan.kv = attention::SeqLayout::natural(k->spec.shape()[2], mesh.size(m));
-  plan.causal = args[dropout_arg + 1].toBool();
   const c10::IValue& scale = args[dropout_arg + 3];
-  plan.scale =
-      scale.isNone() ? 1.0 / std::sqrt(static_cast<double>(q->spec.shape()[3])) : scale.toDouble();
-  plan.method = attention::rotate_method();
+  const attention::RingPlan plan =
+      plan_for(q->spec, k->spec, m, args[dropout_arg + 1].toBool(),
+               scale.isNone() ? std::nullopt : std::optional<double>(scale.toDouble()));
 
   // The outputs' pieces and their global shapes with the placements they take (ATen has no
   // meta kernel for these ops): out [b, hq, s, e] and logsumexp [b, hq, s] as q; dq, dk, dv as
@@ -143,6 +159,101 @@ bool run_ring_attention(const c10::OperatorHandle& op, const OpInfo& info, torch
     stack->push_back(wrap(info.name, locals[j].contiguous(), spec));
   }
   return true;
+}
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr char kSdpa[] = "aten::scaled_dot_product_attention";
+
+// What the SDPA-level ring keeps for its backward besides the pieces.
+struct SavedRing : torch::CustomClassHolder {
+  SavedRing(attention::RingPlan p, DTensorSpec q, DTensorSpec k, DTensorSpec v)
+      : plan(std::move(p)), q(q), k(k), v(v) {}
+  attention::RingPlan plan;
+  DTensorSpec q, k, v;
+};
+
+// [..., h, l, e] as the ring's [b, h, l, e] (a view where strides allow).
+at::Tensor as_4d(const at::Tensor& t) {
+  if (t.dim() == 2) return t.unsqueeze(0).unsqueeze(0);
+  if (t.dim() == 3) return t.unsqueeze(0);
+  return t.dim() == 4 ? t : t.flatten(0, t.dim() - 4);
+}
+
+// Ring attention on distributed q, k, v: the output is distributed as q, and the backward gives
+// dq, dk, dv distributed as their inputs.
+struct RingSdpaFn : torch::autograd::Function<RingSdpaFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, int64_t m, bool causal,
+                            std::optional<double> scale) {
+    const DTensorSpec &qs = spec_of(q), &ks = spec_of(k), &vs = spec_of(v);
+    auto saved = c10::make_intrusive<SavedRing>(plan_for(qs, ks, m, causal, scale), qs, ks, vs);
+    const at::Tensor ql = local_of(q), kl = local_of(k), vl = local_of(v);
+    at::Tensor out, lse;
+    {
+      collectives::CommCause cause(kSdpa);
+      std::tie(out, lse) =
+          attention::ring_attention_forward(as_4d(ql), as_4d(kl), as_4d(vl), saved->plan);
+    }
+    ctx->save_for_backward({ql, kl, vl, out, lse});
+    ctx->saved_data["ring"] = at::IValue::make_capsule(saved);
+    std::vector<int64_t> local_shape = ql.sizes().vec(), shape = qs.shape();
+    local_shape.back() = vl.size(-1);
+    shape.back() = vs.shape().back();
+    const DTensorSpec spec =
+        DTensorSpec::make(qs.mesh(), qs.placements(), TensorMeta::make(shape, out.scalar_type()));
+    return make_dtensor(out.reshape(local_shape), spec);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto& saved = *static_cast<const SavedRing*>(ctx->saved_data["ring"].toCapsule().get());
+    const variable_list pieces = ctx->get_saved_variables();
+    const at::Tensor &ql = pieces[0], &kl = pieces[1], &vl = pieces[2];
+    // The output's gradient in the output's placements (a Partial one reduced first).
+    const at::Tensor g = local_of(autograd::relaid(grads[0], saved.q.placements()));
+    at::Tensor dq, dk, dv;
+    {
+      collectives::CommCause cause(kSdpa);
+      std::tie(dq, dk, dv) =
+          attention::ring_attention_backward(as_4d(g.to(ql.scalar_type())), as_4d(ql), as_4d(kl),
+                                             as_4d(vl), pieces[3], pieces[4], saved.plan);
+    }
+    return {make_dtensor(in_spec_layout(dq.reshape(ql.sizes()), saved.q), saved.q),
+            make_dtensor(in_spec_layout(dk.reshape(kl.sizes()), saved.k), saved.k),
+            make_dtensor(in_spec_layout(dv.reshape(vl.sizes()), saved.v), saved.v),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+}  // namespace
+
+std::optional<at::Tensor> ring_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const std::optional<at::Tensor>& attn_mask, double dropout_p,
+                                    bool is_causal, std::optional<double> scale, bool enable_gqa) {
+  if (!is_dtensor(q) || !is_dtensor(k) || !is_dtensor(v)) return std::nullopt;
+  if ((attn_mask && attn_mask->defined()) || dropout_p != 0) return std::nullopt;
+  const DTensorSpec &qs = spec_of(q), &ks = spec_of(k), &vs = spec_of(v);
+  const int64_t m = ring_mesh_dim(qs, ks, vs);
+  if (m < 0 || !holds_piece(qs.mesh())) return std::nullopt;
+  // SDPA's own checks (its composite raises for the rest): one head size for q and k, k and v
+  // alike but for v's head size, equal batch dims, and GQA's heads.
+  const int64_t n = qs.ndim();
+  const auto &qd = qs.shape(), &kd = ks.shape(), &vd = vs.shape();
+  if (qd[n - 1] != kd[n - 1] || !std::equal(kd.begin(), kd.end() - 1, vd.begin())) {
+    return std::nullopt;
+  }
+  if (n >= 3) {
+    if (!std::equal(qd.begin(), qd.end() - 3, kd.begin())) return std::nullopt;
+    if (qd[n - 3] != kd[n - 3] && (!enable_gqa || qd[n - 3] % kd[n - 3] != 0)) {
+      return std::nullopt;
+    }
+  }
+  return RingSdpaFn::apply(q, k, v, m, is_causal, scale);
 }
 
 }  // namespace dtensor::dispatch_detail

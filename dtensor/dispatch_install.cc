@@ -49,6 +49,10 @@ std::tuple<at::Tensor, at::Tensor> sdpa_math(const at::Tensor& q, const at::Tens
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                 std::optional<double> scale, bool enable_gqa) {
+  if (auto out =
+          dispatch_detail::ring_sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)) {
+    return *out;  // NOTE [ring attention in the engine]
+  }
   std::optional<at::Tensor> mask = attn_mask;
   if (mask && mask->defined() && !is_dtensor(*mask) && is_dtensor(q)) {
     const DeviceMesh& mesh = spec_of(q, "scaled_dot_product_attention query").mesh();

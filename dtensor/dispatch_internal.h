@@ -132,6 +132,12 @@ void run_dropout(const c10::IValue* args, torch::jit::Stack* stack, size_t n,
 // and arguments (the op's rule runs them).
 bool run_ring_attention(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
                         c10::IValue* args, size_t n, const Inputs& inputs);
+// scaled_dot_product_attention's ring attention at the autograd key: distributed q/k/v of any
+// rank >= 2 sharded along the sequence, without a mask or dropout; nullopt otherwise (SDPA's own
+// path runs).
+std::optional<at::Tensor> ring_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const std::optional<at::Tensor>& attn_mask, double dropout_p,
+                                    bool is_causal, std::optional<double> scale, bool enable_gqa);
 
 // out= arguments (dispatch_out.cc): each out= piece put in the arguments before the local op
 // (one of another shape replaced, NOTE [resized out= arguments]); after it, the out= tensor

@@ -3,6 +3,7 @@
 // never gathered, and the collectives are the ring's. Ranks are threads.
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
 #include <string>
@@ -20,8 +21,13 @@ using attention::RotateMethod;
 using collectives::run_threads;
 namespace api = dtensor::api;
 
+constexpr char kSdpa[] = "aten::scaled_dot_product_attention";
 constexpr char kFlash[] = "aten::_scaled_dot_product_flash_attention_for_cpu";
 constexpr char kFlashBackward[] = "aten::_scaled_dot_product_flash_attention_for_cpu_backward";
+
+// The two entries of NOTE [ring attention in the engine]: SDPA's autograd kernel, and ATen's
+// fused CPU op (and its backward) called directly.
+enum class Entry { kSdpa, kFusedOp };
 
 at::Tensor global_for(const std::vector<int64_t>& shape, int64_t salt) {
   int64_t numel = 1;
@@ -32,7 +38,8 @@ at::Tensor global_for(const std::vector<int64_t>& shape, int64_t salt) {
 struct Case {
   std::vector<int64_t> mesh;
   Placements placements;  // of q, k, v, the output and its gradient
-  int64_t b = 2, hq = 4, hk = 4, s = 12, t = 12, e = 8;
+  int64_t b = 2, hq = 4, hk = 4, s = 12, t = 12, e = 8, ev = 8;
+  Entry entry = Entry::kSdpa;
   bool causal = true;
   RotateMethod method = RotateMethod::kAllGather;
 };
@@ -64,7 +71,10 @@ std::vector<std::map<std::pair<std::string, std::string>, int64_t>> run_case(con
     at::Tensor out;
     {
       collectives::CommCounter forward;
-      out = at::scaled_dot_product_attention(dq, dk, dv, {}, 0.0, c.causal, std::nullopt, gqa);
+      out = c.entry == Entry::kSdpa
+                ? at::scaled_dot_product_attention(dq, dk, dv, {}, 0.0, c.causal, std::nullopt, gqa)
+                : std::get<0>(
+                      at::_scaled_dot_product_flash_attention_for_cpu(dq, dk, dv, 0.0, c.causal));
       if (rank == 0) counts[0] = forward.counts_by_cause();
     }
     EXPECT_EQ(api::spec(out).placements(), c.placements);
@@ -97,36 +107,51 @@ void expect_only(const std::map<std::pair<std::string, std::string>, int64_t>& c
   }
 }
 
+// The causes of the forward's and the backward's collectives for an entry.
+std::pair<std::string, std::string> causes(Entry entry) {
+  if (entry == Entry::kSdpa) return {kSdpa, kSdpa};
+  return {kFlash, kFlashBackward};
+}
+
 TEST(RingAttentionDispatch, AllGatherCausalAndNot) {
-  for (const int64_t w : {2, 3, 4}) {
-    for (const bool causal : {true, false}) {
-      SCOPED_TRACE("world " + std::to_string(w) + (causal ? " causal" : ""));
-      Case c;
-      c.mesh = {w};
-      c.placements = {Shard(2)};
-      c.causal = causal;
-      const auto counts = run_case(c);
-      expect_only(counts[0], kFlash);
-      EXPECT_EQ(count(counts[0], kFlash, "all_gather_into_tensor"), 1);
-      expect_only(counts[1], kFlashBackward);
-      EXPECT_EQ(count(counts[1], kFlashBackward, "all_gather_into_tensor"), 1);
-      EXPECT_EQ(count(counts[1], kFlashBackward, "reduce_scatter_tensor"), 1);
+  for (const Entry entry : {Entry::kSdpa, Entry::kFusedOp}) {
+    for (const int64_t w : {2, 3, 4}) {
+      for (const bool causal : {true, false}) {
+        SCOPED_TRACE("world " + std::to_string(w) + (causal ? " causal" : "") +
+                     (entry == Entry::kSdpa ? " sdpa" : " fused op"));
+        Case c;
+        c.mesh = {w};
+        c.placements = {Shard(2)};
+        c.causal = causal;
+        c.entry = entry;
+        const auto counts = run_case(c);
+        const auto [fwd, bwd] = causes(entry);
+        expect_only(counts[0], fwd);
+        EXPECT_EQ(count(counts[0], fwd, "all_gather_into_tensor"), 1);
+        expect_only(counts[1], bwd);
+        EXPECT_EQ(count(counts[1], bwd, "all_gather_into_tensor"), 1);
+        EXPECT_EQ(count(counts[1], bwd, "reduce_scatter_tensor"), 1);
+      }
     }
   }
 }
 
 TEST(RingAttentionDispatch, AllToAllRotatesKeysAndValues) {
-  for (const int64_t w : {2, 4}) {
-    SCOPED_TRACE("world " + std::to_string(w));
-    Case c;
-    c.mesh = {w};
-    c.placements = {Shard(2)};
-    c.method = RotateMethod::kAllToAll;
-    const auto counts = run_case(c);
-    expect_only(counts[0], kFlash);
-    EXPECT_EQ(count(counts[0], kFlash, "all_to_all_single"), w - 1);
-    expect_only(counts[1], kFlashBackward);
-    EXPECT_EQ(count(counts[1], kFlashBackward, "all_to_all_single"), 2 * w - 1);
+  for (const Entry entry : {Entry::kSdpa, Entry::kFusedOp}) {
+    for (const int64_t w : {2, 4}) {
+      SCOPED_TRACE("world " + std::to_string(w));
+      Case c;
+      c.mesh = {w};
+      c.placements = {Shard(2)};
+      c.method = RotateMethod::kAllToAll;
+      c.entry = entry;
+      const auto counts = run_case(c);
+      const auto [fwd, bwd] = causes(entry);
+      expect_only(counts[0], fwd);
+      EXPECT_EQ(count(counts[0], fwd, "all_to_all_single"), w - 1);
+      expect_only(counts[1], bwd);
+      EXPECT_EQ(count(counts[1], bwd, "all_to_all_single"), 2 * w - 1);
+    }
   }
 }
 
@@ -138,7 +163,7 @@ TEST(RingAttentionDispatch, UnevenSequenceAndGqa) {
   c.hk = 2;
   for (const RotateMethod method : {RotateMethod::kAllGather, RotateMethod::kAllToAll}) {
     c.method = method;
-    expect_only(run_case(c)[0], kFlash);
+    expect_only(run_case(c)[0], kSdpa);
   }
 }
 
@@ -146,24 +171,80 @@ TEST(RingAttentionDispatch, SequenceBesideHeadsAndBatch) {
   Case heads;
   heads.mesh = {2, 2};
   heads.placements = {Shard(1), Shard(2)};
+  expect_only(run_case(heads)[0], kSdpa);
+  heads.entry = Entry::kFusedOp;
   expect_only(run_case(heads)[0], kFlash);
   Case batch;
   batch.mesh = {2, 2};
   batch.placements = {Shard(2), Shard(0)};
   batch.hk = 2;
   batch.method = RotateMethod::kAllToAll;
-  expect_only(run_case(batch)[0], kFlash);
+  expect_only(run_case(batch)[0], kSdpa);
 }
 
-// Query and keys of different lengths, not causal: every query row sees every key.
-TEST(RingAttentionDispatch, CrossAttentionLengths) {
+// Query and keys of different lengths, and a value head size unlike the query's (no fused
+// kernel takes it: SDPA's entry only).
+TEST(RingAttentionDispatch, CrossAttentionLengthsAndValueHeadSize) {
   Case c;
   c.mesh = {3};
   c.placements = {Shard(2)};
   c.s = 9;
   c.t = 14;
-  c.causal = false;
-  expect_only(run_case(c)[0], kFlash);
+  for (const bool causal : {false, true}) {  // causal: top-left, query i sees keys j <= i
+    c.causal = causal;
+    expect_only(run_case(c)[0], kSdpa);
+  }
+  c.t = 9;
+  c.ev = 5;
+  expect_only(run_case(c)[0], kSdpa);
+}
+
+// Under inference mode SDPA's autograd kernel is skipped: the fused op's entry runs the ring.
+TEST(RingAttentionDispatch, InferenceMode) {
+  const at::Tensor q = global_for({2, 4, 10, 8}, 1), k = global_for({2, 4, 10, 8}, 2),
+                   v = global_for({2, 4, 10, 8}, 3);
+  const at::Tensor want = at::scaled_dot_product_attention(q, k, v, {}, 0.0, true);
+  run_threads(3, [&](int64_t rank) {
+    const c10::InferenceMode no_autograd;
+    const DeviceMesh mesh = api::init_device_mesh({3});
+    collectives::CommCounter counter;
+    const at::Tensor out = at::scaled_dot_product_attention(
+        api::distribute_tensor(q, mesh, {Shard(2)}), api::distribute_tensor(k, mesh, {Shard(2)}),
+        api::distribute_tensor(v, mesh, {Shard(2)}), {}, 0.0, true);
+    expect_only(counter.counts_by_cause(), kFlash);
+    EXPECT_EQ(api::spec(out).placements(), Placements{Shard(2)});
+    EXPECT_TRUE(at::allclose(api::full_tensor(out), want, 1e-10, 1e-10));
+  });
+}
+
+// 3-D (no batch) and 5-D (two batch dims) q/k/v through SDPA's entry.
+TEST(RingAttentionDispatch, OtherRanks) {
+  for (const std::vector<int64_t>& shape :
+       std::vector<std::vector<int64_t>>{{4, 9, 8}, {2, 3, 2, 9, 8}}) {
+    const int64_t n = static_cast<int64_t>(shape.size());
+    const at::Tensor q = global_for(shape, 1), k = global_for(shape, 2), v = global_for(shape, 3),
+                     g = global_for(shape, 4);
+    const at::Tensor rq = q.clone().requires_grad_();
+    const at::Tensor want = at::scaled_dot_product_attention(rq, k, v, {}, 0.0, true);
+    want.backward(g);
+    run_threads(3, [&](int64_t) {
+      const DeviceMesh mesh = api::init_device_mesh({3});
+      const Placements seq = {Shard(static_cast<int32_t>(n - 2))};
+      const at::Tensor dq = api::distribute_tensor(q, mesh, seq).requires_grad_();
+      const at::Tensor dk = api::distribute_tensor(k, mesh, seq),
+                       dv = api::distribute_tensor(v, mesh, seq),
+                       dg = api::distribute_tensor(g, mesh, seq);
+      at::Tensor out;
+      {
+        collectives::CommCounter counter;
+        out = at::scaled_dot_product_attention(dq, dk, dv, {}, 0.0, true);
+        out.backward(dg);
+        expect_only(counter.counts_by_cause(), kSdpa);
+      }
+      EXPECT_TRUE(at::allclose(api::full_tensor(out), want, 1e-10, 1e-10));
+      EXPECT_TRUE(at::allclose(api::full_tensor(dq.grad()), rq.grad(), 1e-10, 1e-10));
+    });
+  }
 }
 
 }  // namespace

@@ -202,9 +202,6 @@ def _sdpa_pieces(mode, q, k, v, a):
 
 
 def _plan(group, rank, q_lay, kv_lay, is_causal, scale):
-    if is_causal and q_lay.seq_len != kv_lay.seq_len:
-        raise NotImplementedError(f"context parallel attention: is_causal needs equal query and "
-                                  f"key lengths, got {q_lay.seq_len} and {kv_lay.seq_len}")
     return _RingPlan(group, rank, q_lay, kv_lay, bool(is_causal), scale,
                      _cp_options.rotate_method)
 
@@ -261,75 +258,34 @@ def _placement_key(p, ndim):
     return ("shard", d) if d is not None else str(p)
 
 
-def _sdpa_dtensor(q, k, v, a, strict=True):
+def _sdpa_dtensor(q, k, v, a):
     """Ring attention on distributed q/k/v (NOTE [ring attention on an n-D mesh]); None for
-    another layout, left to the engine. With ``strict=False`` a sequence-sharded layout or
-    arguments ring attention does not take give None too (the engine computes them) instead of
-    an error."""
-    try:
-        mesh_dim = _ring_mesh_dim(q, k, v)
-        if mesh_dim is None:
-            return None
-        group, rank, world = _mesh_dim_group(q.device_mesh, mesh_dim)
-        scale = _check_sdpa_args(q, k, v, a["attn_mask"], a["dropout_p"], a["is_causal"],
-                                 a["scale"], a["enable_gqa"])
-        plan = _plan(group, rank, _SeqLayout(q.shape[-2], world, False),
-                     _SeqLayout(k.shape[-2], world, False), a["is_causal"], scale)
-    except (ValueError, NotImplementedError):
-        if strict:
-            raise
+    another layout, left to the engine; a sequence-sharded layout or arguments ring attention
+    does not take raise."""
+    mesh_dim = _ring_mesh_dim(q, k, v)
+    if mesh_dim is None:
         return None
+    group, rank, world = _mesh_dim_group(q.device_mesh, mesh_dim)
+    scale = _check_sdpa_args(q, k, v, a["attn_mask"], a["dropout_p"], a["is_causal"], a["scale"],
+                             a["enable_gqa"])
+    plan = _plan(group, rank, _SeqLayout(q.shape[-2], world, False),
+                 _SeqLayout(k.shape[-2], world, False), a["is_causal"], scale)
     out = _ring_sdpa(q.to_local(), k.to_local(), v.to_local(), plan)
     shape = tuple(q.shape[:-1]) + (v.shape[-1],)
     return DTensor.from_local(out, q.device_mesh, list(q.placements), shape=shape,
                               stride=torch.empty(shape, device="meta").stride())
 
 
-# The kernel of aten::scaled_dot_product_attention for distributed tensors' autograd key while
-# the context parallel dispatcher is enabled (None: disabled).
-_dispatcher_lib = None
-
-
-def _sdpa_kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
-                 scale=None, enable_gqa=False):
-    a = _sdpa_signature(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    out = None
-    if all(isinstance(t, DTensor) for t in (query, key, value)):
-        out = _sdpa_dtensor(query, key, value, a, strict=False)
-    if out is None:
-        # What the dispatcher runs for the op otherwise: its composite decomposition.
-        out = torch.ops.aten.scaled_dot_product_attention.default.decompose(
-            query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
-            enable_gqa=enable_gqa)
-    return out
-
-
 def _enable_context_parallel_dispatcher():
-    """PyTorch's name: from now on, in every thread, ``F.scaled_dot_product_attention`` on
-    distributed q/k/v sharded ``Shard(dim -2)`` on a mesh dim (NOTE [ring attention on an n-D
-    mesh]) runs ring attention (rotate method of ``set_rotate_method``; the result is placed as
-    q), without ``context_parallel``.
-    Distributed tensors have no Python type to hook, so this registers a kernel of
-    ``aten::scaled_dot_product_attention`` for their autograd dispatch key
-    (``AutogradPrivateUse1``); other layouts and arguments ring attention does not take (a mask,
-    dropout) run as before (the op's composite decomposition on the engine). Under
-    ``torch.inference_mode`` (no autograd key) the engine's own path runs."""
-    global _dispatcher_lib
-    if _dispatcher_lib is None:
-        # The engine's own kernel for the op and key (a plain mask taken as replicated) must be
-        # registered first, or it would replace this one at the first distributed tensor.
-        _C.ensure_dispatch_installed()
-        lib = torch.library.Library("aten", "IMPL")
-        lib.impl("scaled_dot_product_attention", _sdpa_kernel, "AutogradPrivateUse1")
-        _dispatcher_lib = lib
+    """PyTorch's name, kept for its callers: it makes ``F.scaled_dot_product_attention`` on
+    distributed q/k/v sharded ``Shard(dim -2)`` on a mesh dim run ring attention without
+    ``context_parallel``, which the engine does by itself for every such call (NOTE [ring
+    attention in the engine]), so there is nothing to enable."""
 
 
 def _disable_context_parallel_dispatcher():
-    """Undoes ``_enable_context_parallel_dispatcher``."""
-    global _dispatcher_lib
-    if _dispatcher_lib is not None:
-        _dispatcher_lib._destroy()
-        _dispatcher_lib = None
+    """PyTorch's name; the engine's ring attention stays (see
+    ``_enable_context_parallel_dispatcher``)."""
 
 
 @contextlib.contextmanager
