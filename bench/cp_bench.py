@@ -9,6 +9,10 @@ fp32 (every rank draws the same tensors from one seed). Every side runs in proce
 so each one's peak memory is its own:
   engine_allgather   dtensor.experimental.context_parallel on --ranks processes (the engine's shm
   engine_alltoall    backend), head-tail load balance, set_rotate_method("allgather"/"alltoall")
+  dtensor_alltoall   no context manager: q/k/v distributed Shard(2) (natural order, so a causal
+                     mask leaves the last rank the most work), F.scaled_dot_product_attention on
+                     them runs the engine's own ring attention (NOTE [ring attention in the
+                     engine]), "alltoall"
   pytorch_allgather  torch.distributed.tensor.experimental.context_parallel, the same calls, on a
   pytorch_alltoall   Gloo group of the same number of processes (when PyTorch refuses CPU, Gloo
                      or a method, its error is the side's JSON line and the run goes on)
@@ -51,8 +55,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_util import free_port, run_job  # noqa: E402
 
-SIDES = ("engine_allgather", "engine_alltoall", "pytorch_allgather", "pytorch_alltoall",
-         "one_process", "one_process_shard")
+SIDES = ("engine_allgather", "engine_alltoall", "dtensor_alltoall", "pytorch_allgather",
+         "pytorch_alltoall", "one_process", "one_process_shard")
 RTOL, ATOL = 1e-4, 1e-5
 
 
@@ -118,7 +122,7 @@ def side_main(args):
         return 0
     method = side.split("_", 1)[1]
     bufs = inputs(args, args.seq)
-    if side.startswith("engine"):
+    if side.startswith(("engine", "dtensor")):
         import dtensor
         from dtensor import _functional_collectives as fc
         from dtensor.experimental import (context_parallel, context_parallel_unshard,
@@ -144,10 +148,15 @@ def side_main(args):
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             return t.tolist()
     set_rotate_method(method)
-    with context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2] * 4,
-                          no_restore_buffers=set(bufs)):
-        ms, peak, last = timed_steps(args, *bufs)
-        whole = context_parallel_unshard(mesh, last, [2] * 4)
+    if side.startswith("dtensor"):
+        placed = [dtensor.distribute_tensor(t, mesh, [dtensor.Shard(2)]) for t in bufs]
+        ms, peak, last = timed_steps(args, *placed)
+        whole = [t.full_tensor() for t in last]
+    else:
+        with context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2] * 4,
+                              no_restore_buffers=set(bufs)):
+            ms, peak, last = timed_steps(args, *bufs)
+            whole = context_parallel_unshard(mesh, last, [2] * 4)
     ms, peak = gather_max([ms, peak])
     if rank == 0:
         ref = reference(args)
@@ -213,7 +222,7 @@ def report(rows, args):
                 r["ratio_mem_to_shard"] = round(r["peak_tensor_bytes"] /
                                                 shard["peak_tensor_bytes"], 4)
             pt = by.get("pytorch_" + r["side"].split("_", 1)[1])
-            if pt is not None and r["side"].startswith("engine"):
+            if pt is not None and r["side"].startswith(("engine", "dtensor")):
                 r["ratio_time_to_pytorch"] = round(r["ms"] / pt["ms"], 4)
         verdict = "" if not cp or r["equal_to_one_process"] else "  WRONG: not one process"
         print(f"{r['side']:<18} {r['ms']:>9.2f} {r.get('ratio_time_to_ideal', nan):>9.2f}x "
