@@ -23,8 +23,12 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "base/error.h"
@@ -108,9 +112,8 @@ bool run_ring_attention(const c10::OperatorHandle& op, const OpInfo& info, torch
   //          -> (dq, dk, dv)
   const bool backward = info.execution == sharding::Execution::kRingAttentionBackward;
   const int q_arg = backward ? 1 : 0, dropout_arg = backward ? 6 : 3;
-  const c10::IValue& mask = args[dropout_arg + 2];  // autograd passes an undefined tensor
-  if (args[dropout_arg].toDouble() != 0 || (mask.isTensor() && mask.toTensor().defined()) ||
-      !(mask.isNone() || mask.isTensor())) {
+  const c10::IValue& mask = args[dropout_arg + 2];  // None, or (from autograd) undefined
+  if (args[dropout_arg].toDouble() != 0 || (mask.isTensor() && mask.toTensor().defined())) {
     return false;
   }
   const Input *q = input_at(inputs, q_arg), *k = input_at(inputs, q_arg + 1),
@@ -209,6 +212,7 @@ struct RingSdpaFn : torch::autograd::Function<RingSdpaFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return variable_list(6);
     const auto& saved = *static_cast<const SavedRing*>(ctx->saved_data["ring"].toCapsule().get());
     const variable_list pieces = ctx->get_saved_variables();
     const at::Tensor &ql = pieces[0], &kl = pieces[1], &vl = pieces[2];
