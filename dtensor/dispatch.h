@@ -37,6 +37,19 @@
 
 namespace dtensor {
 
+class DTensorSpec;
+
+// Which mesh dim's groups run ring attention for distributed q, k, v of these specs
+// ([..., heads, seq, head size]; NOTE [ring attention in the engine] in dispatch_attention.cc):
+// mesh_dim -1 with `refusal` empty when no mesh dim shards the sequence, with `refusal` saying why
+// when the sequence is sharded in a layout ring attention does not take (the rules compute it).
+struct RingLayout {
+  int64_t mesh_dim = -1;
+  std::string refusal;
+};
+RingLayout ring_attention_mesh_dim(const DTensorSpec& q, const DTensorSpec& k,
+                                   const DTensorSpec& v);
+
 // Registers the kernel (idempotent, thread-safe). make_dtensor calls it.
 void ensure_dispatch_installed();
 

@@ -34,43 +34,58 @@
 #include "base/error.h"
 #include "collectives/functional.h"
 #include "dtensor/autograd.h"
+#include "dtensor/dispatch.h"
 #include "dtensor/dispatch_internal.h"
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/redistribute.h"
 #include "dtensor/ring_attention.h"
 
-namespace dtensor::dispatch_detail {
-namespace {
+namespace dtensor {
 
-// The mesh dim whose groups run ring attention on q, k, v of these specs ([..., h, s, d], the
-// sequence at dim n-2, the heads at n-3, batch dims before), or -1 (the rule's).
-int64_t ring_mesh_dim(const DTensorSpec& q, const DTensorSpec& k, const DTensorSpec& v) {
+RingLayout ring_attention_mesh_dim(const DTensorSpec& q, const DTensorSpec& k,
+                                   const DTensorSpec& v) {
   const int64_t n = q.ndim();
-  if (n < 2 || k.ndim() != n || v.ndim() != n) return -1;
-  if (q.mesh() != k.mesh() || q.mesh() != v.mesh()) return -1;
-  if (q.placements() != k.placements() || q.placements() != v.placements()) return -1;
-  if (!q.has_default_shard_order() || !k.has_default_shard_order() ||
-      !v.has_default_shard_order()) {
-    return -1;
-  }
-  int64_t seq = -1, head_pieces = 1;
+  if (n < 2) return {};
+  int64_t seq = -1, seq_dims = 0, head_pieces = 1;
   for (int64_t m = 0; m < q.mesh().ndim(); ++m) {
-    const Placement p = q.placement(m);
-    if (p.is_shard(n - 2)) {
-      if (seq >= 0) return -1;  // the sequence cut on two mesh dims
+    if (q.placement(m).is_shard(n - 2)) {
       seq = m;
-    } else if (p.is_shard(n - 3)) {
-      head_pieces *= q.mesh().size(m);
-    } else if (!p.is_replicate() && !(p.is_shard() && p.dim() < n - 3)) {
-      return -1;  // Partial, or a cut head size
+      ++seq_dims;
     }
   }
-  if (seq >= 0 && head_pieces > 1 && q.shape()[n - 3] != k.shape()[n - 3] &&
-      k.shape()[n - 3] % head_pieces != 0) {
-    return -1;
+  if (seq_dims == 0) return {};
+  auto refuse = [](std::string why) { return RingLayout{-1, std::move(why)}; };
+  if (k.ndim() != n || v.ndim() != n) return refuse("q, k, v have different numbers of dims");
+  if (q.mesh() != k.mesh() || q.mesh() != v.mesh())
+    return refuse("q, k, v are on different meshes");
+  if (q.placements() != k.placements() || q.placements() != v.placements()) {
+    return refuse("q, k, v are placed differently");
   }
-  return seq;
+  if (seq_dims > 1)
+    return refuse("the sequence is sharded on " + std::to_string(seq_dims) + " mesh dims");
+  if (!q.has_default_shard_order() || !k.has_default_shard_order() ||
+      !v.has_default_shard_order()) {
+    return refuse("a tensor dim is sharded by several mesh dims in a non-default order");
+  }
+  for (int64_t m = 0; m < q.mesh().ndim(); ++m) {
+    const Placement p = q.placement(m);
+    if (m == seq || p.is_replicate() || (p.is_shard() && p.dim() < n - 3)) continue;
+    if (!p.is_shard(n - 3))
+      return refuse("mesh dim " + std::to_string(m) + " is placed " + p.to_string());
+    head_pieces *= q.mesh().size(m);
+  }
+  if (head_pieces > 1 && q.shape()[n - 3] != k.shape()[n - 3] &&
+      k.shape()[n - 3] % head_pieces != 0) {
+    return refuse("GQA with the heads cut in " + std::to_string(head_pieces) +
+                  " pieces needs k/v heads divisible by " + std::to_string(head_pieces));
+  }
+  return {seq, ""};
 }
+
+}  // namespace dtensor
+
+namespace dtensor::dispatch_detail {
+namespace {
 
 // The ring over mesh dim m for q/k/v of these specs (natural order: Shard's chunks).
 attention::RingPlan plan_for(const DTensorSpec& q, const DTensorSpec& k, int64_t m, bool causal,
@@ -119,7 +134,7 @@ bool run_ring_attention(const c10::OperatorHandle& op, const OpInfo& info, torch
   const Input *q = input_at(inputs, q_arg), *k = input_at(inputs, q_arg + 1),
               *v = input_at(inputs, q_arg + 2);
   if (q == nullptr || k == nullptr || v == nullptr) return false;
-  const int64_t m = ring_mesh_dim(q->spec, k->spec, v->spec);
+  const int64_t m = ring_attention_mesh_dim(q->spec, k->spec, v->spec).mesh_dim;
   if (m < 0) return false;
 
   const DeviceMesh& mesh = q->spec.mesh();
@@ -242,7 +257,7 @@ std::optional<at::Tensor> ring_sdpa(const at::Tensor& q, const at::Tensor& k, co
   if (!is_dtensor(q) || !is_dtensor(k) || !is_dtensor(v)) return std::nullopt;
   if ((attn_mask && attn_mask->defined()) || dropout_p != 0) return std::nullopt;
   const DTensorSpec &qs = spec_of(q), &ks = spec_of(k), &vs = spec_of(v);
-  const int64_t m = ring_mesh_dim(qs, ks, vs);
+  const int64_t m = ring_attention_mesh_dim(qs, ks, vs).mesh_dim;
   if (m < 0 || !holds_piece(qs.mesh())) return std::nullopt;
   // SDPA's own checks (its composite raises for the rest): one head size for q and k, k and v
   // alike but for v's head size, equal batch dims, and GQA's heads.

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "base/error.h"
+#include "dtensor/dispatch.h"
+#include "dtensor/dtensor_impl.h"
 #include "dtensor/ring_attention.h"
 
 namespace py = pybind11;
@@ -49,6 +51,13 @@ void bind_attention(py::module& m) {
   m.def("rotate_method", [] {
     return std::string(rotate_method() == RotateMethod::kAllToAll ? "alltoall" : "allgather");
   });
+  // (mesh dim, refusal) of NOTE [ring attention in the engine] for distributed q, k, v.
+  m.def(
+      "ring_attention_mesh_dim", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+        const dtensor::RingLayout r = dtensor::ring_attention_mesh_dim(
+            dtensor::spec_of(q, "query"), dtensor::spec_of(k, "key"), dtensor::spec_of(v, "value"));
+        return std::make_pair(r.mesh_dim, r.refusal);
+      });
   // A plan as its parts: the group, this rank's index, each sequence's length and per-rank
   // (offset, size) runs, causal, the scale and the method ("allgather" or "alltoall").
   m.def(

@@ -9,7 +9,7 @@ function instead) and runs ring attention when
   length is the one of a buffer whose piece on this rank has q's length, else W times it. The
   ring is ``mesh``'s group (1-D: on a 2-D or 3-D world, ``world["cp"]``), so pieces that are
   also a TP rank's heads (``parallelize_module``'s local outputs) work as they are;
-* q, k, v are distributed tensors laid out as NOTE [ring attention on an n-D mesh] says: the
+* q, k, v are distributed tensors laid out as NOTE [ring attention in the engine] says: the
   result is a distributed tensor in q's placements. Outside the block the C++ engine runs
   the same ring for such distributed q/k/v when SDPA takes ATen's fused CPU kernel (4-D, one
   head size, no mask, no dropout: NOTE [ring attention in the engine]); for other shapes
@@ -31,17 +31,11 @@ block as a piece too). Left to the engine, SDPA would attend within the piece on
 wrong answer. A mesh that holds other cp ranks says by its placements whether the sequence is
 sharded (the case above) or whole (the engine's).
 
-NOTE [ring attention on an n-D mesh]: distributed q, k, v on one mesh, with the same placements
-(compared by tensor dim), run ring attention when exactly one mesh dim shards the sequence
-(``Shard(dim -2)``, natural order) and every other mesh dim is ``Replicate`` or ``Shard`` of a
-head dim (-3) or a batch dim (< -3). Those dims only pick which heads and batch rows a rank
-holds, the same for all ranks of one ring (the ranks that differ only along the sequence's mesh
-dim), so the ring runs on the local pieces over that mesh dim's group and the local output is
-this rank's piece of the result in q's placements. With GQA and heads sharded, the k/v heads
-must divide by the number of head pieces so that every q head finds its k/v head on the same
-rank. Any other layout with the sequence sharded (``Shard`` of the head size, ``Partial``, the
-sequence on two mesh dims, q/k/v placed differently) is refused inside ``context_parallel`` and
-left to the engine's rule (exact, gathering k/v) by the dispatcher.
+Distributed q, k, v take the engine's ring attention where it takes their layout (NOTE [ring
+attention in the engine]: one mesh dim shards the sequence, the others at most the heads or a
+batch dim, q, k and v alike; ``_C.ring_attention_mesh_dim``); inside ``context_parallel`` any
+other layout with the sequence sharded is refused with the engine's reason, since the engine's
+rules would gather k/v (O(S) per rank) where the block promises a ring.
 """
 
 import contextlib
@@ -190,6 +184,11 @@ def _sdpa_pieces_on_another_mesh(mode, q, k, v, a):
                               stride=torch.empty(shape, device="meta").stride())
 
 
+def _placement_key(p, ndim):
+    """A placement compared by the tensor dim it cuts (``Shard(-2)`` is ``Shard(2)`` of 4 dims)."""
+    return ("shard", p.dim % ndim) if p.is_shard() else str(p)
+
+
 def _sdpa_pieces(mode, q, k, v, a):
     """Ring attention on plain pieces of the block's sequence."""
     scale = _check_sdpa_args(q, k, v, a["attn_mask"], a["dropout_p"], a["is_causal"],
@@ -208,72 +207,29 @@ def _plan(group, rank, q_lay, kv_lay, is_causal, scale):
 
 def _ring_mesh_dim(q, k, v):
     """The mesh dim whose group runs ring attention on distributed q/k/v (NOTE [ring attention
-    on an n-D mesh]); None when no mesh dim shards the sequence (another layout, the engine's).
-    Raises ValueError for a sequence-sharded layout ring attention does not take."""
-    mesh, n = q.device_mesh, q.dim()
-    if n < 2:
-        return None
-    seq_dims = [m for m, p in enumerate(q.placements) if _shards(p, n) == n - 2]
-    if not seq_dims:
-        return None
-    what = (f"q, k, v placed {list(q.placements)}, {list(k.placements)}, {list(v.placements)} "
-            f"on {mesh}, shapes {list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
-
-    def refuse(why):
-        raise ValueError(f"context parallel attention: {why}; got {what}. Ring attention takes "
-                         f"Shard(seq) (dim -2) on one mesh dim and, on the others, Replicate or "
-                         f"Shard of the heads (dim -3) or a batch dim, the same on q, k and v")
-
-    if any(t.device_mesh != mesh for t in (k, v)):
-        refuse("q, k, v are on different meshes")
-    if k.dim() != n or v.dim() != n:
-        refuse("q, k, v have different numbers of dims")
-    key = [_placement_key(p, n) for p in q.placements]
-    if any([_placement_key(p, n) for p in t.placements] != key for t in (k, v)):
-        refuse("q, k, v are placed differently")
-    if len(seq_dims) != 1:
-        refuse(f"the sequence is sharded on {len(seq_dims)} mesh dims")
-    head_pieces = 1
-    for m, p in enumerate(q.placements):
-        d = _shards(p, n)
-        if m == seq_dims[0] or (d is None and p.is_replicate()):
-            continue
-        if d is None or d >= n - 2:
-            refuse(f"mesh dim {m} is placed {p}")
-        if d == n - 3:
-            head_pieces *= mesh.size(m)
-    if head_pieces > 1 and k.shape[-3] != q.shape[-3] and k.shape[-3] % head_pieces:
-        refuse(f"GQA with the heads cut in {head_pieces} pieces needs k/v heads divisible by "
-               f"{head_pieces}")
-    return seq_dims[0]
-
-
-def _shards(p, ndim):
-    """The tensor dim (non-negative) a plain ``Shard`` placement cuts, else None."""
-    return p.dim % ndim if p.is_shard() else None
-
-
-def _placement_key(p, ndim):
-    d = _shards(p, ndim)
-    return ("shard", d) if d is not None else str(p)
+    in the engine]); None when no mesh dim shards the sequence. Raises ValueError for a
+    sequence-sharded layout ring attention does not take."""
+    mesh_dim, refusal = _C.ring_attention_mesh_dim(q, k, v)
+    if refusal:
+        raise ValueError(
+            f"context parallel attention: {refusal}; got q, k, v placed {list(q.placements)}, "
+            f"{list(k.placements)}, {list(v.placements)} on {q.device_mesh}, shapes "
+            f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}. Ring attention takes Shard(seq) "
+            f"(dim -2) on one mesh dim and, on the others, Replicate or Shard of the heads "
+            f"(dim -3) or a batch dim, the same on q, k and v")
+    return None if mesh_dim < 0 else mesh_dim
 
 
 def _sdpa_dtensor(q, k, v, a):
-    """Ring attention on distributed q/k/v (NOTE [ring attention on an n-D mesh]); None for
-    another layout, left to the engine; a sequence-sharded layout or arguments ring attention
-    does not take raise."""
-    mesh_dim = _ring_mesh_dim(q, k, v)
-    if mesh_dim is None:
+    """Ring attention on distributed q/k/v: the engine's (NOTE [ring attention in the engine]);
+    None for a layout that does not shard the sequence (the engine's rules). A sequence-sharded
+    layout or arguments ring attention does not take raise."""
+    if _ring_mesh_dim(q, k, v) is None:
         return None
-    group, rank, world = _mesh_dim_group(q.device_mesh, mesh_dim)
-    scale = _check_sdpa_args(q, k, v, a["attn_mask"], a["dropout_p"], a["is_causal"], a["scale"],
-                             a["enable_gqa"])
-    plan = _plan(group, rank, _SeqLayout(q.shape[-2], world, False),
-                 _SeqLayout(k.shape[-2], world, False), a["is_causal"], scale)
-    out = _ring_sdpa(q.to_local(), k.to_local(), v.to_local(), plan)
-    shape = tuple(q.shape[:-1]) + (v.shape[-1],)
-    return DTensor.from_local(out, q.device_mesh, list(q.placements), shape=shape,
-                              stride=torch.empty(shape, device="meta").stride())
+    _check_sdpa_args(q, k, v, a["attn_mask"], a["dropout_p"], a["is_causal"], a["scale"],
+                     a["enable_gqa"])
+    return torch.ops.aten.scaled_dot_product_attention.default(
+        q, k, v, None, 0.0, a["is_causal"], scale=a["scale"], enable_gqa=a["enable_gqa"])
 
 
 def _enable_context_parallel_dispatcher():
@@ -298,7 +254,7 @@ def context_parallel(mesh, *, buffers=None, buffer_seq_dims=None, no_restore_buf
     ``world["cp"]`` of a 2-D or 3-D world, whose other dims, TP's or FSDP's, it ignores).
     Beyond PyTorch: lengths need not divide by 2W; non-causal attention on a head-tail layout is
     exact (PyTorch refuses it); calls on distributed tensors sharded on the sequence work too,
-    on any mesh (NOTE [ring attention on an n-D mesh])."""
+    on any mesh (NOTE [ring attention in the engine])."""
     buffers = [] if buffers is None else list(buffers)
     seq_dims = [] if buffer_seq_dims is None else list(buffer_seq_dims)
     no_restore = [] if no_restore_buffers is None else list(no_restore_buffers)
