@@ -10,12 +10,9 @@ function instead) and runs ring attention when
   ring is ``mesh``'s group (1-D: on a 2-D or 3-D world, ``world["cp"]``), so pieces that are
   also a TP rank's heads (``parallelize_module``'s local outputs) work as they are;
 * q, k, v are distributed tensors laid out as NOTE [ring attention in the engine] says: the
-  result is a distributed tensor in q's placements. Outside the block the C++ engine runs
-  the same ring for such distributed q/k/v when SDPA takes ATen's fused CPU kernel (4-D, one
-  head size, no mask, no dropout: NOTE [ring attention in the engine]); for other shapes
-  ``_enable_context_parallel_dispatcher()`` (PyTorch's name) registers ring attention as the
-  op's kernel for distributed tensors' autograd dispatch key (distributed tensors are plain
-  ``torch.Tensor`` objects with no Python-level type of their own to hook).
+  result is a distributed tensor in q's placements. The engine runs that ring outside the
+  block too, with no mask or dropout (PyTorch's ``_enable_context_parallel_dispatcher()`` has
+  nothing to enable).
 * q, k, v are distributed tensors on a mesh that shares no rank but this one with ``mesh`` (TP's
   projections with ``use_local_output=False``: heads on "tp", each tp rank's tensors built
   from this cp rank's piece of the sequence): their local tensors are pieces as plain ones
