@@ -32,11 +32,13 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/stable_hash.h"
 #include "collectives/functional.h"
 #include "dtensor/autograd.h"
 #include "dtensor/dispatch.h"
 #include "dtensor/dispatch_internal.h"
 #include "dtensor/dtensor_impl.h"
+#include "dtensor/program_digest.h"
 #include "dtensor/redistribute.h"
 #include "dtensor/ring_attention.h"
 
@@ -102,6 +104,25 @@ attention::RingPlan plan_for(const DTensorSpec& q, const DTensorSpec& k, int64_t
   return plan;
 }
 
+// NOTE [program digest]: the ring's collectives carry the mesh's program state, as a
+// redistribute's do, so ranks whose programs differ (one called attention with another causal
+// flag or scale: the ring's messages would pair all the same) fail at the ring's first
+// collective instead of mixing blocks. The SDPA entry records its call here (the fused op's
+// entry is recorded by the dispatcher with its arguments).
+void record_ring_call(const DeviceMesh& mesh, const char* what, const attention::RingPlan& plan) {
+  if (!program_check_enabled() || mesh.size() <= 1) return;
+  uint64_t h = fnv1a(what);
+  h = fnv1a_int(plan.causal ? 1 : 0, h);
+  h = fnv1a(&plan.scale, sizeof plan.scale, h);
+  h = fnv1a_int(static_cast<int64_t>(plan.method), h);
+  record_program_op(mesh, kOpRan, h);
+}
+
+collectives::ProgramScope program_scope_of(const DeviceMesh& mesh) {
+  const ProgramState state = program_state(mesh);
+  return collectives::ProgramScope(state.ops, state.digest);
+}
+
 const Input* input_at(const Inputs& inputs, int arg) {
   for (const Input& in : inputs) {
     if (in.arg == arg && in.element < 0) return &in;
@@ -150,6 +171,7 @@ bool run_ring_attention(const c10::OperatorHandle& op, const OpInfo& info, torch
   std::vector<std::pair<std::vector<int64_t>, const DTensorSpec*>> shapes;
   {
     collectives::CommCause cause(info.name.c_str());
+    const collectives::ProgramScope program = program_scope_of(mesh);
     if (!backward) {
       auto [out, lse] = attention::ring_attention_forward(q->local, k->local, v->local, plan);
       locals = {out, lse};
@@ -185,6 +207,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 constexpr char kSdpa[] = "aten::scaled_dot_product_attention";
+constexpr char kSdpaBackward[] = "aten::scaled_dot_product_attention (ring backward)";
 
 // What the SDPA-level ring keeps for its backward besides the pieces.
 struct SavedRing : torch::CustomClassHolder {
@@ -212,7 +235,9 @@ struct RingSdpaFn : torch::autograd::Function<RingSdpaFn> {
     const at::Tensor ql = local_of(q), kl = local_of(k), vl = local_of(v);
     at::Tensor out, lse;
     {
+      record_ring_call(qs.mesh(), kSdpa, saved->plan);
       collectives::CommCause cause(kSdpa);
+      const collectives::ProgramScope program = program_scope_of(qs.mesh());
       std::tie(out, lse) =
           attention::ring_attention_forward(as_4d(ql), as_4d(kl), as_4d(vl), saved->plan);
     }
@@ -235,7 +260,9 @@ struct RingSdpaFn : torch::autograd::Function<RingSdpaFn> {
     const at::Tensor g = local_of(autograd::relaid(grads[0], saved.q.placements()));
     at::Tensor dq, dk, dv;
     {
+      record_ring_call(saved.q.mesh(), kSdpaBackward, saved.plan);
       collectives::CommCause cause(kSdpa);
+      const collectives::ProgramScope program = program_scope_of(saved.q.mesh());
       std::tie(dq, dk, dv) =
           attention::ring_attention_backward(as_4d(g.to(ql.scalar_type())), as_4d(ql), as_4d(kl),
                                              as_4d(vl), pieces[3], pieces[4], saved.plan);

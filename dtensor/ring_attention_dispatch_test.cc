@@ -247,5 +247,29 @@ TEST(RingAttentionDispatch, OtherRanks) {
   }
 }
 
+// NOTE [program digest]: ranks that call attention with different causal flags exchange
+// messages of the same sizes; the ring's first collective fails on every rank instead of
+// mixing one rank's blocks with another's.
+TEST(RingAttentionDispatch, RanksWithDifferentArgumentsFail) {
+  const at::Tensor q = global_for({1, 2, 8, 4}, 1);
+  for (const Entry entry : {Entry::kSdpa, Entry::kFusedOp}) {
+    run_threads(2, [&](int64_t rank) {
+      const DeviceMesh mesh = api::init_device_mesh({2});
+      const at::Tensor d = api::distribute_tensor(q, mesh, {Shard(2)});
+      const bool causal = rank == 0;
+      try {
+        if (entry == Entry::kSdpa) {
+          at::scaled_dot_product_attention(d, d, d, {}, 0.0, causal);
+        } else {
+          at::_scaled_dot_product_flash_attention_for_cpu(d, d, d, 0.0, causal);
+        }
+        ADD_FAILURE() << "rank " << rank << ": different causal flags were not caught";
+      } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("program differs"), std::string::npos) << e.what();
+      }
+    });
+  }
+}
+
 }  // namespace
 }  // namespace dtensor
