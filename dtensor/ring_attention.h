@@ -56,7 +56,7 @@ struct RingPlan {
   int64_t rank = 0;   // this rank's index in it
   SeqLayout q, kv;    // the layouts of q and of k/v (same world)
   bool causal = false;
-  double scale = 0;   // the softmax scale (SDPA's default: 1/sqrt(q's head size))
+  double scale = 0;  // the softmax scale (SDPA's default: 1/sqrt(q's head size))
   RotateMethod method = RotateMethod::kAllGather;
 };
 
