@@ -165,10 +165,3 @@ def _check_sdpa_args(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa
         raise ValueError(f"context parallel attention: k {list(k.shape)} and v {list(v.shape)} "
                          f"differ before the last dim")
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-
-
-def _group_and_rank(mesh):
-    if mesh.ndim != 1:
-        raise ValueError(f"context parallel: the mesh must be 1-D (the sequence's mesh dim), got "
-                         f"{mesh.ndim}-D {mesh}; pass mesh[dim_name]")
-    return _C.mesh_group_name(mesh._mesh, 0), mesh.get_local_rank(0)
