@@ -217,13 +217,6 @@ struct SavedRing : torch::CustomClassHolder {
   DTensorSpec q, k, v;
 };
 
-// [..., h, l, e] as the ring's [b, h, l, e] (a view where strides allow).
-at::Tensor as_4d(const at::Tensor& t) {
-  if (t.dim() == 2) return t.unsqueeze(0).unsqueeze(0);
-  if (t.dim() == 3) return t.unsqueeze(0);
-  return t.dim() == 4 ? t : t.flatten(0, t.dim() - 4);
-}
-
 // Ring attention on distributed q, k, v: the output is distributed as q, and the backward gives
 // dq, dk, dv distributed as their inputs.
 struct RingSdpaFn : torch::autograd::Function<RingSdpaFn> {
@@ -238,17 +231,15 @@ struct RingSdpaFn : torch::autograd::Function<RingSdpaFn> {
       record_ring_call(qs.mesh(), kSdpa, saved->plan);
       collectives::CommCause cause(kSdpa);
       const collectives::ProgramScope program = program_scope_of(qs.mesh());
-      std::tie(out, lse) =
-          attention::ring_attention_forward(as_4d(ql), as_4d(kl), as_4d(vl), saved->plan);
+      std::tie(out, lse) = attention::ring_attention_forward(ql, kl, vl, saved->plan);
     }
     ctx->save_for_backward({ql, kl, vl, out, lse});
     ctx->saved_data["ring"] = at::IValue::make_capsule(saved);
-    std::vector<int64_t> local_shape = ql.sizes().vec(), shape = qs.shape();
-    local_shape.back() = vl.size(-1);
+    std::vector<int64_t> shape = qs.shape();
     shape.back() = vs.shape().back();
     const DTensorSpec spec =
         DTensorSpec::make(qs.mesh(), qs.placements(), TensorMeta::make(shape, out.scalar_type()));
-    return make_dtensor(out.reshape(local_shape), spec);
+    return make_dtensor(out, spec);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -264,12 +255,11 @@ struct RingSdpaFn : torch::autograd::Function<RingSdpaFn> {
       collectives::CommCause cause(kSdpa);
       const collectives::ProgramScope program = program_scope_of(saved.q.mesh());
       std::tie(dq, dk, dv) =
-          attention::ring_attention_backward(as_4d(g.to(ql.scalar_type())), as_4d(ql), as_4d(kl),
-                                             as_4d(vl), pieces[3], pieces[4], saved.plan);
+          attention::ring_attention_backward(g, ql, kl, vl, pieces[3], pieces[4], saved.plan);
     }
-    return {make_dtensor(in_spec_layout(dq.reshape(ql.sizes()), saved.q), saved.q),
-            make_dtensor(in_spec_layout(dk.reshape(kl.sizes()), saved.k), saved.k),
-            make_dtensor(in_spec_layout(dv.reshape(vl.sizes()), saved.v), saved.v),
+    return {make_dtensor(in_spec_layout(dq, saved.q), saved.q),
+            make_dtensor(in_spec_layout(dk, saved.k), saved.k),
+            make_dtensor(in_spec_layout(dv, saved.v), saved.v),
             at::Tensor(),
             at::Tensor(),
             at::Tensor()};

@@ -60,16 +60,17 @@ struct RingPlan {
   RotateMethod method = RotateMethod::kAllGather;
 };
 
-// q [B, Hq, Lq, E], k [B, Hk, Lk, E], v [B, Hk, Lk, Ev]: this rank's pieces (Lq, Lk its lengths in
-// the plan's layouts; Hq a multiple of Hk: GQA). Returns out [B, Hq, Lq, Ev] in q's dtype and the
-// log-sum-exp [B, Hq, Lq] in fp32 (the inputs' dtype when wider), as ATen's fused CPU kernel
+// q [..., Hq, Lq, E], k [..., Hk, Lk, E], v [..., Hk, Lk, Ev] (one rank >= 2; the dims before
+// the heads are batch dims, equal on all three): this rank's pieces (Lq, Lk its lengths in the
+// plan's layouts; Hq a multiple of Hk: GQA). Returns out [..., Hq, Lq, Ev] in q's dtype and the
+// log-sum-exp [..., Hq, Lq] in fp32 (the inputs' dtype when wider), as ATen's fused CPU kernel
 // returns them. Rows that see no key get out 0 and lse -inf. Every rank of the group calls it.
 std::tuple<at::Tensor, at::Tensor> ring_attention_forward(const at::Tensor& q, const at::Tensor& k,
                                                           const at::Tensor& v,
                                                           const RingPlan& plan);
 
 // The gradients (dq, dk, dv), each in its input's dtype and shape, of the forward above given its
-// `out` and `lse` and the output's gradient `grad_out` [B, Hq, Lq, Ev]. dk/dv are this rank's
+// `out` and `lse` and the output's gradient `grad_out` (out's shape). dk/dv are this rank's
 // pieces of the gradients summed over every rank's queries.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> ring_attention_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

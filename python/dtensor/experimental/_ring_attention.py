@@ -109,33 +109,21 @@ class _RingPlan:
                 _METHOD_NAMES[self.method])
 
 
-def _as_4d(t):
-    """``[..., H, L, E]`` as the kernel's ``[B, H, L, E]`` (a view where strides allow)."""
-    if t.dim() == 2:
-        return t.unsqueeze(0).unsqueeze(0)
-    if t.dim() == 3:
-        return t.unsqueeze(0)
-    return t if t.dim() == 4 else t.flatten(0, -4)
-
-
 class _RingAttention(torch.autograd.Function):
     """Ring attention on local pieces q [..., Hq, Lq, E], k [..., Hk, Lk, E], v [..., Hk, Lk, Ev];
     returns the local output [..., Hq, Lq, Ev]."""
 
     @staticmethod
     def forward(ctx, q, k, v, plan):
-        out, lse = _C.ring_attention_forward(_as_4d(q), _as_4d(k), _as_4d(v), *plan.args())
+        out, lse = _C.ring_attention_forward(q, k, v, *plan.args())
         ctx.plan = plan
         ctx.save_for_backward(q, k, v, out, lse)
-        return out.reshape(tuple(q.shape[:-1]) + (v.shape[-1],))
+        return out
 
     @staticmethod
     def backward(ctx, g):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _C.ring_attention_backward(_as_4d(g.to(q.dtype)).reshape(out.shape),
-                                                _as_4d(q), _as_4d(k), _as_4d(v), out, lse,
-                                                *ctx.plan.args())
-        return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), None
+        return _C.ring_attention_backward(g, q, k, v, out, lse, *ctx.plan.args()) + (None,)
 
 
 def _ring_sdpa(q, k, v, plan):
