@@ -211,19 +211,20 @@ std::optional<std::string> plan_refusal(const DTensorSpec& src, const DTensorSpe
     return absl::StrCat(head, "source and target describe different tensors (",
                         src.meta().to_string(), " vs ", dst.meta().to_string(), ")");
   }
+  // PyTorch's words ("Can not redistribute from R to P(sum), redistributing to Partial is for
+  // internal use only!"), which its tests and users match, then the engine's detail.
   for (int64_t m = 0; m < src.mesh().ndim(); ++m) {
     const Placement a = src.placement(m), b = dst.placement(m);
     if (!b.is_partial() || a == b) continue;
-    if (a.is_partial()) {
-      return absl::StrCat(head, "a Partial cannot change its reduce op (mesh dim ", m, ": ",
-                          a.to_string(), " -> ", b.to_string(),
-                          "); redistribute to Replicate() first");
-    }
-    if (!options.allow_partial) {
-      return absl::StrCat(
-          head, "redistribute cannot create a Partial (mesh dim ", m, ": ", a.to_string(), " -> ",
-          b.to_string(),
-          "); as in PyTorch, Partial comes only from operators, never from a redistribute");
+    if (a.is_partial() || !options.allow_partial) {
+      return absl::StrCat("Can not redistribute from ", a.to_string(), " to ", b.to_string(),
+                          ", redistributing to Partial is for internal use only! (", head,
+                          "mesh dim ", m, ": ",
+                          a.is_partial() ? "a Partial cannot change its reduce op; redistribute "
+                                           "to Replicate() first"
+                                         : "Partial comes only from operators, never from a "
+                                           "redistribute",
+                          ")");
     }
   }
   return std::nullopt;

@@ -113,9 +113,12 @@ TEST(RedistributePlanTest, RefusalsAreClear) {
       [&] {
         plan_redistribute(r, spec({2, 2}, "P(sum),R", {8, 8}));
       },
-      "cannot create a Partial (mesh dim 0: R -> P(sum))");
+      "Can not redistribute from R to P(sum), redistributing to Partial is for internal use "
+      "only! (redistribute [R,R] -> [P(sum),R]: mesh dim 0: Partial comes only from operators");
   expect_error([&] { plan_redistribute(spec({2}, "P(max)", {4}), spec({2}, "P(sum)", {4})); },
-               "cannot change its reduce op (mesh dim 0: P(max) -> P(sum))");
+               "Can not redistribute from P(max) to P(sum), redistributing to Partial is for "
+               "internal use only! (redistribute [P(max)] -> [P(sum)]: mesh dim 0: a Partial "
+               "cannot change its reduce op");
   expect_error([&] { plan_redistribute(r, spec({4}, "R", {8, 8})); }, "meshes differ");
   expect_error(
       [&] {

@@ -22,6 +22,7 @@
 #include "collectives/c10d_backend.h"
 #include "collectives/functional.h"
 #include "collectives/rank_context.h"
+#include "collectives/torch_process_group.h"
 #include "dtensor/api.h"
 #include "dtensor/dispatch.h"
 #include "dtensor/flop_counter.h"
@@ -242,6 +243,10 @@ void bind_tensors(py::module& m) {
     ctx.register_mesh(mesh);
     return mesh.group_name(dim, ctx.rank());
   });
+  // NOTE [mesh groups as torch process groups]: the c10d ProcessGroup of engine group `group`,
+  // registered under torch_group_name(group) for torch's collectives.
+  m.def("torch_process_group", &collectives::torch_process_group, py::arg("group"), Release());
+  m.def("torch_group_name", &collectives::torch_group_name, py::arg("group"));
   m.def("rank", []() { return collectives::current_context().rank(); });
   m.def("world_size", []() { return collectives::current_context().world_size(); });
 
@@ -272,6 +277,27 @@ void bind_tensors(py::module& m) {
             return out;
           },
           py::arg("backward") = py::none())
+      // A collective the engine did not issue (torch's own, on a group of another backend):
+      // `kind` is a collective_name ("all_reduce", ...), `label` the name it is counted under.
+      .def(
+          "record",
+          [](collectives::CommCounter& c, const std::string& kind, const std::string& label,
+             const std::string& group, bool backward) {
+            for (auto k : {collectives::CollectiveKind::kAllReduce,
+                           collectives::CollectiveKind::kAllGather,
+                           collectives::CollectiveKind::kReduceScatter,
+                           collectives::CollectiveKind::kAllToAll,
+                           collectives::CollectiveKind::kBroadcast,
+                           collectives::CollectiveKind::kBarrier}) {
+              if (kind != collectives::collective_name(k)) continue;
+              collectives::CommRecord r{k, label, group};
+              r.backward = backward;
+              c.record(std::move(r));
+              return;
+            }
+            throw Error("CommCounter.record: unknown collective kind '" + kind + "'");
+          },
+          py::arg("kind"), py::arg("label"), py::arg("group"), py::arg("backward"))
       .def("__str__", &collectives::CommCounter::to_string);
   // NOTE [FLOP counter]: per-thread, so stop() on the thread that made it (FlopCounterMode).
   py::class_<FlopCounter>(m, "FlopCounter")

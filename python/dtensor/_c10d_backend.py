@@ -83,20 +83,6 @@ class DTensorProcessGroup(ProcessGroup):
         self._ranks = ranks
         self._buffers = {}
 
-    @classmethod
-    def _of_engine_group(cls, group, ranks, rank):
-        """The ProcessGroup of an existing engine group (a mesh dim's) whose members are the
-        global ``ranks``; registered in torch.distributed's tables, so its collectives accept
-        global ranks as they do for groups of ``new_group``."""
-        pg = cls.__new__(cls)
-        ProcessGroup.__init__(pg, ranks.index(rank), len(ranks))
-        pg._group, pg._ranks, pg._buffers = group, list(ranks), {}
-        c10d = dist.distributed_c10d
-        c10d._pg_map[pg] = ("dtensor", None)
-        c10d._pg_names[pg] = f"dtensor:{group}"
-        c10d._pg_group_ranks[pg] = {g: i for i, g in enumerate(ranks)}
-        return pg
-
     def getBackendName(self):  # noqa: N802  (c10d's name)
         return "dtensor"
 

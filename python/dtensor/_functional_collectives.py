@@ -126,6 +126,9 @@ def _group_name(group):
     if isinstance(name, str):
         return name
     if isinstance(group, torch.distributed.ProcessGroup):
+        engine = _engine_group_of(group)
+        if engine is not None:
+            return engine
         from torch.distributed import distributed_c10d as c10d
         ranks = c10d._pg_group_ranks.get(group)
         if ranks is None:
@@ -133,6 +136,17 @@ def _group_name(group):
         return _C.new_group(sorted(ranks, key=ranks.get))
     raise TypeError(f"unsupported group {group!r}: pass a name, ranks, a list of rank lists, a "
                     f"ProcessGroup, a 1-D DeviceMesh or (DeviceMesh, mesh_dim)")
+
+
+def _engine_group_of(pg):
+    """The engine group behind a mesh's torch ProcessGroup (registered as "dtensor:<group>",
+    NOTE [mesh groups as torch process groups]), else None."""
+    try:
+        name = pg.group_name
+    except RuntimeError:  # a group with no name set
+        return None
+    prefix = "dtensor:"
+    return name[len(prefix):] if isinstance(name, str) and name.startswith(prefix) else None
 
 
 def _size(group):

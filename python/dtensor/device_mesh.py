@@ -1,6 +1,7 @@
 """DeviceMesh and init_device_mesh (torch.distributed.device_mesh's names)."""
 
 import os
+import sys
 import threading
 import warnings
 
@@ -148,7 +149,9 @@ class _MeshResources(threading.local):
 
     def __init__(self):
         self.mesh_stack = []
-        self.groups = {}  # (mesh, dim) -> its ProcessGroup (DeviceMesh.get_group)
+        self.groups = {}  # (C++ mesh, dim) -> its ProcessGroup (DeviceMesh.get_group)
+        # (C++ mesh, dim) -> the torch.distributed group DeviceMesh.from_group was given.
+        self.given_groups = {}
         # C++ sub-mesh -> the Python mesh it was last sliced from (its root), as PyTorch's
         # _mesh_resources.get_root_mesh; per thread, so a rank never reaches another rank's (or
         # an earlier job's) mesh objects.
@@ -181,7 +184,42 @@ def _current_mesh_or(device_mesh, what):
                      f"`with mesh:` to use that mesh as the default")
 
 
-class DeviceMesh:
+def _torch_group(group):
+    """The c10d ProcessGroup of engine group ``group`` (C++: NOTE [mesh groups as torch process
+    groups]), entered in torch.distributed's tables of groups so that ``get_rank(group)``,
+    ``get_process_group_ranks(group)`` and collectives given global ranks work on it."""
+    import torch.distributed as dist
+    c10d = dist.distributed_c10d
+    pg = _C.torch_process_group(group)
+    if pg not in c10d._pg_group_ranks:
+        ranks = _C.group_ranks(group)
+        c10d._pg_map[pg] = ("dtensor", None)
+        c10d._pg_names[pg] = pg.group_name
+        c10d._pg_group_ranks[pg] = {g: i for i, g in enumerate(ranks)}
+        c10d._pg_backend_config[pg] = "cpu:dtensor,cuda:dtensor"
+    return pg
+
+
+def _torch_device_mesh_class():
+    """PyTorch's DeviceMesh class (NOTE [a torch DeviceMesh]); ``object`` when this torch has
+    none."""
+    mod = sys.modules.get("torch.distributed.device_mesh")
+    if mod is not None and mod.__name__ == "torch.distributed.device_mesh":
+        return getattr(mod, "DeviceMesh", object)
+    try:  # the module name is already this package's (the opt-in): take torch's own binding
+        import torch.distributed._functional_collectives as funcol
+        return getattr(funcol, "DeviceMesh", object)
+    except ImportError:
+        return object
+
+
+# NOTE [a torch DeviceMesh]: torch's own code accepts a mesh by isinstance against its
+# DeviceMesh class (the functional collectives' ``(mesh, dim)`` groups, distributed_c10d, FSDP
+# and DCP helpers, Dynamo). The engine's mesh subclasses it so that it is accepted there, and
+# overrides what those callers read (the public methods, ``_dim_group_names``); it never runs
+# torch's constructor, so torch's private state is absent and a torch helper that needs it
+# fails with AttributeError instead of using a mesh it does not know.
+class DeviceMesh(_torch_device_mesh_class()):
     """An N-D array of ranks. ``mesh`` is a nested list / tensor of global ranks.
 
     ``with mesh:`` makes it this thread's current mesh: APIs given ``device_mesh=None``
@@ -268,6 +306,8 @@ class DeviceMesh:
         c_mesh = _C.mesh_from_process_groups(mine, rank, dist.get_world_size(),
                                              list(layout.shape), layout.flatten().tolist(),
                                              list(mesh_dim_names or []), device_type)
+        for d, g in enumerate(groups):
+            _mesh_resources.given_groups[(c_mesh, d)] = g
         return DeviceMesh._wrap(c_mesh, device_type)
 
     @classmethod
@@ -377,20 +417,31 @@ class DeviceMesh:
 
     def get_group(self, mesh_dim=None):
         """The ``torch.distributed.ProcessGroup`` of ``mesh_dim`` (an int or a dim name; may be
-        omitted on a 1-D mesh) holding this rank: its collectives run on the engine's group of
-        that mesh dim (NOTE [dtensor c10d backend]), and it works with torch.distributed's
-        collectives and DistributedDataParallel. One object per mesh dim and thread."""
+        omitted on a 1-D mesh) holding this rank, as PyTorch's: a c10d group registered under
+        its name (``group.group_name``, also ``mesh._dim_group_names[dim]``) whose collectives
+        run on the engine's group of that mesh dim, so torch.distributed's collectives, the
+        functional collectives (by group, name or ``(mesh, dim)``) and DDP all work on it (NOTE
+        [mesh groups as torch process groups]). A mesh made by ``from_group`` gives back the
+        groups it was made from."""
         dim = self._dim_index(mesh_dim, "get_group")
+        given = _mesh_resources.given_groups.get((self._mesh, dim))
+        if given is not None:
+            return given
+        self._my_coordinate("get_group")
         cache = _mesh_resources.groups
-        key = (self, dim)
-        if key not in cache:
-            from dtensor import _c10d_backend
-            index = list(self._my_coordinate("get_group"))
-            index[dim] = slice(None)
-            ranks = [int(r) for r in self.mesh[tuple(index)].reshape(-1).tolist()]
-            cache[key] = _c10d_backend.DTensorProcessGroup._of_engine_group(
-                _C.mesh_group_name(self._mesh, dim), ranks, self.get_rank())
-        return cache[key]
+        key = (self._mesh, dim)
+        pg = cache.get(key)
+        if pg is None:
+            pg = cache[key] = _torch_group(_C.mesh_group_name(self._mesh, dim))
+        return pg
+
+    @property
+    def _dim_group_names(self):
+        """The registered name of each mesh dim's group (PyTorch's attribute, which torch's
+        functional collectives read for ``(mesh, dim)``); empty on a rank outside the mesh."""
+        if self.get_coordinate() is None:
+            return []
+        return [self.get_group(d).group_name for d in range(self.ndim)]
 
     def get_all_groups(self):
         """``get_group(d)`` for every mesh dim, as PyTorch."""

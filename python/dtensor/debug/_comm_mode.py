@@ -21,6 +21,7 @@ import weakref
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.overrides import TorchFunctionMode, resolve_name
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from dtensor import _C
@@ -132,6 +133,64 @@ class _OpRecorder(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+# NOTE [torch's own collectives in CommDebugMode]: PyTorch's CommDebugMode also counts the
+# collectives torch.distributed and its functional collectives issue on plain tensors. Those on
+# a mesh's group run on the engine (NOTE [mesh groups as torch process groups]) and its counter
+# records them; those on a group of another backend (Gloo, NCCL from init_process_group or
+# new_group) never reach the engine, so a dispatch mode sees their ops and records them in the
+# same counter, under the kind the engine would have given them.
+_TORCH_OP_KINDS = {
+    "all_reduce": "all_reduce", "all_reduce_": "all_reduce",
+    "all_reduce_coalesced": "all_reduce", "all_reduce_coalesced_": "all_reduce",
+    "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
+    "all_gather_into_tensor": "all_gather", "all_gather_into_tensor_coalesced": "all_gather",
+    "all_gather_into_tensor_out": "all_gather", "allgather_": "all_gather",
+    "_allgather_base_": "all_gather", "allgather_coalesced_": "all_gather",
+    "allgather_into_tensor_coalesced_": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "reduce_scatter_": "reduce_scatter", "_reduce_scatter_base_": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "all_to_all_single": "all_to_all", "alltoall_base_": "all_to_all", "alltoall_": "all_to_all",
+    "broadcast": "broadcast", "broadcast_": "broadcast", "scatter_": "scatter",
+}
+_TORCH_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd")
+
+
+def _torch_op_group(args):
+    """The group name of a torch collective op's arguments: a functional op's last string, or
+    a c10d op's ProcessGroup's name ("" when neither is there)."""
+    for a in reversed(args):
+        if isinstance(a, str):
+            return a
+        if isinstance(a, torch.ScriptObject):
+            try:
+                return torch._C._distributed_c10d.ProcessGroup.unbox(a).group_name
+            except (RuntimeError, AttributeError):
+                continue
+    return ""
+
+
+class _TorchCollectives(TorchDispatchMode):
+    """Records torch's own collective ops on non-engine groups into the owner's counter."""
+
+    def __init__(self, owner):
+        super().__init__()
+        self.owner = owner
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        namespace = func.namespace
+        if namespace in _TORCH_NAMESPACES:
+            kind = _TORCH_OP_KINDS.get(func.overloadpacket.__name__)
+            counter = self.owner._counter
+            group = _torch_op_group(list(args) + list(kwargs.values()))
+            if kind is not None and counter is not None and not group.startswith("dtensor:"):
+                label = "scatter" if kind == "scatter" else _NAMES.get(kind, kind)
+                counter.record("all_to_all" if kind == "scatter" else kind, label, group,
+                               torch._C._current_graph_task_id() != -1)
+        return func(*args, **kwargs)
+
+
 class CommDebugMode:
     """Counts the collectives this rank issues inside ``with CommDebugMode() as m:``.
 
@@ -164,9 +223,12 @@ class CommDebugMode:
         self._handles = [register_module_forward_pre_hook(self._pre_hook)]
         self._recorder = _OpRecorder(self)
         self._recorder.__enter__()
+        self._torch_collectives = _TorchCollectives(self)
+        self._torch_collectives.__enter__()
         return self
 
     def __exit__(self, *exc):
+        self._torch_collectives.__exit__(*exc)
         self._recorder.__exit__(*exc)
         for h in self._handles:
             h.remove()

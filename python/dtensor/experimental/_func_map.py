@@ -16,8 +16,8 @@ def _is_placements(p):
     return isinstance(p, (tuple, list)) and all(isinstance(x, Placement) for x in p)
 
 
-def local_map(func, out_placements, in_placements=None, device_mesh=None, *,
-              redistribute_inputs=False):
+def local_map(func=None, out_placements=None, in_placements=None, in_grad_placements=None,
+              device_mesh=None, *, redistribute_inputs=False):
     """PyTorch's ``local_map``: returns a function that calls ``func`` on this rank's pieces of
     its distributed arguments (plain arguments pass as they are) and wraps each tensor output
     with ``out_placements`` (one placements tuple per output, ``None`` for a non-tensor output)
@@ -25,13 +25,25 @@ def local_map(func, out_placements, in_placements=None, device_mesh=None, *,
     the piece those placements give this rank. ``in_placements`` (one per positional argument,
     ``None`` for plain ones): a distributed argument in other placements raises ValueError, or
     is redistributed when ``redistribute_inputs``. Without distributed arguments ``func`` runs
-    on the plain ones and its result is returned as it is. Differentiable (to_local/from_local).
+    on the plain ones and its result is returned as it is. Differentiable (to_local/from_local):
+    ``in_grad_placements`` (one per positional argument, ``None`` for plain ones or to keep the
+    argument's placements) gives the placements of each distributed argument's gradient, as
+    ``to_local(grad_placements=...)``. Without ``func`` it is a decorator:
+    ``@local_map(out_placements=..., ...)``.
     """
+    if func is None:
+        return functools.partial(local_map, out_placements=out_placements,
+                                 in_placements=in_placements,
+                                 in_grad_placements=in_grad_placements, device_mesh=device_mesh,
+                                 redistribute_inputs=redistribute_inputs)
 
     @functools.wraps(func)
     def wrapped(*args, **kwargs):
         if in_placements is not None and len(in_placements) != len(args):
             raise ValueError(f"local_map: {len(in_placements)} in_placements for "
+                             f"{len(args)} arguments")
+        if in_grad_placements is not None and len(in_grad_placements) != len(args):
+            raise ValueError(f"local_map: {len(in_grad_placements)} in_grad_placements for "
                              f"{len(args)} arguments")
         mesh, local_args, seen = device_mesh, [], False
         for i, arg in enumerate(args):
@@ -50,7 +62,8 @@ def local_map(func, out_placements, in_placements=None, device_mesh=None, *,
                             f"but in_placements wants {tuple(want)}; pass "
                             f"redistribute_inputs=True to move it")
                     arg = arg.redistribute(mesh, want)
-                local_args.append(arg.to_local())
+                grad = None if in_grad_placements is None else in_grad_placements[i]
+                local_args.append(arg.to_local(grad_placements=grad))
             else:
                 if in_placements is not None and in_placements[i] is not None and \
                         isinstance(arg, torch.Tensor):
