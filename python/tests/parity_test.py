@@ -410,6 +410,37 @@ def test_local_map_and_implicit_replication():
     assert all(dtensor.run_threads(2, fn))
 
 
+def test_local_map_as_a_decorator_with_in_grad_placements():
+    """PyTorch's forms: ``@local_map(out_placements=...)`` with func omitted, and
+    ``in_grad_placements`` (4th positional, before device_mesh) giving each distributed
+    argument's gradient placements. A Replicate weight used by every rank's rows gets a
+    per-rank partial gradient: in_grad_placements=Partial() makes its sum the gradient, equal to
+    one device's."""
+    from dtensor import Partial
+    from dtensor.experimental import local_map
+    torch.manual_seed(0)
+    x, w = torch.randn(8, 6), torch.randn(6)
+
+    @local_map(out_placements=[Shard(0)], in_placements=((Shard(0),), (Replicate(),)),
+               in_grad_placements=((Shard(0),), (Partial(),)))
+    def scale(xl, wl):
+        return xl * wl
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (2,))
+        dx = distribute_tensor(x, mesh, [Shard(0)])
+        dw = distribute_tensor(w.clone().requires_grad_(), mesh, [Replicate()])
+        y = scale(dx, dw)
+        assert isinstance(y, DTensor) and y.placements == (Shard(0),)
+        torch.testing.assert_close(y.full_tensor(), x * w)
+        y.sum().backward()
+        assert dw.grad.placements == (Partial(),), dw.grad.placements
+        torch.testing.assert_close(dw.grad.full_tensor(), x.sum(0))
+        return True
+
+    assert all(dtensor.run_threads(2, fn))
+
+
 def test_visualize_sharding_prints_once(capsys):
     """PyTorch prints the layout on the rank at coordinate 0 of every mesh dim only."""
     from dtensor.debug import visualize_sharding
