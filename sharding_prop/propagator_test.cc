@@ -100,6 +100,8 @@ TEST(PropagatorTest, ChoosesTheCheapestLayoutTable) {
       {"aten::view", {4}, {{"S(0)", {8, 4}}}, {{32}}, "[S(0)]", "[S(0)]", "ab->(ab)"},
       {"aten::view", {4}, {{"S(0)", {6, 4}}}, {{24}}, "[R]", "[R]", ""},
       {"aten::view", {2}, {{"S(0)", {8}}}, {{2, 4}}, "[S(0)]", "[S(0)]", "(ab)->ab"},
+      // A size-1 dim facing a size-1 dim keeps its (uneven) Shard, as PyTorch's view does.
+      {"aten::view", {4}, {{"S(0)", {1, 8}}}, {{1, 2, 4}}, "[S(0)]", "[S(0)]", ""},
       {"aten::transpose.int", {4}, {{"S(0)", {8, 4}}}, {{0, 1}}, "[S(0)]", "[S(1)]", ""},
       {"aten::unsqueeze", {4}, {{"S(1)", {8, 4}}}, {{0}}, "[S(1)]", "[S(2)]", ""},
       // cat keeps the other dims' sharding; the cat dim is gathered.

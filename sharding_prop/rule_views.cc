@@ -131,7 +131,15 @@ Rule reshape_rule(const std::vector<int64_t>& from, std::vector<int64_t> to) {
     // Walk both shapes, grouping dims until the groups hold the same number of elements.
     size_t i = 0, j = 0;
     for (;;) {
-      while (i < from.size() && from[i] == 1) ++i;  // size-1 dims relate to nothing
+      // A size-1 dim facing a size-1 dim is the same dim: it shares a factor, so a Shard there
+      // stays (NOTE [size-1 factors]; PyTorch's view keeps it: x.view(1, 2, 4) of a [1, 8]
+      // tensor sharded on dim 0 moves nothing). Other size-1 dims relate to nothing.
+      while (i < from.size() && j < to.size() && from[i] == 1 && to[j] == 1) {
+        const int f = rule.add_factor(1);
+        in[i++] = {f};
+        out[j++] = {f};
+      }
+      while (i < from.size() && from[i] == 1) ++i;
       while (j < to.size() && to[j] == 1) ++j;
       if (i == from.size() || j == to.size()) break;
       std::vector<size_t> gi = {i}, gj = {j};
