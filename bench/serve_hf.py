@@ -33,7 +33,7 @@ import statistics
 import sys
 import time
 
-from serve_bench import Server, percentile, rank_pids, rss_mb, run_load
+from serve_client import Server, percentile, rank_pids, rss_mb, run_load
 
 # Real configurations (the published config.json's math fields) with random weights.
 RANDOM_MODELS = {
