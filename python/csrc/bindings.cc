@@ -6,6 +6,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <unistd.h>
+
+#include <atomic>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -242,6 +246,17 @@ PYBIND11_MODULE(_C, m) {
       py::arg("backend") = "", py::arg("timeout_ms") = 0, py::call_guard<py::gil_scoped_release>(),
       "Rendezvous from torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) through "
       "a TCPStore and install the process's collectives context.");
+  m.def(
+      "join_fake_job",
+      [](int64_t rank, int64_t world_size) {
+        static std::atomic<int64_t> jobs{0};
+        collectives::set_process_context(std::make_shared<RankContext>(
+            rank, world_size, "fake",
+            "fake-" + std::to_string(::getpid()) + "-" + std::to_string(jobs++)));
+      },
+      py::arg("rank"), py::arg("world_size"),
+      "Makes this process rank `rank` of `world_size` on the \"fake\" backend, whose other ranks "
+      "do not exist (NOTE [fake backend]): torch.distributed's fake process group.");
   m.def(
       "default_backend",
       [](const std::string& device_type, std::optional<int64_t> devices) {

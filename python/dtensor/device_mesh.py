@@ -93,6 +93,11 @@ def _join_default_group(device_type):
     if not (dist.is_available() and dist.is_initialized()):
         return False
     rank, world = dist.get_rank(), dist.get_world_size()
+    if dist.get_backend() == "fake":
+        # PyTorch's fake process group (FakeStore: no real peers, nothing to rendezvous with):
+        # this process is that rank of a job on the engine's fake backend (NOTE [fake backend]).
+        _C.join_fake_job(rank, world)
+        return True
     store = dist.distributed_c10d._get_default_store()
     if dist.get_backend() == "threaded":
         if store.add(_JOIN_KEY + "/threads", 1) == 1:

@@ -133,3 +133,35 @@ def test_ranks_as_threads_each_resolve_their_own_group(tmp_path):
     """Ranks as threads of one process register one group name each (c10d's per-thread
     registry): each thread's collectives reach its own rank's group."""
     run_on_ranks(THREADS, 1, tmp_path)
+
+
+FAKE = r"""
+import torch
+import torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+import dtensor
+from dtensor import Replicate, Shard, distribute_tensor, init_device_mesh
+from dtensor.debug import CommDebugMode
+
+# PyTorch's fake process group: this process is rank 1 of 4 absent ranks (NOTE [fake backend]).
+dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=4)
+mesh = init_device_mesh("cpu", (2, 2))
+assert mesh.get_coordinate() == (0, 1), mesh.get_coordinate()
+x = distribute_tensor(torch.randn(9, 4), mesh, [Shard(0), Shard(1)])
+assert x.to_local().shape == (5, 2), x.to_local().shape  # 9 rows cut 5/4, then 4 cols 2/2
+with CommDebugMode() as comm:
+    w = distribute_tensor(torch.randn(4, 3), mesh, [Replicate(), Replicate()])
+    y = (x @ w).redistribute(mesh, [Replicate(), Replicate()])
+assert y.shape == (9, 3) and y.to_local().shape == (9, 3), y.to_local().shape
+assert comm.get_total_counts() >= 1, str(comm)
+assert isinstance(mesh.get_group(0), dist.ProcessGroup)
+print("ok")
+"""
+
+
+def test_fake_process_group(tmp_path):
+    """After torch's init_process_group("fake") a process joins the engine as that rank of
+    absent peers: meshes, layouts, shapes and collective counts as on real ranks (values are
+    meaningless there, as on PyTorch's fake group). Before, joining raised c10d's INTERNAL
+    ASSERT (FakeStore has no set/get)."""
+    run_on_ranks(FAKE, 1, tmp_path)
