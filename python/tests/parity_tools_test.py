@@ -86,6 +86,54 @@ def test_comm_debug_mode_module_view_and_tables(tmp_path):
         assert any(op["input_sharding"] for op in w2["operations_forward"])
 
 
+class _Stacked(nn.Module):
+    """Blocks in an nn.ModuleList, which never runs forward itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([_TpMLP(), _TpMLP()])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_comm_debug_mode_names_modules_inside_containers():
+    """A module reached through a container (``layers.0``) is named by its path from the running
+    module (``_Stacked.layers.0.w1``) as PyTorch's CommDebugMode names it; before, both blocks
+    were named by their class and their parameters merged. ``advanced_module_tracker`` gives
+    PyTorch's per-module dicts."""
+    from dtensor.debug import CommDebugMode
+    from dtensor.parallel import RowwiseParallel
+
+    def rank_fn(rank):
+        mesh = init_device_mesh("cpu", (2,))
+        plan = {f"layers.{i}.{n}": (ColwiseParallel() if n == "w1" else RowwiseParallel())
+                for i in range(2) for n in ("w1", "w2")}
+        model = parallelize_module(_Stacked(), mesh, plan)
+        comm = CommDebugMode()
+        with comm:
+            assert len(comm.advanced_module_tracker.module_helper_dict) == 1  # "Global"
+            model(torch.randn(4, 8))
+        tracker = comm.advanced_module_tracker
+        return (sorted(comm.get_parameter_info()), sorted(comm.get_sharding_info()),
+                sorted(tracker.module_helper_dict), dict(tracker.parent_dict),
+                copy.deepcopy(comm.comm_module_counts))
+
+    for params, sharding, helper, parents, counts in dtensor.run_threads(2, rank_fn):
+        blocks = [f"_Stacked.layers.{i}.{n}" for i in range(2) for n in ("w1", "w2")]
+        assert params == blocks, params
+        assert sharding == sorted(f"{b}.{p}" for b in blocks for p in ("bias", "weight"))
+        assert helper == sorted(["Global", "_Stacked", "_Stacked.layers.0", "_Stacked.layers.1",
+                                 "_Stacked.layers.0.relu", "_Stacked.layers.1.relu"] + blocks)
+        assert parents["_Stacked.layers.1.w2"] == "_Stacked.layers.1", parents
+        # Each block's RowwiseParallel output is reduced once, in that block.
+        assert counts["_Stacked.layers.0"]["forward"] == {"all_reduce": 1}
+        assert counts["_Stacked.layers.1.w2"]["forward"] == {"all_reduce": 1}
+        assert counts["Global"]["forward"] == {"all_reduce": 2}
+
+
 # ---- functional collectives: PyTorch's signatures, group forms, waits, autograd, permute ----------
 
 def test_functional_collectives_pytorch_signatures_and_group_forms():

@@ -191,6 +191,36 @@ class _TorchCollectives(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+class _ModuleTracker:
+    """What PyTorch's ``CommDebugMode.advanced_module_tracker`` exposes, read live from its
+    CommDebugMode: per-module dicts keyed by fully-qualified name ("Global" included)."""
+
+    def __init__(self, owner):
+        self._owner = owner
+
+    @property
+    def module_helper_dict(self):
+        """{fqn: {"module_type", "depth", "parameters"}} of the modules seen."""
+        return self._owner._info
+
+    @property
+    def module_parameters_dict(self):
+        return self._owner._params
+
+    @property
+    def sharding_dict(self):
+        return self._owner._sharding
+
+    @property
+    def parent_dict(self):
+        """{fqn: its innermost running parent's fqn} ("Global" for a root)."""
+        return {fqn: parents[-1] for fqn, parents in self._owner._parents.items() if parents}
+
+    @property
+    def name(self):
+        return self._owner._current()[0]
+
+
 class CommDebugMode:
     """Counts the collectives this rank issues inside ``with CommDebugMode() as m:``.
 
@@ -279,6 +309,12 @@ class CommDebugMode:
 
     # ---- modules ----------------------------------------------------------------------------
 
+    @property
+    def advanced_module_tracker(self):
+        """PyTorch's module tracker attribute (``module_helper_dict``, ``module_parameters_dict``,
+        ``sharding_dict``, ``parent_dict``, ``name``), a live view of this mode's tables."""
+        return _ModuleTracker(self)
+
     def _reset_tracking(self):
         self.comm_module_counts.clear()
         self.comm_module_counts["Global"] = _phases()
@@ -327,17 +363,18 @@ class CommDebugMode:
                     counts[phase][k] = counts[phase].get(k, 0) + n
 
     def _name_of(self, mod):
-        """PyTorch's fully-qualified names: a root module by its class name, a child as
-        ``parent.child``."""
+        """PyTorch's fully-qualified names: a root module by its class name, a descendant of the
+        running module as ``parent.path`` (its path through containers that never run forward
+        themselves, such as an ``nn.ModuleList``: ``MLPStacked.layers.0``)."""
         name = self._names.get(mod)
         if name is None:
             parent = self._stack[-1]
             name = type(mod).__name__
             owner = self._modules.get(parent)
             owner = owner() if owner is not None else None
-            for child_name, child in (owner.named_children() if owner is not None else ()):
-                if child is mod:
-                    name = parent + "." + child_name
+            for path, child in (owner.named_modules() if owner is not None else ()):
+                if child is mod and path:
+                    name = parent + "." + path
                     break
             self._names[mod] = name
             self._modules[name] = weakref.ref(mod)
