@@ -328,6 +328,60 @@ TEST(Dispatch, ConvolutionLayouts) {
   });
 }
 
+// NOTE [patch convolution]: a kernel that tiles a spatial dim (stride == kernel, no padding)
+// keeps that dim sharded with no collective, forward and backward, on 1-D and 2-D meshes; the
+// weight's and bias's gradients are Partial sums over the positions; everything equals one
+// device's. Positions that do not split evenly (4 row patches over 3 ranks) are not sharded
+// there (the input moves), still equal to one device's.
+TEST(Dispatch, PatchConvolutionKeepsSpatialShards) {
+  const at::Tensor x = global_for({2, 3, 16, 24}), w = global_for({5, 3, 4, 4}, 1),
+                   b = global_for({5}, 2), g = global_for({2, 5, 4, 6}, 3);
+  const auto conv = [](const at::Tensor& in, const at::Tensor& wt, const at::Tensor& bias) {
+    return at::conv2d(in, wt, bias, at::IntArrayRef{4, 4}, at::IntArrayRef{0, 0});
+  };
+  const at::Tensor xg = x.clone().requires_grad_(), wg = w.clone().requires_grad_(),
+                   bg = b.clone().requires_grad_();
+  const at::Tensor want = conv(xg, wg, bg);
+  want.backward(g);
+  struct Case {
+    std::vector<int64_t> mesh;
+    Placements px, out;
+    bool local;
+  };
+  for (const Case& c :
+       {Case{{2}, {Shard(3)}, {Shard(3)}, true}, Case{{2}, {Shard(2)}, {Shard(2)}, true},
+        Case{{2, 2}, {Shard(2), Shard(3)}, {Shard(2), Shard(3)}, true},
+        Case{{2, 2}, {Shard(0), Shard(3)}, {Shard(0), Shard(3)}, true},
+        Case{{3}, {Shard(2)}, {}, false}}) {
+    int64_t n = 1;
+    for (int64_t s : c.mesh) n *= s;
+    run_threads(n, [&](int64_t) {
+      const DeviceMesh mesh = api::init_device_mesh(c.mesh);
+      const Placements rep(c.mesh.size(), Replicate());
+      const at::Tensor dx = api::distribute_tensor(x, mesh, c.px).requires_grad_();
+      const at::Tensor dw = api::distribute_tensor(w, mesh, rep).requires_grad_();
+      const at::Tensor db = api::distribute_tensor(b, mesh, rep).requires_grad_();
+      collectives::CommCounter counter;
+      const at::Tensor y = conv(dx, dw, db);
+      if (c.local) {
+        EXPECT_EQ(counter.total(), 0) << counter.to_string();
+        EXPECT_EQ(api::spec(y).placements(), c.out);
+      }
+      expect_same(y, want);
+      const at::Tensor dg = api::distribute_tensor(g, mesh, api::spec(y).placements());
+      collectives::CommCounter backward;
+      y.backward(dg);
+      if (c.local) {
+        EXPECT_EQ(backward.total(), 0) << backward.to_string();
+        EXPECT_EQ(api::spec(dx.grad()).placements(), c.px);
+      }
+      expect_same(dx.grad(), xg.grad());
+      expect_same(dw.grad(), wg.grad());
+      expect_same(db.grad(), bg.grad());
+    });
+  }
+}
+
 TEST(Dispatch, Errors) {
   const at::Tensor a = global_for({8, 4});
   run_threads(4, [&](int64_t) {

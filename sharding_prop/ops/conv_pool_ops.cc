@@ -18,10 +18,57 @@ struct ConvFactors {
   Rule r;
   TensorFactors input, weight, output;
   DimFactors batch, cin, cout;
+  DimFactors patches;  // the output-position factors of the patch dims (see conv_patches)
 };
 
+// Stride, padding, dilation and output_padding of a convolution or its backward, from its ints
+// after `skip` leading ones: len(list), list..., four times (a list of one applies to every
+// spatial dim; an empty one is the default).
+struct ConvLists {
+  std::vector<std::vector<int64_t>> lists;
+  int64_t at(size_t list, size_t i) const {
+    const auto& l = lists[list];
+    if (l.empty()) return list == 0 || list == 2 ? 1 : 0;
+    return l[std::min(i, l.size() - 1)];
+  }
+};
+ConvLists conv_lists(const LayoutArgs& a, size_t skip, const char* op) {
+  ConvLists c;
+  for (size_t i = skip; i < a.ints.size();) {
+    const int64_t n = a.ints[i];
+    c.lists.emplace_back(a.ints.begin() + i + 1, a.ints.begin() + i + 1 + n);
+    i += 1 + n;
+  }
+  if (c.lists.size() != 4)
+    throw Error(std::string(op) + ": needs stride, padding, dilation, output_padding");
+  return c;
+}
+
+// NOTE [patch convolution]: a spatial dim whose kernel tiles it exactly (stride == kernel,
+// no padding, no dilation, not transposed, kernel dividing the size: a ViT's patch embedding, a
+// downsampling convolution) maps each output position to its own run of `kernel` input
+// positions. Its input dim is then the factors (positions, kernel), major first, and the output
+// dim the positions factor, so a Shard of the spatial dim stays sharded through the convolution
+// with no communication, as PyTorch's convolution rule keeps it; its backward sums the weight's
+// and bias's gradients over those positions (Partial(sum) when sharded). Positions shard only
+// evenly: an uneven split of the input would cut a patch across ranks. Returns, per spatial
+// dim, its kernel when it tiles, else 0.
+std::vector<int64_t> conv_patches(const TensorMeta& input, const TensorMeta& weight,
+                                  bool transposed, const ConvLists& l) {
+  const int64_t spatial = weight.ndim() - 2, first = input.ndim() - spatial;
+  std::vector<int64_t> out(spatial, 0);
+  for (int64_t i = 0; i < spatial; ++i) {
+    const int64_t in = input.shape[first + i], k = weight.shape[2 + i];
+    if (!transposed && k >= 1 && l.at(0, i) == k && l.at(1, i) == 0 && l.at(2, i) == 1 &&
+        in % k == 0)
+      out[i] = k;
+  }
+  return out;
+}
+
 ConvFactors conv_factors(const TensorMeta& input, const TensorMeta& weight, bool transposed,
-                         int64_t groups, FactorKind cin_kind) {
+                         int64_t groups, FactorKind cin_kind,
+                         const std::vector<int64_t>& patches = {}) {
   if (weight.ndim() < 3 || (input.ndim() != weight.ndim() && input.ndim() != weight.ndim() - 1))
     throw Error(
         "convolution: weight must be [out, in, kernel...] and input [batch, in, spatial...]");
@@ -39,14 +86,28 @@ ConvFactors conv_factors(const TensorMeta& input, const TensorMeta& weight, bool
   auto whole = [&](int64_t size) { return c.r.add_dim(size, FactorKind::kReplicate); };
   if (batched) c.input.push_back(c.batch);
   c.input.push_back(c.cin);
-  for (int64_t d = ch + 1; d < input.ndim(); ++d) c.input.push_back(whole(input.shape[d]));
+  std::vector<DimFactors> positions(input.ndim());
+  for (int64_t d = ch + 1; d < input.ndim(); ++d) {
+    const int64_t k = patches.empty() ? 0 : patches[d - ch - 1];
+    if (k == 0) {
+      c.input.push_back(whole(input.shape[d]));
+      continue;
+    }
+    const int pos = c.r.add_factor(input.shape[d] / k, FactorKind::kPass);
+    c.r.factors[pos].even_only = true;
+    positions[d] = {pos};
+    c.patches.push_back(pos);
+    c.input.push_back(k > 1 ? DimFactors{pos, c.r.add_factor(k, FactorKind::kReplicate)}
+                            : DimFactors{pos});
+  }
   const DimFactors w0 = grouped ? whole(weight.shape[0]) : (transposed ? c.cin : c.cout);
   const DimFactors w1 = grouped ? whole(weight.shape[1]) : (transposed ? c.cout : c.cin);
   c.weight = {w0, w1};
   for (int64_t d = 2; d < weight.ndim(); ++d) c.weight.push_back(whole(weight.shape[d]));
   if (batched) c.output.push_back(c.batch);
   c.output.push_back(c.cout);
-  for (int64_t d = ch + 1; d < input.ndim(); ++d) c.output.push_back({});  // set by the caller
+  // Patch dims keep their positions; the others are set by the caller.
+  for (int64_t d = ch + 1; d < input.ndim(); ++d) c.output.push_back(positions[d]);
   return c;
 }
 
@@ -55,36 +116,26 @@ ConvFactors conv_factors(const TensorMeta& input, const TensorMeta& weight, bool
 // dilation and output_padding (a list of one applies to every spatial dim). A batch-sharded input
 // gives a batch-sharded output, an output-channel-sharded weight (and bias) a channel-sharded
 // output, input channels sharded on both input and weight a Partial(sum) output (the bias then
-// joins on one rank). With groups, channels stay whole; channels shard only evenly.
+// joins on one rank). With groups, channels stay whole; channels shard only evenly. A spatial
+// dim the kernel tiles stays sharded (NOTE [patch convolution]); other spatial dims stay whole.
 BuiltRule convolution_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 2, 3, "convolution");
   const bool transposed = arg(a, 0, "convolution", "transposed") != 0;
   const int64_t groups = arg(a, 1, "convolution", "groups");
-  ConvFactors c = conv_factors(m[0], m[1], transposed, groups, FactorKind::kContract);
+  const ConvLists l = conv_lists(a, 2, "convolution");
+  ConvFactors c = conv_factors(m[0], m[1], transposed, groups, FactorKind::kContract,
+                               conv_patches(m[0], m[1], transposed, l));
   Rule r = std::move(c.r);
   // The output's spatial sizes, computed here (ATen's meta kernel for convolution exists only in
   // Python's registrations, so a C++ program could not ask it).
-  std::vector<std::vector<int64_t>> lists;
-  for (size_t i = 2; i < a.ints.size();) {
-    const int64_t n = a.ints[i];
-    lists.emplace_back(a.ints.begin() + i + 1, a.ints.begin() + i + 1 + n);
-    i += 1 + n;
-  }
-  if (lists.size() != 4)
-    throw Error("convolution: needs stride, padding, dilation, output_padding");
-  auto list_at = [&](size_t list, size_t i) -> int64_t {
-    const auto& l = lists[list];
-    if (l.empty()) return list == 0 || list == 2 ? 1 : 0;
-    return l[std::min(i, l.size() - 1)];
-  };
   const int64_t spatial = m[1].ndim() - 2, first = m[0].ndim() - spatial;
   for (int64_t i = 0; i < spatial; ++i) {
     const int64_t in = m[0].shape[first + i], k = m[1].shape[2 + i];
-    const int64_t s = list_at(0, i), p = list_at(1, i), d = list_at(2, i), op = list_at(3, i);
+    const int64_t s = l.at(0, i), p = l.at(1, i), d = l.at(2, i), op = l.at(3, i);
     const int64_t out = transposed ? (in - 1) * s - 2 * p + d * (k - 1) + op + 1
                                    : (in + 2 * p - d * (k - 1) - 1) / s + 1;
     if (out < 0) throw Error("convolution: the output would have a negative size");
-    c.output[first + i] = r.add_dim(out, FactorKind::kReplicate);
+    if (c.output[first + i].empty()) c.output[first + i] = r.add_dim(out, FactorKind::kReplicate);
   }
   r.inputs = {c.input, c.weight};
   if (m.size() == 3) {
@@ -98,23 +149,29 @@ BuiltRule convolution_of(const Metas& m, const LayoutArgs& a) {
 
 // convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
 // transposed, output_padding, groups, output_mask) -> (grad_input, grad_weight, grad_bias):
-// ints: transposed, groups. grad_input sums over output channels and the weight gradients over
-// the batch: sharding those leaves them Partial(sum).
+// ints as convolution's. grad_input sums over output channels and the weight gradients over the
+// batch and the patch positions (NOTE [patch convolution]): sharding those leaves them
+// Partial(sum).
 BuiltRule convolution_backward_of(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 3, 3, "convolution_backward");
   const bool transposed = arg(a, 0, "convolution_backward", "transposed") != 0;
   const int64_t groups = arg(a, 1, "convolution_backward", "groups");
-  ConvFactors c = conv_factors(m[1], m[2], transposed, groups, FactorKind::kPass);
+  const ConvLists l = conv_lists(a, 2, "convolution_backward");
+  ConvFactors c = conv_factors(m[1], m[2], transposed, groups, FactorKind::kPass,
+                               conv_patches(m[1], m[2], transposed, l));
   Rule r = std::move(c.r);
   TensorFactors grad_output = c.output;
   for (size_t d = grad_output.size() - (m[1].ndim() - (m[1].ndim() == m[2].ndim() ? 2 : 1));
        d < grad_output.size(); ++d) {
     const int64_t size = m[0].shape[d];
-    grad_output[d] = r.add_dim(size, FactorKind::kReplicate);
+    if (grad_output[d].empty()) grad_output[d] = r.add_dim(size, FactorKind::kReplicate);
   }
   r.inputs = {grad_output, c.input, c.weight};
   r.outputs = {c.input, c.weight, {c.cout}};
-  r.output_sums = {c.cout, c.batch, c.batch};
+  // The weight's and bias's gradients sum over the batch and over the patch positions.
+  DimFactors params_sum = c.batch;
+  params_sum.insert(params_sum.end(), c.patches.begin(), c.patches.end());
+  r.output_sums = {c.cout, params_sum, params_sum};
   return {std::move(r), {m[1].dtype, m[2].dtype, m[2].dtype}};
 }
 
@@ -173,7 +230,10 @@ void add_spatial(Adder& add) {
        count_arg("padding"), ints_arg("padding"), count_arg("dilation"), ints_arg("dilation"),
        count_arg("output_padding"), ints_arg("output_padding")},
       convolution_of);
-  add("aten::convolution_backward", "nn", {int_arg("transposed"), int_arg("groups")},
+  add("aten::convolution_backward", "nn",
+      {int_arg("transposed"), int_arg("groups"), count_arg("stride"), ints_arg("stride"),
+       count_arg("padding"), ints_arg("padding"), count_arg("dilation"), ints_arg("dilation"),
+       count_arg("output_padding"), ints_arg("output_padding")},
       convolution_backward_of);
   add("aten::upsample_nearest1d.vec", "nn", {}, spatial(1));
   add("aten::upsample_linear1d.vec", "nn", {}, spatial(1));
