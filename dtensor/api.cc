@@ -201,7 +201,10 @@ std::vector<at::Tensor> local_map(
 at::Tensor redistribute(const at::Tensor& dtensor, const Placements& placements, bool async_op) {
   const DTensorSpec& s = spec_of(dtensor, "redistribute");
   const DTensorSpec dst = DTensorSpec::make(s.mesh(), placements, s.meta());
-  if (dst == s) return dtensor;
+  // Into its own layout: nothing moves, but a tensor that records gradients still gets the
+  // redistribute's autograd node, whose backward lays the gradient out as the input is (a
+  // Partial gradient of a Replicate input is reduced there, as PyTorch's).
+  if (dst == s && !records_grad(dtensor)) return dtensor;
   collectives::CommCause cause("redistribute");
   if (records_grad(dtensor)) return autograd::redistribute(dtensor, dst);
   return make_dtensor(redistribute_local(local_of(dtensor), s, dst, async_op), dst, async_op);

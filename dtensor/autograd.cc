@@ -26,6 +26,31 @@ at::Tensor grad_moved(const at::Tensor& grad, const DTensorSpec& forward) {
   return make_dtensor(redistribute_local(local_of(grad), g, want), want);
 }
 
+// A redistribute's gradient, in the convention of its forward input's spec `forward`, as
+// PyTorch's Redistribute.backward: the forward's placements, a forward Partial becoming
+// Replicate unless the gradient is already that Partial there (the gradient of a Partial ->
+// Partial redistribute stays Partial: no communication). A Partial gradient is still one
+// device's gradient of a distributed input; a plain input's (from_local) is not, so
+// FromLocalFn reduces it (grad_moved).
+at::Tensor redistribute_grad(const at::Tensor& grad, const DTensorSpec& forward) {
+  if (!is_dtensor(grad) || spec_of(grad).mesh() != forward.mesh() || !forward.has_partial()) {
+    return grad_moved(grad, forward);
+  }
+  const Placements& g = spec_of(grad).placements();
+  Placements p = forward.placements();
+  for (size_t m = 0; m < p.size(); ++m) {
+    if (p[m].is_partial() && g[m] != p[m]) p[m] = Replicate();
+  }
+  const at::Tensor moved = relaid(grad, p);
+  // A new tensor over the same piece when nothing moved: autograd then accumulates it into a
+  // leaf's .grad as it is, where the caller's own reference to `grad` (a grad_output the user
+  // keeps) would make it clone the gradient into a buffer laid out as the leaf, reducing a
+  // Partial gradient there.
+  return moved.unsafeGetTensorImpl() == grad.unsafeGetTensorImpl()
+             ? make_dtensor(local_of(grad), spec_of(grad))
+             : moved;
+}
+
 struct FromLocalFn : torch::autograd::Function<FromLocalFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, DTensorSpec spec) {
     save_specs(ctx, spec, spec);
@@ -64,7 +89,7 @@ struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
     return make_dtensor(redistribute_local(local_of(dt), from, to), to);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {grad_moved(grads[0], saved_specs(ctx).from), at::Tensor()};
+    return {redistribute_grad(grads[0], saved_specs(ctx).from), at::Tensor()};
   }
 };
 

@@ -619,3 +619,38 @@ def test_shard_on_a_size_one_dim_is_kept_through_ops(name, op, keeps, world):
         torch.testing.assert_close(out.full_tensor(), want)
 
     dtensor.run_threads(world, fn)
+
+
+def test_redistribute_backward_lays_gradients_out_as_pytorch():
+    """Redistribute's backward lays the gradient out as its input is, as PyTorch's: a Partial
+    gradient of a Partial -> Partial redistribute stays Partial with no collective (it was
+    all-reduced), and a redistribute into the tensor's own layout still has that backward (a
+    Partial gradient from to_local(grad_placements=[Partial()]) of a Replicate tensor is
+    all-reduced once there; before, nothing moved and the leaf's gradient stayed Partial)."""
+    from dtensor import Partial
+    from dtensor.debug import CommDebugMode
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (4,))
+        p = distribute_tensor(torch.ones(12, 3, requires_grad=True), mesh, [Partial()])
+        with CommDebugMode() as forward:
+            q = p.redistribute(mesh, [Partial()])
+        grad = DTensor.from_local(torch.ones(12, 3), mesh, [Partial()])
+        with CommDebugMode() as backward:
+            q.backward(grad)
+        assert forward.get_total_counts() == 0 and backward.get_total_counts() == 0
+        assert p.grad.placements == (Partial(),) and torch.equal(p.grad.to_local(),
+                                                                 torch.ones(12, 3))
+        torch.testing.assert_close(p.grad.full_tensor(), torch.full((12, 3), 4.0))
+
+        torch.manual_seed(0)
+        r = distribute_tensor(torch.randn(12, 3, requires_grad=True), mesh, [Replicate()])
+        with CommDebugMode() as comm:
+            out = r.redistribute(placements=[Replicate()]).to_local(grad_placements=[Partial()])
+            out.backward(torch.ones_like(out))
+        assert comm.get_comm_counts() == {"all_reduce": 1}, comm.get_comm_counts()
+        assert r.grad.placements == (Replicate(),)
+        torch.testing.assert_close(r.grad.to_local(), torch.full((12, 3), 4.0))
+        return True
+
+    assert all(dtensor.run_threads(4, fn))
