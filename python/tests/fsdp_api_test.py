@@ -14,7 +14,8 @@ from torch import nn
 import dtensor
 from dtensor import DTensor, Replicate, Shard, _C
 from dtensor.debug import CommDebugMode
-from dtensor.fsdp import fully_shard, register_fsdp_forward_method, share_comm_ctx
+from dtensor.fsdp import (CPUOffloadPolicy, fully_shard, register_fsdp_forward_method,
+                          share_comm_ctx)
 from fsdp_testing import (TOL, _base_model, _batches, _check_grads, _check_params, _counts,
                           _groups, _local, _loss, _reference, _shard, _train_like_one_process)
 
@@ -388,12 +389,16 @@ def test_stream_settings_are_accepted_and_change_nothing():
     dtensor.run_threads(world, rank_fn)
 
 
-def test_meta_device_init_as_torchtitan():
+@pytest.mark.parametrize("offload", [None, CPUOffloadPolicy(pin_memory=False), CPUOffloadPolicy()],
+                         ids=["no_offload", "offload", "offload_pinned"])
+def test_meta_device_init_as_torchtitan(offload):
     """torchtitan's initialization: the model built on the meta device, fully_shard, then
     ``to_empty(device="cpu")`` and each module's reset_parameters() on the sharded parameters
     after dtensor.manual_seed: every parameter's full_tensor() equals one process's
     reset_parameters() after torch.manual_seed with the same seed (bit for bit), and 3 AdamW
-    steps train as that process."""
+    steps train as that process. With a CPUOffloadPolicy too (transformers' fsdp_cpu_offload
+    shards its meta-device model so): the sharded parameters stay on the meta device until
+    materialized, as PyTorch's (which moves only non-meta pieces to the CPU)."""
     world = 2
     torch.manual_seed(0)
     base = _base_model()
@@ -408,7 +413,7 @@ def test_meta_device_init_as_torchtitan():
         mesh = dtensor.init_device_mesh("cpu", (world,))
         with torch.device("meta"):
             model = type(base)()
-        _shard(model, mesh)
+        _shard(model, mesh, **({} if offload is None else {"offload_policy": offload}))
         assert all(p.device.type == "meta" for p in model.parameters())
         model.to_empty(device="cpu")
         dtensor.manual_seed(5)

@@ -158,7 +158,10 @@ class FSDPParam:
                 piece = piece.narrow(self.shard_dim, min(self.shard_rank * self.chunk, dim_size),
                                      self.local_slices)
             piece = piece.contiguous()
-            if offload is not None:
+            # A meta parameter (a model built on the meta device, materialized after
+            # fully_shard: torchtitan's to_empty, transformers' loading) stays meta until then,
+            # as PyTorch's offload moves only real pieces.
+            if offload is not None and not piece.is_meta:
                 piece = piece.to("cpu")
                 if offload.pin_memory and torch.cuda.is_available():
                     piece = piece.pin_memory()
