@@ -67,10 +67,6 @@ ROOTS = {
         "_StridedShard(dim=1, sf=2); with FSDP (Shard(0), _StridedShard(1, sf=2))) is refused by "
         "distribute_tensor (placement_types._to_c_list), and its gradient needs full_tensor "
         "(which PyTorch 2.11 refuses too)", "_StridedShard"),
-    "group_name": (
-        "torch's _functional_collectives (all_to_all_single_autograd in transformers' "
-        "AllToAllEP) on a mesh's get_group(): 'ProcessGroup name not set' (mesh groups are not "
-        "c10d groups registered by name)", "ProcessGroup name not set"),
     "replicate_dim": (
         "the engine's Replicate (and Partial) have a `dim` attribute (the C++ Placement base's "
         "property), PyTorch's do not: transformers' shard-on-read (sharding_utils.shard_tensor) "
@@ -93,18 +89,18 @@ def _cases():
     add(2, "tp_sp", DENSE + MOE, strided)
     add(2, "fsdp", DENSE + MOE)
     add(2, "fsdp_offload", ["llama", "mixtral"])  # PyTorch: pin_memory needs CUDA
-    add(2, "tp_ep", MOE, lambda f: ("group_name",))
+    add(2, "tp_ep", MOE)
     add(2, "tp_ep_all_reduce", MOE)
-    add(2, "fsdp_ep", MOE, lambda f: ("group_name",))
+    add(2, "fsdp_ep", MOE)
     add(4, "tp", DENSE + MOE, strided)
     add(4, "fsdp", DENSE + MOE)
     add(4, "tp2_fsdp", DENSE + MOE, strided)
     add(4, "hsdp", DENSE + MOE, lambda f: ("replicate_dim",))
     add(4, "hsdp_tp2", ["llama", "mixtral"], lambda f: ("replicate_dim",) + strided(f))
-    add(4, "tp_ep", MOE, lambda f: ("group_name",))
-    add(4, "fsdp_ep", MOE, lambda f: ("group_name",))
-    add(4, "tp2_fsdp_ep2", MOE, lambda f: ("group_name",))
-    add(4, "tp2_fsdp_ep", MOE, lambda f: ("group_name",))
+    add(4, "tp_ep", MOE)
+    add(4, "fsdp_ep", MOE)
+    add(4, "tp2_fsdp_ep2", MOE)
+    add(4, "tp2_fsdp_ep", MOE)
     return out
 
 
