@@ -328,7 +328,7 @@ TEST(Dispatch, ConvolutionLayouts) {
   });
 }
 
-// NOTE [patch convolution]: a kernel that tiles a spatial dim (stride == kernel, no padding)
+// A kernel that tiles a spatial dim (stride == kernel, no padding; NOTE [patch convolution])
 // keeps that dim sharded with no collective, forward and backward, on 1-D and 2-D meshes; the
 // weight's and bias's gradients are Partial sums over the positions; everything equals one
 // device's. Positions that do not split evenly (4 row patches over 3 ranks) are not sharded

@@ -243,8 +243,8 @@ void bind_tensors(py::module& m) {
     ctx.register_mesh(mesh);
     return mesh.group_name(dim, ctx.rank());
   });
-  // NOTE [mesh groups as torch process groups]: the c10d ProcessGroup of engine group `group`,
-  // registered under torch_group_name(group) for torch's collectives.
+  // The c10d ProcessGroup of engine group `group`, registered under torch_group_name(group) for
+  // torch's collectives (NOTE [mesh groups as torch process groups]).
   m.def("torch_process_group", &collectives::torch_process_group, py::arg("group"), Release());
   m.def("torch_group_name", &collectives::torch_group_name, py::arg("group"));
   m.def("rank", []() { return collectives::current_context().rank(); });

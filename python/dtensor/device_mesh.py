@@ -257,10 +257,12 @@ class DeviceMesh(_torch_device_mesh_class()):
         group gives a 1-D mesh (``mesh``, when given, lists the group's ranks in order); a list
         of N groups gives an N-D mesh, with ``mesh`` (required) the global ranks' layout and
         the k-th group this rank's group along mesh dim k. The engine's collectives on mesh dim
-        k run through the k-th group. NOTE [from_group groups]: the engine also communicates
-        over several mesh dims at once (a redistribute that moves a tensor dim between mesh
-        dims); for those groups an N-D ``from_group`` calls ``torch.distributed.new_group``, so
-        on N-D meshes it is collective: every rank of the default group calls it."""
+        k run through the k-th group, and ``get_group(k)`` gives it back.
+
+        NOTE [from_group groups]: the engine also communicates over several mesh dims at once
+        (a redistribute that moves a tensor dim between mesh dims); for those groups an N-D
+        ``from_group`` calls ``torch.distributed.new_group``, so on N-D meshes it is
+        collective: every rank of the default group calls it."""
         _check_device_type(device_type)
         import itertools
 
