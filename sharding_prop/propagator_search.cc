@@ -183,9 +183,12 @@ std::vector<Choice> kept_partials(const Rule& rule, const std::vector<DTensorSpe
 // there for compute alone (NOTE [compute in the cost model]).
 std::vector<Choice> choices_for(const Rule& rule, const std::vector<DTensorSpec>& inputs, int64_t m,
                                 bool compute_shardings) {
-  // Shardings that follow an input cost it nothing. A Partial the op cannot keep must be reduced
-  // anyway, and a reduce_scatter to any sharding costs less than an all_reduce, so then every
-  // factor the output keeps is a choice. A Shard of a dim the op needs whole (softmax's dim, a
+  // Shardings that follow an input cost it nothing. A Partial the op cannot keep is reduced to
+  // Replicate (one all_reduce), as PyTorch's pointwise and reduction rules do, unless another
+  // input is sharded on m: then a reduce_scatter to any sharding the output keeps is a choice.
+  // A reduce_scatter alone would move less here, but its Shard output is then a layout PyTorch's
+  // code does not expect (to_local() of relu(P) is the whole tensor there), and a consumer that
+  // needs it whole pays an all_gather: two collectives where PyTorch issues one. A Shard of a dim the op needs whole (softmax's dim, a
   // cumsum's, the dims a norm normalizes) goes to Replicate or to another input's sharding, as
   // PyTorch's: an all_to_all to some other dim moves less at this op, but its output is then
   // sharded where no input was, and the consumers that need it whole pay the all_gather anyway (a
@@ -205,7 +208,7 @@ std::vector<Choice> choices_for(const Rule& rule, const std::vector<DTensorSpec>
       followed.insert(dim[0]);
     }
   }
-  if (any_partial) {
+  if (any_partial && any_shard) {
     // Not a factor the op contracts (unless an input is sharded there already): that output is
     // Partial again, and its second reduction is not priced here (vector_norm(P(sum), 0) would
     // reduce_scatter, count, and all_reduce later, where one all_reduce serves).

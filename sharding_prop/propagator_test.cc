@@ -66,7 +66,7 @@ TEST(PropagatorTest, ChoosesTheCheapestLayoutTable) {
        "[S(0)]",
        "ab,b->ab"},
       {"aten::add.Tensor", {4}, {{"S(1)", {8, 4}}, {"R", {4}}}, {}, "[S(1)];[S(0)]", "[S(1)]", ""},
-      // Linear ops keep Partial; non-linear ones reduce it (to the cheaper reduce_scatter).
+      // Linear ops keep Partial; non-linear ones reduce it to Replicate, as PyTorch.
       {"aten::add.Tensor",
        {4},
        {{"P", {8, 4}}, {"P", {8, 4}}},
@@ -75,11 +75,11 @@ TEST(PropagatorTest, ChoosesTheCheapestLayoutTable) {
        "[P(sum)]",
        ""},
       {"aten::mul.Tensor", {4}, {{"P", {8, 4}}, {"R", {8, 4}}}, {}, "[P(sum)];[R]", "[P(sum)]", ""},
-      {"aten::exp", {4}, {{"P", {8, 4}}}, {}, "[S(0)]", "[S(0)]", ""},
+      {"aten::exp", {4}, {{"P", {8, 4}}}, {}, "[R]", "[R]", ""},
       // A Scalar added keeps Partial(avg), max and min (x + c commutes with them), not sum.
       {"aten::add_.Scalar", {4}, {{"P(avg)", {8, 4}}}, {}, "[P(avg)]", "[P(avg)]", ""},
       {"aten::sub.Scalar", {4}, {{"P(max)", {8, 4}}}, {}, "[P(max)]", "[P(max)]", ""},
-      {"aten::add.Scalar", {4}, {{"P", {8, 4}}}, {}, "[S(0)]", "[S(0)]", ""},
+      {"aten::add.Scalar", {4}, {{"P", {8, 4}}}, {}, "[R]", "[R]", ""},
       // Reductions: a sharded reduced dim gives the matching Partial.
       {"aten::sum.dim_IntList",
        {4},
@@ -220,14 +220,8 @@ TEST(PropagatorTest, ChoosesTheCheapestLayoutTable) {
        "[P(max)];[P(max)]",
        "[P(max)]",
        ""},
-      // minimum does not commute with max: reduced (to the cheapest layout, reduce_scatter).
-      {"aten::minimum",
-       {4},
-       {{"P(max)", {8, 4}}, {"P(max)", {8, 4}}},
-       {},
-       "[S(0)];[S(0)]",
-       "[S(0)]",
-       ""},
+      // minimum does not commute with max: reduced to Replicate, as PyTorch.
+      {"aten::minimum", {4}, {{"P(max)", {8, 4}}, {"P(max)", {8, 4}}}, {}, "[R];[R]", "[R]", ""},
       {"aten::amax", {4}, {{"P(max)", {8, 4}}}, {{0, 1}}, "[P(max)]", "[P(max)]", ""},
       // Of self's shape: laid out as self, as PyTorch's new_* strategy.
       {"aten::new_zeros", {4}, {{"S(1)", {8, 4}}}, {{8, 4}}, "[S(1)]", "[S(1)]", ""},

@@ -654,3 +654,28 @@ def test_redistribute_backward_lays_gradients_out_as_pytorch():
         return True
 
     assert all(dtensor.run_threads(4, fn))
+
+
+def test_an_op_that_reduces_a_partial_gives_replicate_as_pytorch():
+    """A pointwise op that cannot keep a Partial input reduces it to Replicate (one all_reduce),
+    as PyTorch's rules do, so to_local() is the whole result there too; before, the engine
+    reduce_scattered it to Shard(0) (less traffic at the op, but a layout PyTorch's code does not
+    expect, and an all_gather more for a consumer that needs it whole)."""
+    from dtensor import Partial
+    from dtensor.debug import CommDebugMode
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (4,))
+        shares = [torch.full((8, 8), float(r + 1)) for r in range(4)]
+        d = DTensor.from_local(shares[rank], mesh, [Partial("max")])
+        ones = distribute_tensor(torch.ones(8, 8), mesh, [Replicate()])
+        with CommDebugMode() as comm:
+            z = d * ones
+            e = torch.exp(DTensor.from_local(shares[rank], mesh, [Partial()]))
+        assert z.placements == (Replicate(),) and e.placements == (Replicate(),)
+        assert comm.get_comm_counts() == {"all_reduce": 2}, comm.get_comm_counts()
+        torch.testing.assert_close(z.to_local(), torch.full((8, 8), 4.0))
+        torch.testing.assert_close(e.to_local(), torch.exp(torch.full((8, 8), 10.0)))
+        return True
+
+    assert all(dtensor.run_threads(4, fn))
