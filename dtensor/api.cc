@@ -6,6 +6,7 @@
 
 #include "base/error.h"
 #include "collectives/launch_env.h"
+#include "collectives/torch_process_group.h"
 #include "dtensor/autograd.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/engine_activity.h"
@@ -87,6 +88,15 @@ void keep_grad_layout(at::Tensor& leaf_tensor) {
 
 std::shared_ptr<collectives::RankContext> init_from_env(const std::string& backend) {
   return collectives::init_from_env(backend);
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> get_group(const DeviceMesh& mesh, int64_t mesh_dim) {
+  collectives::RankContext& ctx = collectives::current_context();
+  collectives::my_coordinate(mesh, "get_group");
+  DTENSOR_CHECK(mesh_dim >= 0 && mesh_dim < mesh.ndim(), "get_group: mesh dim ", mesh_dim, " of a ",
+                mesh.ndim(), "-D mesh");
+  ctx.register_mesh(mesh);
+  return collectives::torch_process_group(mesh.group_name(mesh_dim, ctx.rank()));
 }
 
 DeviceMesh init_device_mesh(const std::vector<int64_t>& shape,

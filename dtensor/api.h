@@ -12,6 +12,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/TensorOptions.h>
+#include <c10/util/intrusive_ptr.h>
 
 #include <functional>
 #include <memory>
@@ -27,6 +28,11 @@
 #include "dtensor/flop_counter.h"
 #include "dtensor/random.h"
 #include "layout/placement.h"
+
+namespace c10d {
+class ProcessGroup;  // torch/csrc/distributed/c10d/ProcessGroup.hpp (get_group's callers include
+                     // it)
+}  // namespace c10d
 
 namespace dtensor::api {
 
@@ -49,6 +55,11 @@ std::shared_ptr<collectives::RankContext> init_from_env(const std::string& backe
 DeviceMesh init_device_mesh(const std::vector<int64_t>& shape,
                             const std::vector<std::string>& dim_names = {},
                             c10::DeviceType device_type = c10::DeviceType::CPU);
+// The c10d ProcessGroup of this rank's group along `mesh_dim` (PyTorch's DeviceMesh.get_group),
+// registered by name: torch's collectives and functional collectives run on it through the
+// engine's backend of that group (NOTE [mesh groups as torch process groups]). Throws when this
+// rank is not in the mesh.
+c10::intrusive_ptr<c10d::ProcessGroup> get_group(const DeviceMesh& mesh, int64_t mesh_dim);
 
 // ---- construction and movement (differentiable) ----
 // See dtensor::distribute_tensor: with src_rank, rank src_rank's data is scattered. The result

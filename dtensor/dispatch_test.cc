@@ -8,6 +8,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <chrono>
 
@@ -380,6 +381,22 @@ TEST(Dispatch, PatchConvolutionKeepsSpatialShards) {
       expect_same(db.grad(), bg.grad());
     });
   }
+}
+
+// api::get_group: a mesh dim's group as a c10d ProcessGroup, from C++ (NOTE [mesh groups as torch
+// process groups]): its all_reduce sums over this rank's row of a 2x2 mesh.
+TEST(Dispatch, MeshDimGroupIsATorchProcessGroup) {
+  run_threads(4, [&](int64_t rank) {
+    const DeviceMesh mesh = api::init_device_mesh({2, 2});
+    const auto pg = api::get_group(mesh, 1);
+    EXPECT_EQ(pg->getSize(), 2);
+    EXPECT_EQ(pg->getRank(), rank % 2);
+    std::vector<at::Tensor> t = {at::full({3}, static_cast<double>(rank))};
+    pg->allreduce(t)->wait();
+    const double first = static_cast<double>(rank - rank % 2);
+    EXPECT_TRUE(at::equal(t[0], at::full({3}, first + first + 1))) << t[0];
+    expect_error([&] { api::get_group(mesh, 2); }, "mesh dim 2 of a 2-D mesh");
+  });
 }
 
 TEST(Dispatch, Errors) {

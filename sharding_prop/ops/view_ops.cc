@@ -50,28 +50,46 @@ BuiltRule unflatten_rule(const Metas& m, const LayoutArgs& a) {
   return same_dtype(reshape_rule(s, to), m);
 }
 
-// ints: dim (squeeze.dim) or nothing (squeeze: every size-1 dim).
+// ints: dim (squeeze.dim) or nothing (squeeze: every size-1 dim). Each kept dim is the input
+// dim it was, size-1 ones included (ATen's squeeze keeps their order): a Shard on a kept size-1
+// dim stays; a squeezed dim's factor is never sharded, so a Shard there is gathered first.
 BuiltRule squeeze_rule(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 1, 1, "squeeze");
   const auto& s = m[0].shape;
-  std::vector<int64_t> to;
   const int64_t d =
       a.ints.empty() || s.empty() ? -1 : normalize_tensor_dim(a.ints[0], s.size(), "squeeze dim");
+  Rule r;
+  r.linearity = Linearity::kMove;
+  TensorFactors in, out;
   for (int64_t k = 0; k < static_cast<int64_t>(s.size()); ++k) {
-    if (s[k] == 1 && (d < 0 || k == d)) continue;
-    to.push_back(s[k]);
+    if (s[k] == 1 && (d < 0 || k == d)) {
+      in.push_back(r.add_dim(1, FactorKind::kReplicate));
+      continue;
+    }
+    in.push_back(r.add_dim(s[k]));
+    out.push_back(in.back());
   }
-  return same_dtype(reshape_rule(s, to), m);
+  r.inputs = {in};
+  r.outputs = {out};
+  return same_dtype(std::move(r), m);
 }
 
-// ints: dim.
+// ints: dim. Every input dim keeps its factor at its shifted place (size-1 ones included, as
+// ATen's unsqueeze moves them); the new dim has none.
 BuiltRule unsqueeze_rule(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 1, 1, "unsqueeze");
-  auto to = m[0].shape;
+  const auto& s = m[0].shape;
   const int64_t d =
-      normalize_tensor_dim(arg(a, 0, "unsqueeze", "dim"), to.size() + 1, "unsqueeze dim");
-  to.insert(to.begin() + d, 1);
-  return same_dtype(reshape_rule(m[0].shape, to), m);
+      normalize_tensor_dim(arg(a, 0, "unsqueeze", "dim"), s.size() + 1, "unsqueeze dim");
+  Rule r;
+  r.linearity = Linearity::kMove;
+  TensorFactors in;
+  for (int64_t size : s) in.push_back(r.add_dim(size));
+  TensorFactors out = in;
+  out.insert(out.begin() + d, DimFactors{});
+  r.inputs = {in};
+  r.outputs = {out};
+  return same_dtype(std::move(r), m);
 }
 
 // ints: dim0, dim1.
