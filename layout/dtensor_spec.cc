@@ -54,7 +54,7 @@ std::string mesh_text(const DeviceMesh& mesh) {
   return out + ")";
 }
 
-// NOTE [strided shards]: turns every strided shard in box form into a plain Shard and returns
+// Turns every strided shard in box form (NOTE [strided shards]) into a plain Shard and returns
 // the shard order they give (empty when there is none). Each tensor dim's order is built from
 // the last mesh dim to the first: a plain Shard goes in front (it splits before the mesh dims to
 // its right), a strided shard at the back (the mesh dims to its right split first), which it may

@@ -226,10 +226,9 @@ std::vector<Choice> strided_choices(const Rule& rule, const std::vector<DTensorS
 
 // The choices for mesh dim m, best-first for ties: shardings, kept Partials, replication.
 // `compute_shardings`: when every input is replicated on m, also offer to shard each pass factor
-// there for compute alone (NOTE [compute in the cost model]). `keep_strided`: the op may keep a
-// strided input's layout (NOTE [strided shards through ops]).
+// there for compute alone (NOTE [compute in the cost model]).
 std::vector<Choice> choices_for(const Rule& rule, const std::vector<DTensorSpec>& inputs, int64_t m,
-                                bool compute_shardings, bool keep_strided) {
+                                bool compute_shardings) {
   // Shardings that follow an input cost it nothing. A Partial the op cannot keep must be reduced
   // anyway, and a reduce_scatter to any sharding costs less than an all_reduce, so then every
   // factor the output keeps is a choice. A Shard of a dim the op needs whole (softmax's dim, a
@@ -263,7 +262,6 @@ std::vector<Choice> choices_for(const Rule& rule, const std::vector<DTensorSpec>
     }
   }
   std::vector<Choice> out;
-  if (keep_strided) out = strided_choices(rule, inputs, m);
   for (int f : factors) {
     if (rule.factors[f].kind == FactorKind::kReplicate) continue;
     if (rule.factors[f].size <= 1 && followed.count(f) == 0) continue;
@@ -406,7 +404,11 @@ std::vector<std::vector<Choice>> choices_per_dim(const OpEntry& entry, const Rul
   std::vector<std::vector<Choice>> per_dim;
   size_t total = 1;
   for (int64_t m = 0; m < mesh.ndim(); ++m) {
-    per_dim.push_back(choices_for(rule, inputs, m, compute_shardings, keep_strided));
+    per_dim.push_back(choices_for(rule, inputs, m, compute_shardings));
+    if (keep_strided) {  // first: they move nothing
+      std::vector<Choice> kept = strided_choices(rule, inputs, m);
+      per_dim.back().insert(per_dim.back().begin(), kept.begin(), kept.end());
+    }
     total *= per_dim.back().size();
     if (total > kMaxCandidates) {  // keep only shardings that follow an input and replication
       per_dim.back().erase(per_dim.back().begin() + 1, per_dim.back().end() - 1);

@@ -462,7 +462,7 @@ TEST(PropagatorTest, ComputeIsPricedOnTheLargestPiece) {
   EXPECT_GT(r->cost, s->cost);
 }
 
-// NOTE [strided shards through ops]: pass factors keep a general strided shard (a packed gate/up
+// Pass factors keep a general strided shard (NOTE [strided shards through ops]: a packed gate/up
 // linear's output stays _S(-1,2)), a contraction over it gives a Partial, and ops whose rules
 // take no strided input get it redistributed by the planner's cheapest plan.
 TEST(PropagatorTest, StridedShardsThroughOps) {

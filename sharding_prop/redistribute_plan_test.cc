@@ -198,7 +198,7 @@ TEST(RedistributePlanTest, DocumentedNdCasesAreStrictlyCheaperThanGreedy) {
   }
 }
 
-// NOTE [strided shards]: a general strided shard leaves only to Replicate (all_gather, then a
+// A general strided shard (NOTE [strided shards]) leaves only to Replicate (all_gather, then a
 // local reorder) and is made only from it (a local gather of the rank's runs); everything else
 // goes through those. Box forms are Shards with an order and plan as such.
 TEST(RedistributePlanTest, StridedShardPlans) {
