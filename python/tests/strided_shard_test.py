@@ -190,6 +190,24 @@ def test_fsdp_over_tp_form_prints_as_before():
     assert dtensor.run_threads(4, fn) == [True] * 4
 
 
+def test_redistribute_with_forward_dtype_keeps_the_shard_order():
+    """redistribute(forward_dtype=...) re-wraps the cast piece in the same layout: for the
+    FSDP-over-TP form that layout includes its shard order (it was read in the default order)."""
+    x = torch.arange(32.0).reshape(8, 4)
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (2, 2))
+        d = distribute_tensor(x, mesh, [_StridedShard(0, split_factor=2), Shard(0)])
+        y = d.redistribute(mesh, [Replicate(), Replicate()], forward_dtype=torch.float64)
+        assert y.dtype == torch.float64 and torch.equal(y.to_local(), x.double())
+        g = distribute_tensor(x, mesh, [_StridedShard(0, split_factor=2), Replicate()])
+        z = g.redistribute(mesh, [Shard(0), Replicate()], forward_dtype=torch.float64)
+        assert torch.equal(z.full_tensor(), x.double())
+        return True
+
+    assert dtensor.run_threads(4, fn) == [True] * 4
+
+
 def test_general_strided_shard_on_a_2d_mesh_and_refused_combinations():
     x = torch.arange(48.0).reshape(8, 6)
 
