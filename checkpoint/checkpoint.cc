@@ -147,11 +147,13 @@ void save(const std::map<std::string, Value>& state, const std::string& dir_arg,
     at::Tensor piece;
     if (is_dtensor(t)) {
       DTensorSpec spec = api::spec(t);
-      if (spec.has_partial()) {
+      if (spec.has_partial() || spec.has_strided_shard()) {
         // Reduce first: each element then has one value, held by the Shard/Replicate owners.
+        // A general strided shard's pieces are not boxes (NOTE [strided shards]): it is
+        // gathered too, so the chunks are boxes.
         Placements reduced = spec.placements();
         for (auto& p : reduced)
-          if (p.is_partial()) p = Replicate();
+          if (p.is_partial() || p.is_strided_shard()) p = Replicate();
         t = api::redistribute(t, reduced);
         spec = api::spec(t);
       }

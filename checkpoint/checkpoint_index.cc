@@ -149,6 +149,43 @@ void read_intersection(const SafetensorsFile& file, const SafetensorsEntry& entr
   file.read_runs(entry, runs);
 }
 
+// Reads the box (offset, shape) of the saved tensor into `target` (contiguous, on the CPU).
+void read_box(at::Tensor& target, const TensorRecord& rec, Index& index,
+              const std::vector<int64_t>& offset, const std::vector<int64_t>& shape) {
+  char* dst = static_cast<char*>(target.data_ptr());
+  for (const ChunkRecord& c : rec.chunks) {
+    const SafetensorsFile& file = index.open(c.file);
+    read_intersection(file, *file.find(c.name), c, offset, shape, dst);
+  }
+}
+
+// A piece under a general strided shard (NOTE [strided shards]) is several boxes, one per
+// combination of runs (local_runs): each is read on its own and copied to its place in `piece`.
+void load_runs(at::Tensor& piece, const TensorRecord& rec, Index& index,
+               const std::vector<std::vector<ChunkSlice>>& runs) {
+  const size_t n = runs.size();
+  std::vector<size_t> pick(n, 0);
+  for (;;) {
+    std::vector<int64_t> offset(n), shape(n);
+    at::Tensor view = piece;
+    for (size_t d = 0; d < n; ++d) {
+      int64_t at = 0;
+      for (size_t j = 0; j < pick[d]; ++j) at += runs[d][j].size;
+      offset[d] = runs[d][pick[d]].offset;
+      shape[d] = runs[d][pick[d]].size;
+      view = view.narrow(static_cast<int64_t>(d), at, shape[d]);
+    }
+    if (view.numel() > 0) {
+      at::Tensor box = at::empty(shape, piece.options().device(at::kCPU));
+      read_box(box, rec, index, offset, shape);
+      view.copy_(box);
+    }
+    size_t d = n;
+    while (d > 0 && ++pick[d - 1] == runs[d - 1].size()) pick[--d] = 0;
+    if (d == 0) return;
+  }
+}
+
 }  // namespace
 
 void load_tensor(at::Tensor& tensor, const std::string& key, Index& index) {
@@ -174,16 +211,14 @@ void load_tensor(at::Tensor& tensor, const std::string& key, Index& index) {
     box_shape = tensor.sizes().vec();
     box_offset.assign(box_shape.size(), 0);
   }
-  if (piece.numel() > 0) {
+  if (piece.numel() > 0 && spec && spec->has_strided_shard()) {
+    load_runs(piece, rec, index, local_runs(*spec, coordinate));
+  } else if (piece.numel() > 0) {
     // Straight into the piece when it is one contiguous CPU buffer; else through one copy.
     const bool direct =
         piece.is_cpu() && piece.is_contiguous() && !piece.is_conj() && !piece.is_neg();
     at::Tensor target = direct ? piece : at::empty(box_shape, piece.options().device(at::kCPU));
-    char* dst = static_cast<char*>(target.data_ptr());
-    for (const ChunkRecord& c : rec.chunks) {
-      const SafetensorsFile& file = index.open(c.file);
-      read_intersection(file, *file.find(c.name), c, box_offset, box_shape, dst);
-    }
+    read_box(target, rec, index, box_offset, box_shape);
     if (!direct) piece.copy_(target);
   }
   if (spec && spec->has_partial()) {

@@ -57,11 +57,16 @@ at::Tensor factory(const std::vector<int64_t>& size, const DeviceMesh& mesh,
   // NOTE [mesh device]: the piece lives on the mesh's device unless options name another.
   const at::TensorOptions local =
       options.has_device() ? options : options.device(mesh.local_device());
-  at::Tensor t = make_dtensor(
+  // A general strided shard's piece is not a box (NOTE [strided shards]): it is made in the box
+  // layout with the strided dims whole (random draws follow the global tensor there), then the
+  // rank's runs are gathered locally.
+  const DTensorSpec made = without_strided(spec);
+  at::Tensor piece =
       holds_piece(mesh)
-          ? make(spec, local_box(spec, my_coordinate(mesh, what)), local.requires_grad(false))
-          : absent_piece(spec, local.requires_grad(false)),  // NOTE [ranks outside the mesh]
-      spec);
+          ? make(made, local_box(made, my_coordinate(mesh, what)), local.requires_grad(false))
+          : absent_piece(spec, local.requires_grad(false));  // NOTE [ranks outside the mesh]
+  if (made != spec) piece = redistribute_local(piece, made, spec);
+  at::Tensor t = make_dtensor(piece, spec);
   make_leaf(t, options.requires_grad());
   return t;
 }
@@ -227,8 +232,7 @@ at::Tensor redistribute(const at::Tensor& dtensor, const DeviceMesh& mesh,
   const DTensorSpec dst = DTensorSpec::make(mesh, placements, s.meta());
   collectives::CommCause cause("redistribute");
   if (records_grad(dtensor)) return autograd::redistribute(dtensor, dst);
-  const at::Tensor piece =
-      execute_cross_mesh(*plan_cross_mesh(s, dst), local_of(dtensor), async_op, channel);
+  const at::Tensor piece = redistribute_across_meshes(local_of(dtensor), s, dst, async_op, channel);
   return make_dtensor(piece, dst, async_op);
 }
 

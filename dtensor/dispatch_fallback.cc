@@ -106,7 +106,7 @@ void write_back_one(const at::Tensor& original, const at::Tensor& whole) {
   if (spec.has_partial()) {
     piece.copy_(local_tensor_for(whole, spec, coord));
   } else {
-    piece.copy_(slice_box(whole, local_box(spec, coord)));
+    piece.copy_(local_piece(whole, spec, coord));
   }
 }
 

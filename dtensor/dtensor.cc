@@ -186,8 +186,7 @@ DTensor distribute_tensor(const at::Tensor& input, const DeviceMesh& mesh,
     }
   }
   const at::Tensor data = tensor.detach();
-  const bool whole = std::none_of(placements.begin(), placements.end(),
-                                  [](const Placement& p) { return p.is_shard(); });
+  const bool whole = !spec.is_sharded();
   if (whole) {  // every rank gets the whole tensor: PyTorch's broadcast
     at::Tensor got = collectives::broadcast(data.contiguous(), src_index, group);
     if (got.is_alias_of(data)) got = got.clone();  // the result never shares the caller's tensor
@@ -198,10 +197,10 @@ DTensor distribute_tensor(const at::Tensor& input, const DeviceMesh& mesh,
   std::vector<int64_t> in_splits(n, 0), out_splits(n, 0);
   std::vector<at::Tensor> send;
   for (int64_t i = 0; i < n; ++i) {
-    const LocalBox box = local_box(spec, *mesh.coordinate(mesh.ranks()[i]));
+    const auto coord_i = *mesh.coordinate(mesh.ranks()[i]);
     if (is_src) {
-      in_splits[i] = box.numel();
-      send.push_back(slice_box(data, box).reshape(-1));
+      in_splits[i] = local_box(spec, coord_i).numel();
+      send.push_back(local_piece(data, spec, coord_i).reshape(-1));
     }
     if (i == src_index) out_splits[i] = local_box(spec, coord).numel();
   }
@@ -236,7 +235,7 @@ DTensor from_local(const at::Tensor& input, const DeviceMesh& mesh, const Placem
     const bool strided = !stride && !local.is_contiguous() && local.is_non_overlapping_and_dense();
     if (strided) global_stride = local.strides().vec();
     for (size_t m = 0; m < placements.size(); ++m) {
-      if (!placements[m].is_shard()) continue;
+      if (!placements[m].is_any_shard()) continue;
       const int64_t d =
           normalize_tensor_dim(placements[m].dim(), local.dim(), "from_local Shard dim");
       global[d] *= mesh.shape()[m];

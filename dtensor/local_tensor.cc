@@ -38,14 +38,30 @@ at::Tensor sub_box(const at::Tensor& piece, const LocalBox& whole, const LocalBo
   return out;
 }
 
+at::Tensor local_piece(const at::Tensor& global, const DTensorSpec& spec,
+                       const std::vector<int64_t>& coordinate) {
+  if (!spec.has_strided_shard()) return slice_box(global, local_box(spec, coordinate));
+  at::Tensor out = global;
+  const auto runs = local_runs(spec, coordinate);
+  for (int64_t d = 0; d < global.dim(); ++d) {
+    if (runs[d].size() == 1) {
+      out = out.narrow(d, runs[d][0].offset, runs[d][0].size);
+      continue;
+    }
+    std::vector<at::Tensor> parts;
+    for (const ChunkSlice& r : runs[d]) parts.push_back(out.narrow(d, r.offset, r.size));
+    out = at::cat(parts, d);
+  }
+  return out;
+}
+
 at::Tensor local_tensor_for(const at::Tensor& global, const DTensorSpec& spec,
                             const std::vector<int64_t>& coordinate) {
   if (global.sizes().vec() != spec.shape()) {
     throw Error("local_tensor_for: tensor of shape " + c10::str(global.sizes()) +
                 " does not match the spec " + spec.to_string());
   }
-  at::Tensor local =
-      slice_box(global, local_box(spec, coordinate)).clone(at::MemoryFormat::Contiguous);
+  at::Tensor local = local_piece(global, spec, coordinate).clone(at::MemoryFormat::Contiguous);
   for (int64_t m = 0; m < spec.mesh().ndim(); ++m) {
     const Placement p = spec.placement(m);
     if (p.is_partial()) local = partial_share(local, p.reduce_op(), coordinate[m] == 0);

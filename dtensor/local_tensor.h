@@ -27,6 +27,12 @@ at::Tensor slice_box(const at::Tensor& global, const LocalBox& box);
 // covers: a view.
 at::Tensor sub_box(const at::Tensor& piece, const LocalBox& whole, const LocalBox& part);
 
+// The part of `global` the rank at `coordinate` holds under `spec`, Partial dims read as
+// Replicate: the view slice_box(global, local_box(...)), or under a general strided shard its
+// runs concatenated (a copy: NOTE [strided shards]).
+at::Tensor local_piece(const at::Tensor& global, const DTensorSpec& spec,
+                       const std::vector<int64_t>& coordinate);
+
 // The local tensor the rank at `coordinate` holds for `spec`, as a fresh contiguous tensor
 // (distribute_tensor with every rank holding the data). Shard dims slice. A Partial mesh dim is
 // filled so that its reduction gives back `global` exactly, integers included: sum and bxor keep

@@ -100,11 +100,52 @@ at::Tensor all_to_all_v(Ctx& ctx, const PlanStep& s, const at::Tensor& x, bool a
   return out;
 }
 
+// The rank's runs of dim `d` of `x` (which holds the whole dim), concatenated: R -> _S.
+at::Tensor gather_runs(const at::Tensor& x, int64_t d, const std::vector<ChunkSlice>& runs) {
+  std::vector<at::Tensor> parts;
+  for (const ChunkSlice& r : runs) parts.push_back(x.narrow(d, r.offset, r.size));
+  return at::cat(parts, d);
+}
+
+// _S -> R (NOTE [strided shards]): an all_gather of the ranks' pieces (rank i's runs, one after
+// another), then a local reorder into piece order: run j of every rank, for each j.
+at::Tensor gather_strided(Ctx& ctx, const PlanStep& s, const at::Tensor& x) {
+  const int64_t m = s.mesh_dims.at(0), d = s.from.dim(), sf = s.from.split_factor();
+  const int64_t n = s.before.mesh().shape()[m], size = s.before.shape()[d];
+  const std::string group = group_over(ctx, s.before.mesh(), {m});
+  std::vector<int64_t> sizes(n);
+  std::vector<std::vector<ChunkSlice>> runs(n);
+  for (int64_t i = 0; i < n; ++i) {
+    runs[i] = strided_runs(size, sf, n, i);
+    sizes[i] = strided_size(size, sf, n, i);
+  }
+  const bool equal =
+      std::all_of(sizes.begin(), sizes.end(), [&](int64_t v) { return v == sizes[0]; });
+  const at::Tensor in = x.contiguous();
+  const at::Tensor got = equal ? c::all_gather_into_tensor(in, d, group, false)
+                               : c::all_gather_uneven(in, d, sizes, group, false);
+  std::vector<int64_t> start(n, 0);  // where rank i's piece begins in `got`
+  for (int64_t i = 1; i < n; ++i) start[i] = start[i - 1] + sizes[i - 1];
+  std::vector<at::Tensor> parts;
+  for (int64_t j = 0; j < sf; ++j) {
+    for (int64_t i = 0; i < n; ++i) {
+      parts.push_back(got.narrow(d, start[i], runs[i][j].size));
+      start[i] += runs[i][j].size;
+    }
+  }
+  return at::cat(parts, d);
+}
+
 at::Tensor run_step(Ctx& ctx, const PlanStep& s, const at::Tensor& x, bool async_op) {
   const DeviceMesh& mesh = s.before.mesh();
   if (s.kind == CommKind::kAllToAllV) return all_to_all_v(ctx, s, x, async_op);
   const int64_t m = s.mesh_dims.at(0);
   const int64_t n = mesh.shape()[m], idx = ctx.coord[m];
+  if (s.from.is_strided_shard()) return gather_strided(ctx, s, x);
+  if (s.to.is_strided_shard()) {
+    const int64_t d = s.to.dim();
+    return gather_runs(x, d, strided_runs(x.size(d), s.to.split_factor(), n, idx));
+  }
   switch (s.kind) {
     case CommKind::kLocalChunk: {
       const ShardStep st = step_of(s.after, m, ctx.coord);
@@ -265,10 +306,24 @@ at::Tensor execute_cross_mesh(const CrossMeshPlan& plan, const at::Tensor& local
   return c::all_to_all_boxes(send, recv, out, group, send_async, "redistribute");
 }
 
+at::Tensor redistribute_across_meshes(const at::Tensor& local, const DTensorSpec& src,
+                                      const DTensorSpec& dst, bool async_op,
+                                      const std::string& tag) {
+  if (!src.has_strided_shard() && !dst.has_strided_shard()) {
+    return execute_cross_mesh(*plan_cross_mesh(src, dst), local, async_op, tag);
+  }
+  // Through box layouts (NOTE [strided shards]): _S -> R on the source mesh, the boxes across,
+  // R -> _S on the destination mesh. Each mesh's step runs on its ranks only.
+  const DTensorSpec from = without_strided(src), to = without_strided(dst);
+  const at::Tensor boxed = execute_plan(*plan_redistribute(src, from), local);
+  const at::Tensor moved = execute_cross_mesh(*plan_cross_mesh(from, to), boxed, false, tag);
+  return execute_plan(*plan_redistribute(to, dst), moved, async_op);
+}
+
 at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src,
                               const DTensorSpec& dst, bool async_op, PlanOptions options) {
   if (src.mesh() != dst.mesh()) {  // NOTE [cross-mesh redistribute]
-    return execute_cross_mesh(*plan_cross_mesh(src, dst), local, async_op);
+    return redistribute_across_meshes(local, src, dst, async_op);
   }
   return execute_plan(*plan_redistribute(src, dst, options), local, async_op);
 }

@@ -78,4 +78,11 @@ at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src,
 at::Tensor execute_cross_mesh(const CrossMeshPlan& plan, const at::Tensor& local,
                               bool async_op = false, const std::string& tag = "");
 
+// execute_cross_mesh(plan_cross_mesh(src, dst)), through box layouts when either side has a
+// general strided shard (NOTE [strided shards]): _S -> R on the source mesh first, R -> _S on
+// the destination mesh after.
+at::Tensor redistribute_across_meshes(const at::Tensor& local, const DTensorSpec& src,
+                                      const DTensorSpec& dst, bool async_op = false,
+                                      const std::string& tag = "");
+
 }  // namespace dtensor

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <stdexcept>
 
 #include "base/error.h"
@@ -22,8 +23,9 @@ std::string_view trim(std::string_view s) {
 }
 
 [[noreturn]] void bad_token(std::string_view token, const std::string& why) {
-  throw Error("bad placement '" + std::string(token) + "': " + why +
-              " (expected S(<dim>), R or P(<op>), e.g. \"S(0),R,P(sum)\")");
+  throw Error(
+      "bad placement '" + std::string(token) + "': " + why +
+      " (expected S(<dim>), R, P(<op>) or _S(<dim>,<split_factor>), e.g. \"S(0),R,P(sum)\")");
 }
 
 // Splits "Name(arg)" into name and arg; arg is empty and has_parens false for "Name".
@@ -48,6 +50,41 @@ Call split_call(std::string_view token) {
   return call;
 }
 
+int32_t parse_int(std::string_view token, std::string_view text, const char* what) {
+  int32_t v = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || ec != std::errc() || ptr != end) {
+    bad_token(token, std::string(what) + " '" + std::string(text) + "' is not an integer");
+  }
+  return v;
+}
+
+// "_S(0,2)" or "_StridedShard(0, split_factor=2)" (the keyword is optional in both).
+Placement parse_strided(std::string_view token, std::string_view arg) {
+  const size_t comma = arg.find(',');
+  if (comma == std::string_view::npos) {
+    bad_token(token, "a strided shard needs a dim and a split factor, e.g. _S(0,2)");
+  }
+  // Drops "key=" in front of a value (repr's "_StridedShard(dim=0, sf=2)" parses too).
+  const auto value = [](std::string_view text, std::initializer_list<std::string_view> keys) {
+    for (std::string_view key : keys) {
+      const std::string_view rest = trim(text.substr(std::min(key.size(), text.size())));
+      if (text.substr(0, key.size()) == key && rest.substr(0, 1) == "=") {
+        return trim(rest.substr(1));
+      }
+    }
+    return text;
+  };
+  const int32_t dim = parse_int(token, value(trim(arg.substr(0, comma)), {"dim"}), "shard dim");
+  const std::string_view sf = value(trim(arg.substr(comma + 1)), {"split_factor", "sf"});
+  try {
+    return Placement::strided_shard(dim, parse_int(token, sf, "split factor"));
+  } catch (const Error& e) {
+    bad_token(token, e.what());
+  }
+}
+
 }  // namespace
 
 std::string_view reduce_op_name(ReduceOp op) { return kReduceOpNames[static_cast<size_t>(op)]; }
@@ -64,8 +101,18 @@ bool is_bitwise(ReduceOp op) {
   return op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor;
 }
 
+Placement Placement::strided_shard(int32_t dim, int64_t split_factor) {
+  DTENSOR_CHECK(split_factor >= 1 && split_factor <= UINT16_MAX, "_StridedShard(", dim,
+                ", split_factor=", split_factor, "): the split factor must be in [1, ", UINT16_MAX,
+                "]");
+  if (split_factor == 1) return Placement::shard(dim);  // one piece: a plain Shard
+  return Placement(Kind::kStridedShard, dim, ReduceOp::kSum, static_cast<uint16_t>(split_factor));
+}
+
 std::string Placement::to_string() const {
   switch (kind_) {
+    case Kind::kStridedShard:
+      return "_S(" + std::to_string(dim_) + "," + std::to_string(split_) + ")";
     case Kind::kReplicate:
       return "R";
     case Kind::kShard:
@@ -107,6 +154,9 @@ Placement parse_placement(std::string_view text) {
       bad_token(token, "shard dim '" + std::string(call.arg) + "' is not an integer");
     }
     return Placement::shard(dim);
+  }
+  if (call.name == "_S" || call.name == "_StridedShard") {
+    return parse_strided(token, call.arg);
   }
   if (call.name == "P" || call.name == "Partial") {
     if (call.arg.empty()) return Placement::partial(ReduceOp::kSum);

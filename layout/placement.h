@@ -1,6 +1,7 @@
 #pragma once
-// Placement: how a tensor lives along one mesh dimension (Shard(d), Replicate(), Partial(op)).
-// A small value type: 8 bytes, trivially copyable, hashed and compared by value.
+// Placement: how a tensor lives along one mesh dimension (Shard(d), Replicate(), Partial(op),
+// _StridedShard(d, split_factor)). A small value type: 8 bytes, trivially copyable, hashed and
+// compared by value.
 
 #include <cstdint>
 #include <cstring>
@@ -8,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "base/error.h"  // the error type its functions throw
@@ -28,7 +30,7 @@ bool is_bitwise(ReduceOp op);
 
 class Placement {
  public:
-  enum class Kind : uint8_t { kReplicate, kShard, kPartial };
+  enum class Kind : uint8_t { kReplicate, kShard, kPartial, kStridedShard };
 
   // Default: Replicate, so a vector of placements can be sized then filled.
   constexpr Placement() = default;
@@ -41,6 +43,11 @@ class Placement {
   static constexpr Placement partial(ReduceOp op = ReduceOp::kSum) {
     return Placement(Kind::kPartial, 0, op);
   }
+  // PyTorch's _StridedShard(dim, split_factor=sf) (NOTE [strided shards] in dtensor_spec.h):
+  // tensor dim `dim` is cut into `split_factor` pieces (torch.chunk), each piece is cut over the
+  // mesh dim's ranks, and rank i holds chunk i of every piece, concatenated. split_factor 1 is
+  // Shard(dim). throws dtensor::Error for a split factor outside [1, 65535].
+  static Placement strided_shard(int32_t dim, int64_t split_factor);
   // NOTE [p-norm Partial]: the pieces of a p-norm (vector_norm, dist, clip_grad_norm_'s total)
   // over a sharded dim are the pieces' own p-norms, and the value is (sum of piece^p)^(1/p). The
   // redistribute step computes it with signed powers, sign(x)|x|^p summed and sign(s)|s|^(1/p):
@@ -62,8 +69,20 @@ class Placement {
   constexpr bool is_shard() const { return kind_ == Kind::kShard; }
   constexpr bool is_shard(int64_t d) const { return kind_ == Kind::kShard && dim_ == d; }
   constexpr bool is_partial() const { return kind_ == Kind::kPartial; }
-  // Tensor dim of a Shard; meaningless for other kinds (0, or a Partial(norm)'s order bits).
+  // A _StridedShard is not a Shard (is_shard() is false for it, as in PyTorch): code that reads
+  // a Shard as one contiguous chunk of its dim per rank must not take it for one.
+  constexpr bool is_strided_shard() const { return kind_ == Kind::kStridedShard; }
+  constexpr bool is_strided_shard(int64_t d) const {
+    return kind_ == Kind::kStridedShard && dim_ == d;
+  }
+  // Shard or _StridedShard: the mesh dim splits tensor dim dim().
+  constexpr bool is_any_shard() const { return is_shard() || is_strided_shard(); }
+  constexpr bool is_any_shard(int64_t d) const { return is_any_shard() && dim_ == d; }
+  // Tensor dim of a Shard or _StridedShard; meaningless for other kinds (0, or a Partial(norm)'s
+  // order bits).
   constexpr int32_t dim() const { return dim_; }
+  // A _StridedShard's split factor; 1 for every other placement.
+  constexpr int64_t split_factor() const { return kind_ == Kind::kStridedShard ? split_ : 1; }
   // Reduce op of a Partial; meaningless (kSum) for other kinds.
   constexpr ReduceOp reduce_op() const { return op_; }
   // The order p of a Partial(norm); 0 for every other placement.
@@ -74,30 +93,38 @@ class Placement {
     return p;
   }
 
-  // "S(0)", "R", "P(sum)", "P(norm2)".
+  // "S(0)", "R", "P(sum)", "P(norm2)", "_S(0,2)".
   std::string to_string() const;
   size_t hash() const {
-    return (static_cast<size_t>(kind_) << 40) ^ (static_cast<size_t>(op_) << 32) ^
-           static_cast<uint32_t>(dim_);
+    return (static_cast<size_t>(split_) << 48) ^ (static_cast<size_t>(kind_) << 40) ^
+           (static_cast<size_t>(op_) << 32) ^ static_cast<uint32_t>(dim_);
   }
 
   friend constexpr bool operator==(Placement a, Placement b) {
-    return a.kind_ == b.kind_ && a.dim_ == b.dim_ && a.op_ == b.op_;
+    return a.kind_ == b.kind_ && a.dim_ == b.dim_ && a.op_ == b.op_ && a.split_ == b.split_;
   }
   friend constexpr bool operator!=(Placement a, Placement b) { return !(a == b); }
 
  private:
-  constexpr Placement(Kind kind, int32_t dim, ReduceOp op) : kind_(kind), op_(op), dim_(dim) {}
+  constexpr Placement(Kind kind, int32_t dim, ReduceOp op, uint16_t split = 0)
+      : kind_(kind), op_(op), split_(split), dim_(dim) {}
 
   Kind kind_ = Kind::kReplicate;
   ReduceOp op_ = ReduceOp::kSum;
+  uint16_t split_ = 0;  // a _StridedShard's split factor (the former padding); 0 otherwise
   int32_t dim_ = 0;
 };
+
+static_assert(sizeof(Placement) == 8 && std::is_trivially_copyable_v<Placement>,
+              "Placement stays a small value type");
 
 // PyTorch-style spellings, so C++ reads like Python: {Shard(0), Replicate(), Partial()}.
 constexpr Placement Shard(int32_t dim) { return Placement::shard(dim); }
 constexpr Placement Replicate() { return Placement::replicate(); }
 constexpr Placement Partial(ReduceOp op = ReduceOp::kSum) { return Placement::partial(op); }
+inline Placement StridedShard(int32_t dim, int64_t split_factor) {
+  return Placement::strided_shard(dim, split_factor);
+}
 
 using Placements = std::vector<Placement>;
 
@@ -110,8 +137,8 @@ std::optional<Placement> norm_partial_order(double ord);
 std::string to_string(const Placements& placements);
 
 // Parses one placement: "S(0)", "S(-1)", "Shard(1)", "R", "Replicate()", "P", "P(avg)",
-// "Partial(max)", "P(norm2)", "P(norm1.5)" ("P(norm)": order 2). Whitespace around tokens is
-// ignored.
+// "Partial(max)", "P(norm2)", "P(norm1.5)" ("P(norm)": order 2), "_S(0,2)",
+// "_StridedShard(0, split_factor=2)". Whitespace around tokens is ignored.
 Placement parse_placement(std::string_view text);
 // Parses a comma-separated list, with or without surrounding brackets: "S(0),R,P(avg)" or
 // "[S(0), R]". throws dtensor::Error naming the bad token and its position.

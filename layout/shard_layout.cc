@@ -43,6 +43,24 @@ std::vector<int64_t> chunk_sizes(int64_t n, int64_t k) {
   return sizes;
 }
 
+std::vector<ChunkSlice> strided_runs(int64_t n, int64_t split_factor, int64_t k, int64_t i) {
+  std::vector<ChunkSlice> runs;
+  for (int64_t j = 0; j < split_factor; ++j) {
+    const ChunkSlice piece = chunk_slice(n, split_factor, j);
+    const ChunkSlice mine = chunk_slice(piece.size, k, i);
+    runs.push_back({piece.offset + mine.offset, mine.size});
+  }
+  return runs;
+}
+
+int64_t strided_size(int64_t n, int64_t split_factor, int64_t k, int64_t i) {
+  int64_t size = 0;
+  for (int64_t j = 0; j < split_factor; ++j) {
+    size += chunk_slice(chunk_slice(n, split_factor, j).size, k, i).size;
+  }
+  return size;
+}
+
 int64_t LocalBox::numel() const {
   int64_t n = 1;
   for (int64_t s : shape) n *= s;
@@ -63,6 +81,22 @@ std::vector<ShardStep> shard_steps(const DTensorSpec& spec,
       s.num_chunks = spec.mesh().shape()[m];
       s.chunk = chunk_size(piece, s.num_chunks);
       s.index = coordinate[m];
+      const Placement p = spec.placement(m);
+      if (p.is_strided_shard()) {  // the only splitter of d (NOTE [strided shards])
+        s.split_factor = p.split_factor();
+        s.chunk = strided_size(piece, s.split_factor, s.num_chunks, 0);
+        s.size = strided_size(piece, s.split_factor, s.num_chunks, s.index);
+        s.offset = piece;
+        for (const ChunkSlice& run : strided_runs(piece, s.split_factor, s.num_chunks, s.index)) {
+          if (run.size > 0) {
+            s.offset = run.offset;
+            break;
+          }
+        }
+        piece = s.size;
+        steps.push_back(s);
+        continue;
+      }
       const ChunkSlice slice = chunk_slice(piece, s.num_chunks, s.index);
       s.offset = slice.offset;
       s.size = slice.size;
@@ -98,6 +132,21 @@ LocalBox local_box(const DTensorSpec& spec, const std::vector<int64_t>& coordina
   return box;
 }
 
+std::vector<std::vector<ChunkSlice>> local_runs(const DTensorSpec& spec,
+                                                const std::vector<int64_t>& coordinate) {
+  const LocalBox box = local_box(spec, coordinate);
+  std::vector<std::vector<ChunkSlice>> runs(spec.ndim());
+  for (int64_t d = 0; d < spec.ndim(); ++d) runs[d] = {{box.offset[d], box.shape[d]}};
+  if (!spec.has_strided_shard()) return runs;
+  for (int64_t m = 0; m < spec.mesh().ndim(); ++m) {
+    const Placement p = spec.placement(m);
+    if (!p.is_strided_shard()) continue;
+    runs[p.dim()] =
+        strided_runs(spec.shape()[p.dim()], p.split_factor(), spec.mesh().size(m), coordinate[m]);
+  }
+  return runs;
+}
+
 std::optional<LocalBox> local_box_of_rank(const DTensorSpec& spec, int64_t rank) {
   auto coord = spec.mesh().coordinate(rank);
   if (!coord) return std::nullopt;
@@ -113,8 +162,11 @@ bool is_evenly_sharded(const DTensorSpec& spec) {
     int64_t piece = spec.shape()[d];
     for (int64_t m : order) {
       const int64_t k = spec.mesh().shape()[m];
-      if (piece % k != 0) return false;  // even pieces stay equal, so one path suffices
-      piece /= k;
+      const int64_t sf = spec.placement(m).split_factor();
+      for (int64_t j = 0; j < sf; ++j) {
+        if (chunk_slice(piece, sf, j).size % k != 0) return false;
+      }
+      piece /= k;  // even pieces stay equal, so one path suffices
     }
   }
   return true;
@@ -140,6 +192,13 @@ std::vector<std::vector<int64_t>> owner_coordinates(const DTensorSpec& spec,
     int64_t piece = spec.shape()[d];
     int64_t pos = index[d];  // position inside the current piece
     for (int64_t m : spec.shard_order(d)) {
+      if (spec.placement(m).is_strided_shard()) {  // the only splitter of d: find the piece
+        const int64_t sf = spec.placement(m).split_factor();
+        const int64_t j = pos / chunk_size(piece, sf);
+        const ChunkSlice p = chunk_slice(piece, sf, j);
+        allowed[m] = {(pos - p.offset) / chunk_size(p.size, mesh_shape[m])};
+        continue;
+      }
       const int64_t chunk = chunk_size(piece, mesh_shape[m]);
       const int64_t i = pos / chunk;
       allowed[m] = {i};

@@ -72,14 +72,14 @@ std::string table_text(const DTensorSpec& spec, const std::vector<LocalBox>& box
 }
 
 // N-D: one line per distinct box.
-std::string boxes_text(const DTensorSpec& spec, const std::vector<LocalBox>& boxes) {
-  const DeviceMesh& mesh = spec.mesh();
+std::string boxes_text(const DTensorSpec& spec, const std::vector<LocalBox>& boxes,
+                       const std::vector<int64_t>& ranks) {
   std::map<std::vector<int64_t>, std::pair<LocalBox, std::vector<int64_t>>> by_offset;
   for (size_t i = 0; i < boxes.size(); ++i) {
     if (boxes[i].numel() == 0) continue;
     auto& entry = by_offset[boxes[i].offset];
     entry.first = boxes[i];
-    entry.second.push_back(mesh.ranks()[i]);
+    entry.second.push_back(ranks[i]);
   }
   std::string out;
   for (const auto& [offset, entry] : by_offset) {
@@ -114,7 +114,29 @@ std::string visualize_sharding(const DTensorSpec& spec) {
            "): " + owners_text(spec, mesh.ranks()) + "\n";
     return out;
   }
-  out += spec.ndim() <= 2 ? table_text(spec, boxes) : boxes_text(spec, boxes);
+  // The runs of a strided shard (NOTE [strided shards]): one box per run, with its rank.
+  std::vector<LocalBox> runs;
+  std::vector<int64_t> owners;
+  for (int64_t r : mesh.ranks()) {
+    const auto coord = *mesh.coordinate(r);
+    const LocalBox box = local_box(spec, coord);
+    const auto per_dim = local_runs(spec, coord);
+    for (int64_t d = 0; d < spec.ndim(); ++d) {
+      if (per_dim[d].size() < 2) continue;
+      for (const ChunkSlice& run : per_dim[d]) {
+        LocalBox piece = box;
+        piece.offset[d] = run.offset;
+        piece.shape[d] = run.size;
+        runs.push_back(piece);
+        owners.push_back(r);
+      }
+    }
+    if (!spec.has_strided_shard()) {
+      runs.push_back(box);
+      owners.push_back(r);
+    }
+  }
+  out += spec.ndim() <= 2 ? table_text(spec, runs) : boxes_text(spec, runs, owners);
   if (!empty_ranks.empty())
     out += "  empty (uneven shards): " + owners_text(spec, empty_ranks) + "\n";
   if (spec.has_partial()) out += "  * partial values: the tensor is their reduction\n";

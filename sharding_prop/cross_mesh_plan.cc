@@ -101,6 +101,10 @@ std::shared_ptr<const CrossMeshPlan> plan_cross_mesh(const DTensorSpec& src,
   DTENSOR_CHECK(src.meta() == dst.meta(), "redistribute to another mesh: ", src.to_string(),
                 " and ", dst.to_string(), " describe different tensors (", src.meta().to_string(),
                 " vs ", dst.meta().to_string(), ")");
+  DTENSOR_CHECK(!src.has_strided_shard() && !dst.has_strided_shard(),
+                "redistribute to another mesh: ", src.to_string(), " -> ", dst.to_string(),
+                ": a plan moves boxes, and a general strided shard's pieces are not boxes "
+                "(redistribute_across_meshes goes through Replicate on its mesh dims)");
   DTENSOR_CHECK(!dst.has_partial(), "redistribute to another mesh: ", src.to_string(), " -> ",
                 dst.to_string(),
                 ": the target has a Partial; as in PyTorch, Partial comes only from operators");

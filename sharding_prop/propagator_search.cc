@@ -12,6 +12,7 @@
 #include <functional>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -176,6 +177,51 @@ std::vector<Choice> kept_partials(const Rule& rule, const std::vector<DTensorSpe
     if (!rule.linear_inputs.empty() && !rule.linear_inputs[i]) in[i] = Replicate();
   }
   return {Choice{std::move(in), std::vector<Placement>(n_out, *partial)}};
+}
+
+// NOTE [strided shards through ops]
+// An input strided on mesh dim m (a general _StridedShard: NOTE [strided shards] in
+// layout/dtensor_spec.h) holds, on each rank, the same runs of its dim's factor as any other
+// tensor strided by the same split factor there. An op whose pieces are computed elementwise
+// along that factor (a pass factor: pointwise ops, a matmul's non-contracted dims, views that
+// keep the dim whole) therefore keeps it: every tensor carrying the factor strided by the same
+// split factor, the output too, with no communication (a packed_colwise linear's output stays
+// _S(-1,2), as PyTorch keeps it). A contracted factor (reduced by sum) strided alike gives a
+// Partial(sum), as a Shard does. Only a dim whose one factor this is qualifies (a merged or split
+// dim is not the same runs), and only ops that run on their pieces with no shape argument made
+// local; anything else is offered no strided choice, so its strided inputs are redistributed to
+// what its rule takes.
+std::vector<Choice> strided_choices(const Rule& rule, const std::vector<DTensorSpec>& inputs,
+                                    int64_t m) {
+  std::vector<Choice> out;
+  std::set<std::pair<int, int64_t>> seen;
+  for (size_t i = 0; i < inputs.size() && i < rule.inputs.size(); ++i) {
+    const Placement p = inputs[i].placement(m);
+    if (!p.is_strided_shard() || p.dim() >= static_cast<int64_t>(rule.inputs[i].size())) continue;
+    const DimFactors& dim = rule.inputs[i][p.dim()];
+    if (dim.size() != 1) continue;
+    const int f = dim[0];
+    const Factor& factor = rule.factors[f];
+    const bool pass = factor.kind == FactorKind::kPass;
+    const bool summed = factor.kind == FactorKind::kContract && factor.reduce == ReduceOp::kSum;
+    if ((!pass && !summed) || !seen.insert({f, p.split_factor()}).second) continue;
+    std::optional<Choice> c = shard_choice(rule, f);
+    if (!c) continue;
+    // Every tensor carrying f must carry it as its dim's only factor.
+    bool whole_dims = true;
+    const auto strided = [&](std::vector<Placement>& placements,
+                             const std::vector<TensorFactors>& tensors) {
+      for (size_t t = 0; t < placements.size() && t < tensors.size(); ++t) {
+        if (!placements[t].is_shard()) continue;
+        whole_dims = whole_dims && tensors[t][placements[t].dim()].size() == 1;
+        placements[t] = StridedShard(placements[t].dim(), p.split_factor());
+      }
+    };
+    strided(c->in, rule.inputs);
+    strided(c->out, rule.outputs);
+    if (whole_dims) out.push_back(std::move(*c));
+  }
+  return out;
 }
 
 // The choices for mesh dim m, best-first for ties: shardings, kept Partials, replication.
@@ -353,10 +399,19 @@ std::vector<std::vector<Choice>> choices_per_dim(const OpEntry& entry, const Rul
                                                  const std::vector<DTensorSpec>& inputs) {
   const DeviceMesh& mesh = inputs[0].mesh();
   const bool compute_shardings = offers_compute_shardings(entry, rule);
+  const bool keep_strided =  // NOTE [strided shards through ops]
+      entry.execution == Execution::kPieces &&
+      entry.local_shape.kind == LocalShapeArg::Kind::kNone && !rule.whole_output_sizes_from_aten &&
+      std::any_of(inputs.begin(), inputs.end(),
+                  [](const DTensorSpec& s) { return s.has_strided_shard(); });
   std::vector<std::vector<Choice>> per_dim;
   size_t total = 1;
   for (int64_t m = 0; m < mesh.ndim(); ++m) {
     per_dim.push_back(choices_for(rule, inputs, m, compute_shardings));
+    if (keep_strided) {  // first: they move nothing
+      std::vector<Choice> kept = strided_choices(rule, inputs, m);
+      per_dim.back().insert(per_dim.back().begin(), kept.begin(), kept.end());
+    }
     total *= per_dim.back().size();
     if (total > kMaxCandidates) {  // keep only shardings that follow an input and replication
       per_dim.back().erase(per_dim.back().begin() + 1, per_dim.back().end() - 1);
@@ -418,6 +473,20 @@ std::optional<double> extra_cost(const OpEntry& entry, const BuiltRule& built, c
 bool admissible(const OpEntry& entry, const Rule& rule, const Candidate& c,
                 const std::vector<DTensorSpec>& inputs) {
   const DeviceMesh& mesh = inputs[0].mesh();
+  // A strided shard must shard its dim alone (NOTE [strided shards]): a strided choice on one
+  // mesh dim with a sharding of the same factor on another gives no layout.
+  const auto strided_alone = [](const Placements& p) {
+    for (size_t m = 0; m < p.size(); ++m) {
+      if (!p[m].is_strided_shard()) continue;
+      for (size_t k = 0; k < p.size(); ++k) {
+        if (k != m && p[k].is_any_shard(p[m].dim())) return false;
+      }
+    }
+    return true;
+  };
+  for (const auto* side : {&c.in, &c.out}) {
+    if (!std::all_of(side->begin(), side->end(), strided_alone)) return false;
+  }
   for (size_t i = 0; i < c.in.size(); ++i) {
     if (!merged_dims_even(rule, rule.inputs[i], c.in[i], mesh)) return false;
   }
@@ -501,7 +570,7 @@ ShardOrder order_of(const TensorFactors& dims, const Placements& placements,
   ShardOrder out(dims.size());
   bool any = false;
   for (size_t m = 0; m < placements.size(); ++m) {
-    if (!placements[m].is_shard()) continue;
+    if (!placements[m].is_any_shard()) continue;
     // A rule whose dims are not the tensor's (none should be): the default order.
     if (placements[m].dim() >= static_cast<int64_t>(dims.size())) return {};
     out[placements[m].dim()].push_back(static_cast<int64_t>(m));

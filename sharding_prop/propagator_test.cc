@@ -458,6 +458,83 @@ TEST(PropagatorTest, ComputeIsPricedOnTheLargestPiece) {
   EXPECT_GT(r->cost, s->cost);
 }
 
+// Pass factors keep a general strided shard (NOTE [strided shards through ops]: a packed gate/up
+// linear's output stays _S(-1,2)), a contraction over it gives a Partial, and ops whose rules
+// take no strided input get it redistributed by the planner's cheapest plan.
+TEST(PropagatorTest, StridedShardsThroughOps) {
+  const std::vector<Row> rows = {
+      {"aten::mm",
+       {2},
+       {{"R", {5, 6}}, {"_S(1,2)", {6, 16}}},
+       {},
+       "[R];[_S(1,2)]",
+       "[_S(1,2)]",
+       ""},
+      {"aten::linear",
+       {2},
+       {{"R", {5, 6}}, {"_S(0,2)", {16, 6}}, {"_S(0,2)", {16}}},
+       {},
+       "[R];[_S(0,2)];[_S(0,2)]",
+       "[_S(1,2)]",
+       ""},
+      {"aten::mm",
+       {2},
+       {{"_S(1,2)", {5, 16}}, {"_S(0,2)", {16, 6}}},
+       {},
+       "[_S(1,2)];[_S(0,2)]",
+       "[P(sum)]",
+       ""},
+      {"aten::mul.Tensor",
+       {4},
+       {{"_S(0,2)", {8, 3}}, {"_S(0,2)", {8, 3}}},
+       {},
+       "[_S(0,2)];[_S(0,2)]",
+       "[_S(0,2)]",
+       ""},
+      {"aten::add.Tensor",
+       {4},
+       {{"_S(0,2)", {8, 3}}, {"R", {3}}},
+       {},
+       "[_S(0,2)];[R]",
+       "[_S(0,2)]",
+       ""},
+      {"aten::relu",
+       {2, 2},
+       {{"_S(0,2),S(1)", {8, 6}}},
+       {},
+       "[_S(0,2),S(1)]",
+       "[_S(0,2),S(1)]",
+       ""},
+      {"aten::transpose.int", {2}, {{"_S(0,2)", {8, 4}}}, {{0, 1}}, "[_S(0,2)]", "[_S(1,2)]", ""},
+      {"aten::sum.dim_IntList", {2}, {{"_S(0,2)", {8, 4}}}, {{0, 1}}, "[_S(0,2)]", "[_S(0,2)]", ""},
+      // Different split factors: one input is moved (through Replicate) to the other's.
+      {"aten::add.Tensor",
+       {2},
+       {{"_S(0,2)", {12, 3}}, {"_S(0,3)", {12, 3}}},
+       {},
+       "[_S(0,2)];[_S(0,2)]",
+       "[_S(0,2)]",
+       ""},
+      // Rules that take no strided input: the input is gathered first.
+      {"aten::view", {2}, {{"_S(0,2)", {8, 4}}}, {{32}}, "[R]", "[R]", ""},
+      {"aten::_softmax", {2}, {{"_S(1,2)", {8, 4}}}, {{1}}, "[R]", "[R]", ""},
+  };
+  for (const Row& r : rows) {
+    std::vector<DTensorSpec> ins;
+    for (const auto& [p, shape] : r.inputs) ins.push_back(spec(r.mesh, p, shape));
+    const auto s = propagate(r.op, ins, r.args);
+    EXPECT_EQ(placements_of(s->input_targets), r.want_inputs) << r.op << "\n" << s->to_string();
+    EXPECT_EQ(placements_of(s->outputs), r.want_outputs) << r.op << "\n" << s->to_string();
+  }
+  // Kept layouts move nothing.
+  const auto mm = propagate("aten::mm", {spec({2}, "R", {5, 6}), spec({2}, "_S(1,2)", {6, 16})});
+  EXPECT_FALSE(mm->needs_redistribute()) << mm->to_string();
+  // In-place ops keep self's strided layout.
+  const auto add_ =
+      propagate("aten::add_.Tensor", {spec({2}, "_S(0,2)", {8, 3}), spec({2}, "R", {8, 3})});
+  EXPECT_EQ(placements_of(add_->outputs), "[_S(0,2)]") << add_->to_string();
+}
+
 TEST(PropagatorTest, CacheHitsOnSpecsAndArgsOnlyAndIsBounded) {
   const auto a = spec({2}, "S(0)", {6, 4}), b = spec({2}, "S(0)", {2, 4});
   const auto before = propagation_cache_stats();

@@ -33,9 +33,22 @@ int64_t element_size(const DTensorSpec& s) {
 std::vector<int64_t> max_local_shape(const DTensorSpec& s) {
   std::vector<int64_t> shape = s.shape();
   for (int64_t d = 0; d < s.ndim(); ++d) {
-    for (int64_t m : s.shard_order(d)) shape[d] = chunk_size(shape[d], s.mesh().shape()[m]);
+    for (int64_t m : s.shard_order(d)) {
+      const int64_t sf = s.placement(m).split_factor(), n = s.mesh().shape()[m];
+      shape[d] = sf > 1 ? strided_size(shape[d], sf, n, 0) : chunk_size(shape[d], n);
+    }
   }
   return shape;
+}
+
+// Whether some mesh dim of `s` holds a strided shard of tensor dim `d`: no other mesh dim may
+// then shard d (NOTE [strided shards]), so the planner makes no such layout.
+bool strided_on(const DTensorSpec& s, int64_t d) {
+  if (!s.has_strided_shard()) return false;
+  for (const Placement& p : s.placements()) {
+    if (p.is_strided_shard(d)) return true;
+  }
+  return false;
 }
 
 int64_t bytes_of(const std::vector<int64_t>& shape, const DTensorSpec& s) {
@@ -72,12 +85,12 @@ bool is_innermost(const DTensorSpec& s, int64_t d, int64_t m) {
 DTensorSpec with_placement(const DTensorSpec& s, int64_t m, Placement to) {
   Placements p = s.placements();
   ShardOrder order = s.shard_order();
-  if (p[m].is_shard()) {
+  if (p[m].is_any_shard()) {
     auto& o = order[p[m].dim()];
     o.erase(std::find(o.begin(), o.end(), m));
   }
   p[m] = to;
-  if (to.is_shard()) order[to.dim()].push_back(m);
+  if (to.is_any_shard()) order[to.dim()].push_back(m);
   return DTensorSpec::make(s.mesh(), p, s.meta(), order);
 }
 
@@ -92,13 +105,15 @@ std::string layout_key(const DTensorSpec& x, int64_t m, Placement to) {
     key += static_cast<char>(p.kind());
     key += static_cast<char>(p.dim());
     key += static_cast<char>(p.reduce_op());
+    key += static_cast<char>(p.split_factor() & 0xff);
+    key += static_cast<char>(p.split_factor() >> 8);
   }
   const Placement from = m >= 0 ? x.placement(m) : Placement();
   for (int64_t d = 0; d < x.ndim(); ++d) {
     for (int64_t k : x.shard_order(d)) {
-      if (!(k == m && from.is_shard(d))) key += static_cast<char>(k);
+      if (!(k == m && from.is_any_shard(d))) key += static_cast<char>(k);
     }
-    if (m >= 0 && to.is_shard(d)) key += static_cast<char>(m);
+    if (m >= 0 && to.is_any_shard(d)) key += static_cast<char>(m);
     key += '|';
   }
   return key;
@@ -117,6 +132,7 @@ int64_t volume(const LocalBox& a, const LocalBox& b) {  // of the intersection
 
 // The mesh dims an all_to_all_v from `x` to `t` must span, or empty when it does not apply.
 std::vector<int64_t> exchange_dims(const DTensorSpec& x, const DTensorSpec& t) {
+  if (x.has_strided_shard() || t.has_strided_shard()) return {};  // pieces that are not boxes
   std::set<int64_t> g;
   for (int64_t m = 0; m < x.mesh().ndim(); ++m) {
     if (x.placement(m) != t.placement(m)) g.insert(m);
@@ -286,7 +302,10 @@ double plan_cost_lower_bound(const DTensorSpec& src, const DTensorSpec& dst,
   }
   if (!comm) return 0.0;
   const double latency = model.step_cost(CommKind::kAllReduce, 2, 0);
-  if (mesh.size() > kMaxRanksForExchange || src.mesh() != dst.mesh()) return latency;
+  if (mesh.size() > kMaxRanksForExchange || src.mesh() != dst.mesh() || src.has_strided_shard() ||
+      dst.has_strided_shard()) {
+    return latency;  // (boxes measure what a rank lacks; a strided shard's piece is not one)
+  }
   int64_t lacking = 0;
   for (int64_t r : mesh.ranks()) {
     const auto coord = *mesh.coordinate(r);
@@ -306,7 +325,11 @@ double plan_cost_lower_bound(const DTensorSpec& src, const DTensorSpec& dst,
 PlanStep price_step(const DTensorSpec& x, int64_t m, Placement to, const CostModel& model) {
   const Placement from = x.placement(m);
   CommKind kind;
-  if (from.is_shard() && to.is_replicate()) {
+  if (from.is_strided_shard() && to.is_replicate()) {
+    kind = CommKind::kAllGather;  // then a local reorder (NOTE [strided shards])
+  } else if (from.is_replicate() && to.is_strided_shard()) {
+    kind = CommKind::kLocalChunk;  // a local gather of the rank's runs
+  } else if (from.is_shard() && to.is_replicate()) {
     kind = CommKind::kAllGather;
   } else if (from.is_shard() && to.is_shard()) {
     kind = CommKind::kAllToAll;
@@ -407,7 +430,7 @@ class PlanSearch {
       const Placement p = x.placement(m);
       if (mesh_.shape()[m] == 1 || p == dst_.placement(m)) continue;
       if (p.is_partial()) ++partials;
-      if (p.is_shard()) shard_moves = true;
+      if (p.is_any_shard()) shard_moves = true;
     }
     return latency_ * static_cast<double>(std::max<int64_t>(partials, shard_moves ? 1 : 0));
   }
@@ -437,22 +460,29 @@ class PlanSearch {
 
   // Steps on one mesh dim (the table of NOTE [redistribute planning]).
   void expand_single_dim_steps(int64_t at, const DTensorSpec& x) {
+    // A strided shard (NOTE [strided shards]) leaves only to Replicate, is made only from it
+    // where the target has it, and no mesh dim joins it in sharding its tensor dim.
     for (int64_t m = 0; m < mesh_.ndim(); ++m) {
       const Placement p = x.placement(m);
-      if (p.is_shard()) {
+      const auto shard_edges = [&](int64_t skip) {
+        for (int64_t e : dims_) {
+          if (e != skip && !strided_on(x, e)) edge(at, x, m, Shard(e));
+        }
+      };
+      if (p.is_strided_shard()) {
+        edge(at, x, m, Replicate());
+      } else if (p.is_shard()) {
         if (!is_innermost(x, p.dim(), m)) continue;
         edge(at, x, m, Replicate());
-        for (int64_t e : dims_) {
-          if (e != p.dim()) edge(at, x, m, Shard(e));
-        }
+        shard_edges(p.dim());
       } else if (p.is_replicate()) {
-        for (int64_t e : dims_) edge(at, x, m, Shard(e));
-        if (options_.allow_partial && dst_.placement(m).is_partial()) {
-          edge(at, x, m, dst_.placement(m));
-        }
+        shard_edges(-1);
+        const Placement want = dst_.placement(m);
+        if (want.is_strided_shard() && x.shard_order(want.dim()).empty()) edge(at, x, m, want);
+        if (options_.allow_partial && want.is_partial()) edge(at, x, m, want);
       } else {  // Partial
         edge(at, x, m, Replicate());
-        for (int64_t e : dims_) edge(at, x, m, Shard(e));
+        shard_edges(-1);
       }
     }
   }

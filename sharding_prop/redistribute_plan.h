@@ -12,12 +12,18 @@
 //   P(op) -> S(e) reduce_scatter   m becomes the innermost splitter of e
 //   R -> S(e)     local_chunk      (no communication)
 //   R -> P(op)    partition        internal only (gradients); never in a user redistribute
+//   _S(d,sf) -> R all_gather       then a local reorder into piece order (NOTE [strided shards])
+//   R -> _S(d,sf) local_chunk      a local gather of the rank's runs; only to the target's _S,
+//                                  and only where no other mesh dim shards d
+// A general strided shard moves by those two steps alone (to S(e) or P, through R), and no step
+// makes another mesh dim shard its tensor dim.
 // plus one step over several mesh dims at once:
 //   all_to_all_v  every rank receives exactly the elements its target box needs from the rank
 //                 of its group that holds them (Shardy's "move only the difference"): e.g.
 //                 [S(0),S(1)] -> [S(1),S(0)] moves one block instead of two all_gathers. Allowed
 //                 when every mesh dim that changes is Shard on both sides (a Replicate source dim
-//                 is first cut locally) and the group's source boxes cover every target box.
+//                 is first cut locally) and the group's source boxes cover every target box;
+//                 never for a layout with a general strided shard (its pieces are not boxes).
 // "Innermost" matters because a tensor dim split by several mesh dims is split in the spec's
 // shard order (NOTE [uneven shards]); a collective over an outer splitter would not produce a
 // layout. Uneven splits are allowed everywhere: a step pads its buffers only when uneven (the

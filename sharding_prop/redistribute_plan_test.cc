@@ -201,5 +201,45 @@ TEST(RedistributePlanTest, DocumentedNdCasesAreStrictlyCheaperThanGreedy) {
   }
 }
 
+// A general strided shard (NOTE [strided shards]) leaves only to Replicate (all_gather, then a
+// local reorder) and is made only from it (a local gather of the rank's runs); everything else
+// goes through those. Box forms are Shards with an order and plan as such.
+TEST(RedistributePlanTest, StridedShardPlans) {
+  const char* head1 = " on mesh (2) shape [8]: ";
+  const std::pair<std::vector<std::string>, std::string> cases[] = {
+      {{"_S(0,2)", "R"}, "all_gather(mesh_dim=0, _S(0,2)->R)"},
+      {{"R", "_S(0,2)"}, "local_chunk(mesh_dim=0, R->_S(0,2))"},
+      {{"_S(0,2)", "S(0)"}, "all_gather(mesh_dim=0, _S(0,2)->R); local_chunk(mesh_dim=0, R->S(0))"},
+      {{"S(0)", "_S(0,2)"}, "all_gather(mesh_dim=0, S(0)->R); local_chunk(mesh_dim=0, R->_S(0,2))"},
+      {{"P(sum)", "_S(0,2)"},
+       "all_reduce(mesh_dim=0, P(sum)->R); local_chunk(mesh_dim=0, R->_S(0,2))"},
+      {{"_S(0,2)", "_S(0,4)"},
+       "all_gather(mesh_dim=0, _S(0,2)->R); local_chunk(mesh_dim=0, R->_S(0,4))"},
+  };
+  for (const auto& [pair, steps] : cases) {
+    EXPECT_EQ(plan_text({2}, pair[0], pair[1], {8}),
+              "[" + pair[0] + "] -> [" + pair[1] + "]" + head1 + steps);
+  }
+  // Other mesh dims keep their placements; an uneven gather needs no padding.
+  EXPECT_EQ(plan_text({2, 2}, "_S(0,2),S(1)", "S(0),S(1)", {7, 6}),
+            "[_S(0,2),S(1)] -> [S(0),S(1)] on mesh (2,2) shape [7,6]: "
+            "all_gather(mesh_dim=0, _S(0,2)->R); local_chunk(mesh_dim=0, R->S(0))");
+  EXPECT_EQ(plan_text({2, 2}, "S(0),R", "S(0),_S(1,3)", {8, 6}),
+            "[S(0),R] -> [S(0),_S(1,3)] on mesh (2,2) shape [8,6]: "
+            "local_chunk(mesh_dim=1, R->_S(1,3))");
+  // Priced by the one cost model: an all_gather of the whole, as S(0) -> R.
+  const auto strided = plan_redistribute(spec({2}, "_S(0,2)", {8}), spec({2}, "R", {8}));
+  const auto plain = plan_redistribute(spec({2}, "S(0)", {8}), spec({2}, "R", {8}));
+  EXPECT_DOUBLE_EQ(strided->cost, plain->cost);
+  EXPECT_EQ(strided->steps[0].bytes, plain->steps[0].bytes);
+  // The box form is a Shard with an order: FSDP over TP unshards as before.
+  EXPECT_EQ(plan_redistribute(spec({2, 2}, "_S(0,2),S(0)", {8, 4}), spec({2, 2}, "R,S(0)", {8, 4}))
+                ->steps.size(),
+            1u);
+  EXPECT_LE(plan_cost_lower_bound(spec({2}, "_S(0,2)", {8}), spec({2}, "S(0)", {8}),
+                                  default_cost_model()),
+            plan_redistribute(spec({2}, "_S(0,2)", {8}), spec({2}, "S(0)", {8}))->cost);
+}
+
 }  // namespace
 }  // namespace dtensor

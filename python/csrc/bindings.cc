@@ -39,6 +39,12 @@ struct ShardKind : Placement {
 struct ReplicateKind : Placement {
   ReplicateKind() : Placement(Placement::replicate()) {}
 };
+// PyTorch's StridedShard pybind class derives from its Shard one, and so does this.
+struct StridedShardKind : ShardKind {
+  StridedShardKind(int32_t dim, int64_t split_factor) : ShardKind(dim) {
+    static_cast<Placement&>(*this) = Placement::strided_shard(dim, split_factor);
+  }
+};
 struct PartialKind : Placement {
   // "sum", "max", ... or "norm2" (NOTE [p-norm Partial]).
   explicit PartialKind(const std::string& op) : Placement(parse_placement("P(" + op + ")")) {}
@@ -121,6 +127,13 @@ PYBIND11_MODULE(_C, m) {
           py::arg("dim") = py::none())
       .def("is_replicate", &Placement::is_replicate)
       .def(
+          "is_strided_shard",
+          [](Placement p, std::optional<int64_t> dim) {
+            return dim ? p.is_strided_shard(*dim) : p.is_strided_shard();
+          },
+          py::arg("dim") = py::none())
+      .def_property_readonly("split_factor", &Placement::split_factor)
+      .def(
           "is_partial",
           [](Placement p, std::optional<std::string> reduce_op) {
             return p.is_partial() && (!reduce_op || reduce_op_name(p.reduce_op()) == *reduce_op);
@@ -135,6 +148,10 @@ PYBIND11_MODULE(_C, m) {
       .def("__repr__", &Placement::to_string);
   py::class_<ShardKind, Placement>(m, "Shard", "Split along tensor dim `dim` over the mesh dim.")
       .def(py::init<int32_t>(), py::arg("dim"));
+  py::class_<StridedShardKind, ShardKind>(m, "StridedShard",
+                                          "_StridedShard: NOTE [strided shards] "
+                                          "(layout/dtensor_spec.h).")
+      .def(py::init<int32_t, int64_t>(), py::arg("dim"), py::kw_only(), py::arg("split_factor"));
   py::class_<ReplicateKind, Placement>(m, "Replicate", "The whole tensor on every rank.")
       .def(py::init<>());
   py::class_<PartialKind, Placement>(m, "Partial", "Shares whose reduction is the value.")

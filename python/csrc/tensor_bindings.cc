@@ -116,6 +116,8 @@ void bind_tensors(py::module& m) {
   set_caller_lock_release(&release_gil_if_held);
   m.def("is_dtensor", [](const at::Tensor& t) { return is_dtensor(t); });
   m.def("placements", [](const at::Tensor& t) { return api::spec(t).placements(); });
+  // As PyTorch writes them: a non-default shard order as _StridedShard (NOTE [strided shards]).
+  m.def("torch_placements", [](const at::Tensor& t) { return torch_placements(api::spec(t)); });
   m.def("mesh", [](const at::Tensor& t) { return api::spec(t).mesh(); });
   // Empty for the default (ascending) order; else per tensor dim the mesh dims in split order.
   m.def("shard_order", [](const at::Tensor& t) {

@@ -16,8 +16,7 @@ import torch
 from dtensor import _C
 from dtensor.device_mesh import DeviceMesh, _current_mesh_or, _ensure_context
 from dtensor.placement_types import (Partial, Placement, Replicate, Shard, _from_c,
-                                     _rebuild_strided_shard, _split_strided, _StridedShard,
-                                     _to_c_list, _with_strided)
+                                     _rebuild_strided_shard, _StridedShard, _to_c_list)
 
 __all__ = [
     "DTensor",
@@ -83,12 +82,11 @@ class DTensor(torch.Tensor, metaclass=_DTensorMeta):
         """Wraps this rank's piece (gradients flow back to ``local_tensor``). ``device_mesh=None``:
         the current mesh (``with mesh:``)."""
         device_mesh = _current_mesh_or(device_mesh, "DTensor.from_local")
-        # NOTE [strided shards] in placement_types.py
-        placements, order = _split_strided(placements, device_mesh.shape, local_tensor.dim())
+        # _StridedShard goes to C++ as it is (NOTE [strided shards] in layout/dtensor_spec.h).
         c_pl = _check_mesh(device_mesh, placements, local_tensor.dim())
         return _C.from_local(local_tensor, device_mesh._mesh, c_pl, run_check,
                              None if shape is None else list(shape),
-                             None if stride is None else list(stride), order)
+                             None if stride is None else list(stride))
 
 
 def _to_local(self, *, grad_placements=None):
@@ -147,7 +145,7 @@ def _cast_local(t, dtype):
     if t.dtype == dtype:
         return t
     local = _C.to_local(t, None).to(dtype)
-    return _C.from_local(local, _C.mesh(t), _C.placements(t), False, list(t.shape),
+    return _C.from_local(local, _C.mesh(t), _C.torch_placements(t), False, list(t.shape),
                          list(t.stride()))
 
 
@@ -183,9 +181,8 @@ class _RedistributeWithDtypes(torch.autograd.Function):
 
 def _placements(self):
     _need_dtensor(self, "placements")
-    placements = tuple(_from_c(p) for p in _C.placements(self))
-    order = _C.shard_order(self)
-    return _with_strided(placements, order, _C.mesh(self).shape) if order else placements
+    # PyTorch's form: a non-default shard order as _StridedShard (NOTE [strided shards]).
+    return tuple(_from_c(p) for p in _C.torch_placements(self))
 
 
 def _repr(self, *args, **kwargs):

@@ -59,25 +59,20 @@ class Shard(_ByText, _C.Shard):
         return (type(self), (self.dim,))
 
 
-class _StridedShard(Shard):
-    """PyTorch's name for a Shard that splits after later mesh dims did (FSDP over TP): on a
-    (dp, tp) mesh, ``(_StridedShard(0, split_factor=tp), Shard(0))`` cuts dim 0 by "tp" first and
-    each of those pieces by "dp". ``split_factor`` is the number of pieces the mesh dims that split
-    first made.
+class _StridedShard(_ByText, _C.StridedShard):
+    """PyTorch's _StridedShard(dim, split_factor=sf): dim is cut into ``split_factor`` pieces
+    (torch.chunk), each piece over the mesh dim's ranks, and rank i holds chunk i of every piece
+    (8 rows, sf 2, 2 ranks: rank 0 holds rows [0, 1, 4, 5]). On a (dp, tp) mesh
+    ``(_StridedShard(0, split_factor=tp), Shard(0))`` is FSDP over TP: "tp" cuts dim 0 first and
+    each of those pieces is cut by "dp".
 
-    NOTE [strided shards]: the engine keeps a shard order per tensor dim (DTensorSpec's
-    ShardOrder) instead; the two are translated at the Python boundary (``_split_strided`` and
-    ``_with_strided``): for each tensor dim the plain Shards split first in mesh order, then the
-    strided ones from the last mesh dim to the first."""
+    NOTE [strided shards] (layout/dtensor_spec.h): the engine takes it as it is; a strided shard
+    that a shard order expresses (FSDP over TP) becomes a Shard plus that order in C++, and
+    ``placements`` gives it back in this form. As in PyTorch it is not a Shard: ``is_shard()`` is
+    False and it never equals ``Shard(dim)``."""
 
     def __init__(self, dim, *, split_factor):
-        super().__init__(dim)
-        self.split_factor = split_factor
-
-    def is_shard(self, dim=None):
-        # PyTorch's: a strided shard is not a plain Shard (is_shard() is False), so code that
-        # reads placements with is_shard() does not take it for an even split of its dim.
-        return False
+        _C.StridedShard.__init__(self, dim, split_factor=split_factor)
 
     def __str__(self):
         return f"_S({self.dim},{self.split_factor})"
@@ -92,49 +87,6 @@ class _StridedShard(Shard):
 def _rebuild_strided_shard(dim, split_factor):
     """Unpickles a _StridedShard (its split_factor is keyword-only)."""
     return _StridedShard(dim, split_factor=split_factor)
-
-
-def _split_strided(placements, mesh_shape, ndim):
-    """(placements with every _StridedShard made a Shard, shard order for C++ or [] when every
-    tensor dim splits in mesh order) for a tensor of ``ndim`` dims. Raises when a split_factor is
-    not the product of the sizes of the mesh dims that split that tensor dim first."""
-    if placements is None or not any(isinstance(p, _StridedShard) for p in placements):
-        return placements, []
-    placements = [_StridedShard(p.dim % ndim, split_factor=p.split_factor) if isinstance(p, _StridedShard)
-                  else Shard(p.dim % ndim) if isinstance(p, Shard) else p for p in placements]
-    plain = [Shard(p.dim) if isinstance(p, _StridedShard) else p for p in placements]
-    order = [[] for _ in range(ndim)]
-    for m, p in enumerate(placements):
-        if isinstance(p, Shard) and not isinstance(p, _StridedShard):
-            order[p.dim].append(m)
-    for m in reversed(range(len(placements))):
-        p = placements[m]
-        if isinstance(p, _StridedShard):
-            before = 1
-            for k in order[p.dim]:
-                before *= mesh_shape[k]
-            if p.split_factor != before:
-                raise ValueError(
-                    f"{p!r} on mesh dim {m} of {list(placements)}: the mesh dims that split dim "
-                    f"{p.dim} before it make {before} pieces, not {p.split_factor}")
-            order[p.dim].append(m)
-    return plain, order
-
-
-def _with_strided(placements, order, mesh_shape):
-    """The inverse of _split_strided: C++'s shard order back to _StridedShard placements."""
-    out = list(placements)
-    for d, dims in enumerate(order):
-        k = 1
-        while k < len(dims) and dims[k] > dims[k - 1]:
-            k += 1  # the plain Shards: the longest prefix in mesh order
-        before = 1
-        for m in dims[:k]:
-            before *= mesh_shape[m]
-        for m in dims[k:]:
-            out[m] = _StridedShard(d, split_factor=before)
-            before *= mesh_shape[m]
-    return tuple(out)
 
 
 class Replicate(_ByText, _C.Replicate):
@@ -200,6 +152,8 @@ class _NormPartial(Partial):
 
 
 def _from_c(p):
+    if p.is_strided_shard():
+        return _StridedShard(p.dim, split_factor=p.split_factor)
     if p.is_shard():
         return Shard(p.dim)
     if p.is_partial():
@@ -216,17 +170,13 @@ def _to_c_list(placements, ndim=None):
         raise ValueError("placements must be given")
     out = []
     for p in placements:
-        if not isinstance(p, (Shard, Replicate, Partial)):
-            raise TypeError(f"expected a Placement (Shard, Replicate, Partial), got {p!r}")
-        if isinstance(p, _StridedShard):
-            # Only _split_strided hands strided shards to C++, as plain Shards plus an order;
-            # any other path would lose the order, which is a wrong layout, never a silent one.
-            raise NotImplementedError(
-                f"{p!r} is accepted by DTensor.from_local (and read back from .placements); "
-                f"redistribute and distribute_tensor take Shard/Replicate/Partial")
-        if isinstance(p, Shard) and p.dim < 0:
+        if not isinstance(p, (Shard, Replicate, Partial, _StridedShard)):
+            raise TypeError(f"expected a Placement (Shard, Replicate, Partial, _StridedShard), "
+                            f"got {p!r}")
+        if isinstance(p, (Shard, _StridedShard)) and p.dim < 0:
             if ndim is None or p.dim + ndim < 0:
                 raise ValueError(f"{p!r} does not name a dim of a {ndim}-D tensor")
-            p = Shard(p.dim + ndim)
+            p = (_StridedShard(p.dim + ndim, split_factor=p.split_factor)
+                 if isinstance(p, _StridedShard) else Shard(p.dim + ndim))
         out.append(p)
     return out

@@ -476,10 +476,13 @@ def test_comm_counts_answer_pytorch_keys():
 
 def test_strided_shard_is_not_a_plain_shard():
     """PyTorch's _StridedShard.is_shard() is False (it is not an even split of its dim)."""
-    from dtensor import Shard
+    from dtensor import Shard, _C
     from dtensor.placement_types import _StridedShard
 
     s = _StridedShard(0, split_factor=2)
     assert not s.is_shard() and not s.is_shard(0)
-    assert isinstance(s, Shard) and Shard(0).is_shard() and Shard(0).is_shard(0)
+    # As PyTorch 2.11's (_StridedShard subclasses torch._C._distributed.StridedShard, a
+    # subclass of the C++ Shard class, not the Python Shard).
+    assert not isinstance(s, Shard) and Shard(0).is_shard() and Shard(0).is_shard(0)
+    assert isinstance(s, _C.Shard)
     assert s != Shard(0) and s == _StridedShard(0, split_factor=2)
