@@ -93,6 +93,9 @@ ReduceOp parse_reduce_op(std::string_view text) {
   for (size_t i = 0; i < kReduceOpNames.size(); ++i) {
     if (kReduceOpNames[i] == text) return static_cast<ReduceOp>(i);
   }
+  // PyTorch accepts Partial("prod") (its name for aten.prod's reduction) and fails only when it
+  // reduces one; here it is the product, reduced as one.
+  if (text == "prod") return ReduceOp::kProduct;
   throw Error("unknown reduce op '" + std::string(text) +
               "' (expected one of sum, avg, min, max, product, band, bor, bxor, norm<p>)");
 }

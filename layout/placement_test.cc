@@ -52,6 +52,9 @@ TEST(PlacementTest, NormPartialsByOrder) {
   EXPECT_EQ(Placement::partial_norm(3).norm_order(), 3.0f);
   EXPECT_EQ(Partial().norm_order(), 0.0f);
   EXPECT_EQ(parse_placement("P(norm)"), Placement::partial_norm(2));
+  // PyTorch's Partial("prod") is the product (PyTorch accepts the name, then cannot reduce it).
+  EXPECT_EQ(parse_placement("P(prod)"), Partial(ReduceOp::kProduct));
+  EXPECT_EQ(parse_reduce_op("prod"), ReduceOp::kProduct);
   EXPECT_EQ(parse_placement("Partial(norm3)"), Placement::partial_norm(3));
   // The orders with a plain reduce op, and those without any.
   EXPECT_EQ(*norm_partial_order(0), Partial());

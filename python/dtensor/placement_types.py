@@ -89,8 +89,16 @@ def _rebuild_strided_shard(dim, split_factor):
     return _StridedShard(dim, split_factor=split_factor)
 
 
+def _no_dim(self):
+    # PyTorch's Replicate and Partial have no `dim` (the C++ Placement's is a Shard's only):
+    # libraries tell shards from the rest by hasattr(p, "dim") (transformers' shard-on-read).
+    raise AttributeError(f"'{type(self).__name__}' object has no attribute 'dim'")
+
+
 class Replicate(_ByText, _C.Replicate):
     """Every rank of the mesh dim holds the whole tensor."""
+
+    dim = property(_no_dim)
 
     def __init__(self):
         super().__init__()
@@ -107,6 +115,8 @@ class Replicate(_ByText, _C.Replicate):
 
 class Partial(_ByText, _C.Partial):
     """Each rank holds a share; the value is the reduction (``reduce_op``) of the shares."""
+
+    dim = property(_no_dim)
 
     def __init__(self, reduce_op="sum"):
         super().__init__(reduce_op)

@@ -372,6 +372,19 @@ def test_from_local_run_check_refuses_pieces_that_differ_with_value_error(differ
     assert dtensor.run_threads(4, fn) == [True] * 4
 
 
+def test_only_shards_have_a_dim_and_prod_is_the_product():
+    """As PyTorch's: Replicate and Partial have no `dim` (transformers tells shards by
+    hasattr(p, "dim"), and read Replicate().split_factor before); Partial("prod") is accepted
+    (PyTorch's name) and is the product."""
+    from dtensor import Partial
+    from dtensor.placement_types import _NormPartial
+    assert hasattr(Shard(1), "dim") and Shard(1).dim == 1
+    for p in (Replicate(), Partial(), Partial("max"), _NormPartial(3)):
+        assert not hasattr(p, "dim"), p
+    assert Partial("prod") == Partial("prod") == Partial("product")
+    assert Partial("prod").reduce_op == "product"
+
+
 def test_strided_shard_takes_split_factor_by_keyword_only():
     assert _StridedShard(1, split_factor=4).split_factor == 4
     with pytest.raises(TypeError):
