@@ -12,8 +12,10 @@ TP + EP, FSDP, FSDP + EP, TP x FSDP (+ EP), HSDP, on 2 and 4 processes. The depr
 ``enable_expert_parallel=True`` without ``ep_size`` is left out: transformers itself refuses it for
 these models (it empties ``tp_plan`` but keeps ``tp_size``), on PyTorch's DTensor too.
 
-Cases that fail on the engine for a root outside the Python package's parallel/fsdp/_api code are
-``xfail(strict=True)`` naming it, so they flip when it is fixed. ``hf_parallel_test`` runs a
+Every case passes (2026-12-07: the MoE experts' `_StridedShard` gate_up, EP's functional
+all_to_all on a mesh's group, HSDP's shard-on-read were the last roots). A case that fails on the
+engine for a known root outside the package's parallel/fsdp/_api code would be
+``xfail(strict=True)`` naming it (ROOTS), so it flips when fixed. ``hf_parallel_test`` runs a
 representative subset (``-k default``), ``hf_parallel_full_test`` (tag "full") the matrix."""
 
 import os
@@ -61,18 +63,7 @@ MOE = ["mixtral", "qwen3_moe"]
 
 # Roots outside this package's parallel/fsdp/_api code (the report of issue 61, deliverable 6):
 # name -> (the xfail reason, text the failure must contain: a case failing otherwise fails).
-ROOTS = {
-    "strided": (
-        "_StridedShard on a 1-D mesh (transformers' packed_colwise gate_up_proj of MoE experts: "
-        "_StridedShard(dim=1, sf=2); with FSDP (Shard(0), _StridedShard(1, sf=2))) is refused by "
-        "distribute_tensor (placement_types._to_c_list), and its gradient needs full_tensor "
-        "(which PyTorch 2.11 refuses too)", "_StridedShard"),
-    "replicate_dim": (
-        "the engine's Replicate (and Partial) have a `dim` attribute (the C++ Placement base's "
-        "property), PyTorch's do not: transformers' shard-on-read (sharding_utils.shard_tensor) "
-        "takes every placement with `dim` for a shard and reads Replicate().split_factor "
-        "(HSDP's (Replicate(), Shard(0)))", "split_factor"),
-}
+ROOTS = {}  # none left: every case below equals one process's
 
 
 def _cases():
@@ -82,21 +73,18 @@ def _cases():
     def add(ranks, config, families, roots=lambda family: ()):
         out.extend((ranks, config, f, roots(f)) for f in families)
 
-    def strided(family):
-        return ("strided",) if family in MOE else ()
-
-    add(2, "tp", DENSE + MOE, strided)
-    add(2, "tp_sp", DENSE + MOE, strided)
+    add(2, "tp", DENSE + MOE)
+    add(2, "tp_sp", DENSE + MOE)
     add(2, "fsdp", DENSE + MOE)
     add(2, "fsdp_offload", ["llama", "mixtral"])  # PyTorch: pin_memory needs CUDA
     add(2, "tp_ep", MOE)
     add(2, "tp_ep_all_reduce", MOE)
     add(2, "fsdp_ep", MOE)
-    add(4, "tp", DENSE + MOE, strided)
+    add(4, "tp", DENSE + MOE)
     add(4, "fsdp", DENSE + MOE)
-    add(4, "tp2_fsdp", DENSE + MOE, strided)
-    add(4, "hsdp", DENSE + MOE, lambda f: ("replicate_dim",))
-    add(4, "hsdp_tp2", ["llama", "mixtral"], lambda f: ("replicate_dim",) + strided(f))
+    add(4, "tp2_fsdp", DENSE + MOE)
+    add(4, "hsdp", DENSE + MOE)
+    add(4, "hsdp_tp2", ["llama", "mixtral"])
     add(4, "tp_ep", MOE)
     add(4, "fsdp_ep", MOE)
     add(4, "tp2_fsdp_ep2", MOE)
