@@ -1,3 +1,8 @@
+// NOTE [redistribute planning] in redistribute_plan.h: the planner's step pricing, its exact
+// search and the plan cache. The step kinds (strided shards' gathers and local cuts among them)
+// and the search share the file's state types: one file just past the 600-line guideline
+// (docs/architecture.md, "File size"); the cost model itself lives in cost_model.cc.
+
 #include "sharding_prop/redistribute_plan.h"
 
 #include <absl/strings/str_cat.h>

@@ -179,7 +179,7 @@ class _TorchCollectives(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        namespace = func.namespace
+        namespace = getattr(func, "namespace", None)
         if namespace in _TORCH_NAMESPACES:
             kind = _TORCH_OP_KINDS.get(func.overloadpacket.__name__)
             counter = self.owner._counter
