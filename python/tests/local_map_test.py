@@ -81,3 +81,23 @@ def test_local_map_as_a_decorator_with_in_grad_placements():
         return True
 
     assert all(dtensor.run_threads(2, fn))
+
+
+def test_local_map_without_out_placements_and_its_redistribute_message():
+    """out_placements=None returns func's outputs as they are (a Python bool here), as PyTorch's
+    (it raised TypeError); a distributed argument in other placements raises ValueError in
+    PyTorch's words ("set redistribute_inputs=True")."""
+    from dtensor.experimental import local_map
+    x = torch.arange(8.0).reshape(4, 2)
+
+    def fn(rank):
+        mesh = init_device_mesh("cpu", (2,))
+        dx = distribute_tensor(x, mesh, [Shard(0)])
+        same = local_map(lambda a, b: bool(torch.equal(a, b)), out_placements=None)
+        assert same(dx, dx) is True
+        f = local_map(lambda a: a * 2, out_placements=[Shard(0)], in_placements=([Shard(1)],))
+        with pytest.raises(ValueError, match="set redistribute_inputs=True"):
+            f(dx)
+        return True
+
+    assert all(dtensor.run_threads(2, fn))

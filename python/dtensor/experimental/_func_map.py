@@ -59,7 +59,7 @@ def local_map(func=None, out_placements=None, in_placements=None, in_grad_placem
                     if not redistribute_inputs:
                         raise ValueError(
                             f"local_map: argument {i} has placements {tuple(arg.placements)} "
-                            f"but in_placements wants {tuple(want)}; pass "
+                            f"but in_placements wants {tuple(want)}; set "
                             f"redistribute_inputs=True to move it")
                     arg = arg.redistribute(mesh, want)
                 grad = None if in_grad_placements is None else in_grad_placements[i]
@@ -72,6 +72,8 @@ def local_map(func=None, out_placements=None, in_placements=None, in_grad_placem
                 local_args.append(arg)
         out = func(*local_args, **kwargs)
         if not seen:
+            return out
+        if out_placements is None:  # PyTorch's: the outputs as func returned them
             return out
         mesh = _current_mesh_or(mesh, "local_map")
         single = _is_placements(out_placements)
