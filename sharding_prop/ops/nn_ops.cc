@@ -213,6 +213,9 @@ FlashFactors flash_factors(Rule& r, const Metas& m, size_t at, bool causal, bool
   f.s = r.add_factor(q[2], causal || masked ? whole : FactorKind::kPass);
   const DimFactors t = r.add_dim(k[2], whole), d = r.add_dim(q[3], whole),
                    e = r.add_dim(v[3], whole);
+  // ATen's CPU flash kernel divides by a piece's sizes (SIGFPE on an empty piece): the shardable
+  // factors split only evenly, so no rank's piece is empty (a size-1 batch over 4 ranks moves).
+  for (const int x : {b[0], hq[0], f.s}) r.factors[x].even_only = true;
   f.q = {b, hq, {f.s}, d};
   f.k = {b, hk, t, d};
   f.v = {b, hk, t, e};

@@ -53,11 +53,21 @@ BuiltRule unflatten_rule(const Metas& m, const LayoutArgs& a) {
 // ints: dim (squeeze.dim) or nothing (squeeze: every size-1 dim). Each kept dim is the input
 // dim it was, size-1 ones included (ATen's squeeze keeps their order): a Shard on a kept size-1
 // dim stays; a squeezed dim's factor is never sharded, so a Shard there is gathered first.
+// An empty tensor's dims stay whole, as the reshape rule keeps them (a factor of size 0 would
+// be divided by).
+FactorKind empty_or(const std::vector<int64_t>& shape, FactorKind kind) {
+  for (int64_t size : shape) {
+    if (size == 0) return FactorKind::kReplicate;
+  }
+  return kind;
+}
+
 BuiltRule squeeze_rule(const Metas& m, const LayoutArgs& a) {
   need_inputs(m, 1, 1, "squeeze");
   const auto& s = m[0].shape;
   const int64_t d =
       a.ints.empty() || s.empty() ? -1 : normalize_tensor_dim(a.ints[0], s.size(), "squeeze dim");
+  const FactorKind kept = empty_or(s, FactorKind::kPass);
   Rule r;
   r.linearity = Linearity::kMove;
   TensorFactors in, out;
@@ -66,7 +76,7 @@ BuiltRule squeeze_rule(const Metas& m, const LayoutArgs& a) {
       in.push_back(r.add_dim(1, FactorKind::kReplicate));
       continue;
     }
-    in.push_back(r.add_dim(s[k]));
+    in.push_back(r.add_dim(s[k], kept));
     out.push_back(in.back());
   }
   r.inputs = {in};
@@ -81,10 +91,11 @@ BuiltRule unsqueeze_rule(const Metas& m, const LayoutArgs& a) {
   const auto& s = m[0].shape;
   const int64_t d =
       normalize_tensor_dim(arg(a, 0, "unsqueeze", "dim"), s.size() + 1, "unsqueeze dim");
+  const FactorKind kind = empty_or(s, FactorKind::kPass);
   Rule r;
   r.linearity = Linearity::kMove;
   TensorFactors in;
-  for (int64_t size : s) in.push_back(r.add_dim(size));
+  for (int64_t size : s) in.push_back(r.add_dim(size, kind));
   TensorFactors out = in;
   out.insert(out.begin() + d, DimFactors{});
   r.inputs = {in};
