@@ -234,13 +234,13 @@ std::vector<Choice> choices_for(const Rule& rule, const std::vector<DTensorSpec>
   // input is sharded on m: then a reduce_scatter to any sharding the output keeps is a choice.
   // A reduce_scatter alone would move less here, but its Shard output is then a layout PyTorch's
   // code does not expect (to_local() of relu(P) is the whole tensor there), and a consumer that
-  // needs it whole pays an all_gather: two collectives where PyTorch issues one. A Shard of a dim the op needs whole (softmax's dim, a
-  // cumsum's, the dims a norm normalizes) goes to Replicate or to another input's sharding, as
-  // PyTorch's: an all_to_all to some other dim moves less at this op, but its output is then
-  // sharded where no input was, and the consumers that need it whole pay the all_gather anyway (a
-  // LayerNorm over the sequence in sequence parallelism: all_to_all + all_gather where PyTorch does
-  // one all_gather). A size-1 factor is a choice only when an input is sharded on it (NOTE [size-1
-  // factors]).
+  // needs it whole pays an all_gather: two collectives where PyTorch issues one. A Shard of a dim
+  // the op needs whole (softmax's dim, a cumsum's, the dims a norm normalizes) goes to Replicate or
+  // to another input's sharding, as PyTorch's: an all_to_all to some other dim moves less at this
+  // op, but its output is then sharded where no input was, and the consumers that need it whole pay
+  // the all_gather anyway (a LayerNorm over the sequence in sequence parallelism: all_to_all +
+  // all_gather where PyTorch does one all_gather). A size-1 factor is a choice only when an input
+  // is sharded on it (NOTE [size-1 factors]).
   std::set<int> factors, followed;
   bool any_partial = false, any_shard = false, keep_inputs = false;
   for (size_t i = 0; i < inputs.size(); ++i) {

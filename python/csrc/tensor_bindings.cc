@@ -285,12 +285,11 @@ void bind_tensors(py::module& m) {
           "record",
           [](collectives::CommCounter& c, const std::string& kind, const std::string& label,
              const std::string& group, bool backward) {
-            for (auto k : {collectives::CollectiveKind::kAllReduce,
-                           collectives::CollectiveKind::kAllGather,
-                           collectives::CollectiveKind::kReduceScatter,
-                           collectives::CollectiveKind::kAllToAll,
-                           collectives::CollectiveKind::kBroadcast,
-                           collectives::CollectiveKind::kBarrier}) {
+            for (auto k :
+                 {collectives::CollectiveKind::kAllReduce, collectives::CollectiveKind::kAllGather,
+                  collectives::CollectiveKind::kReduceScatter,
+                  collectives::CollectiveKind::kAllToAll, collectives::CollectiveKind::kBroadcast,
+                  collectives::CollectiveKind::kBarrier}) {
               if (kind != collectives::collective_name(k)) continue;
               collectives::CommRecord r{k, label, group};
               r.backward = backward;
